@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Installs every Debian package Ember's build, tests, examples and benchmark peers need.
+# Idempotent: when everything is present it only runs dpkg-query and exits (well under 10 s).
+set -euo pipefail
+
+PKGS=(
+  # build
+  bazel-bootstrap bazel-platforms g++ pkg-config
+  # libraries
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
+  libspdlog-dev libfmt-dev catch2 libopenblas-dev libsystemd-dev libyaml-cpp-dev libzstd-dev
+  libxxhash-dev libssl-dev
+  # benchmark peers and test tools
+  python3-torch procps
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install-deps: installing ${#missing[@]} package(s): ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then SUDO="sudo"; else
+    echo "install-deps: ERROR: need root (or sudo) to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/ember-install-deps.log 2>&1; then
+  # The package lists may be stale on a fresh machine: refresh once and retry.
+  $SUDO apt-get update -q >>/tmp/ember-install-deps.log 2>&1 || true
+  if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >>/tmp/ember-install-deps.log 2>&1; then
+    echo "install-deps: ERROR: apt-get could not install: ${missing[*]}" >&2
+    echo "install-deps: see /tmp/ember-install-deps.log (last lines below); check the apt sources and network/mirror access." >&2
+    tail -n 15 /tmp/ember-install-deps.log >&2
+    exit 1
+  fi
+fi
+echo "install-deps: done" >&2

@@ -1,0 +1,7 @@
+"""Stand-in for @rules_java binding to native rules (loaded by @bazel_tools even for C++ builds)."""
+java_binary = native.java_binary
+java_import = native.java_import
+java_library = native.java_library
+java_runtime = native.java_runtime
+java_toolchain = native.java_toolchain
+java_test = native.java_test
