@@ -1,0 +1,93 @@
+#include "kernels/tensor.h"
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace ember::kernels {
+namespace {
+std::atomic<int64_t> g_live{0};
+std::atomic<int64_t> g_peak{0};
+}  // namespace
+
+size_t DTypeSize(DType t) {
+  switch (t) {
+    case DType::kF32: case DType::kI32: return 4;
+    case DType::kBF16: case DType::kF16: return 2;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kF16: return "f16";
+    case DType::kI32: return "i32";
+  }
+  return "?";
+}
+
+void* AlignedAlloc(size_t bytes) {
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  if (p == nullptr) {
+    std::fprintf(stderr, "AlignedAlloc: out of memory (%zu bytes)\n", bytes);
+    std::abort();
+  }
+  int64_t live = g_live.fetch_add(bytes) + bytes;
+  int64_t peak = g_peak.load();
+  while (live > peak && !g_peak.compare_exchange_weak(peak, live)) {}
+  return p;
+}
+
+void AlignedFree(void* p, size_t bytes) {
+  if (p == nullptr) return;
+  g_live.fetch_sub(bytes);
+  std::free(p);
+}
+
+int64_t MemoryStats::live_bytes() { return g_live.load(); }
+int64_t MemoryStats::peak_bytes() { return g_peak.load(); }
+void MemoryStats::ResetPeak() { g_peak.store(g_live.load()); }
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape_) n *= d;
+  return n;
+}
+
+std::string Tensor::ShapeString() const {
+  return absl::StrCat(DTypeName(dtype_), "[", absl::StrJoin(shape_, ","), "]");
+}
+
+Tensor Tensor::Empty(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  size_t bytes = t.nbytes();
+  void* p = AlignedAlloc(bytes);
+  t.storage_ = std::shared_ptr<void>(p, [bytes](void* q) { AlignedFree(q, bytes); });
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::Zeros(DType dtype, std::vector<int64_t> shape) {
+  Tensor t = Empty(dtype, std::move(shape));
+  std::memset(t.data_, 0, t.nbytes());
+  return t;
+}
+
+Tensor Tensor::Borrow(void* data, DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  return t;
+}
+
+}  // namespace ember::kernels
