@@ -1,0 +1,381 @@
+// The Store gRPC service (callback API): unary RPCs, the pipelined Session stream and Watch.
+// No call holds a thread while it waits: blocking requests are parked in the Backend.
+#include "runtime/store/server.h"
+
+#include <atomic>
+#include <deque>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/store.grpc.pb.h"
+#include "runtime/base/grpc_server.h"
+#include "runtime/base/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::store {
+namespace {
+
+using v1::Request;
+using v1::Response;
+
+grpc::Status ResponseStatus(const Response& r) {
+  if (r.code() == 0) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(r.code()), r.message());
+}
+
+// Constant-time comparison of the presented token with the expected one.
+bool TokenMatches(const std::string& expected, grpc::string_ref presented) {
+  std::string want = "Bearer " + expected;
+  if (presented.size() != want.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) diff |= want[i] ^ presented.data()[i];
+  return diff == 0;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Session: a bidirectional stream of request/response batches.
+class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::ResponseBatch> {
+ public:
+  SessionReactor(Backend* backend, uint64_t owner) : backend_(backend), owner_(owner) {
+    state_ = std::make_shared<State>();
+    state_->reactor = this;
+    StartRead(&in_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      {
+        absl::MutexLock l(&state_->mu);
+        state_->read_closed = true;
+      }
+      backend_->CancelOwner(owner_);
+      Flush(state_);
+      return;
+    }
+    std::vector<const Request*> reqs;
+    reqs.reserve(in_.requests_size());
+    for (const Request& r : in_.requests()) reqs.push_back(&r);
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->batching = true;  // coalesce the immediate answers of this batch into one write
+    }
+    std::shared_ptr<State> st = state_;
+    backend_->Execute(
+        reqs,
+        [st](Response r) {
+          {
+            absl::MutexLock l(&st->mu);
+            st->queue.push_back(std::move(r));
+          }
+          Flush(st);
+        },
+        owner_);
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->batching = false;
+    }
+    Flush(state_);
+    in_.Clear();
+    StartRead(&in_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->writing = false;
+      if (!ok) {
+        state_->broken = true;
+        state_->queue.clear();
+      }
+    }
+    Flush(state_);
+  }
+
+  void OnDone() override {
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->reactor = nullptr;
+    }
+    backend_->CancelOwner(owner_);
+    delete this;
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    std::deque<Response> queue ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool batching ABSL_GUARDED_BY(mu) = false;
+    bool read_closed ABSL_GUARDED_BY(mu) = false;
+    bool broken ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+  };
+
+  // Starts a write of everything queued, or finishes the call once reads ended and all is written.
+  static void Flush(const std::shared_ptr<State>& st) {
+    SessionReactor* r = nullptr;
+    bool finish = false;
+    {
+      absl::MutexLock l(&st->mu);
+      if (st->reactor == nullptr || st->finished || st->writing) return;
+      if (st->broken) st->queue.clear();
+      if (!st->queue.empty() && !st->batching) {
+        r = st->reactor;
+        r->out_.Clear();
+        for (Response& resp : st->queue) *r->out_.add_responses() = std::move(resp);
+        st->queue.clear();
+        st->writing = true;
+      } else if (st->read_closed && st->queue.empty()) {
+        r = st->reactor;
+        st->finished = true;
+        finish = true;
+      }
+    }
+    if (r == nullptr) return;
+    if (finish) {
+      r->Finish(grpc::Status::OK);
+    } else {
+      r->StartWrite(&r->out_);
+    }
+  }
+
+  Backend* const backend_;
+  const uint64_t owner_;
+  std::shared_ptr<State> state_;
+  v1::RequestBatch in_;
+  v1::ResponseBatch out_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Watch: streams change events under a prefix, coalescing queued events into one message.
+class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
+ public:
+  static constexpr size_t kMaxQueuedEvents = 1 << 20;
+
+  WatchReactor(Backend* backend, const v1::WatchRequest& req) : backend_(backend) {
+    state_ = std::make_shared<State>();
+    state_->reactor = this;
+    std::shared_ptr<State> st = state_;
+    watch_id_ = backend_->AddWatch(req.prefix(), req.send_initial(),
+                                   [st](const v1::WatchEvent& ev) {
+                                     {
+                                       absl::MutexLock l(&st->mu);
+                                       if (st->queue.size() >= kMaxQueuedEvents) {
+                                         st->overflow = true;
+                                       } else {
+                                         st->queue.push_back(ev);
+                                       }
+                                     }
+                                     Flush(st);
+                                   });
+    Flush(state_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->writing = false;
+      if (!ok) state_->cancelled = true;
+    }
+    Flush(state_);
+  }
+
+  void OnCancel() override {
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->cancelled = true;
+    }
+    Flush(state_);
+  }
+
+  void OnDone() override {
+    backend_->RemoveWatch(watch_id_);
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->reactor = nullptr;
+    }
+    delete this;
+  }
+
+ private:
+  struct State {
+    absl::Mutex mu;
+    WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+    std::deque<v1::WatchEvent> queue ABSL_GUARDED_BY(mu);
+    bool writing ABSL_GUARDED_BY(mu) = false;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+    bool overflow ABSL_GUARDED_BY(mu) = false;
+    bool finished ABSL_GUARDED_BY(mu) = false;
+  };
+
+  static void Flush(const std::shared_ptr<State>& st) {
+    WatchReactor* r = nullptr;
+    grpc::Status finish_status;
+    bool finish = false;
+    {
+      absl::MutexLock l(&st->mu);
+      if (st->reactor == nullptr || st->finished || st->writing) return;
+      r = st->reactor;
+      if (st->cancelled || st->overflow) {
+        finish = true;
+        st->finished = true;
+        if (st->overflow) {
+          finish_status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                       "watcher fell more than 1M events behind; re-watch");
+        }
+      } else if (!st->queue.empty()) {
+        r->out_.Clear();
+        for (auto& ev : st->queue) *r->out_.add_events() = std::move(ev);
+        st->queue.clear();
+        st->writing = true;
+      } else {
+        return;
+      }
+    }
+    if (finish) {
+      r->Finish(finish_status);
+    } else {
+      r->StartWrite(&r->out_);
+    }
+  }
+
+  Backend* const backend_;
+  uint64_t watch_id_ = 0;
+  std::shared_ptr<State> state_;
+  v1::WatchResponse out_;
+};
+
+template <typename Base>
+class Rejected : public Base {
+ public:
+  explicit Rejected(grpc::Status s) { this->Finish(std::move(s)); }
+  void OnDone() override { delete this; }
+};
+
+// ---------------------------------------------------------------------------------------------
+class StoreService final : public v1::Store::CallbackService {
+ public:
+  StoreService(Backend* backend, std::string token) : backend_(backend), token_(std::move(token)) {}
+
+#define EMBER_STORE_UNARY(Method, field, ReqT, RespT)                                            \
+  grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const v1::ReqT* req,        \
+                                   v1::RespT* resp) override {                                   \
+    Request r;                                                                                   \
+    *r.mutable_##field() = *req;                                                                 \
+    return Unary(ctx, r, [resp](Response& out) { *resp = std::move(*out.mutable_##field()); }); \
+  }
+
+  EMBER_STORE_UNARY(Set, set, SetRequest, SetResponse)
+  EMBER_STORE_UNARY(Get, get, GetRequest, GetResponse)
+  EMBER_STORE_UNARY(Add, add, AddRequest, AddResponse)
+  EMBER_STORE_UNARY(CompareSet, compare_set, CompareSetRequest, CompareSetResponse)
+  EMBER_STORE_UNARY(Wait, wait, WaitRequest, WaitResponse)
+  EMBER_STORE_UNARY(Check, check, CheckRequest, CheckResponse)
+  EMBER_STORE_UNARY(Delete, delete_, DeleteRequest, DeleteResponse)
+  EMBER_STORE_UNARY(DeletePrefix, delete_prefix, DeletePrefixRequest, DeletePrefixResponse)
+  EMBER_STORE_UNARY(NumKeys, num_keys, NumKeysRequest, NumKeysResponse)
+  EMBER_STORE_UNARY(MultiGet, multi_get, MultiGetRequest, MultiGetResponse)
+  EMBER_STORE_UNARY(MultiSet, multi_set, MultiSetRequest, MultiSetResponse)
+  EMBER_STORE_UNARY(Append, append, AppendRequest, AppendResponse)
+  EMBER_STORE_UNARY(ListKeys, list_keys, ListKeysRequest, ListKeysResponse)
+  EMBER_STORE_UNARY(LeaseGrant, lease_grant, LeaseGrantRequest, LeaseGrantResponse)
+  EMBER_STORE_UNARY(LeaseRefresh, lease_refresh, LeaseRefreshRequest, LeaseRefreshResponse)
+  EMBER_STORE_UNARY(LeaseRevoke, lease_revoke, LeaseRevokeRequest, LeaseRevokeResponse)
+#undef EMBER_STORE_UNARY
+
+  grpc::ServerBidiReactor<v1::RequestBatch, v1::ResponseBatch>* Session(
+      grpc::CallbackServerContext* ctx) override {
+    grpc::Status auth = Authenticate(ctx);
+    if (!auth.ok()) {
+      return new Rejected<grpc::ServerBidiReactor<v1::RequestBatch, v1::ResponseBatch>>(auth);
+    }
+    return new SessionReactor(backend_, next_owner_.fetch_add(1) + 1);
+  }
+
+  grpc::ServerWriteReactor<v1::WatchResponse>* Watch(grpc::CallbackServerContext* ctx,
+                                                     const v1::WatchRequest* req) override {
+    grpc::Status auth = Authenticate(ctx);
+    if (!auth.ok()) return new Rejected<grpc::ServerWriteReactor<v1::WatchResponse>>(auth);
+    return new WatchReactor(backend_, *req);
+  }
+
+ private:
+  grpc::Status Authenticate(grpc::CallbackServerContext* ctx) {
+    if (token_.empty()) return grpc::Status::OK;
+    const auto& md = ctx->client_metadata();
+    auto it = md.find("authorization");
+    if (it != md.end() && TokenMatches(token_, it->second)) return grpc::Status::OK;
+    spdlog::warn("store: rejected a call from {}: missing or wrong auth token", ctx->peer());
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing or wrong auth token: pass the token from --auth-token-file as "
+                        "'authorization: Bearer <token>'");
+  }
+
+  template <typename Extract>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* ctx, Request& req,
+                                  Extract extract) {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    grpc::Status auth = Authenticate(ctx);
+    if (!auth.ok()) {
+      reactor->Finish(auth);
+      return reactor;
+    }
+    backend_->Execute(
+        {&req},
+        [reactor, extract](Response out) mutable {
+          grpc::Status s = ResponseStatus(out);
+          if (s.ok()) extract(out);
+          reactor->Finish(s);
+        },
+        /*owner=*/0);
+    return reactor;
+  }
+
+  Backend* const backend_;
+  const std::string token_;
+  std::atomic<uint64_t> next_owner_{0};
+};
+
+}  // namespace
+
+class StoreServer::Impl {
+ public:
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<StoreService> service;
+  base::StartedServer started;
+  bool shut_down = false;
+};
+
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
+  auto impl = std::make_unique<Impl>();
+  ASSIGN_OR_RETURN(impl->backend, NewMemoryBackend(options.backend, options.clock));
+  impl->service = std::make_unique<StoreService>(impl->backend.get(), options.auth_token);
+  base::GrpcServerOptions gopts;
+  gopts.address = options.address;
+  gopts.credentials = options.credentials;
+  gopts.max_message_bytes = static_cast<int>(
+      std::min<int64_t>(INT32_MAX, options.backend.max_value_bytes * 4 + (1 << 20)));
+  ASSIGN_OR_RETURN(impl->started, base::StartGrpcServer(gopts, {impl->service.get()}));
+  return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
+}
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+StoreServer::~StoreServer() { Shutdown(); }
+
+int StoreServer::port() const { return impl_->started.port; }
+std::string StoreServer::address() const { return impl_->started.address; }
+Backend* StoreServer::backend() { return impl_->backend.get(); }
+
+void StoreServer::Shutdown() {
+  if (impl_->shut_down) return;
+  impl_->shut_down = true;
+  impl_->backend->Shutdown();
+  // Streams still open after the grace period are cancelled.
+  impl_->started.server->Shutdown(std::chrono::system_clock::now() +
+                                  std::chrono::milliseconds(500));
+}
+
+}  // namespace ember::store

@@ -1,0 +1,85 @@
+// ember-store: the rendezvous store as a standalone server.
+//
+//   ember-store --listen=127.0.0.1:29500 [--data-dir=/var/lib/ember/store] [--auth-token-file=F]
+//
+// Prints "ember-store listening on HOST:PORT" once the port is bound (port 0 picks one), and with
+// --port-file writes the port there (atomically) for scripts and tests.
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "runtime/base/flags.h"
+#include "runtime/store/server.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, listen, "127.0.0.1:29500", "host:port to bind (port 0 = any free port)");
+ABSL_FLAG(std::string, data_dir, "", "directory for the write-ahead log; empty = in-memory only");
+ABSL_FLAG(std::string, fsync, "never",
+          "durable mode: 'never' (write() before ack; survives kill -9) or 'always' (fdatasync "
+          "before ack, group-committed; survives power loss)");
+ABSL_FLAG(std::string, auth_token_file, "", "file holding the token every client must present");
+ABSL_FLAG(int64_t, max_key_bytes, 4096, "largest key accepted");
+ABSL_FLAG(int64_t, max_value_bytes, 16 << 20, "largest value accepted");
+ABSL_FLAG(int64_t, compact_after_bytes, 64 << 20, "snapshot and truncate the log past this size");
+ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
+
+namespace {
+volatile std::sig_atomic_t g_stop = 0;
+void OnSignal(int) { g_stop = 1; }
+}  // namespace
+
+int main(int argc, char** argv) {
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-store");
+  ember::store::StoreServerOptions opts;
+  opts.address = absl::GetFlag(FLAGS_listen);
+  opts.backend.data_dir = absl::GetFlag(FLAGS_data_dir);
+  opts.backend.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
+  opts.backend.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
+  opts.backend.compact_after_bytes = absl::GetFlag(FLAGS_compact_after_bytes);
+  std::string fsync = absl::GetFlag(FLAGS_fsync);
+  if (fsync == "always") {
+    opts.backend.fsync = ember::store::FsyncPolicy::kAlways;
+  } else if (fsync != "never") {
+    spdlog::error("--fsync='{}' is not valid; use 'never' or 'always'", fsync);
+    return 2;
+  }
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    std::ifstream f(absl::GetFlag(FLAGS_auth_token_file));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    opts.auth_token = std::string(absl::StripAsciiWhitespace(ss.str()));
+    if (!f || opts.auth_token.empty()) {
+      spdlog::error("cannot read a token from --auth-token-file={}", absl::GetFlag(FLAGS_auth_token_file));
+      return 2;
+    }
+  }
+  auto server = ember::store::StoreServer::Start(opts);
+  if (!server.ok()) {
+    spdlog::error("ember-store failed to start: {}", server.status().ToString());
+    return 1;
+  }
+  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {})", (*server)->address(),
+               opts.backend.data_dir.empty() ? "none, in-memory" : opts.backend.data_dir,
+               opts.auth_token.empty() ? "off" : "token");
+  std::printf("ember-store listening on %s\n", (*server)->address().c_str());
+  std::fflush(stdout);
+  if (!absl::GetFlag(FLAGS_port_file).empty()) {
+    std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
+    {
+      std::ofstream pf(tmp);
+      pf << (*server)->port() << "\n";
+    }
+    std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
+  }
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
+  while (!g_stop) absl::SleepFor(absl::Milliseconds(100));
+  spdlog::info("ember-store: shutting down");
+  (*server)->Shutdown();
+  return 0;
+}

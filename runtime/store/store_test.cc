@@ -1,0 +1,339 @@
+// Store semantics against an in-process server over real gRPC on loopback.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <random>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "runtime/base/clock.h"
+#include "runtime/store/client.h"
+#include "runtime/store/server.h"
+
+namespace ember::store {
+namespace {
+
+struct Fixture {
+  explicit Fixture(StoreServerOptions opts = {}) {
+    auto s = StoreServer::Start(std::move(opts));
+    REQUIRE(s.ok());
+    server = std::move(*s);
+    ClientOptions co;
+    co.address = server->address();
+    co.auth_token = token;
+    auto c = Client::Connect(co);
+    REQUIRE(c.ok());
+    client = std::make_unique<Client>(*c);
+  }
+  std::string token;
+  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<Client> client;
+};
+
+int ThreadCount() {
+  std::ifstream f("/proc/self/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+TEST_CASE("set, get, delete and not-found") {
+  Fixture f;
+  Client& c = *f.client;
+  REQUIRE(c.Set("a", std::string("x\0y", 3)).ok());
+  auto v = c.Get("a");
+  REQUIRE(v.ok());
+  REQUIRE(*v == std::string("x\0y", 3));
+  REQUIRE(absl::IsNotFound(c.Get("missing").status()));
+  REQUIRE(*c.Delete("a"));
+  REQUIRE_FALSE(*c.Delete("a"));
+  REQUIRE(absl::IsNotFound(c.Get("a").status()));
+}
+
+TEST_CASE("blocking get wakes when the key is set, and times out naming the key") {
+  Fixture f;
+  Client& c = *f.client;
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    REQUIRE(c.Set("late", "v").ok());
+  });
+  auto v = c.Get("late", {.wait = true, .timeout = absl::Seconds(10)});
+  setter.join();
+  REQUIRE(v.ok());
+  REQUIRE(*v == "v");
+  auto t = c.Get("never", {.wait = true, .timeout = absl::Milliseconds(200)});
+  REQUIRE(absl::IsDeadlineExceeded(t.status()));
+  REQUIRE(t.status().message().find("never") != std::string::npos);
+}
+
+TEST_CASE("64 threads x 1000 Add give the exact total") {
+  Fixture f;
+  std::vector<std::thread> ts;
+  std::atomic<int> errors{0};
+  for (int i = 0; i < 64; ++i) {
+    ts.emplace_back([&] {
+      for (int j = 0; j < 1000; ++j) {
+        if (!f.client->Add("counter", 1).ok()) ++errors;
+      }
+    });
+  }
+  for (auto& t : ts) t.join();
+  REQUIRE(errors == 0);
+  REQUIRE(*f.client->Add("counter", 0) == 64000);
+  REQUIRE(*f.client->Get("counter") == "64000");
+  REQUIRE(f.client->Set("text", "abc").ok());
+  REQUIRE(absl::IsInvalidArgument(f.client->Add("text", 1).status()));
+}
+
+TEST_CASE("compare-set swaps only on a match") {
+  Fixture f;
+  Client& c = *f.client;
+  auto r = c.CompareSet("k", std::nullopt, "v1");
+  REQUIRE(r->swapped);
+  r = c.CompareSet("k", std::nullopt, "v2");
+  REQUIRE_FALSE(r->swapped);
+  REQUIRE(r->current == "v1");
+  r = c.CompareSet("k", std::string("wrong"), "v2");
+  REQUIRE_FALSE(r->swapped);
+  r = c.CompareSet("k", std::string("v1"), "v2");
+  REQUIRE(r->swapped);
+  REQUIRE(*c.Get("k") == "v2");
+}
+
+TEST_CASE("wait on several keys wakes when the last appears; timeout names the missing ones") {
+  Fixture f;
+  Client& c = *f.client;
+  REQUIRE(c.Set("w1", "1").ok());
+  std::thread t([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    REQUIRE(c.Set("w2", "2").ok());
+    absl::SleepFor(absl::Milliseconds(50));
+    REQUIRE(c.Set("w3", "3").ok());
+  });
+  REQUIRE(c.Wait({"w1", "w2", "w3"}, absl::Seconds(10)).ok());
+  t.join();
+  absl::Status s = c.Wait({"w1", "gone1", "gone2"}, absl::Milliseconds(150));
+  REQUIRE(absl::IsDeadlineExceeded(s));
+  REQUIRE(s.message().find("gone1") != std::string::npos);
+  REQUIRE(s.message().find("gone2") != std::string::npos);
+  REQUIRE(s.message().find("w1,") == std::string::npos);
+}
+
+TEST_CASE("check, prefix ops, multi get/set, append, list") {
+  Fixture f;
+  Client& c = *f.client;
+  REQUIRE(c.MultiSet({{"p/a", "1"}, {"p/b", "2"}, {"q/c", "3"}}).ok());
+  REQUIRE(*c.Check({"p/a", "p/b"}));
+  REQUIRE_FALSE(*c.Check({"p/a", "p/z"}));
+  REQUIRE(*c.NumKeys() == 3);
+  REQUIRE(*c.NumKeys("p/") == 2);
+  auto mg = c.MultiGet({"p/a", "nope", "q/c"});
+  REQUIRE(mg->size() == 3);
+  REQUIRE((*mg)[0] == std::optional<std::string>("1"));
+  REQUIRE_FALSE((*mg)[1].has_value());
+  REQUIRE((*mg)[2] == std::optional<std::string>("3"));
+  REQUIRE(*c.Append("log", "ab") == 2);
+  REQUIRE(*c.Append("log", "cde") == 5);
+  REQUIRE(*c.Get("log") == "abcde");
+  auto keys = c.ListKeys("p/");
+  REQUIRE(*keys == std::vector<std::string>{"p/a", "p/b"});
+  REQUIRE(*c.DeletePrefix("p/") == 2);
+  REQUIRE(*c.NumKeys("p/") == 0);
+  // Prefix views scope every key and strip the prefix from listings.
+  Client job = c.WithPrefix("jobs/j1/");
+  REQUIRE(job.Set("x", "1").ok());
+  REQUIRE(*c.Get("jobs/j1/x") == "1");
+  REQUIRE(*job.ListKeys() == std::vector<std::string>{"x"});
+  // A blocking MultiGet returns once all exist.
+  std::thread t([&] { REQUIRE(c.Set("m2", "b").ok()); });
+  REQUIRE(c.Set("m1", "a").ok());
+  auto all = c.MultiGet({"m1", "m2"}, {.wait = true, .timeout = absl::Seconds(10)});
+  t.join();
+  REQUIRE(all.ok());
+  REQUIRE(*(*all)[1] == "b");
+}
+
+TEST_CASE("watch sees every change under its prefix, in order") {
+  Fixture f;
+  Client& c = *f.client;
+  REQUIRE(c.Set("w/existing", "0").ok());
+  absl::Mutex mu;
+  std::vector<WatchEvent> events;
+  auto watch = c.WatchPrefix(
+      "w/",
+      [&](const WatchEvent& e) {
+        absl::MutexLock l(&mu);
+        events.push_back(e);
+      },
+      /*send_initial=*/true);
+  REQUIRE(watch.ok());
+  constexpr int kN = 2000;
+  std::thread writer([&] {
+    for (int i = 0; i < kN; ++i) REQUIRE(c.Set("w/k", std::to_string(i)).ok());
+    REQUIRE(c.Set("other/ignored", "x").ok());
+    REQUIRE(*c.Delete("w/k"));
+  });
+  writer.join();
+  auto got_all = [&] {
+    absl::MutexLock l(&mu);
+    return events.size() >= kN + 2;
+  };
+  for (int i = 0; i < 500 && !got_all(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  (*watch)->Cancel();
+  absl::MutexLock l(&mu);
+  REQUIRE(events.size() == kN + 2);
+  REQUIRE(events[0].key == "w/existing");
+  for (int i = 0; i < kN; ++i) {
+    REQUIRE(events[i + 1].key == "w/k");
+    REQUIRE(events[i + 1].value == std::to_string(i));
+    REQUIRE(events[i + 1].revision > events[i].revision);
+  }
+  REQUIRE(events.back().type == WatchEvent::Type::kDelete);
+}
+
+TEST_CASE("leased keys expire unless refreshed") {
+  base::FakeClock clock;
+  StoreServerOptions opts;
+  opts.clock = &clock;
+  Fixture f(opts);
+  Client& c = *f.client;
+  auto lease = c.GrantLease(absl::Seconds(10));
+  REQUIRE(lease.ok());
+  REQUIRE(c.SetWithLease("nodes/a", "alive", *lease).ok());
+  auto other = c.GrantLease(absl::Seconds(10));
+  REQUIRE(c.SetWithLease("nodes/b", "alive", *other).ok());
+  clock.Advance(absl::Seconds(6));
+  REQUIRE(c.RefreshLease(*lease).ok());
+  clock.Advance(absl::Seconds(6));  // b's lease is now 12 s old, a's 6 s since refresh
+  for (int i = 0; i < 200 && c.Get("nodes/b").ok(); ++i) absl::SleepFor(absl::Milliseconds(10));
+  REQUIRE(absl::IsNotFound(c.Get("nodes/b").status()));
+  REQUIRE(c.Get("nodes/a").ok());
+  REQUIRE(absl::IsNotFound(c.RefreshLease(*other)));
+  REQUIRE(absl::IsNotFound(c.SetWithLease("nodes/c", "x", *other)));
+  REQUIRE(c.RevokeLease(*lease).ok());
+  REQUIRE(absl::IsNotFound(c.Get("nodes/a").status()));
+}
+
+TEST_CASE("key and value size limits give INVALID_ARGUMENT naming the limit") {
+  StoreServerOptions opts;
+  opts.backend.max_key_bytes = 64;
+  opts.backend.max_value_bytes = 1024;
+  Fixture f(opts);
+  absl::Status s = f.client->Set(std::string(65, 'k'), "v");
+  REQUIRE(absl::IsInvalidArgument(s));
+  REQUIRE(s.message().find("max_key_bytes=64") != std::string::npos);
+  s = f.client->Set("k", std::string(1025, 'v'));
+  REQUIRE(absl::IsInvalidArgument(s));
+  REQUIRE(s.message().find("max_value_bytes=1024") != std::string::npos);
+  REQUIRE(f.client->Set("k", std::string(1024, 'v')).ok());
+  REQUIRE(absl::IsInvalidArgument(f.client->Append("k", "x").status()));
+}
+
+TEST_CASE("a wrong token is rejected with UNAUTHENTICATED and changes nothing") {
+  StoreServerOptions opts;
+  opts.auth_token = "s3cret";
+  auto server = StoreServer::Start(opts);
+  REQUIRE(server.ok());
+  ClientOptions good{.address = (*server)->address(), .auth_token = "s3cret"};
+  ClientOptions bad{.address = (*server)->address(), .auth_token = "guess"};
+  bad.connect_timeout = absl::Seconds(5);
+  auto b = Client::Connect(bad);
+  REQUIRE(absl::IsUnauthenticated(b.status()));
+  ClientOptions none{.address = (*server)->address()};
+  REQUIRE(absl::IsUnauthenticated(Client::Connect(none).status()));
+  auto g = Client::Connect(good);
+  REQUIRE(g.ok());
+  REQUIRE(*g->NumKeys() == 0);
+}
+
+TEST_CASE("thousands of blocked gets hold no thread each, and all wake") {
+  Fixture f;
+  Client& c = *f.client;
+  int threads_before = ThreadCount();
+  constexpr int kWaiters = 3000;
+  std::atomic<int> woke{0}, failed{0};
+  for (int i = 0; i < kWaiters; ++i) {
+    c.GetAsync(
+        "gate/" + std::to_string(i % 10),
+        [&](absl::StatusOr<std::string> v) { (v.ok() ? woke : failed)++; },
+        {.wait = true, .timeout = absl::Seconds(60)});
+  }
+  for (int i = 0; i < 500 && f.server->backend()->num_waiters() < kWaiters; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(f.server->backend()->num_waiters() == kWaiters);
+  // Server and client together: a handful of threads, not thousands.
+  REQUIRE(ThreadCount() - threads_before < 64);
+  for (int k = 0; k < 10; ++k) REQUIRE(c.Set("gate/" + std::to_string(k), "open").ok());
+  for (int i = 0; i < 1000 && woke + failed < kWaiters; ++i) absl::SleepFor(absl::Milliseconds(10));
+  REQUIRE(woke == kWaiters);
+  REQUIRE(failed == 0);
+}
+
+TEST_CASE("barrier releases all participants together") {
+  Fixture f;
+  constexpr int kN = 16;
+  std::atomic<int> ok{0};
+  std::vector<std::thread> ts;
+  for (int i = 0; i < kN; ++i) {
+    ts.emplace_back([&] {
+      if (f.client->Barrier("b1", kN, absl::Seconds(30)).ok()) ++ok;
+    });
+  }
+  for (auto& t : ts) t.join();
+  REQUIRE(ok == kN);
+  absl::Status s = f.client->Barrier("b2", 3, absl::Milliseconds(200));
+  REQUIRE(absl::IsDeadlineExceeded(s));
+  REQUIRE(s.message().find("1 of 3") != std::string::npos);
+}
+
+TEST_CASE("garbage bytes and half-open connections never wedge the server") {
+  Fixture f;
+  std::mt19937 rng(7);
+  std::vector<int> idle;
+  for (int round = 0; round < 20; ++round) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(f.server->port());
+    inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    if (round % 2 == 0) {
+      std::string junk(4096, '\0');
+      for (char& ch : junk) ch = static_cast<char>(rng());
+      if (round == 4) junk = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + junk;  // valid preface, bad frames
+      ssize_t n = send(fd, junk.data(), junk.size(), MSG_NOSIGNAL);
+      (void)n;
+      close(fd);
+    } else {
+      idle.push_back(fd);  // connected, silent: a half-open peer
+    }
+  }
+  REQUIRE(f.client->Set("after-garbage", "ok").ok());
+  REQUIRE(*f.client->Get("after-garbage") == "ok");
+  // A second, fresh client still connects and works while the silent sockets stay open.
+  auto c2 = Client::Connect({.address = f.server->address()});
+  REQUIRE(c2.ok());
+  REQUIRE(*c2->Get("after-garbage") == "ok");
+  for (int fd : idle) close(fd);
+}
+
+TEST_CASE("unreachable server gives UNAVAILABLE naming the address") {
+  ClientOptions o{.address = "127.0.0.1:1"};
+  o.connect_timeout = absl::Milliseconds(300);
+  auto c = Client::Connect(o);
+  REQUIRE(absl::IsUnavailable(c.status()));
+  REQUIRE(c.status().message().find("127.0.0.1:1") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace ember::store
