@@ -16,7 +16,25 @@ namespace ember::base {
 
 std::vector<std::string> ParseFlagsAndInitLogging(int argc, char** argv, const char* program) {
   absl::SetProgramUsageMessage(std::string(program) + " (see --help)");
-  std::vector<char*> rest = absl::ParseCommandLine(argc, argv);
+  // Accept --log-format as well as --log_format: flag names are spelled with dashes in the docs.
+  static std::vector<std::string> storage;
+  static std::vector<char*> args;
+  storage.assign(argv, argv + argc);
+  for (size_t i = 1; i < storage.size(); ++i) {
+    std::string& a = storage[i];
+    if (a == "--") break;
+    if (a.size() > 2 && a[0] == '-' && a[1] == '-') {
+      size_t end = a.find('=');
+      if (end == std::string::npos) end = a.size();
+      for (size_t j = 2; j < end; ++j) {
+        if (a[j] == '-') a[j] = '_';
+      }
+    }
+  }
+  args.clear();
+  for (auto& a : storage) args.push_back(a.data());
+  args.push_back(nullptr);
+  std::vector<char*> rest = absl::ParseCommandLine(argc, args.data());
   LogOptions opts;
   opts.name = program;
   opts.level = absl::GetFlag(FLAGS_log_level);
