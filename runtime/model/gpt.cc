@@ -1,0 +1,465 @@
+#include "runtime/model/gpt.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/ops.h"
+#include "runtime/base/status_macros.h"
+
+namespace ember::model {
+
+using kernels::DType;
+using kernels::ExecContext;
+using kernels::Tensor;
+
+namespace {
+
+Tensor F32(std::vector<int64_t> shape) { return Tensor::Empty(DType::kF32, std::move(shape)); }
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t Fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
+  return h;
+}
+
+// Indices of the block's parameters, in BlockParamSpecs order.
+enum BlockParam { kLn1 = 0, kQkv, kProj, kLn2, kFc1, kFc2, kGate = 4 };
+
+}  // namespace
+
+int64_t GptConfig::ff() const {
+  if (d_ff > 0) return d_ff;
+  if (mlp == Mlp::kSwiGlu) return (8 * d_model / 3 + 15) / 16 * 16;
+  return 4 * d_model;
+}
+
+absl::Status GptConfig::Validate() const {
+  auto bad = [](const char* what) { return absl::InvalidArgumentError(absl::StrCat("GptConfig: ", what)); };
+  if (vocab_size <= 0) return bad("vocab_size must be > 0");
+  if (context <= 0) return bad("context must be > 0");
+  if (n_layer <= 0) return bad("n_layer must be > 0");
+  if (n_head <= 0 || d_model % n_head != 0) return bad("d_model must be a multiple of n_head");
+  if (window < 0) return bad("window must be >= 0");
+  if (mlp == Mlp::kMoe && (n_expert <= 0 || top_k <= 0 || top_k > n_expert))
+    return bad("MoE needs 0 < top_k <= n_expert");
+  if (vocab_size > (int64_t{1} << 31) - 1) return bad("vocab_size must fit int32");
+  return absl::OkStatus();
+}
+
+int64_t ParamSpec::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<ParamSpec> BlockParamSpecs(const GptConfig& cfg, int64_t layer) {
+  const int64_t C = cfg.d_model, F = cfg.ff();
+  const float std_w = cfg.init_std;
+  const float std_out = cfg.init_std / std::sqrt(2.0f * cfg.n_layer);  // residual projections
+  const std::string p = absl::StrCat("blocks.", layer, ".");
+  std::vector<ParamSpec> s = {
+      {p + "ln1.weight", {C}, 0.0f},
+      {p + "attn.qkv.weight", {3 * C, C}, std_w},
+      {p + "attn.proj.weight", {C, C}, std_out},
+      {p + "ln2.weight", {C}, 0.0f},
+  };
+  switch (cfg.mlp) {
+    case GptConfig::Mlp::kGelu:
+      s.push_back({p + "mlp.fc1.weight", {F, C}, std_w});
+      s.push_back({p + "mlp.fc2.weight", {C, F}, std_out});
+      break;
+    case GptConfig::Mlp::kSwiGlu:
+      s.push_back({p + "mlp.fc1.weight", {2 * F, C}, std_w});
+      s.push_back({p + "mlp.fc2.weight", {C, F}, std_out});
+      break;
+    case GptConfig::Mlp::kMoe:
+      s.push_back({p + "moe.gate.weight", {cfg.n_expert, C}, std_w});
+      for (int64_t e = 0; e < cfg.n_expert; ++e) {
+        const std::string q = absl::StrCat(p, "moe.experts.", e, ".");
+        s.push_back({q + "fc1.weight", {F, C}, std_w});
+        s.push_back({q + "fc2.weight", {C, F}, std_out});
+      }
+      break;
+  }
+  return s;
+}
+
+std::vector<ParamSpec> ParamSpecs(const GptConfig& cfg) {
+  std::vector<ParamSpec> s = {
+      {"wte.weight", {cfg.vocab_size, cfg.d_model}, cfg.init_std},
+      {"wpe.weight", {cfg.context, cfg.d_model}, cfg.init_std},
+  };
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    auto b = BlockParamSpecs(cfg, l);
+    s.insert(s.end(), b.begin(), b.end());
+  }
+  s.push_back({"ln_f.weight", {cfg.d_model}, 0.0f});
+  return s;
+}
+
+void InitParam(const ParamSpec& spec, uint64_t seed, int64_t offset, int64_t count, float* out) {
+  if (spec.init_std == 0.0f) {
+    std::fill(out, out + count, 1.0f);
+    return;
+  }
+  const uint64_t key = SplitMix64(seed) ^ Fnv1a64(spec.name);
+  for (int64_t i = 0; i < count; ++i) {
+    const uint64_t idx = static_cast<uint64_t>(offset + i);
+    const uint64_t a = SplitMix64(key + 2 * idx), b = SplitMix64(key + 2 * idx + 1);
+    const double u1 = (static_cast<double>(a >> 11) + 0.5) * 0x1p-53;
+    const double u2 = static_cast<double>(b >> 11) * 0x1p-53;
+    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+    out[i] = static_cast<float>(spec.init_std * z);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Block
+
+struct ExpertActs {
+  std::vector<int64_t> rows;  // tokens routed here, ascending
+  std::vector<int> slot;      // which of the token's top-k slots
+  Tensor h, a, y;             // fc1 output [Ne,F], GELU(h), fc2 output [Ne,C]
+};
+
+struct BlockActivations {
+  int64_t B = 0, T = 0;
+  Tensor x, ln1, rstd1, qkv, att, lse, xmid, ln2, rstd2, fc1, act;
+  // MoE
+  std::vector<int32_t> topk_idx;  // [N, k]
+  std::vector<float> topk_w;      // [N, k]
+  std::vector<ExpertActs> experts;
+};
+
+void BlockActivationsDeleter::operator()(BlockActivations* a) const { delete a; }
+
+Block::Block(const GptConfig& cfg, int64_t layer) : cfg_(cfg), layer_(layer) {}
+
+absl::StatusOr<BlockActivationsPtr> Block::Forward(const ExecContext& ctx,
+                                                   absl::Span<const float* const> w,
+                                                   const float* x, float* y, int64_t B,
+                                                   int64_t T) const {
+  const size_t want = BlockParamSpecs(cfg_, layer_).size();
+  if (w.size() != want)
+    return absl::InvalidArgumentError(absl::StrCat("Block ", layer_, ": ", w.size(), " params, want ", want));
+  const int64_t N = B * T, C = cfg_.d_model, F = cfg_.ff();
+  BlockActivationsPtr a(new BlockActivations);
+  a->B = B;
+  a->T = T;
+  a->x = F32({N, C});
+  std::memcpy(a->x.data<float>(), x, N * C * sizeof(float));
+  // Attention half.
+  a->ln1 = F32({N, C});
+  a->rstd1 = F32({N});
+  kernels::RmsNormForward(ctx, x, w[kLn1], N, C, cfg_.norm_eps, a->ln1.data<float>(), a->rstd1.data<float>());
+  a->qkv = F32({N, 3 * C});
+  kernels::LinearForward(ctx, a->ln1.data<float>(), w[kQkv], nullptr, N, C, 3 * C, a->qkv.data<float>());
+  a->att = F32({N, C});
+  a->lse = F32({B, cfg_.n_head, T});
+  kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window};
+  const float* qkv = a->qkv.data<float>();
+  kernels::AttentionForward(ctx, as, qkv, qkv + C, qkv + 2 * C, 3 * C, a->att.data<float>(), C,
+                            a->lse.data<float>());
+  a->xmid = F32({N, C});
+  float* xmid = a->xmid.data<float>();
+  kernels::LinearForward(ctx, a->att.data<float>(), w[kProj], nullptr, N, C, C, xmid);
+  kernels::AddInPlace(ctx, x, xmid, N * C);
+  // MLP half.
+  a->ln2 = F32({N, C});
+  a->rstd2 = F32({N});
+  const float* ln2 = a->ln2.data<float>();
+  kernels::RmsNormForward(ctx, xmid, w[kLn2], N, C, cfg_.norm_eps, a->ln2.data<float>(), a->rstd2.data<float>());
+  Tensor out = F32({N, C});
+  if (cfg_.mlp != GptConfig::Mlp::kMoe) {
+    const bool swiglu = cfg_.mlp == GptConfig::Mlp::kSwiGlu;
+    const int64_t F1 = swiglu ? 2 * F : F;
+    a->fc1 = F32({N, F1});
+    kernels::LinearForward(ctx, ln2, w[kFc1], nullptr, N, C, F1, a->fc1.data<float>());
+    a->act = F32({N, F});
+    if (swiglu) {
+      kernels::SwiGluForward(ctx, a->fc1.data<float>(), N, F, a->act.data<float>());
+    } else {
+      kernels::GeluForward(ctx, a->fc1.data<float>(), a->act.data<float>(), N * F);
+    }
+    kernels::LinearForward(ctx, a->act.data<float>(), w[kFc2], nullptr, N, F, C, out.data<float>());
+  } else {
+    const int64_t E = cfg_.n_expert, K = cfg_.top_k;
+    std::vector<float> logits(N * E);
+    kernels::LinearForward(ctx, ln2, w[kGate], nullptr, N, C, E, logits.data());
+    a->topk_idx.resize(N * K);
+    a->topk_w.resize(N * K);
+    a->experts.resize(E);
+    for (int64_t n = 0; n < N; ++n) {
+      std::vector<int32_t> order(E);
+      std::iota(order.begin(), order.end(), 0);
+      const float* z = &logits[n * E];
+      std::partial_sort(order.begin(), order.begin() + K, order.end(),
+                        [&](int32_t i, int32_t j) { return z[i] > z[j] || (z[i] == z[j] && i < j); });
+      float mx = z[order[0]], sum = 0;
+      for (int64_t k = 0; k < K; ++k) sum += std::exp(z[order[k]] - mx);
+      for (int64_t k = 0; k < K; ++k) {
+        a->topk_idx[n * K + k] = order[k];
+        a->topk_w[n * K + k] = std::exp(z[order[k]] - mx) / sum;
+        a->experts[order[k]].rows.push_back(n);
+        a->experts[order[k]].slot.push_back(static_cast<int>(k));
+      }
+    }
+    std::memset(out.data<float>(), 0, N * C * sizeof(float));
+    for (int64_t e = 0; e < E; ++e) {
+      ExpertActs& ex = a->experts[e];
+      const int64_t Ne = ex.rows.size();
+      if (Ne == 0) continue;
+      Tensor xe = F32({Ne, C});
+      for (int64_t r = 0; r < Ne; ++r)
+        std::memcpy(xe.data<float>() + r * C, ln2 + ex.rows[r] * C, C * sizeof(float));
+      ex.h = F32({Ne, F});
+      ex.a = F32({Ne, F});
+      ex.y = F32({Ne, C});
+      kernels::LinearForward(ctx, xe.data<float>(), w[kGate + 1 + 2 * e], nullptr, Ne, C, F, ex.h.data<float>());
+      kernels::GeluForward(ctx, ex.h.data<float>(), ex.a.data<float>(), Ne * F);
+      kernels::LinearForward(ctx, ex.a.data<float>(), w[kGate + 2 + 2 * e], nullptr, Ne, F, C, ex.y.data<float>());
+      for (int64_t r = 0; r < Ne; ++r) {
+        const float wt = a->topk_w[ex.rows[r] * K + ex.slot[r]];
+        const float* src = ex.y.data<float>() + r * C;
+        float* dst = out.data<float>() + ex.rows[r] * C;
+        for (int64_t c = 0; c < C; ++c) dst[c] += wt * src[c];
+      }
+    }
+  }
+  kernels::Add(ctx, xmid, out.data<float>(), y, N * C);
+  return a;
+}
+
+absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* const> w,
+                             absl::Span<float* const> g, BlockActivationsPtr a, const float* dy,
+                             float* dx) const {
+  const size_t want = BlockParamSpecs(cfg_, layer_).size();
+  if (w.size() != want || g.size() != want || a == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("Block ", layer_, ": bad Backward arguments"));
+  const int64_t B = a->B, T = a->T, N = B * T, C = cfg_.d_model, F = cfg_.ff();
+  // dres: gradient of the residual stream between the two halves (starts as dy).
+  Tensor dres = F32({N, C});
+  float* dr = dres.data<float>();
+  std::memcpy(dr, dy, N * C * sizeof(float));
+  Tensor dln2 = F32({N, C});
+  if (cfg_.mlp != GptConfig::Mlp::kMoe) {
+    const bool swiglu = cfg_.mlp == GptConfig::Mlp::kSwiGlu;
+    const int64_t F1 = swiglu ? 2 * F : F;
+    Tensor dact = F32({N, F});
+    kernels::LinearBackward(ctx, a->act.data<float>(), w[kFc2], dr, N, F, C, dact.data<float>(), g[kFc2], nullptr);
+    a->act.Reset();
+    Tensor dfc1 = swiglu ? F32({N, F1}) : dact;  // GELU backward runs in place
+    if (swiglu) {
+      kernels::SwiGluBackward(ctx, a->fc1.data<float>(), dact.data<float>(), N, F, dfc1.data<float>());
+    } else {
+      kernels::GeluBackward(ctx, a->fc1.data<float>(), dact.data<float>(), dfc1.data<float>(), N * F);
+    }
+    a->fc1.Reset();
+    dact.Reset();
+    kernels::LinearBackward(ctx, a->ln2.data<float>(), w[kFc1], dfc1.data<float>(), N, C, F1,
+                            dln2.data<float>(), g[kFc1], nullptr);
+  } else {
+    const int64_t E = cfg_.n_expert, K = cfg_.top_k;
+    const float* ln2 = a->ln2.data<float>();
+    float* dl2 = dln2.data<float>();
+    std::memset(dl2, 0, N * C * sizeof(float));
+    std::vector<float> dwt(N * K, 0.0f), dlogits(N * E, 0.0f);
+    for (int64_t e = 0; e < E; ++e) {
+      ExpertActs& ex = a->experts[e];
+      const int64_t Ne = ex.rows.size();
+      if (Ne == 0) continue;
+      Tensor dye = F32({Ne, C}), xe = F32({Ne, C}), da = F32({Ne, F}), dxe = F32({Ne, C});
+      for (int64_t r = 0; r < Ne; ++r) {
+        const int64_t n = ex.rows[r];
+        const float wt = a->topk_w[n * K + ex.slot[r]];
+        const float* dyr = dr + n * C;
+        const float* yr = ex.y.data<float>() + r * C;
+        float dot = 0;
+        for (int64_t c = 0; c < C; ++c) dot += dyr[c] * yr[c];
+        dwt[n * K + ex.slot[r]] = dot;
+        for (int64_t c = 0; c < C; ++c) dye.data<float>()[r * C + c] = wt * dyr[c];
+        std::memcpy(xe.data<float>() + r * C, ln2 + n * C, C * sizeof(float));
+      }
+      ex.y.Reset();
+      kernels::LinearBackward(ctx, ex.a.data<float>(), w[kGate + 2 + 2 * e], dye.data<float>(), Ne, F, C,
+                              da.data<float>(), g[kGate + 2 + 2 * e], nullptr);
+      ex.a.Reset();
+      kernels::GeluBackward(ctx, ex.h.data<float>(), da.data<float>(), da.data<float>(), Ne * F);
+      ex.h.Reset();
+      kernels::LinearBackward(ctx, xe.data<float>(), w[kGate + 1 + 2 * e], da.data<float>(), Ne, C, F,
+                              dxe.data<float>(), g[kGate + 1 + 2 * e], nullptr);
+      for (int64_t r = 0; r < Ne; ++r)
+        kernels::AddInPlace(ExecContext{}, dxe.data<float>() + r * C, dl2 + ex.rows[r] * C, C);
+    }
+    // Router: weights are a softmax over the selected logits.
+    for (int64_t n = 0; n < N; ++n) {
+      float s = 0;
+      for (int64_t k = 0; k < K; ++k) s += a->topk_w[n * K + k] * dwt[n * K + k];
+      for (int64_t k = 0; k < K; ++k)
+        dlogits[n * E + a->topk_idx[n * K + k]] = a->topk_w[n * K + k] * (dwt[n * K + k] - s);
+    }
+    Tensor dgate = F32({N, C});
+    kernels::LinearBackward(ctx, ln2, w[kGate], dlogits.data(), N, C, E, dgate.data<float>(), g[kGate], nullptr);
+    kernels::AddInPlace(ctx, dgate.data<float>(), dl2, N * C);
+    a->experts.clear();
+  }
+  a->ln2.Reset();
+  {
+    Tensor tmp = F32({N, C});
+    kernels::RmsNormBackward(ctx, a->xmid.data<float>(), w[kLn2], a->rstd2.data<float>(),
+                             dln2.data<float>(), N, C, tmp.data<float>(), g[kLn2]);
+    kernels::AddInPlace(ctx, tmp.data<float>(), dr, N * C);
+  }
+  dln2.Reset();
+  a->xmid.Reset();
+  a->rstd2.Reset();
+  // Attention half.
+  Tensor datt = F32({N, C});
+  kernels::LinearBackward(ctx, a->att.data<float>(), w[kProj], dr, N, C, C, datt.data<float>(), g[kProj], nullptr);
+  Tensor dqkv = F32({N, 3 * C});
+  kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window};
+  const float* qkv = a->qkv.data<float>();
+  float* dq = dqkv.data<float>();
+  kernels::AttentionBackward(ctx, as, qkv, qkv + C, qkv + 2 * C, 3 * C, a->att.data<float>(),
+                             datt.data<float>(), C, a->lse.data<float>(), dq, dq + C, dq + 2 * C);
+  a->att.Reset();
+  a->lse.Reset();
+  datt.Reset();
+  Tensor dln1 = F32({N, C});
+  kernels::LinearBackward(ctx, a->ln1.data<float>(), w[kQkv], dq, N, C, 3 * C, dln1.data<float>(), g[kQkv], nullptr);
+  a->qkv.Reset();
+  a->ln1.Reset();
+  dqkv.Reset();
+  Tensor tmp = F32({N, C});
+  kernels::RmsNormBackward(ctx, a->x.data<float>(), w[kLn1], a->rstd1.data<float>(), dln1.data<float>(),
+                           N, C, tmp.data<float>(), g[kLn1]);
+  a.reset();
+  kernels::Add(ctx, tmp.data<float>(), dr, dx, N * C);
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Gpt
+
+absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& cfg, uint64_t seed) {
+  RETURN_IF_ERROR(cfg.Validate());
+  std::unique_ptr<Gpt> m(new Gpt(cfg));
+  m->specs_ = ParamSpecs(cfg);
+  int64_t total = 0;
+  for (const auto& s : m->specs_) {
+    m->offsets_.push_back(total);
+    total += s.numel();
+  }
+  m->params_ = Tensor::Empty(DType::kF32, {total});
+  m->grads_ = Tensor::Zeros(DType::kF32, {total});
+  for (size_t i = 0; i < m->specs_.size(); ++i) InitParam(m->specs_[i], seed, 0, m->specs_[i].numel(), m->param(i));
+  for (int64_t l = 0; l < cfg.n_layer; ++l) {
+    m->blocks_.emplace_back(cfg, l);
+    std::vector<int> idx;
+    for (const auto& s : BlockParamSpecs(cfg, l)) idx.push_back(m->FindParam(s.name));
+    m->block_param_index_.push_back(std::move(idx));
+  }
+  return m;
+}
+
+int Gpt::FindParam(const std::string& name) const {
+  for (size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return static_cast<int>(i);
+  return -1;
+}
+
+void Gpt::ZeroGrad() { std::memset(grads_.raw(), 0, grads_.nbytes()); }
+
+absl::StatusOr<float> Gpt::ForwardBackward(const ExecContext& ctx, const int32_t* tokens,
+                                           const int32_t* targets, int64_t B, int64_t T) {
+  return Run(ctx, tokens, targets, B, T, /*backward=*/true);
+}
+
+absl::StatusOr<float> Gpt::Loss(const ExecContext& ctx, const int32_t* tokens,
+                                const int32_t* targets, int64_t B, int64_t T) {
+  return Run(ctx, tokens, targets, B, T, /*backward=*/false);
+}
+
+absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
+                               const int32_t* targets, int64_t B, int64_t T, bool backward) {
+  const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab_size;
+  if (B <= 0 || T <= 0 || T > cfg_.context)
+    return absl::InvalidArgumentError(absl::StrCat("batch ", B, "x", T, " vs context ", cfg_.context));
+  for (int64_t n = 0; n < N; ++n)
+    if (tokens[n] < 0 || tokens[n] >= V)
+      return absl::InvalidArgumentError(absl::StrCat("token ", tokens[n], " at ", n, " outside [0, ", V, ")"));
+  const int64_t base = kernels::MemoryStats::live_bytes();
+  kernels::MemoryStats::ResetPeak();
+  const int wte = 0, wpe = 1, lnf = static_cast<int>(specs_.size()) - 1;
+  std::vector<int32_t> pos(N);
+  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
+
+  Tensor x = F32({N, C});
+  kernels::EmbeddingForward(ctx, tokens, N, param(wte), C, x.data<float>(), false);
+  kernels::EmbeddingForward(ctx, pos.data(), N, param(wpe), C, x.data<float>(), true);
+  std::vector<BlockActivationsPtr> acts(blocks_.size());
+  auto weights = [&](size_t l) {
+    std::vector<const float*> w;
+    for (int i : block_param_index_[l]) w.push_back(param(i));
+    return w;
+  };
+  for (size_t l = 0; l < blocks_.size(); ++l) {
+    ASSIGN_OR_RETURN(acts[l], blocks_[l].Forward(ctx, weights(l), x.data<float>(), x.data<float>(), B, T));
+    if (!backward) acts[l].reset();
+  }
+  Tensor y = F32({N, C}), rstd = F32({N});
+  kernels::RmsNormForward(ctx, x.data<float>(), param(lnf), N, C, cfg_.norm_eps, y.data<float>(), rstd.data<float>());
+  Tensor dy = backward ? F32({N, C}) : Tensor();
+  ASSIGN_OR_RETURN(kernels::LceResult lce,
+                   kernels::FusedLinearCrossEntropy(ctx, cfg_.loss, y.data<float>(), param(wte), targets, N, C, V,
+                                                    backward ? dy.data<float>() : nullptr,
+                                                    backward ? grad(wte) : nullptr));
+  if (backward) {
+    y.Reset();
+    // x becomes the gradient of the residual stream, flowing back through the blocks.
+    Tensor dx = F32({N, C});
+    kernels::RmsNormBackward(ctx, x.data<float>(), param(lnf), rstd.data<float>(), dy.data<float>(), N, C,
+                             dx.data<float>(), grad(lnf));
+    x.Reset();
+    dy.Reset();
+    for (size_t l = blocks_.size(); l-- > 0;) {
+      std::vector<float*> g;
+      for (int i : block_param_index_[l]) g.push_back(grad(i));
+      RETURN_IF_ERROR(blocks_[l].Backward(ctx, weights(l), g, std::move(acts[l]), dx.data<float>(), dx.data<float>()));
+    }
+    kernels::EmbeddingBackward(ctx, tokens, N, dx.data<float>(), C, grad(wte));
+    kernels::EmbeddingBackward(ctx, pos.data(), N, dx.data<float>(), C, grad(wpe));
+  }
+  peak_activation_bytes_ = kernels::MemoryStats::peak_bytes() - base;
+  return static_cast<float>(lce.loss);
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+
+AdamW::AdamW(const kernels::AdamWOptions& opt, int64_t num_params, double clip_norm)
+    : opt_(opt), clip_norm_(clip_norm), m_(Tensor::Zeros(DType::kF32, {num_params})),
+      v_(Tensor::Zeros(DType::kF32, {num_params})) {}
+
+double AdamW::Step(const ExecContext& ctx, Gpt& model) {
+  double norm = 0;
+  if (clip_norm_ > 0) norm = kernels::ClipGradNorm(ctx, {{model.grads_flat(), model.num_params()}}, clip_norm_);
+  ++step_;
+  kernels::AdamWStep(ctx, opt_, step_, model.params_flat(), model.grads_flat(), m_.data<float>(),
+                     v_.data<float>(), model.num_params());
+  return norm;
+}
+
+}  // namespace ember::model

@@ -1,0 +1,174 @@
+// GPT-style decoder with hand-written forward and backward passes on the CPU kernels.
+//
+//   tokens[B,T] -> wte[tok] + wpe[t] -> n_layer x Block -> RMSNorm (ln_f) -> fused linear
+//   cross-entropy against targets with the LM head tied to wte.
+//   Block: x + Attn(RMSNorm(x)) -> h; h + Mlp(RMSNorm(h)), Mlp = GELU MLP | SwiGLU MLP | top-k MoE.
+// docs/model.md has the exact math, shapes, initialisation and parameter names.
+//
+// Two levels of API:
+//  * Gpt owns flat parameter/gradient buffers and runs a whole step (ForwardBackward), which is
+//    what single-process training uses.
+//  * Block runs one transformer block on parameter and gradient pointers the caller provides, so a
+//    sharded (FSDP) runtime can gather a block's parameters just in time, run Block::Forward /
+//    Block::Backward, and reduce-scatter its gradients. ParamSpecs() lists every parameter in a
+//    fixed order with its name and shape, and InitParam() initialises any slice of any parameter
+//    from (seed, name) alone, so shards initialise independently and agree with the unsharded model.
+//
+// Thread safety: Gpt and Block are thread-compatible: one step at a time per instance; kernels
+// inside use the ExecContext's pool.
+//
+//   GptConfig cfg;  // defaults: vocab 8192, context 256, 4 layers, 4 heads, width 256
+//   ASSIGN_OR_RETURN(auto model, Gpt::Create(cfg, /*seed=*/1));
+//   model->ZeroGrad();
+//   ASSIGN_OR_RETURN(float loss, model->ForwardBackward(ctx, tokens, targets, B, T));
+//   adamw.Step(ctx, *model);
+#ifndef EMBER_RUNTIME_MODEL_GPT_H_
+#define EMBER_RUNTIME_MODEL_GPT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/exec_context.h"
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+
+namespace ember::model {
+
+struct GptConfig {
+  enum class Mlp { kGelu, kSwiGlu, kMoe };
+  int64_t vocab_size = 8192;
+  int64_t context = 256;  // maximum T (rows of wpe)
+  int64_t n_layer = 4;
+  int64_t n_head = 4;
+  int64_t d_model = 256;
+  Mlp mlp = Mlp::kGelu;
+  int64_t d_ff = 0;       // hidden width; 0: 4*d_model (GELU, MoE experts) or 8/3*d_model rounded
+                          // up to a multiple of 16 (SwiGLU)
+  int64_t n_expert = 4;   // MoE only
+  int64_t top_k = 2;      // MoE only
+  int64_t window = 0;     // attention window in keys; 0: full causal
+  float norm_eps = 1e-5f;
+  float init_std = 0.02f;
+  kernels::LceOptions loss;  // ignore_index, label smoothing, z-loss, reduction
+
+  int64_t head_dim() const { return d_model / n_head; }
+  int64_t ff() const;
+  // InvalidArgument naming the first bad field.
+  absl::Status Validate() const;
+};
+
+// One parameter: hierarchical name (e.g. "blocks.3.attn.qkv.weight"), shape, and init rule:
+// normal(0, init_std) elementwise, or all ones when init_std == 0 (norm weights).
+struct ParamSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  float init_std = 0;
+  int64_t numel() const;
+};
+
+// Every parameter in a fixed order: wte.weight, wpe.weight, blocks.0.*, ..., ln_f.weight.
+std::vector<ParamSpec> ParamSpecs(const GptConfig& cfg);
+// The parameters of block `layer`, in the order Block expects its pointers.
+std::vector<ParamSpec> BlockParamSpecs(const GptConfig& cfg, int64_t layer);
+
+// Writes elements [offset, offset + count) of the flattened parameter `spec` initialised from
+// `seed`. Each element depends only on (seed, spec.name, element index), so any slicing agrees.
+void InitParam(const ParamSpec& spec, uint64_t seed, int64_t offset, int64_t count, float* out);
+
+// Saved activations of one block between Forward and Backward; Backward releases them as soon as
+// they are no longer needed. Opaque; movable.
+struct BlockActivations;
+struct BlockActivationsDeleter { void operator()(BlockActivations* a) const; };
+using BlockActivationsPtr = std::unique_ptr<BlockActivations, BlockActivationsDeleter>;
+
+class Block {
+ public:
+  Block(const GptConfig& cfg, int64_t layer);
+
+  // Forward over x[B,T,C] (read; copied into the activations) into y[B,T,C] (written; y may alias
+  // x). `w` holds BlockParamSpecs(cfg, layer).size() pointers in that order; they need only stay
+  // valid for this call (Backward takes them again), so parameters can be gathered per call.
+  absl::StatusOr<BlockActivationsPtr> Forward(const kernels::ExecContext& ctx,
+                                              absl::Span<const float* const> w, const float* x,
+                                              float* y, int64_t B, int64_t T) const;
+
+  // Backward from dy[B,T,C] into dx[B,T,C] (written; may alias dy). Gradients are accumulated
+  // into `g` (same order as w). Consumes and frees `acts`.
+  absl::Status Backward(const kernels::ExecContext& ctx, absl::Span<const float* const> w,
+                        absl::Span<float* const> g, BlockActivationsPtr acts, const float* dy,
+                        float* dx) const;
+
+ private:
+  const GptConfig cfg_;
+  const int64_t layer_;
+};
+
+class Gpt {
+ public:
+  // Validates cfg, allocates parameters (initialised from seed) and zeroed gradients.
+  static absl::StatusOr<std::unique_ptr<Gpt>> Create(const GptConfig& cfg, uint64_t seed);
+
+  const GptConfig& config() const { return cfg_; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  int64_t num_params() const { return params_.numel(); }
+  float* param(size_t i) { return params_.data<float>() + offsets_[i]; }
+  float* grad(size_t i) { return grads_.data<float>() + offsets_[i]; }
+  float* params_flat() { return params_.data<float>(); }
+  float* grads_flat() { return grads_.data<float>(); }
+  // Index into specs() by name; -1 when absent.
+  int FindParam(const std::string& name) const;
+
+  void ZeroGrad();
+
+  // Forward, loss and backward for tokens/targets [B,T] (int32; targets may hold the loss's
+  // ignore_index). Gradients are accumulated into grads. Returns the (reduced) loss.
+  // InvalidArgument for T > context or tokens/targets out of range.
+  absl::StatusOr<float> ForwardBackward(const kernels::ExecContext& ctx, const int32_t* tokens,
+                                        const int32_t* targets, int64_t B, int64_t T);
+  // Loss only (no activations kept).
+  absl::StatusOr<float> Loss(const kernels::ExecContext& ctx, const int32_t* tokens,
+                             const int32_t* targets, int64_t B, int64_t T);
+
+  // High-water mark of bytes allocated above the parameters/gradients during the last step:
+  // activations plus kernel workspaces.
+  int64_t peak_activation_bytes() const { return peak_activation_bytes_; }
+
+ private:
+  Gpt(const GptConfig& cfg) : cfg_(cfg) {}
+  absl::StatusOr<float> Run(const kernels::ExecContext& ctx, const int32_t* tokens,
+                            const int32_t* targets, int64_t B, int64_t T, bool backward);
+
+  GptConfig cfg_;
+  std::vector<ParamSpec> specs_;
+  std::vector<int64_t> offsets_;
+  kernels::Tensor params_, grads_;
+  std::vector<Block> blocks_;
+  std::vector<std::vector<int>> block_param_index_;  // per block: indices into specs_
+  int64_t peak_activation_bytes_ = 0;
+};
+
+// AdamW over all of a Gpt's parameters, with optional global-norm clipping.
+class AdamW {
+ public:
+  AdamW(const kernels::AdamWOptions& opt, int64_t num_params, double clip_norm = 0);
+  // Clips (when clip_norm > 0) and applies one step; returns the pre-clip gradient norm (0 when
+  // not clipping).
+  double Step(const kernels::ExecContext& ctx, Gpt& model);
+  kernels::AdamWOptions& options() { return opt_; }
+
+ private:
+  kernels::AdamWOptions opt_;
+  double clip_norm_;
+  int64_t step_ = 0;
+  kernels::Tensor m_, v_;
+};
+
+}  // namespace ember::model
+
+#endif  // EMBER_RUNTIME_MODEL_GPT_H_
