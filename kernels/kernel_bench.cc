@@ -1,0 +1,301 @@
+// kernel_bench: the issue-4 benchmark table. Fused vs materialised linear cross-entropy, sliding-
+// window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
+// training step against the same model in PyTorch (run in the same process tree, same threads).
+//
+//   bazel run -c opt //kernels:kernel_bench -- [--quick] [--json] [--threads=N]
+//
+// Each target row: value, peer (null when absolute), goal (applies to value/peer, or value when
+// peer is null), higher_is_better, unit. Timings are medians over --reps runs, except the big LCE
+// and dense attention runs, which are timed once (each takes 10-30 s).
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/attention.h"
+#include "kernels/cross_entropy.h"
+#include "kernels/gemm.h"
+#include "kernels/tensor.h"
+#include "runtime/base/flags.h"
+#include "runtime/model/gpt.h"
+
+ABSL_FLAG(bool, quick, false, "small shapes: a smoke run of every target in seconds");
+ABSL_FLAG(bool, json, false, "print one JSON object instead of the table");
+ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
+ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
+ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
+ABSL_FLAG(bool, peer, true, "measure PyTorch (/usr/bin/python3) for the training-step target");
+ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
+
+namespace ember::kernels {
+namespace {
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double TimeMedian(int reps, const std::function<void()>& fn) {
+  std::vector<double> t;
+  for (int i = 0; i < reps; ++i) {
+    double s = Now();
+    fn();
+    t.push_back(Now() - s);
+  }
+  return Median(t);
+}
+
+struct Target {
+  std::string name;
+  double value;
+  std::optional<double> peer;
+  std::optional<double> goal;
+  bool higher_is_better;
+  std::string unit;
+  std::string note;
+};
+
+std::string Num(std::optional<double> v) { return v ? absl::StrFormat("%.6g", *v) : "null"; }
+
+bool Meets(const Target& t) {
+  if (!t.goal) return true;
+  double r = t.peer ? t.value / *t.peer : t.value;
+  return t.higher_is_better ? r >= *t.goal : r <= *t.goal;
+}
+
+std::vector<float> Rand(int64_t n, uint64_t seed, float scale) {
+  std::vector<float> v(n);
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Fused vs materialised LCE forward+backward: time and peak workspace bytes (allocator high-water
+// mark above the inputs/outputs, which both variants share).
+void BenchLce(const ExecContext& ctx, int64_t N, int64_t V, int64_t d, std::vector<Target>* out) {
+  auto h = Rand(N * d, 1, 1.0f), W = Rand(V * d, 2, 0.02f);
+  std::vector<int32_t> y(N);
+  for (int64_t n = 0; n < N; ++n) y[n] = (n * 7919) % V;
+  std::vector<float> dh(N * d), dW(V * d, 0.0f);
+  LceOptions opt;
+  auto run = [&](bool fused, double* secs, double* peak, double* loss) {
+    int64_t base = MemoryStats::live_bytes();
+    MemoryStats::ResetPeak();
+    double s = Now();
+    auto r = fused ? FusedLinearCrossEntropy(ctx, opt, h.data(), W.data(), y.data(), N, d, V, dh.data(), dW.data())
+                   : MaterialisedLinearCrossEntropy(ctx, opt, h.data(), W.data(), y.data(), N, d, V, dh.data(), dW.data());
+    *secs = Now() - s;
+    *peak = static_cast<double>(MemoryStats::peak_bytes() - base) / (1 << 20);
+    *loss = r->loss;
+  };
+  double tf, pf, lf, tm, pm, lm;
+  run(true, &tf, &pf, &lf);
+  run(false, &tm, &pm, &lm);
+  std::string shape = absl::StrCat("N=", N, " V=", V, " d=", d);
+  std::string note = absl::StrFormat("%s; loss fused %.6f materialised %.6f", shape, lf, lm);
+  out->push_back({absl::StrCat("lce_peak_workspace_N", N), pf, pm, 1.0 / 8, false, "MiB", note});
+  out->push_back({absl::StrCat("lce_fwd_bwd_time_N", N), tf, tm, 1.0, false, "s", shape});
+}
+
+void BenchAttention(ExecContext ctx, int64_t T, int64_t W, int reps, std::vector<Target>* out) {
+  const int64_t hd = 64, H = 1, C = H * hd;
+  auto qkv = Rand(T * 3 * C, 3, 1.0f), dout = Rand(T * C, 4, 1.0f);
+  std::vector<float> o(T * C), lse(H * T), dqkv(T * 3 * C);
+  auto step = [&](int64_t window) {
+    AttentionShape s{1, T, H, hd, window};
+    const float* q = qkv.data();
+    float* d = dqkv.data();
+    AttentionForward(ctx, s, q, q + C, q + 2 * C, 3 * C, o.data(), C, lse.data());
+    AttentionBackward(ctx, s, q, q + C, q + 2 * C, 3 * C, o.data(), dout.data(), C, lse.data(), d, d + C, d + 2 * C);
+  };
+  ctx.deterministic = false;
+  double tw = TimeMedian(reps, [&] { step(W); });
+  double td = TimeMedian(1, [&] { step(0); });
+  std::string shape = absl::StrCat("T=", T, " W=", W, " hd=64 B=1 H=1 fwd+bwd");
+  out->push_back({"attention_window_vs_dense_time", tw, td, 1.0 / 30, false, "s", shape});
+  ctx.deterministic = true;
+  double tdet = TimeMedian(reps, [&] { step(W); });
+  out->push_back({"attention_window_deterministic_vs_default", tdet, tw, std::nullopt, false, "s",
+                  "cost of deterministic mode (single-thread backward per head)"});
+}
+
+double SgemmCeiling(const ExecContext& ctx, int64_t n, int reps) {
+  auto a = Rand(n * n, 5, 1.0f), b = Rand(n * n, 6, 1.0f);
+  std::vector<float> c(n * n);
+  double t = TimeMedian(reps, [&] {
+    Gemm(ctx, false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
+  return 2.0 * n * n * n / t;
+}
+
+const char* kTorchScript = R"PY(
+import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F
+V, T, L, H, C, B, steps, threads = [int(x) for x in sys.argv[1:9]]
+torch.set_num_threads(threads); torch.manual_seed(0)
+class RMSNorm(nn.Module):
+    def __init__(s, c): super().__init__(); s.weight = nn.Parameter(torch.ones(c))
+    def forward(s, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s.weight
+class Block(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.ln1, s.ln2 = RMSNorm(C), RMSNorm(C)
+        s.qkv, s.proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+        s.fc1, s.fc2 = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
+        s.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril())
+    def forward(s, x):
+        q, k, v = s.qkv(s.ln1(x)).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
+        a = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)
+        a = a.masked_fill(~s.mask, float("-inf")).softmax(-1)
+        x = x + s.proj((a @ v).transpose(1, 2).reshape(B, T, C))
+        return x + s.fc2(F.gelu(s.fc1(s.ln2(x)), approximate="tanh"))
+class GPT(nn.Module):
+    def __init__(s):
+        super().__init__()
+        s.wte, s.wpe = nn.Embedding(V, C), nn.Embedding(T, C)
+        s.blocks = nn.ModuleList([Block() for _ in range(L)]); s.ln_f = RMSNorm(C)
+    def forward(s, idx, tgt):
+        x = s.wte(idx) + s.wpe(torch.arange(T))
+        for b in s.blocks: x = b(x)
+        return F.cross_entropy((s.ln_f(x) @ s.wte.weight.t()).view(-1, V), tgt.view(-1))
+m = GPT(); opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01)
+idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T)); times = []
+for i in range(steps + 2):
+    t = time.perf_counter(); opt.zero_grad(set_to_none=True)
+    loss = m(idx, tgt); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
+times = sorted(times[2:]); print(B * T / times[len(times) // 2])
+)PY";
+
+std::optional<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, int steps, int threads) {
+  std::string path = absl::StrCat("/tmp/kernel_bench_peer_", getpid(), ".py");
+  std::ofstream(path) << kTorchScript;
+  std::string cmd = absl::StrCat("OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=", threads, " ",
+                                 absl::GetFlag(FLAGS_python), " ", path, " ", c.vocab_size, " ",
+                                 c.context, " ", c.n_layer, " ", c.n_head, " ", c.d_model, " ", B,
+                                 " ", steps, " ", threads, " 2>&1");
+  FILE* p = popen(cmd.c_str(), "r");
+  if (p == nullptr) return std::nullopt;
+  std::string text;
+  char buf[512];
+  while (fgets(buf, sizeof buf, p)) text += buf;
+  int rc = pclose(p);
+  std::remove(path.c_str());
+  if (rc != 0) {
+    std::fprintf(stderr, "peer failed: %s\n", text.c_str());
+    return std::nullopt;
+  }
+  return std::strtod(text.c_str() + text.rfind('\n', text.size() - 2) + 1, nullptr);
+}
+
+// Returns tokens/s of the training step (forward, fused LCE, backward, AdamW).
+double TrainStep(const ExecContext& ctx, const model::GptConfig& c, int64_t B, int steps,
+                 int64_t* peak_bytes) {
+  auto m = *model::Gpt::Create(c, 1);
+  model::AdamW opt(AdamWOptions{1e-4f}, m->num_params());
+  std::vector<int32_t> tok(B * c.context), tgt(B * c.context);
+  std::mt19937 rng(7);
+  for (auto& t : tok) t = rng() % c.vocab_size;
+  for (auto& t : tgt) t = rng() % c.vocab_size;
+  std::vector<double> times;
+  for (int i = 0; i < steps + 2; ++i) {
+    double s = Now();
+    m->ZeroGrad();
+    auto loss = m->ForwardBackward(ctx, tok.data(), tgt.data(), B, c.context);
+    opt.Step(ctx, *m);
+    if (i >= 2) times.push_back(Now() - s);
+    if (!loss.ok()) std::abort();
+  }
+  *peak_bytes = m->peak_activation_bytes();
+  return B * c.context / Median(times);
+}
+
+int Main() {
+  const bool quick = absl::GetFlag(FLAGS_quick);
+  int threads = absl::GetFlag(FLAGS_threads);
+  if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
+  const int reps = quick ? 1 : absl::GetFlag(FLAGS_reps);
+  ThreadPool pool(threads);
+  ExecContext ctx{&pool, /*deterministic=*/false};
+  std::vector<Target> t;
+
+  if (quick) {
+    BenchLce(ctx, 512, 32000, 256, &t);
+    BenchAttention(ctx, 4096, 256, reps, &t);
+  } else {
+    BenchLce(ctx, 4096, 128256, 1024, &t);
+    if (absl::GetFlag(FLAGS_lce_8192)) BenchLce(ctx, 8192, 128256, 1024, &t);
+    BenchAttention(ctx, 32768, 256, reps, &t);
+  }
+
+  const double ceiling = SgemmCeiling(ctx, quick ? 512 : 2048, quick ? 2 : reps);
+  model::GptConfig c;  // vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP
+  const int64_t B = quick ? 2 : 8;
+  const int steps = quick ? 2 : 10;
+  int64_t peak = 0;
+  const double tps = TrainStep(ctx, c, B, steps, &peak);
+  ExecContext det = ctx;
+  det.deterministic = true;
+  int64_t peak_det = 0;
+  const double tps_det = TrainStep(det, c, B, steps, &peak_det);
+  // Model FLOPs per token: 6 x (block matmul params + LM head) + causal attention 6 * L * T * C.
+  const double flops_tok = 6.0 * (12.0 * c.n_layer * c.d_model * c.d_model + c.vocab_size * c.d_model) +
+                           6.0 * c.n_layer * c.context * c.d_model;
+  t.push_back({"sgemm_ceiling", ceiling / 1e9, std::nullopt, std::nullopt, true, "GFLOP/s",
+               absl::StrCat("square sgemm n=", quick ? 512 : 2048, " on the pool")});
+  t.push_back({"train_step_mfu", tps * flops_tok / ceiling, std::nullopt, std::nullopt, true,
+               "fraction", absl::StrFormat("%.1f GFLOP/s model FLOPs", tps * flops_tok / 1e9)});
+  std::optional<double> peer;
+  if (absl::GetFlag(FLAGS_peer)) peer = TorchTokensPerSec(c, B, steps, threads);
+  t.push_back({"train_step_tokens_per_s", tps, peer, 1.5, true, "tokens/s",
+               absl::StrFormat("B=%d T=256 V=8192 L=4 H=4 C=256, peak activations %.1f MiB; peer "
+                               "PyTorch 1.13 same model", B, peak / 1048576.0)});
+  t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
+               "cost of deterministic mode"});
+
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string s = absl::StrCat("{\"threads\":", threads, ",\"quick\":", quick ? "true" : "false",
+                                 ",\"targets\":[");
+    for (size_t i = 0; i < t.size(); ++i) {
+      absl::StrAppend(&s, i ? "," : "", "{\"name\":\"", t[i].name, "\",\"value\":", Num(t[i].value),
+                      ",\"peer\":", Num(t[i].peer), ",\"goal\":", Num(t[i].goal),
+                      ",\"higher_is_better\":", t[i].higher_is_better ? "true" : "false",
+                      ",\"unit\":\"", t[i].unit, "\",\"note\":\"", t[i].note, "\"}");
+    }
+    std::printf("%s]}\n", s.c_str());
+    return 0;
+  }
+  std::printf("%-42s %12s %12s %10s %8s %-5s %-9s %s\n", "target", "value", "peer", "value/peer",
+              "goal", "met", "unit", "note");
+  for (const auto& x : t) {
+    std::string ratio = x.peer ? absl::StrFormat("%.4g", x.value / *x.peer) : "-";
+    std::printf("%-42s %12.5g %12s %10s %8s %-5s %-9s %s\n", x.name.c_str(), x.value,
+                Num(x.peer).c_str(), ratio.c_str(), Num(x.goal).c_str(),
+                !x.goal ? "-" : (Meets(x) ? "yes" : "NO"), x.unit.c_str(), x.note.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember::kernels
+
+int main(int argc, char** argv) {
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "kernel_bench");
+  return ember::kernels::Main();
+}
