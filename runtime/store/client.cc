@@ -68,6 +68,8 @@ class Connection {
     args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 256 << 20);
     args.SetInt(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, 256 << 20);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+    // One TCP connection per Connection (not shared through the global subchannel pool).
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
     channel_ = grpc::CreateCustomChannel(options_.address, creds, args);

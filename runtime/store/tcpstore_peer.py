@@ -1,0 +1,123 @@
+#!/usr/bin/python3
+"""PyTorch TCPStore peer for //runtime/store:store_bench (run with Debian's /usr/bin/python3).
+
+  tcpstore_peer.py ops --op get --clients 4 --seconds 1.5
+  tcpstore_peer.py barrier --clients 256
+Prints one JSON object on stdout. Mirrors store_bench's own client loop: each client process
+connects, reports ready, blocks on a shared pipe until the parent closes it, then runs.
+"""
+import argparse, json, os, sys, time
+from datetime import timedelta
+
+import torch.distributed as dist
+
+
+def ns():
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+def child_ops(port, rank, op, seconds, ready_w, go_r, out_path):
+    store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=60))
+    for i in range(100):
+        store.set(f"bench/get/{rank}/{i}", "x" * 16)
+    os.write(ready_w, b"r")
+    os.read(go_r, 1)
+    lats = []
+    n = 0
+    t_end = ns() + int(seconds * 1e9)
+    start = ns()
+    while True:
+        t0 = ns()
+        if t0 >= t_end:
+            break
+        if op == "set":
+            store.set(f"bench/set/{rank}/{n % 100}", "x" * 16)
+        elif op == "get":
+            store.get(f"bench/get/{rank}/{n % 100}")
+        else:
+            store.add(f"bench/add/{rank}", 1)
+        t1 = ns()
+        if len(lats) < 200000:
+            lats.append(t1 - t0)
+        n += 1
+    # Unacknowledged sets: a final get makes sure the server processed them before we stop timing.
+    if op == "set":
+        store.get(f"bench/set/{rank}/{(n - 1) % 100}")
+    end = ns()
+    with open(out_path, "w") as f:
+        json.dump({"ops": n, "start": start, "end": end, "lats": lats}, f)
+    os._exit(0)
+
+
+def child_barrier(port, world, ready_w, go_r, out_path):
+    os.write(ready_w, b"r")
+    os.read(go_r, 1)
+    t0 = ns()
+    store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=120))
+    t1 = ns()
+    store.add("barrier/arrived", 1)
+    store.wait(["barrier/arrived"])
+    # TCPStore-style barrier: the last arrival sets the done key, everyone waits for it.
+    if int(store.add("barrier/arrived", 0)) == world:
+        store.set("barrier/done", "1")
+    store.wait(["barrier/done"])
+    t2 = ns()
+    with open(out_path, "w") as f:
+        json.dump({"connect_end": t1, "barrier_end": t2, "start": t0}, f)
+    os._exit(0)
+
+
+def run(kind, args):
+    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120))
+    port = server.port
+    ready_r, ready_w = os.pipe()
+    go_r, go_w = os.pipe()
+    tmp = f"/tmp/tcpstore-peer-{os.getpid()}"
+    os.makedirs(tmp, exist_ok=True)
+    pids = []
+    for rank in range(args.clients):
+        pid = os.fork()
+        if pid == 0:
+            os.close(go_w)
+            try:
+                out = f"{tmp}/{rank}.json"
+                if kind == "ops":
+                    child_ops(port, rank, args.op, args.seconds, ready_w, go_r, out)
+                else:
+                    child_barrier(port, args.clients, ready_w, go_r, out)
+            except Exception as e:  # noqa
+                sys.stderr.write(f"peer child {rank}: {e}\n")
+                os._exit(1)
+        pids.append(pid)
+    got = 0
+    while got < args.clients:
+        got += len(os.read(ready_r, args.clients - got))
+    go = ns()
+    os.close(go_w)
+    for pid in pids:
+        os.waitpid(pid, 0)
+    results = []
+    for rank in range(args.clients):
+        with open(f"{tmp}/{rank}.json") as f:
+            results.append(json.load(f))
+        os.unlink(f"{tmp}/{rank}.json")
+    os.rmdir(tmp)
+    if kind == "ops":
+        ops = sum(r["ops"] for r in results)
+        span = max(r["end"] for r in results) - min(r["start"] for r in results)
+        lats = sorted(l for r in results for l in r["lats"])
+        p = lambda q: lats[min(len(lats) - 1, int(q * len(lats)))] / 1e3
+        print(json.dumps({"ops_per_s": ops / (span / 1e9), "p50_us": p(0.5), "p99_us": p(0.99)}))
+    else:
+        connect = (max(r["connect_end"] for r in results) - go) / 1e9
+        barrier = (max(r["barrier_end"] for r in results) - max(r["connect_end"] for r in results)) / 1e9
+        print(json.dumps({"connect_s": connect, "barrier_s": barrier}))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("kind", choices=["ops", "barrier"])
+    ap.add_argument("--op", default="get")
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=1.5)
+    run(ap.parse_args().kind, ap.parse_args())
