@@ -1,0 +1,234 @@
+#include "launcher/fr/analyze.h"
+
+#include <dirent.h>
+
+#include <algorithm>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "launcher/fr/json.h"
+#include "runtime/base/logging.h"
+
+namespace ember::fr {
+namespace {
+
+struct OpView {
+  std::string op, dtype, state, tag;
+  int64_t numel = 0, started_ns = 0, timeout_ms = 0;
+};
+
+struct RankGroup {
+  int64_t enqueued = 0, completed = 0;
+  std::map<int64_t, OpView> ops;  // collective seq -> entry
+};
+
+std::string Ranks(const std::vector<int>& r) { return absl::StrCat("[", absl::StrJoin(r, ", "), "]"); }
+
+std::string Describe(const OpView& v, int64_t seq) {
+  return absl::StrCat(v.op, " (seq ", seq, ", ", v.numel, " x ", v.dtype, ")");
+}
+
+}  // namespace
+
+absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& files) {
+  Report rep;
+  // world rank -> group name -> view
+  std::map<int, std::map<std::string, RankGroup>> data;
+  std::map<std::string, std::vector<int>> members;
+  std::vector<std::string> group_order;
+  for (const auto& [name, text] : files) {
+    absl::StatusOr<Json> doc = ParseJson(text);
+    if (!doc.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", doc.status().message()));
+    const Json& d = *doc;
+    if (d["schema"].Str() != "ember.flight_recorder")
+      return absl::InvalidArgumentError(absl::StrCat(name, ": not a flight recorder dump"));
+    if (!absl::StartsWith(d["version"].Str(), "1."))
+      return absl::InvalidArgumentError(absl::StrCat(name, ": unsupported schema version ",
+                                                     d["version"].Str(), " (this tool reads 1.x)"));
+    int rank = static_cast<int>(d["rank"].Int(-1));
+    rep.dumped_ranks.push_back(rank);
+    auto& mine = data[rank];
+    std::map<int64_t, std::string> gid_to_name;
+    for (const Json& g : d["groups"].arr) {
+      std::string gname = g["name"].Str();
+      gid_to_name[g["id"].Int()] = gname;
+      RankGroup& rg = mine[gname];
+      rg.enqueued = std::max(rg.enqueued, g["last_enqueued_seq"].Int());
+      rg.completed = std::max(rg.completed, g["last_completed_seq"].Int());
+      if (!members.count(gname)) {
+        group_order.push_back(gname);
+        for (const Json& r : g["global_ranks"].arr) members[gname].push_back(static_cast<int>(r.Int()));
+      }
+    }
+    for (const Json& e : d["entries"].arr) {
+      int64_t seq = e["collective_seq"].Int(-1);
+      if (seq <= 0) continue;
+      std::string gname = e["group_name"].Str();
+      OpView v;
+      v.op = e["op"].Str();
+      v.dtype = e["in_dtype"].Str();
+      v.numel = e["in_numel"].Int();
+      v.state = e["state"].Str();
+      v.tag = e["tag"].Str();
+      v.started_ns = e["time_started_ns"].Int();
+      v.timeout_ms = e["timeout_ms"].Int();
+      mine[gname].ops[seq] = v;
+    }
+  }
+  std::sort(rep.dumped_ranks.begin(), rep.dumped_ranks.end());
+  std::set<int> dumped(rep.dumped_ranks.begin(), rep.dumped_ranks.end());
+  std::set<int> reported_missing;
+
+  for (const std::string& gname : group_order) {
+    GroupSummary gs;
+    gs.name = gname;
+    gs.ranks = members[gname];
+    std::vector<int> present, missing;
+    for (int r : gs.ranks) {
+      if (dumped.count(r) && data[r].count(gname)) {
+        present.push_back(r);
+        gs.last_enqueued[r] = data[r][gname].enqueued;
+        gs.last_completed[r] = data[r][gname].completed;
+      } else {
+        missing.push_back(r);
+      }
+    }
+    std::vector<int> new_missing;
+    for (int r : missing)
+      if (reported_missing.insert(r).second) new_missing.push_back(r);
+    if (!new_missing.empty()) {
+      rep.findings.push_back({"missing_dump", gname, 0, "", new_missing,
+                              absl::StrCat("no dump from ranks ", Ranks(new_missing),
+                                           " (process gone or never reached its watchdog)")});
+    }
+    // The earliest collective some rank entered but did not complete.
+    int64_t stuck = 0;
+    for (int r : present) {
+      const RankGroup& rg = data[r][gname];
+      if (rg.enqueued > rg.completed) {
+        int64_t s = rg.completed + 1;
+        if (stuck == 0 || s < stuck) stuck = s;
+      }
+    }
+    if (stuck > 0) {
+      std::vector<int> never, waiting;
+      OpView what;
+      for (int r : present) {
+        const RankGroup& rg = data[r][gname];
+        if (rg.enqueued < stuck) {
+          never.push_back(r);
+        } else {
+          waiting.push_back(r);
+          auto it = rg.ops.find(stuck);
+          if (it != rg.ops.end() && what.op.empty()) what = it->second;
+        }
+      }
+      std::string desc = what.op.empty() ? absl::StrCat("collective seq ", stuck) : Describe(what, stuck);
+      std::string tag = what.tag.empty() ? "" : absl::StrCat(" [tag \"", what.tag, "\"]");
+      if (!never.empty()) {
+        std::string last;
+        for (int r : never) absl::StrAppend(&last, last.empty() ? "" : ", ", "rank ", r, " at seq ", data[r][gname].enqueued);
+        rep.findings.push_back({"never_joined", gname, stuck, what.op, never,
+                                absl::StrCat("group '", gname, "': ranks ", Ranks(never),
+                                             " never joined ", desc, tag, "; ranks ", Ranks(waiting),
+                                             " are stuck in it. Last op issued: ", last, ".")});
+      } else {
+        rep.findings.push_back({"stuck", gname, stuck, what.op, waiting,
+                                absl::StrCat("group '", gname, "': every dumped rank entered ", desc,
+                                             tag, " but it did not complete on ranks ",
+                                             Ranks(waiting),
+                                             " (transport failure, a dead peer, or a mismatch)")});
+      }
+    }
+    // The first seq where ranks that recorded it disagree.
+    std::set<int64_t> seqs;
+    for (int r : present)
+      for (const auto& [s, v] : data[r][gname].ops) seqs.insert(s);
+    for (int64_t s : seqs) {
+      std::map<std::string, std::vector<int>> variants;
+      for (int r : present) {
+        auto it = data[r][gname].ops.find(s);
+        if (it == data[r][gname].ops.end()) continue;
+        variants[absl::StrCat(it->second.op, " ", it->second.numel, " x ", it->second.dtype)].push_back(r);
+      }
+      if (variants.size() > 1) {
+        std::string text = absl::StrCat("group '", gname, "': ranks disagree at seq ", s, ":");
+        std::vector<int> culprits;
+        size_t most = 0;
+        for (auto& [k, rs] : variants) most = std::max(most, rs.size());
+        for (auto& [k, rs] : variants) {
+          absl::StrAppend(&text, " ", Ranks(rs), " called ", k, ";");
+          if (rs.size() < most || culprits.empty()) culprits = rs;
+        }
+        text.pop_back();
+        rep.findings.push_back({"mismatch", gname, s, "", culprits, text});
+        break;
+      }
+    }
+    rep.groups.push_back(std::move(gs));
+  }
+  rep.problem = !rep.findings.empty();
+  return rep;
+}
+
+absl::StatusOr<Report> AnalyzeDir(const std::string& dir) {
+  DIR* d = opendir(dir.c_str());
+  if (!d) return absl::NotFoundError(absl::StrCat("cannot open directory ", dir));
+  std::map<std::string, std::string> files;
+  while (dirent* e = readdir(d)) {
+    std::string n = e->d_name;
+    if (!absl::StartsWith(n, "rank-") || !absl::EndsWith(n, ".json")) continue;
+    std::ifstream f(dir + "/" + n);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    files[n] = ss.str();
+  }
+  closedir(d);
+  if (files.empty()) return absl::NotFoundError(absl::StrCat("no rank-*.json dumps in ", dir));
+  return AnalyzeTexts(files);
+}
+
+std::string Report::ToText() const {
+  std::string out = absl::StrCat("dumps from ranks ", Ranks(dumped_ranks), "\n");
+  for (const Finding& f : findings) absl::StrAppend(&out, "PROBLEM: ", f.text, "\n");
+  for (const GroupSummary& g : groups) {
+    absl::StrAppend(&out, "group '", g.name, "' last completed seq:");
+    for (const auto& [r, s] : g.last_completed) absl::StrAppend(&out, " rank ", r, "=", s);
+    absl::StrAppend(&out, "\n");
+  }
+  if (findings.empty()) absl::StrAppend(&out, "no problem found\n");
+  return out;
+}
+
+std::string Report::ToJson() const {
+  auto q = [](const std::string& s) { return absl::StrCat("\"", base::JsonEscape(s), "\""); };
+  std::string out = absl::StrCat("{\"problem\": ", problem ? "true" : "false",
+                                 ", \"dumped_ranks\": [", absl::StrJoin(dumped_ranks, ", "),
+                                 "], \"findings\": [");
+  for (size_t i = 0; i < findings.size(); ++i) {
+    const Finding& f = findings[i];
+    absl::StrAppend(&out, i ? ", " : "", "{\"kind\": ", q(f.kind), ", \"group\": ", q(f.group),
+                    ", \"seq\": ", f.seq, ", \"op\": ", q(f.op), ", \"ranks\": [",
+                    absl::StrJoin(f.ranks, ", "), "], \"text\": ", q(f.text), "}");
+  }
+  absl::StrAppend(&out, "], \"groups\": [");
+  for (size_t i = 0; i < groups.size(); ++i) {
+    const GroupSummary& g = groups[i];
+    absl::StrAppend(&out, i ? ", " : "", "{\"name\": ", q(g.name), ", \"ranks\": [",
+                    absl::StrJoin(g.ranks, ", "), "], \"last_completed_seq\": {");
+    bool first = true;
+    for (const auto& [r, s] : g.last_completed) {
+      absl::StrAppend(&out, first ? "" : ", ", "\"", r, "\": ", s);
+      first = false;
+    }
+    absl::StrAppend(&out, "}}");
+  }
+  absl::StrAppend(&out, "]}\n");
+  return out;
+}
+
+}  // namespace ember::fr
