@@ -1,0 +1,67 @@
+// POSIX file helpers for checkpoints: a buffered writer with fsync, atomic small-file replace,
+// directory sync, read-only memory maps. Errors carry the path (ErrnoToStatus).
+// Each object is thread-compatible (one thread at a time); the free functions are thread-safe.
+#ifndef EMBER_CHECKPOINT_FILE_UTIL_H_
+#define EMBER_CHECKPOINT_FILE_UTIL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace ember::ckpt {
+
+// Appends to a new file (O_TRUNC) through a 4 MiB buffer; big appends go straight to write(2).
+class FileWriter {
+ public:
+  static absl::StatusOr<std::unique_ptr<FileWriter>> Create(const std::string& path);
+  ~FileWriter();  // closes without syncing if Close() was not called
+  absl::Status Append(absl::string_view data);
+  absl::Status Flush();
+  absl::Status Sync();   // Flush + fdatasync
+  absl::Status Close();  // Flush + close (no sync)
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  FileWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {}
+  absl::Status WriteAll(const char* p, size_t n);
+  int fd_;
+  std::string path_;
+  std::string buf_;
+  uint64_t size_ = 0;
+};
+
+// A read-only MAP_PRIVATE mapping of a whole file (empty files map to an empty view).
+// The mapped bytes are valid while the object lives. Thread-safe for concurrent reads.
+class MappedFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  absl::string_view bytes() const { return absl::string_view(data_, size_); }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(const char* data, size_t size, std::string path)
+      : data_(data), size_(size), path_(std::move(path)) {}
+  const char* data_;
+  size_t size_;
+  std::string path_;
+};
+
+// Writes `contents` to path + ".tmp", fsyncs it, renames it over `path`, fsyncs the directory.
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
+// fsync(2) on a directory, so renames and creations inside it are durable.
+absl::Status SyncDir(const std::string& dir);
+// Reads a whole file; OUT_OF_RANGE if it is larger than max_size.
+absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_size);
+absl::Status MakeDirs(const std::string& dir);
+absl::Status RemoveAll(const std::string& path);
+bool PathExists(const std::string& path);
+std::string JoinPath(absl::string_view a, absl::string_view b);
+
+}  // namespace ember::ckpt
+
+#endif  // EMBER_CHECKPOINT_FILE_UTIL_H_
