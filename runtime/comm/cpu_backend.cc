@@ -160,6 +160,7 @@ class P2PEngine {
   struct Unexpected {
     int tag;
     std::vector<char> data;
+    bool complete = false;  // still being received while false
   };
   struct Incoming {
     P2PHeader hdr;
@@ -168,6 +169,7 @@ class P2PEngine {
     char* dst = nullptr;  // posted buffer, unexpected buffer or null (discard)
     std::shared_ptr<Op> op;
     bool active = false;  // reading a payload
+    bool to_unexpected = false;
   };
   void Loop();
   bool ProgressLocked(std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>>* done)
@@ -845,7 +847,8 @@ void P2PEngine::Post(bool send, char* data, size_t bytes, int peer, int tag,
     } else {
       // An unexpected message already here?
       auto& uq = unexpected_[peer];
-      auto it = std::find_if(uq.begin(), uq.end(), [&](const Unexpected& u) { return u.tag == tag; });
+      auto it = std::find_if(uq.begin(), uq.end(),
+                             [&](const Unexpected& u) { return u.complete && u.tag == tag; });
       if (it != uq.end()) {
         if (it->data.size() != bytes) {
           fail = absl::InvalidArgumentError(absl::StrCat(
@@ -949,6 +952,7 @@ bool P2PEngine::ProgressLocked(
         in.remaining = in.hdr.bytes;
         in.op.reset();
         in.dst = nullptr;
+        in.to_unexpected = false;
         auto& pq = posted_[p];
         auto it = std::find_if(pq.begin(), pq.end(),
                                [&](const std::shared_ptr<Op>& o) { return o->tag == in.hdr.tag; });
@@ -967,6 +971,7 @@ bool P2PEngine::ProgressLocked(
         } else {
           unexpected_[p].push_back(Unexpected{in.hdr.tag, std::vector<char>(in.hdr.bytes)});
           in.dst = unexpected_[p].back().data.data();
+          in.to_unexpected = true;
         }
       }
       if (in.remaining > 0) {
@@ -990,6 +995,27 @@ bool P2PEngine::ProgressLocked(
       if (in.op) {
         done->emplace_back(std::move(in.op->cb), absl::OkStatus());
         in.op.reset();
+      } else if (in.to_unexpected) {
+        // An unexpected message is complete; a matching recv may have been posted meanwhile.
+        Unexpected& u = unexpected_[p].back();
+        u.complete = true;
+        auto& pq = posted_[p];
+        auto it = std::find_if(pq.begin(), pq.end(),
+                               [&](const std::shared_ptr<Op>& o) { return o->tag == u.tag; });
+        if (it != pq.end()) {
+          std::shared_ptr<Op> op = *it;
+          pq.erase(it);
+          if (op->bytes != u.data.size()) {
+            done->emplace_back(std::move(op->cb),
+                               absl::InvalidArgumentError(absl::StrCat(
+                                   "recv from rank ", p, " tag ", u.tag, " expects ", op->bytes,
+                                   " bytes but the peer sent ", u.data.size())));
+          } else {
+            if (op->bytes) std::memcpy(op->buf, u.data.data(), op->bytes);
+            done->emplace_back(std::move(op->cb), absl::OkStatus());
+          }
+          unexpected_[p].pop_back();
+        }
       }
     }
     if (!err.ok()) {

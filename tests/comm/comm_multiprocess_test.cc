@@ -1,0 +1,112 @@
+// Multi-process tests of the comm layer: 2, 3 and 4 ranks, shared memory and TCP-only, every op x
+// dtype x reduce op against a serial reference (in comm_worker), subgroups, tagged p2p,
+// mismatched sizes, a killed rank, and an injected hang analysed from the flight-recorder dumps.
+#include <sys/stat.h>
+
+#include <chrono>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "launcher/fr/analyze.h"
+#include "tests/comm/launcher.h"
+
+namespace ember::comm::testing {
+namespace {
+
+const std::string kTcpOnly = "EMBER_COMM_DISABLE_SHM=1";
+
+void Expect(const std::string& scenario, int n, bool tcp_only, double timeout_s) {
+  INFO(scenario << " with " << n << " ranks" << (tcp_only ? " (TCP only)" : " (shm)"));
+  std::vector<std::string> env;
+  if (tcp_only) env.push_back(kTcpOnly);
+  RunResult r = RunRanks(n, {"--scenario=" + scenario, "--rdzv_dir=" + TempDir("rdzv")}, env,
+                         timeout_s);
+  REQUIRE(!r.timed_out);
+  REQUIRE(AllExitZero(r));
+}
+
+}  // namespace
+
+TEST_CASE("every op x dtype x reduce op matches the serial reference") {
+  for (int n : {2, 3, 4}) {
+    Expect("correctness", n, false, 90);
+    Expect("correctness", n, true, 90);
+  }
+}
+
+TEST_CASE("64 MiB all_reduce and broadcast stream correctly") {
+  Expect("big", 2, false, 90);
+  Expect("big", 3, true, 90);
+}
+
+TEST_CASE("subgroups: new_group and split") {
+  for (int n : {3, 4}) Expect("subgroups", n, false, 60);
+  Expect("subgroups", 4, true, 60);
+}
+
+TEST_CASE("tagged p2p keeps order per tag, overlaps collectives, rejects size mismatch") {
+  for (int n : {2, 3}) Expect("p2p", n, false, 60);
+  Expect("p2p", 4, true, 60);
+}
+
+TEST_CASE("mismatched sizes across ranks give a clear error, not corruption") {
+  Expect("mismatch", 4, false, 60);
+  Expect("mismatch", 3, true, 60);
+}
+
+TEST_CASE("a killed rank makes the others fail fast") {
+  for (bool tcp : {false, true}) {
+    RunResult r = RunRanks(3, {"--scenario=kill", "--rdzv_dir=" + TempDir("rdzv")},
+                           tcp ? std::vector<std::string>{kTcpOnly} : std::vector<std::string>{},
+                           60);
+    REQUIRE(!r.timed_out);
+    REQUIRE(WIFSIGNALED(r.status[2]));
+    for (int i = 0; i < 2; ++i) {
+      REQUIRE(WIFEXITED(r.status[i]));
+      REQUIRE(WEXITSTATUS(r.status[i]) == 0);
+    }
+  }
+}
+
+TEST_CASE("an injected hang dumps every rank within timeout + 5 s and the analyzer names it") {
+  std::string dump = TempDir("fr");
+  auto t0 = std::chrono::steady_clock::now();
+  std::thread watcher;
+  double all_dumped_s = -1;
+  std::atomic<bool> stop{false};
+  watcher = std::thread([&] {
+    while (!stop) {
+      int have = 0;
+      for (int r = 0; r < 4; ++r) {
+        struct stat st;
+        if (stat((dump + "/rank-" + std::to_string(r) + ".json").c_str(), &st) == 0) ++have;
+      }
+      if (have == 4) {
+        all_dumped_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  RunResult r = RunRanks(4, {"--scenario=hang", "--rdzv_dir=" + TempDir("rdzv"), "--dump_dir=" + dump},
+                         {}, 60);
+  stop = true;
+  watcher.join();
+  REQUIRE(!r.timed_out);
+  REQUIRE(AllExitZero(r));
+  // Bootstrap + 2 warm-up ops take well under 2 s; the op timeout is 3 s.
+  INFO("all dumps after " << all_dumped_s << " s");
+  REQUIRE(all_dumped_s > 0);
+  REQUIRE(all_dumped_s < 2 + 3 + 5);
+  auto rep = fr::AnalyzeDir(dump);
+  REQUIRE(rep.ok());
+  INFO(rep->ToText());
+  REQUIRE(rep->problem);
+  REQUIRE(rep->findings[0].kind == "never_joined");
+  REQUIRE(rep->findings[0].ranks == std::vector<int>{1});
+  REQUIRE(rep->findings[0].op == "all_reduce");
+  REQUIRE(rep->findings[0].seq == 3);
+}
+
+}  // namespace ember::comm::testing

@@ -1,0 +1,91 @@
+// Test helper: runs N ranks of tests/comm/comm_worker as child processes with a hard deadline;
+// every child is killed (SIGKILL) if the deadline passes. Thread-compatible.
+#ifndef EMBER_TESTS_COMM_LAUNCHER_H_
+#define EMBER_TESTS_COMM_LAUNCHER_H_
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace ember::comm::testing {
+
+inline std::string WorkerPath() {
+  const char* srcdir = getenv("TEST_SRCDIR");
+  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/comm_worker";
+}
+
+inline std::string TempDir(const std::string& tag) {
+  const char* t = getenv("TEST_TMPDIR");
+  std::string d = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid()) + "-" +
+                  std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
+  std::string cmd = "mkdir -p " + d;
+  if (system(cmd.c_str()) != 0) return "/tmp";
+  return d;
+}
+
+struct RunResult {
+  std::vector<int> status;  // waitpid status per rank
+  bool timed_out = false;
+};
+
+// `env` entries are "KEY=VALUE" added to each child's environment.
+inline RunResult RunRanks(int n, const std::vector<std::string>& args,
+                          const std::vector<std::string>& env, double timeout_s) {
+  std::vector<pid_t> pids(n);
+  std::string path = WorkerPath();
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      for (const std::string& e : env) putenv(const_cast<char*>(e.c_str()));
+      std::vector<std::string> a = {path, "--rank=" + std::to_string(r), "--size=" + std::to_string(n)};
+      a.insert(a.end(), args.begin(), args.end());
+      std::vector<char*> argv;
+      for (auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
+      argv.push_back(nullptr);
+      execv(path.c_str(), argv.data());
+      _exit(127);
+    }
+    pids[r] = pid;
+  }
+  RunResult res;
+  res.status.assign(n, -1);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  int left = n;
+  while (left > 0) {
+    for (int r = 0; r < n; ++r) {
+      if (res.status[r] != -1) continue;
+      int st;
+      if (waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        res.status[r] = st;
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      res.timed_out = true;
+      for (int r = 0; r < n; ++r)
+        if (res.status[r] == -1) kill(pids[r], SIGKILL);
+      for (int r = 0; r < n; ++r)
+        if (res.status[r] == -1) waitpid(pids[r], &res.status[r], 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return res;
+}
+
+inline bool AllExitZero(const RunResult& r) {
+  if (r.timed_out) return false;
+  for (int st : r.status)
+    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return false;
+  return true;
+}
+
+}  // namespace ember::comm::testing
+
+#endif  // EMBER_TESTS_COMM_LAUNCHER_H_
