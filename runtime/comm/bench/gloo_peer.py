@@ -1,0 +1,50 @@
+# Gloo peer for comm_bench: torch.distributed's gloo backend (Debian python3-torch), same sizes and
+# busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us>". Run with /usr/bin/python3.
+import os, sys, time, tempfile
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+def worker(rank, n, init, sizes, ops, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
+    lines = []
+    for op in ops:
+        for size in sizes:
+            count = size // 4
+            if op == "all_reduce":
+                x = torch.ones(count)
+                fn = lambda: dist.all_reduce(x)
+            elif op == "all_gather":
+                x = torch.ones(count // n)
+                outs = [torch.empty(count // n) for _ in range(n)]
+                fn = lambda: dist.all_gather(outs, x)
+            else:
+                continue  # gloo has no reduce_scatter
+            for _ in range(2):
+                fn()
+            dist.barrier()
+            t = time.perf_counter(); fn(); one = time.perf_counter() - t
+            iters = max(3, min(200, int(0.15 / max(one, 1e-6))))
+            reps = []
+            for _ in range(3):
+                dist.barrier()
+                t = time.perf_counter()
+                for _ in range(iters):
+                    fn()
+                reps.append((time.perf_counter() - t) / iters)
+            v = torch.tensor([sorted(reps)[1]], dtype=torch.float64)
+            dist.all_reduce(v, op=dist.ReduceOp.MAX)
+            if rank == 0:
+                lines.append("gloo %s %d %d %.3f" % (op, n, size, v.item() * 1e6))
+    if rank == 0:
+        with open(out, "w") as f:
+            f.write("\n".join(lines) + "\n")
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]); sizes = [int(s) for s in sys.argv[2].split(",")]; ops = sys.argv[3].split(",")
+    d = tempfile.mkdtemp()
+    out = os.path.join(d, "out.txt")
+    mp.spawn(worker, args=(n, "file://" + os.path.join(d, "store"), sizes, ops, out), nprocs=n)
+    sys.stdout.write(open(out).read())
