@@ -74,7 +74,7 @@ int Worker() {
   std::vector<float> in(max / 4), out(max / 4);
   std::ostringstream lines;
   int wrong = 0;
-  for (const std::string& op : absl::StrSplit(absl::GetFlag(FLAGS_ops), ',')) {
+  for (const std::string& op : std::vector<std::string>(absl::StrSplit(absl::GetFlag(FLAGS_ops), ','))) {
     for (int64_t size : Sizes()) {
       size_t count = size / 4, per = count / n;
       auto run = [&]() -> absl::Status {
