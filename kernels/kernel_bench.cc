@@ -38,6 +38,8 @@ ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
 ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
 ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
 ABSL_FLAG(bool, peer, true, "measure PyTorch (/usr/bin/python3) for the training-step target");
+ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step (default all)");
+ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
 
 namespace ember::kernels {
@@ -226,6 +228,9 @@ double TrainStep(const ExecContext& ctx, const model::GptConfig& c, int64_t B, i
   return B * c.context / Median(times);
 }
 
+void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out);
+int Print(const std::vector<Target>& t, int threads, bool quick);
+
 int Main() {
   const bool quick = absl::GetFlag(FLAGS_quick);
   int threads = absl::GetFlag(FLAGS_threads);
@@ -234,23 +239,31 @@ int Main() {
   ThreadPool pool(threads);
   ExecContext ctx{&pool, /*deterministic=*/false};
   std::vector<Target> t;
+  const std::string only = absl::GetFlag(FLAGS_only);
+  auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
 
-  if (quick) {
-    BenchLce(ctx, 512, 32000, 256, &t);
-    BenchAttention(ctx, 4096, 256, reps, &t);
-  } else {
-    BenchLce(ctx, 4096, 128256, 1024, &t);
-    if (absl::GetFlag(FLAGS_lce_8192)) BenchLce(ctx, 8192, 128256, 1024, &t);
-    BenchAttention(ctx, 32768, 256, reps, &t);
+  if (want("lce")) {
+    if (quick) {
+      BenchLce(ctx, 2048, 32000, 256, &t);
+    } else {
+      BenchLce(ctx, absl::GetFlag(FLAGS_lce_n), 128256, 1024, &t);
+      if (absl::GetFlag(FLAGS_lce_8192)) BenchLce(ctx, 8192, 128256, 1024, &t);
+    }
   }
+  if (want("attention")) BenchAttention(ctx, quick ? 4096 : 32768, 256, reps, &t);
+  if (want("step")) BenchStep(ctx, quick, reps, threads, &t);
+  return Print(t, threads, quick);
+}
 
+void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out) {
+  std::vector<Target>& t = *out;
   const double ceiling = SgemmCeiling(ctx, quick ? 512 : 2048, quick ? 2 : reps);
   model::GptConfig c;  // vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP
   const int64_t B = quick ? 2 : 8;
   const int steps = quick ? 2 : 10;
   int64_t peak = 0;
   const double tps = TrainStep(ctx, c, B, steps, &peak);
-  ExecContext det = ctx;
+  ExecContext det = ctx;  // same pool, deterministic partitioning
   det.deterministic = true;
   int64_t peak_det = 0;
   const double tps_det = TrainStep(det, c, B, steps, &peak_det);
@@ -268,7 +281,9 @@ int Main() {
                                "PyTorch 1.13 same model", B, peak / 1048576.0)});
   t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
                "cost of deterministic mode"});
+}
 
+int Print(const std::vector<Target>& t, int threads, bool quick) {
   if (absl::GetFlag(FLAGS_json)) {
     std::string s = absl::StrCat("{\"threads\":", threads, ",\"quick\":", quick ? "true" : "false",
                                  ",\"targets\":[");
