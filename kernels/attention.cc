@@ -74,12 +74,8 @@ void AttentionForward(const ExecContext& ctx, const AttentionShape& s, const flo
         for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, sc[j]);
         const float corr = vec::Exp(m[r] - mx);  // m = -inf on the first tile: corr ~ 0, acc = 0
         float* a = acc.data() + r * hd;
-        float sum = 0.0f;
-        for (int64_t j = lo; j < hi; ++j) {
-          sc[j] = vec::Exp(sc[j] - mx);
-          sum += sc[j];
-        }
-        l[r] = l[r] * corr + sum;
+        for (int64_t j = lo; j < hi; ++j) sc[j] = vec::Exp(sc[j] - mx);
+        l[r] = l[r] * corr + vec::Sum(sc.data() + lo, hi - lo);
         m[r] = mx;
         vec::Scale(corr, a, hd);
         for (int64_t j = lo; j < hi; ++j) vec::Axpy(sc[j], vh + (k0 + j) * qkv_stride, a, hd);
@@ -157,8 +153,9 @@ void AttentionBackward(const ExecContext& ctx, const AttentionShape& s, const fl
         RowTimesTile(dor, vt.data(), hd, lo, hi, dp.data());
         const float l = lseh[t], D = dlt[t];
         float* dqr = dq_out + t * dq_stride;
+        for (int64_t j = lo; j < hi; ++j) p[j] = vec::Exp(p[j] * scale - l);
         for (int64_t j = lo; j < hi; ++j) {
-          const float pj = vec::Exp(p[j] * scale - l);
+          const float pj = p[j];
           const float ds = pj * (dp[j] - D) * scale;
           vec::Axpy(pj, dor, dvb.data() + j * hd, hd);
           vec::Axpy(ds, qr, dkb.data() + j * hd, hd);
