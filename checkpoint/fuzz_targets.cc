@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "checkpoint/format.h"
 #include "checkpoint/safetensors.h"
 
 namespace ember::ckpt {
@@ -21,4 +22,13 @@ int FuzzSafetensors(const uint8_t* data, size_t size) {
   return sum == 0xFFFFFFFFFFFFFFFFull ? 1 : 0;
 }
 
+}  // namespace ember::ckpt
+
+namespace ember::ckpt {
+int FuzzCheckpointMetadata(const uint8_t* data, size_t size) {
+  std::string text(reinterpret_cast<const char*>(data), size);
+  auto m = ParseMetadata(text, /*complete=*/true);
+  if (m.ok()) (void)SerializeMetadata(*m);
+  return 0;
+}
 }  // namespace ember::ckpt
