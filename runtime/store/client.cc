@@ -1,6 +1,15 @@
 // ember::store::Client: one pipelined Session stream per connection, reconnected with backoff.
 #include "runtime/store/client.h"
 
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <deque>
 #include <map>
 #include <random>
@@ -13,6 +22,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/store.grpc.pb.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/store/fast_path_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::store {
@@ -61,19 +71,7 @@ class Connection {
   using Done = std::function<void(Response)>;
 
   explicit Connection(ClientOptions options) : options_(std::move(options)) {
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-    args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 256 << 20);
-    args.SetInt(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, 256 << 20);
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
-    // One TCP connection per Connection (not shared through the global subchannel pool).
-    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
-    channel_ = grpc::CreateCustomChannel(options_.address, creds, args);
-    stub_ = v1::Store::NewStub(channel_);
+    grpc_only_ = !options_.use_fast_path;
     timer_ = std::thread([this] { TimerLoop(); });
   }
 
@@ -82,10 +80,12 @@ class Connection {
       absl::MutexLock l(&mu_);
       stop_ = true;
       if (stream_ != nullptr) stream_->ctx.TryCancel();
+      if (fast_fd_ >= 0) shutdown(fast_fd_, SHUT_RDWR);
       auto no_streams = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_streams_ == 0; };
       mu_.Await(absl::Condition(&no_streams));
     }
     timer_.join();
+    if (reader_.joinable()) reader_.join();
     std::vector<std::pair<Done, Response>> fail;
     {
       absl::MutexLock l(&mu_);
@@ -102,7 +102,29 @@ class Connection {
   }
 
   const ClientOptions& options() const { return options_; }
-  v1::Store::Stub* stub() { return stub_.get(); }
+
+  // The gRPC stub, created on first use: a client that only uses the fast path never pays for
+  // gRPC's channel set-up.
+  v1::Store::Stub* stub() {
+    absl::MutexLock l(&stub_mu_);
+    if (stub_ == nullptr) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+      args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+      args.SetInt(GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, 256 << 20);
+      args.SetInt(GRPC_ARG_MAX_SEND_MESSAGE_LENGTH, 256 << 20);
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 20);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      // One TCP connection per Connection (not shared through the global subchannel pool).
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      auto creds =
+          options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+      channel_ = grpc::CreateCustomChannel(options_.address, creds, args);
+      stub_ = v1::Store::NewStub(channel_);
+    }
+    return stub_.get();
+  }
 
   // Queues `req` (its id is assigned here); `done` runs exactly once on an internal thread (or
   // inline for an immediate failure).
@@ -117,7 +139,8 @@ class Connection {
       p.done = std::move(done);
       p.deadline = absl::Now() + timeout;
       unsent_.push_back(id);
-      kick_stream = stream_ != nullptr;
+      kick_stream = stream_ != nullptr || fast_fd_ >= 0;
+      if (!kick_stream) kick_ = true;  // wake the timer thread to connect now
     }
     if (kick_stream) Flush();
   }
@@ -135,7 +158,7 @@ class Connection {
       if (!c->options_.auth_token.empty()) {
         ctx.AddMetadata("authorization", "Bearer " + c->options_.auth_token);
       }
-      c->stub_->async()->Session(&ctx, this);
+      c->stub()->async()->Session(&ctx, this);
       StartRead(&in);
       AddHold();  // released when the stream is done writing (OnDone needs no pending writes)
       StartCall();
@@ -162,6 +185,7 @@ class Connection {
   };
 
   void Flush() {
+    if (FastFlush()) return;
     Stream* s = nullptr;
     {
       absl::MutexLock l(&mu_);
@@ -212,48 +236,269 @@ class Connection {
       absl::MutexLock l(&mu_);
       --live_streams_;
       if (stream_ == s) stream_ = nullptr;
-      bool permanent = status.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
-                       status.error_code() == grpc::StatusCode::PERMISSION_DENIED ||
-                       status.error_code() == grpc::StatusCode::UNIMPLEMENTED;
-      if (!stop_) {
-        ++failures_;
-        last_error_ = status.error_message();
-        if (failures_ == 1 || failures_ % 50 == 0) {
-          spdlog::warn("store client: stream to {} ended ({}: {}); reconnecting",
-                       options_.address, static_cast<int>(status.error_code()),
-                       status.error_message());
-        }
-      }
-      std::deque<uint64_t> resend;
-      for (auto it = pending_.begin(); it != pending_.end();) {
-        Pending& p = it->second;
-        bool retry = !permanent && (!p.sent || Idempotent(p.req));
-        if (retry) {
-          if (p.sent) resend.push_back(it->first);
-          p.sent = false;
-          ++it;
-          continue;
-        }
-        Response r;
-        r.set_id(it->first);
-        if (permanent) {
-          r.set_code(static_cast<int>(status.error_code()));
-          r.set_message(absl::StrCat("store at ", options_.address, ": ", status.error_message()));
-        } else {
-          r.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
-          r.set_message(absl::StrCat("connection to store at ", options_.address,
-                                     " broke while ", Describe(p.req),
-                                     " was in flight; outcome unknown (not retried because it is "
-                                     "not idempotent)"));
-        }
-        fail.emplace_back(std::move(p.done), std::move(r));
-        it = pending_.erase(it);
-      }
-      // Re-sent requests go first, in their original order.
-      for (auto it = resend.rbegin(); it != resend.rend(); ++it) unsent_.push_front(*it);
-      next_attempt_ = absl::Now() + Backoff();
+      Broken(static_cast<absl::StatusCode>(status.error_code()), status.error_message(), &fail);
     }
     for (auto& [d, r] : fail) d(std::move(r));
+  }
+
+  // The transport broke: re-queue what may be retried, fail the rest, schedule a reconnect.
+  void Broken(absl::StatusCode code, const std::string& message,
+              std::vector<std::pair<Done, Response>>* fail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    bool permanent = code == absl::StatusCode::kUnauthenticated ||
+                     code == absl::StatusCode::kPermissionDenied ||
+                     code == absl::StatusCode::kUnimplemented;
+    if (!stop_) {
+      ++failures_;
+      last_error_ = message;
+      if (failures_ == 1 || failures_ % 50 == 0) {
+        spdlog::warn("store client: connection to {} ended ({}: {}); reconnecting",
+                     options_.address, static_cast<int>(code), message);
+      }
+    }
+    std::deque<uint64_t> resend;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      Pending& p = it->second;
+      bool retry = !permanent && (!p.sent || Idempotent(p.req));
+      if (retry) {
+        if (p.sent) resend.push_back(it->first);
+        p.sent = false;
+        ++it;
+        continue;
+      }
+      Response r;
+      r.set_id(it->first);
+      if (permanent) {
+        r.set_code(static_cast<int>(code));
+        r.set_message(absl::StrCat("store at ", options_.address, ": ", message));
+      } else {
+        r.set_code(static_cast<int>(absl::StatusCode::kUnavailable));
+        r.set_message(absl::StrCat("connection to store at ", options_.address, " broke while ",
+                                   Describe(p.req),
+                                   " was in flight; outcome unknown (not retried because it is "
+                                   "not idempotent)"));
+      }
+      fail->emplace_back(std::move(p.done), std::move(r));
+      it = pending_.erase(it);
+    }
+    // Re-sent requests go first, in their original order.
+    for (auto it = resend.rbegin(); it != resend.rend(); ++it) unsent_.push_front(*it);
+    next_attempt_ = absl::Now() + Backoff();
+  }
+
+  // --- plain-TCP fast path (fast_path.h) --------------------------------------------------------
+  // Sends everything queued over the fast socket. Returns false if the fast path is not connected.
+  bool FastFlush() {
+    while (true) {
+      std::string frame;
+      int fd;
+      {
+        absl::MutexLock l(&mu_);
+        if (fast_fd_ < 0) return false;
+        if (fast_writing_ || unsent_.empty()) return true;
+        fd = fast_fd_;
+        v1::RequestBatch batch;
+        while (!unsent_.empty()) {
+          uint64_t id = unsent_.front();
+          unsent_.pop_front();
+          auto it = pending_.find(id);
+          if (it == pending_.end()) continue;
+          it->second.sent = true;
+          *batch.add_requests() = it->second.req;
+        }
+        if (batch.requests_size() == 0) return true;
+        fast_writing_ = true;
+        std::string payload = batch.SerializeAsString();
+        frame.reserve(payload.size() + 4);
+        AppendU32(static_cast<uint32_t>(payload.size()), &frame);
+        frame += payload;
+      }
+      bool ok = SendAll(fd, frame);
+      {
+        absl::MutexLock l(&mu_);
+        fast_writing_ = false;
+      }
+      if (!ok) {
+        shutdown(fd, SHUT_RDWR);  // the reader sees it and handles the break
+        return true;
+      }
+    }
+  }
+
+  static void AppendU32(uint32_t v, std::string* out) {
+    char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+                 static_cast<char>(v >> 24)};
+    out->append(b, 4);
+  }
+
+  static bool SendAll(int fd, const std::string& data) {
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t k = send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return false;
+      off += static_cast<size_t>(k);
+    }
+    return true;
+  }
+
+  // Reads one frame; false on EOF/error/timeout (timeout_ms < 0 = block).
+  static bool ReadFrame(int fd, std::string* payload, int timeout_ms) {
+    auto read_n = [&](char* dst, size_t n) {
+      size_t got = 0;
+      while (got < n) {
+        if (timeout_ms >= 0) {
+          pollfd p{fd, POLLIN, 0};
+          if (poll(&p, 1, timeout_ms) <= 0) return false;
+        }
+        ssize_t k = recv(fd, dst + got, n - got, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return false;
+        got += static_cast<size_t>(k);
+      }
+      return true;
+    };
+    char hdr[4];
+    if (!read_n(hdr, 4)) return false;
+    const auto* u = reinterpret_cast<const unsigned char*>(hdr);
+    uint32_t len = uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 |
+                   uint32_t{u[3]} << 24;
+    if (len > kMaxFastFrameBytes) return false;
+    payload->resize(len);
+    return read_n(payload->data(), len);
+  }
+
+  void ReaderLoop(int fd) {
+    std::string payload;
+    v1::ResponseBatch batch;
+    while (ReadFrame(fd, &payload, -1)) {
+      if (!batch.ParseFromString(payload)) break;
+      Deliver(&batch);
+    }
+    std::vector<std::pair<Done, Response>> fail;
+    {
+      absl::MutexLock l(&mu_);
+      if (fast_fd_ == fd) fast_fd_ = -1;
+      close(fd);
+      Broken(absl::StatusCode::kUnavailable, "fast-path connection closed", &fail);
+    }
+    for (auto& [d, r] : fail) d(std::move(r));
+  }
+
+  // Opens a TCP connection to host:port and authenticates. Returns the fd, or an error.
+  absl::StatusOr<int> DialFast(int port) {
+    std::string host = options_.address.substr(0, options_.address.rfind(':'));
+    if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+      return absl::UnavailableError(absl::StrCat("cannot resolve store host '", host, "'"));
+    }
+    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
+    int err = errno;
+    freeaddrinfo(res);
+    if (rc != 0) {
+      if (fd >= 0) close(fd);
+      return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
+                                                 ": ", strerror(err)));
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    v1::RequestBatch hello;
+    hello.set_auth_token(options_.auth_token);
+    std::string payload = hello.SerializeAsString(), frame;
+    AppendU32(static_cast<uint32_t>(payload.size()), &frame);
+    frame += payload;
+    std::string reply;
+    v1::ResponseBatch rb;
+    if (!SendAll(fd, frame) || !ReadFrame(fd, &reply, 5000) || !rb.ParseFromString(reply)) {
+      close(fd);
+      return absl::UnavailableError("store fast path closed during the handshake");
+    }
+    if (rb.responses_size() > 0 && rb.responses(0).code() != 0) {
+      close(fd);
+      return absl::Status(static_cast<absl::StatusCode>(rb.responses(0).code()),
+                          rb.responses(0).message());
+    }
+    if (rb.responses_size() != 1 || rb.responses(0).message() != kFastPathHello) {
+      close(fd);
+      return absl::UnavailableError(absl::StrCat("port ", port, " is not an ember-store fast path"));
+    }
+    return fd;
+  }
+
+  void StartFast(int fd) {
+    if (reader_.joinable()) reader_.join();
+    {
+      absl::MutexLock l(&mu_);
+      fast_fd_ = fd;
+      connecting_ = false;
+    }
+    reader_ = std::thread([this, fd] { ReaderLoop(fd); });
+    Flush();
+  }
+
+  // One connection attempt (timer thread, mu_ not held): fast path if the server offers it,
+  // else the gRPC Session stream.
+  void ConnectOnce() {
+    std::vector<std::pair<Done, Response>> fail;
+    if (!grpc_only_ && !guessed_) {
+      guessed_ = true;  // only once: later reconnects ask Info (the port may have moved)
+      int grpc_port = std::atoi(options_.address.substr(options_.address.rfind(':') + 1).c_str());
+      auto fd = DialFast(grpc_port + 1);
+      if (fd.ok()) {
+        StartFast(*fd);
+        return;
+      }
+      if (absl::IsUnauthenticated(fd.status())) {
+        {
+          absl::MutexLock l(&mu_);
+          connecting_ = false;
+          Broken(fd.status().code(), std::string(fd.status().message()), &fail);
+        }
+        for (auto& [d, r] : fail) d(std::move(r));
+        return;
+      }
+    }
+    if (!grpc_only_) {
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+      if (!options_.auth_token.empty()) {
+        ctx.AddMetadata("authorization", "Bearer " + options_.auth_token);
+      }
+      v1::InfoRequest req;
+      v1::InfoResponse info;
+      grpc::Status st = stub()->Info(&ctx, req, &info);
+      absl::Status err;
+      if (st.ok() && info.fast_port() > 0) {
+        auto fd = DialFast(info.fast_port());
+        if (fd.ok()) {
+          StartFast(*fd);
+          return;
+        }
+        err = fd.status();
+      } else if (st.ok() || st.error_code() == grpc::StatusCode::UNIMPLEMENTED) {
+        grpc_only_ = true;  // no fast path offered (TLS, or an older server)
+      } else {
+        err = absl::Status(static_cast<absl::StatusCode>(st.error_code()), st.error_message());
+      }
+      if (!err.ok()) {
+        {
+          absl::MutexLock l(&mu_);
+          connecting_ = false;
+          Broken(err.code(), std::string(err.message()), &fail);
+        }
+        for (auto& [d, r] : fail) d(std::move(r));
+        return;
+      }
+    }
+    {
+      absl::MutexLock l(&mu_);
+      stream_ = new Stream(this);
+      ++live_streams_;
+      connecting_ = false;
+    }
+    Flush();
   }
 
   absl::Duration Backoff() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -270,7 +515,9 @@ class Connection {
       bool start_stream = false;
       {
         absl::MutexLock l(&mu_);
-        mu_.AwaitWithTimeout(absl::Condition(&stop_), absl::Milliseconds(5));
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || kick_; };
+        mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(5));
+        kick_ = false;
         if (stop_) return;
         absl::Time now = absl::Now();
         for (auto it = pending_.begin(); it != pending_.end();) {
@@ -280,10 +527,11 @@ class Connection {
           }
           Response r;
           r.set_id(it->first);
-          r.set_code(static_cast<int>(stream_ ? absl::StatusCode::kDeadlineExceeded
-                                              : absl::StatusCode::kUnavailable));
+          bool up = stream_ != nullptr || fast_fd_ >= 0;
+          r.set_code(static_cast<int>(up ? absl::StatusCode::kDeadlineExceeded
+                                         : absl::StatusCode::kUnavailable));
           r.set_message(
-              stream_ ? absl::StrCat(Describe(it->second.req), " got no answer from the store at ",
+              up ? absl::StrCat(Describe(it->second.req), " got no answer from the store at ",
                                      options_.address, " before its deadline")
                       : absl::StrCat("store at ", options_.address, " unreachable; ",
                                      Describe(it->second.req), " gave up at its deadline (last "
@@ -291,20 +539,21 @@ class Connection {
           expired.emplace_back(std::move(it->second.done), std::move(r));
           it = pending_.erase(it);
         }
-        if (stream_ == nullptr && !pending_.empty() && now >= next_attempt_) {
-          stream_ = new Stream(this);
-          ++live_streams_;
+        if (stream_ == nullptr && fast_fd_ < 0 && !connecting_ && !pending_.empty() &&
+            now >= next_attempt_) {
+          connecting_ = true;
           start_stream = true;
         }
       }
       for (auto& [d, r] : expired) d(std::move(r));
-      if (start_stream) Flush();
+      if (start_stream) ConnectOnce();
     }
   }
 
   const ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Store::Stub> stub_;
+  absl::Mutex stub_mu_;
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(stub_mu_);
+  std::unique_ptr<v1::Store::Stub> stub_ ABSL_GUARDED_BY(stub_mu_);
   std::thread timer_;
 
   absl::Mutex mu_;
@@ -318,6 +567,13 @@ class Connection {
   absl::Time next_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::mt19937 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool kick_ ABSL_GUARDED_BY(mu_) = false;
+  bool connecting_ ABSL_GUARDED_BY(mu_) = false;
+  int fast_fd_ ABSL_GUARDED_BY(mu_) = -1;
+  bool fast_writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool grpc_only_ = false;  // timer thread only
+  bool guessed_ = false;    // timer thread only: tried the gRPC port + 1 already
+  std::thread reader_;      // timer thread starts it; joined there or in the destructor
 };
 
 namespace {
@@ -365,7 +621,16 @@ class WatchImpl : public Watch, public grpc::ClientReadReactor<v1::WatchResponse
     return status_;
   }
 
+  // Blocks until the server confirmed the watch (its first message) or the stream ended.
+  absl::Status WaitStarted(absl::Duration timeout) {
+    if (!started_.WaitForNotificationWithTimeout(timeout)) {
+      return absl::DeadlineExceededError("the store did not confirm the watch in time");
+    }
+    return status();
+  }
+
   void OnReadDone(bool ok) override {
+    if (!started_.HasBeenNotified()) started_.Notify();
     if (!ok) return;
     for (const auto& ev : in_.events()) {
       WatchEvent e;
@@ -388,6 +653,7 @@ class WatchImpl : public Watch, public grpc::ClientReadReactor<v1::WatchResponse
       status_ = st;
     }
     if (!st.ok() && on_end_) on_end_(st);
+    if (!started_.HasBeenNotified()) started_.Notify();
     done_.Notify();
   }
 
@@ -398,6 +664,7 @@ class WatchImpl : public Watch, public grpc::ClientReadReactor<v1::WatchResponse
   grpc::ClientContext ctx_;
   v1::WatchResponse in_;
   absl::Notification done_;
+  absl::Notification started_;
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
 };
@@ -584,8 +851,10 @@ absl::StatusOr<std::unique_ptr<Watch>> Client::WatchPrefix(
   v1::WatchRequest req;
   req.set_prefix(Full(prefix));
   req.set_send_initial(send_initial);
-  return std::unique_ptr<Watch>(
-      new WatchImpl(conn_.get(), req, prefix_, std::move(on_event), std::move(on_end)));
+  auto w = std::make_unique<WatchImpl>(conn_.get(), req, prefix_, std::move(on_event),
+                                       std::move(on_end));
+  RETURN_IF_ERROR(w->WaitStarted(conn_->options().connect_timeout));
+  return std::unique_ptr<Watch>(std::move(w));
 }
 
 absl::Status Client::Barrier(absl::string_view key, int n, absl::Duration timeout) {

@@ -47,6 +47,9 @@ struct ClientOptions {
   absl::Duration connect_timeout = absl::Seconds(30);      // Connect() gives up after this
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(2);
+  // Use the server's plain-TCP fast path when it offers one (Info.fast_port); otherwise, or when
+  // false, the gRPC Session stream. Both carry the same requests with the same semantics.
+  bool use_fast_path = true;
 };
 
 struct CallOptions {
@@ -130,7 +133,8 @@ class Client {
 
   // Calls `on_event` (on an internal thread, in revision order, one at a time) for every change
   // under prefix() + `prefix`. With send_initial, existing keys are delivered first as kPut.
-  // `on_end` (optional) is called once if the stream ends with an error.
+  // `on_end` (optional) is called once if the stream ends with an error. Returns once the server
+  // has registered the watch: every change after the return is delivered.
   absl::StatusOr<std::unique_ptr<Watch>> WatchPrefix(
       absl::string_view prefix, std::function<void(const WatchEvent&)> on_event,
       bool send_initial = false, std::function<void(absl::Status)> on_end = nullptr);

@@ -12,6 +12,7 @@
 #include "proto/store.grpc.pb.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/store/fast_path.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::store {
@@ -171,6 +172,10 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
                                      }
                                      Flush(st);
                                    });
+    {
+      absl::MutexLock l(&state_->mu);
+      state_->send_header = true;  // the first message confirms the watch is registered
+    }
     Flush(state_);
   }
 
@@ -209,6 +214,7 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
     bool cancelled ABSL_GUARDED_BY(mu) = false;
     bool overflow ABSL_GUARDED_BY(mu) = false;
     bool finished ABSL_GUARDED_BY(mu) = false;
+    bool send_header ABSL_GUARDED_BY(mu) = false;
   };
 
   static void Flush(const std::shared_ptr<State>& st) {
@@ -226,10 +232,11 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
           finish_status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
                                        "watcher fell more than 1M events behind; re-watch");
         }
-      } else if (!st->queue.empty()) {
+      } else if (!st->queue.empty() || st->send_header) {
         r->out_.Clear();
         for (auto& ev : st->queue) *r->out_.add_events() = std::move(ev);
         st->queue.clear();
+        st->send_header = false;
         st->writing = true;
       } else {
         return;
@@ -259,6 +266,20 @@ class Rejected : public Base {
 class StoreService final : public v1::Store::CallbackService {
  public:
   StoreService(Backend* backend, std::string token) : backend_(backend), token_(std::move(token)) {}
+
+  void set_fast_port(int port) { fast_port_ = port; }
+
+  grpc::ServerUnaryReactor* Info(grpc::CallbackServerContext* ctx, const v1::InfoRequest*,
+                                 v1::InfoResponse* resp) override {
+    grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
+    grpc::Status auth = Authenticate(ctx);
+    if (auth.ok()) {
+      resp->set_fast_port(fast_port_.load());
+      resp->set_server_version("ember-store 0.1");
+    }
+    reactor->Finish(auth);
+    return reactor;
+  }
 
 #define EMBER_STORE_UNARY(Method, field, ReqT, RespT)                                            \
   grpc::ServerUnaryReactor* Method(grpc::CallbackServerContext* ctx, const v1::ReqT* req,        \
@@ -337,6 +358,7 @@ class StoreService final : public v1::Store::CallbackService {
   Backend* const backend_;
   const std::string token_;
   std::atomic<uint64_t> next_owner_{0};
+  std::atomic<int> fast_port_{0};
 };
 
 }  // namespace
@@ -346,6 +368,7 @@ class StoreServer::Impl {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<StoreService> service;
   base::StartedServer started;
+  std::unique_ptr<FastPathServer> fast;
   bool shut_down = false;
 };
 
@@ -359,6 +382,19 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   gopts.max_message_bytes = static_cast<int>(
       std::min<int64_t>(INT32_MAX, options.backend.max_value_bytes * 4 + (1 << 20)));
   ASSIGN_OR_RETURN(impl->started, base::StartGrpcServer(gopts, {impl->service.get()}));
+  if (options.fast_path && options.credentials == nullptr) {
+    std::string host = options.address.substr(0, options.address.rfind(':'));
+    // Prefer the gRPC port + 1, so clients can dial the fast path without asking Info first.
+    int want = options.fast_path_port;
+    auto fast = FastPathServer::Start(host, want ? want : impl->started.port + 1,
+                                      impl->backend.get(), options.auth_token);
+    if (!fast.ok() && want == 0) {
+      fast = FastPathServer::Start(host, 0, impl->backend.get(), options.auth_token);
+    }
+    if (!fast.ok()) return fast.status();
+    impl->fast = std::move(*fast);
+    impl->service->set_fast_port(impl->fast->port());
+  }
   return std::unique_ptr<StoreServer>(new StoreServer(std::move(impl)));
 }
 
@@ -366,12 +402,14 @@ StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 StoreServer::~StoreServer() { Shutdown(); }
 
 int StoreServer::port() const { return impl_->started.port; }
+int StoreServer::fast_port() const { return impl_->fast ? impl_->fast->port() : 0; }
 std::string StoreServer::address() const { return impl_->started.address; }
 Backend* StoreServer::backend() { return impl_->backend.get(); }
 
 void StoreServer::Shutdown() {
   if (impl_->shut_down) return;
   impl_->shut_down = true;
+  if (impl_->fast) impl_->fast->Stop();
   impl_->backend->Shutdown();
   // Streams still open after the grace period are cancelled.
   impl_->started.server->Shutdown(std::chrono::system_clock::now() +

@@ -30,6 +30,9 @@ struct StoreServerOptions {
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null = insecure
   BackendOptions backend;                   // limits, durability (data_dir), default timeouts
   base::Clock* clock = nullptr;             // null = real clock; borrowed, must outlive the server
+  // Plain-TCP fast path (fast_path.h) on the same host; off when credentials (TLS) are set.
+  bool fast_path = true;
+  int fast_path_port = 0;  // 0 = the gRPC port + 1 if free, else any (clients ask Info)
 };
 
 class StoreServer {
@@ -38,6 +41,7 @@ class StoreServer {
   ~StoreServer();
 
   int port() const;
+  int fast_port() const;        // 0 when the fast path is off
   std::string address() const;  // host:port actually bound
   Backend* backend();           // the state behind the service (owned by the server)
   // Stops accepting calls and fails outstanding waiters with UNAVAILABLE. Idempotent.

@@ -21,13 +21,14 @@ namespace ember::store {
 namespace {
 
 struct Fixture {
-  explicit Fixture(StoreServerOptions opts = {}) {
+  explicit Fixture(StoreServerOptions opts = {}, bool fast = true) {
     auto s = StoreServer::Start(std::move(opts));
     REQUIRE(s.ok());
     server = std::move(*s);
     ClientOptions co;
     co.address = server->address();
     co.auth_token = token;
+    co.use_fast_path = fast;
     auto c = Client::Connect(co);
     REQUIRE(c.ok());
     client = std::make_unique<Client>(*c);
@@ -47,7 +48,9 @@ int ThreadCount() {
 }
 
 TEST_CASE("set, get, delete and not-found") {
-  Fixture f;
+  const bool fast = GENERATE(true, false);
+  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
+  Fixture f({}, fast);
   Client& c = *f.client;
   REQUIRE(c.Set("a", std::string("x\0y", 3)).ok());
   auto v = c.Get("a");
@@ -60,7 +63,9 @@ TEST_CASE("set, get, delete and not-found") {
 }
 
 TEST_CASE("blocking get wakes when the key is set, and times out naming the key") {
-  Fixture f;
+  const bool fast = GENERATE(true, false);
+  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
+  Fixture f({}, fast);
   Client& c = *f.client;
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(100));
@@ -76,7 +81,9 @@ TEST_CASE("blocking get wakes when the key is set, and times out naming the key"
 }
 
 TEST_CASE("64 threads x 1000 Add give the exact total") {
-  Fixture f;
+  const bool fast = GENERATE(true, false);
+  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
+  Fixture f({}, fast);
   std::vector<std::thread> ts;
   std::atomic<int> errors{0};
   for (int i = 0; i < 64; ++i) {
@@ -129,7 +136,9 @@ TEST_CASE("wait on several keys wakes when the last appears; timeout names the m
 }
 
 TEST_CASE("check, prefix ops, multi get/set, append, list") {
-  Fixture f;
+  const bool fast = GENERATE(true, false);
+  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
+  Fixture f({}, fast);
   Client& c = *f.client;
   REQUIRE(c.MultiSet({{"p/a", "1"}, {"p/b", "2"}, {"q/c", "3"}}).ok());
   REQUIRE(*c.Check({"p/a", "p/b"}));
@@ -248,15 +257,33 @@ TEST_CASE("a wrong token is rejected with UNAUTHENTICATED and changes nothing") 
   bad.connect_timeout = absl::Seconds(5);
   auto b = Client::Connect(bad);
   REQUIRE(absl::IsUnauthenticated(b.status()));
+  bad.use_fast_path = false;
+  REQUIRE(absl::IsUnauthenticated(Client::Connect(bad).status()));
   ClientOptions none{.address = (*server)->address()};
   REQUIRE(absl::IsUnauthenticated(Client::Connect(none).status()));
   auto g = Client::Connect(good);
   REQUIRE(g.ok());
   REQUIRE(*g->NumKeys() == 0);
+  // A raw socket on the fast path without the token is refused and closed.
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons((*server)->fast_port());
+  inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  const char hello[4] = {0, 0, 0, 0};  // empty RequestBatch: no token
+  REQUIRE(send(fd, hello, 4, MSG_NOSIGNAL) == 4);
+  char buf[256];
+  ssize_t n = recv(fd, buf, sizeof(buf), 0);
+  REQUIRE(n > 4);                      // the UNAUTHENTICATED reply
+  REQUIRE(recv(fd, buf, sizeof(buf), 0) == 0);  // then EOF
+  close(fd);
 }
 
 TEST_CASE("thousands of blocked gets hold no thread each, and all wake") {
-  Fixture f;
+  const bool fast = GENERATE(true, false);
+  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
+  Fixture f({}, fast);
   Client& c = *f.client;
   int threads_before = ThreadCount();
   constexpr int kWaiters = 3000;
@@ -304,10 +331,15 @@ TEST_CASE("garbage bytes and half-open connections never wedge the server") {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
-    addr.sin_port = htons(f.server->port());
+    // Alternate between the gRPC port and the fast-path port.
+    addr.sin_port = htons(round % 4 < 2 ? f.server->port() : f.server->fast_port());
     inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
     REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-    if (round % 2 == 0) {
+    if (round == 6) {
+      const unsigned char huge[4] = {0xff, 0xff, 0xff, 0x7f};  // a 2 GiB frame header
+      REQUIRE(send(fd, huge, 4, MSG_NOSIGNAL) == 4);
+      close(fd);
+    } else if (round % 2 == 0) {
       std::string junk(4096, '\0');
       for (char& ch : junk) ch = static_cast<char>(rng());
       if (round == 4) junk = "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + junk;  // valid preface, bad frames

@@ -1,0 +1,364 @@
+// Plain-TCP fast path of the store: one epoll thread reads frames and executes them; responses are
+// written by whichever thread produces them (the I/O thread, or the thread that woke a waiter).
+#include "runtime/store/fast_path.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/base/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::store {
+namespace {
+
+void PutU32(uint32_t v, std::string* out) {
+  char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
+               static_cast<char>(v >> 24)};
+  out->append(b, 4);
+}
+
+uint32_t GetU32(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 | uint32_t{u[3]} << 24;
+}
+
+bool TokenEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= a[i] ^ b[i];
+  return d == 0;
+}
+
+}  // namespace
+
+class FastPathServer::Impl {
+ public:
+  struct Conn {
+    uint64_t id = 0;
+    absl::Mutex mu;
+    int fd ABSL_GUARDED_BY(mu) = -1;
+    std::string out ABSL_GUARDED_BY(mu);          // bytes not yet written (EPOLLOUT armed)
+    v1::ResponseBatch queued ABSL_GUARDED_BY(mu);  // responses not yet serialized
+    bool hold ABSL_GUARDED_BY(mu) = false;         // I/O thread is executing a batch: coalesce
+    std::string in;                                // I/O thread only
+    bool authed = false;                           // I/O thread only
+  };
+
+  Impl(Backend* backend, std::string token) : backend_(backend), token_(std::move(token)) {}
+
+  ~Impl() { Stop(); }
+
+  absl::Status Listen(const std::string& host, int port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (listen_fd_ < 0) return base::ErrnoToStatus(errno, "fast path socket");
+    int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(port));
+    std::string h = host.empty() || host == "localhost" ? "127.0.0.1" : host;
+    if (h == "0.0.0.0" || h == "[::]") h = "0.0.0.0";
+    if (inet_pton(AF_INET, h.c_str(), &addr.sin_addr) != 1) {
+      addrinfo hints{}, *res = nullptr;
+      hints.ai_family = AF_INET;
+      if (getaddrinfo(h.c_str(), nullptr, &hints, &res) != 0 || res == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat("fast path: cannot resolve host '", h, "'"));
+      }
+      addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+      freeaddrinfo(res);
+    }
+    if (bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+      return base::ErrnoToStatus(errno, absl::StrCat("fast path bind ", h, ":", port));
+    }
+    if (listen(listen_fd_, 4096) != 0) return base::ErrnoToStatus(errno, "fast path listen");
+    socklen_t len = sizeof(addr);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = 0;  // listener
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    ev.data.u64 = 1;  // wake
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    loop_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    if (stopped_.exchange(true)) return;
+    uint64_t one = 1;
+    (void)!write(wake_fd_, &one, sizeof(one));
+    if (loop_.joinable()) loop_.join();
+    for (auto& [id, c] : conns_) CloseConn(c);
+    conns_.clear();
+    if (listen_fd_ >= 0) close(listen_fd_);
+    if (epfd_ >= 0) close(epfd_);
+    if (wake_fd_ >= 0) close(wake_fd_);
+  }
+
+  int port() const { return port_; }
+
+ private:
+  static constexpr uint64_t kFirstConnId = 16;
+
+  void Loop() {
+    epoll_event events[128];
+    while (!stopped_) {
+      int n = epoll_wait(epfd_, events, 128, 200);
+      for (int i = 0; i < n; ++i) {
+        uint64_t tag = events[i].data.u64;
+        if (tag == 0) {
+          Accept();
+        } else if (tag == 1) {
+          uint64_t v;
+          (void)!read(wake_fd_, &v, sizeof(v));
+        } else {
+          auto it = conns_.find(tag);
+          if (it == conns_.end()) continue;
+          std::shared_ptr<Conn> c = it->second;
+          bool ok = true;
+          if (events[i].events & EPOLLOUT) ok = WritePending(c);
+          if (ok && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) ok = ReadFrames(c);
+          if (!ok) {
+            CloseConn(c);
+            conns_.erase(tag);
+          }
+        }
+      }
+    }
+  }
+
+  void Accept() {
+    while (true) {
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) return;
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto c = std::make_shared<Conn>();
+      c->id = next_conn_++;
+      {
+        absl::MutexLock l(&c->mu);
+        c->fd = fd;
+      }
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = c->id;
+      epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev);
+      conns_[c->id] = c;
+    }
+  }
+
+  // Reads what is available and executes complete frames. False = close the connection.
+  bool ReadFrames(const std::shared_ptr<Conn>& c) {
+    int fd;
+    {
+      absl::MutexLock l(&c->mu);
+      fd = c->fd;
+    }
+    char buf[64 << 10];
+    while (true) {
+      ssize_t k = read(fd, buf, sizeof(buf));
+      if (k > 0) {
+        c->in.append(buf, k);
+        if (k < static_cast<ssize_t>(sizeof(buf))) break;
+        continue;
+      }
+      if (k == 0) return false;
+      if (errno == EINTR) continue;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      return false;
+    }
+    // Answers to every frame read in this round go out together.
+    {
+      absl::MutexLock l(&c->mu);
+      c->hold = true;
+    }
+    size_t pos = 0;
+    bool ok = ParseAndHandle(c, &pos);
+    {
+      absl::MutexLock l(&c->mu);
+      c->hold = false;
+    }
+    FlushQueued(c);
+    c->in.erase(0, pos);
+    return ok;
+  }
+
+  bool ParseAndHandle(const std::shared_ptr<Conn>& c, size_t* pos_out) {
+    size_t& pos = *pos_out;
+    while (c->in.size() - pos >= 4) {
+      uint32_t len = GetU32(c->in.data() + pos);
+      if (len > kMaxFastFrameBytes) {
+        spdlog::warn("store fast path: closing a connection that sent a {}-byte frame (limit {})",
+                     len, kMaxFastFrameBytes);
+        return false;
+      }
+      if (c->in.size() - pos - 4 < len) break;
+      v1::RequestBatch batch;
+      if (!batch.ParseFromArray(c->in.data() + pos + 4, static_cast<int>(len))) {
+        spdlog::warn("store fast path: closing a connection that sent an unparsable frame");
+        return false;
+      }
+      pos += 4 + len;
+      if (!Handle(c, batch)) return false;
+    }
+    return true;
+  }
+
+  bool Handle(const std::shared_ptr<Conn>& c, const v1::RequestBatch& batch) {
+    if (!c->authed) {
+      v1::ResponseBatch hello;
+      if (!token_.empty() && !TokenEquals(token_, batch.auth_token())) {
+        spdlog::warn("store fast path: rejected a connection with a missing or wrong auth token");
+        auto* r = hello.add_responses();
+        r->set_code(static_cast<int>(absl::StatusCode::kUnauthenticated));
+        r->set_message("missing or wrong auth token (see --auth-token-file)");
+        Send(c, hello);
+        return false;
+      }
+      c->authed = true;
+      auto* id = hello.add_responses();
+      id->set_message(kFastPathHello);
+      Send(c, hello);
+      if (batch.requests_size() == 0) return true;
+    }
+    std::vector<const v1::Request*> reqs;
+    reqs.reserve(batch.requests_size());
+    for (const auto& r : batch.requests()) reqs.push_back(&r);
+    std::weak_ptr<Conn> weak = c;  // c->hold is set by ReadFrames: answers are coalesced
+    backend_->Execute(
+        reqs,
+        [this, weak](v1::Response r) {
+          std::shared_ptr<Conn> conn = weak.lock();
+          if (!conn) return;
+          bool flush;
+          {
+            absl::MutexLock l(&conn->mu);
+            *conn->queued.add_responses() = std::move(r);
+            flush = !conn->hold;
+          }
+          if (flush) FlushQueued(conn);
+        },
+        c->id);
+    return true;
+  }
+
+  void Send(const std::shared_ptr<Conn>& c, const v1::ResponseBatch& b) {
+    std::string payload = b.SerializeAsString();
+    std::string frame;
+    PutU32(static_cast<uint32_t>(payload.size()), &frame);
+    frame += payload;
+    absl::MutexLock l(&c->mu);
+    WriteLocked(c.get(), std::move(frame));
+  }
+
+  void FlushQueued(const std::shared_ptr<Conn>& c) {
+    absl::MutexLock l(&c->mu);
+    if (c->queued.responses_size() == 0 || c->fd < 0) return;
+    std::string payload = c->queued.SerializeAsString();
+    c->queued.Clear();
+    std::string frame;
+    frame.reserve(payload.size() + 4);
+    PutU32(static_cast<uint32_t>(payload.size()), &frame);
+    frame += payload;
+    WriteLocked(c.get(), std::move(frame));
+  }
+
+  // REQUIRES c->mu. Writes now if nothing is pending; leftovers wait for EPOLLOUT.
+  void WriteLocked(Conn* c, std::string data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+    if (c->fd < 0) return;
+    if (!c->out.empty()) {
+      c->out += data;
+      return;
+    }
+    size_t off = 0;
+    while (off < data.size()) {
+      ssize_t k = send(c->fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
+      if (k > 0) {
+        off += k;
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
+      return;  // broken: the read side will notice and close
+    }
+    if (off < data.size()) {
+      c->out = data.substr(off);
+      epoll_event ev{};
+      ev.events = EPOLLIN | EPOLLOUT;
+      ev.data.u64 = c->id;
+      epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+    }
+  }
+
+  bool WritePending(const std::shared_ptr<Conn>& c) {
+    absl::MutexLock l(&c->mu);
+    while (!c->out.empty()) {
+      ssize_t k = send(c->fd, c->out.data(), c->out.size(), MSG_NOSIGNAL);
+      if (k > 0) {
+        c->out.erase(0, k);
+        continue;
+      }
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+      return false;
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.u64 = c->id;
+    epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
+    return true;
+  }
+
+  void CloseConn(const std::shared_ptr<Conn>& c) {
+    backend_->CancelOwner(c->id);
+    absl::MutexLock l(&c->mu);
+    if (c->fd >= 0) {
+      epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
+      close(c->fd);
+      c->fd = -1;
+    }
+  }
+
+  Backend* const backend_;
+  const std::string token_;
+  int listen_fd_ = -1, epfd_ = -1, wake_fd_ = -1, port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread loop_;
+  // Owners of fast-path connections use ids from a high range so they never collide with the
+  // gRPC sessions' owner ids.
+  uint64_t next_conn_ = (uint64_t{1} << 62) + kFirstConnId;
+  std::map<uint64_t, std::shared_ptr<Conn>> conns_;  // I/O thread only (and Stop after join)
+};
+
+absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(const std::string& host,
+                                                                      int port, Backend* backend,
+                                                                      std::string auth_token) {
+  auto impl = std::make_unique<Impl>(backend, std::move(auth_token));
+  RETURN_IF_ERROR(impl->Listen(host, port));
+  return std::unique_ptr<FastPathServer>(new FastPathServer(std::move(impl)));
+}
+
+FastPathServer::FastPathServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+FastPathServer::~FastPathServer() { Stop(); }
+int FastPathServer::port() const { return impl_->port(); }
+void FastPathServer::Stop() { impl_->Stop(); }
+
+}  // namespace ember::store
