@@ -1,0 +1,303 @@
+#include "runtime/spec/spec.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
+#include "runtime/base/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ember::spec {
+namespace {
+
+using google::protobuf::FieldDescriptor;
+using google::protobuf::Message;
+using google::protobuf::Reflection;
+
+constexpr size_t kMaxSpecBytes = 1 << 20;
+
+absl::Status Bad(const std::string& path, const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat(path.empty() ? "spec" : path, ": ", what));
+}
+
+std::string Join(const std::string& path, const std::string& name) {
+  return path.empty() ? name : absl::StrCat(path, ".", name);
+}
+
+std::string Allowed(const google::protobuf::Descriptor* d) {
+  std::vector<std::string> names;
+  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
+  return absl::StrJoin(names, ", ");
+}
+
+absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* f, Message* msg,
+                       const std::string& path, bool repeated) {
+  if (!node.IsScalar()) return Bad(path, "expected a single value, got a list or mapping");
+  const Reflection* r = msg->GetReflection();
+  std::string text = node.Scalar();
+  try {
+    switch (f->cpp_type()) {
+      case FieldDescriptor::CPPTYPE_STRING:
+        repeated ? r->AddString(msg, f, text) : r->SetString(msg, f, text);
+        return absl::OkStatus();
+      case FieldDescriptor::CPPTYPE_BOOL: {
+        bool v = node.as<bool>();
+        repeated ? r->AddBool(msg, f, v) : r->SetBool(msg, f, v);
+        return absl::OkStatus();
+      }
+      case FieldDescriptor::CPPTYPE_INT32: {
+        int32_t v = node.as<int32_t>();
+        repeated ? r->AddInt32(msg, f, v) : r->SetInt32(msg, f, v);
+        return absl::OkStatus();
+      }
+      case FieldDescriptor::CPPTYPE_INT64: {
+        int64_t v = node.as<int64_t>();
+        repeated ? r->AddInt64(msg, f, v) : r->SetInt64(msg, f, v);
+        return absl::OkStatus();
+      }
+      case FieldDescriptor::CPPTYPE_FLOAT: {
+        float v = node.as<float>();
+        repeated ? r->AddFloat(msg, f, v) : r->SetFloat(msg, f, v);
+        return absl::OkStatus();
+      }
+      case FieldDescriptor::CPPTYPE_DOUBLE: {
+        double v = node.as<double>();
+        repeated ? r->AddDouble(msg, f, v) : r->SetDouble(msg, f, v);
+        return absl::OkStatus();
+      }
+      default:
+        return Bad(path, "unsupported field type");
+    }
+  } catch (const YAML::Exception&) {
+    return Bad(path, absl::StrCat("'", text, "' is not a valid ", f->cpp_type_name()));
+  }
+}
+
+absl::Status FillMessage(const YAML::Node& node, Message* msg, const std::string& path,
+                         int depth) {
+  if (depth > 8) return Bad(path, "nested too deeply");
+  if (node.IsNull()) return absl::OkStatus();
+  if (!node.IsMap()) return Bad(path, "expected a mapping of field: value");
+  const auto* desc = msg->GetDescriptor();
+  const Reflection* r = msg->GetReflection();
+  for (const auto& kv : node) {
+    if (!kv.first.IsScalar()) return Bad(path, "keys must be plain names");
+    std::string key = kv.first.Scalar();
+    std::string fpath = Join(path, key);
+    const FieldDescriptor* f = desc->FindFieldByName(key);
+    if (f == nullptr) {
+      return Bad(fpath, absl::StrCat("unknown field; allowed here: ", Allowed(desc)));
+    }
+    const YAML::Node& v = kv.second;
+    if (f->is_repeated()) {
+      if (v.IsNull()) continue;
+      if (!v.IsSequence()) return Bad(fpath, "expected a list");
+      if (v.size() > 1024) return Bad(fpath, "more than 1024 entries");
+      for (size_t i = 0; i < v.size(); ++i) {
+        std::string ipath = absl::StrCat(fpath, "[", i, "]");
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          RETURN_IF_ERROR(FillMessage(v[i], r->AddMessage(msg, f), ipath, depth + 1));
+        } else {
+          RETURN_IF_ERROR(SetScalar(v[i], f, msg, ipath, true));
+        }
+      }
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      RETURN_IF_ERROR(FillMessage(v, r->MutableMessage(msg, f), fpath, depth + 1));
+    } else {
+      RETURN_IF_ERROR(SetScalar(v, f, msg, fpath, false));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OneOf(const std::string& path, const std::string& value,
+                   const std::vector<std::string>& allowed) {
+  for (const auto& a : allowed) {
+    if (value == a) return absl::OkStatus();
+  }
+  return Bad(path, absl::StrCat("'", value, "' is not allowed; use one of ",
+                                absl::StrJoin(allowed, ", ")));
+}
+
+absl::Status Range(const std::string& path, double v, double lo, double hi) {
+  if (v < lo || v > hi) {
+    return Bad(path, absl::StrCat(v, " is out of range; allowed ", lo, " to ", hi));
+  }
+  return absl::OkStatus();
+}
+
+const std::vector<std::string> kDtypes = {"f32", "bf16", "f16"};
+
+}  // namespace
+
+void ApplyDefaults(JobSpec* s) {
+  if (s->name().empty()) s->set_name("job");
+  auto* m = s->mutable_model();
+  if (m->vocab_size() == 0) m->set_vocab_size(256);
+  if (m->context_length() == 0) m->set_context_length(128);
+  if (m->n_layers() == 0) m->set_n_layers(2);
+  if (m->n_heads() == 0) m->set_n_heads(4);
+  if (m->d_model() == 0) m->set_d_model(128);
+  if (m->mlp().empty()) m->set_mlp("gelu");
+  if (m->mlp() == "moe") {
+    if (m->moe_experts() == 0) m->set_moe_experts(4);
+    if (m->moe_top_k() == 0) m->set_moe_top_k(2);
+  }
+  if (m->init_std() == 0) m->set_init_std(0.02f);
+  auto* d = s->mutable_data();
+  if (d->token_dtype().empty()) d->set_token_dtype("uint16");
+  auto* o = s->mutable_optimizer();
+  if (o->name().empty()) o->set_name("adamw");
+  if (o->lr() == 0) o->set_lr(1e-3f);
+  if (o->beta1() == 0) o->set_beta1(0.9f);
+  if (o->beta2() == 0) o->set_beta2(0.95f);
+  if (o->eps() == 0) o->set_eps(1e-8f);
+  if (o->schedule().empty()) o->set_schedule("constant");
+  if (o->min_lr_ratio() == 0) o->set_min_lr_ratio(0.1f);
+  auto* p = s->mutable_parallelism();
+  if (p->strategy().empty()) p->set_strategy("fsdp");
+  if (p->micro_batches() == 0) p->set_micro_batches(1);
+  auto* pr = s->mutable_precision();
+  if (pr->param_dtype().empty()) pr->set_param_dtype("f32");
+  if (pr->output_dtype().empty()) pr->set_output_dtype(pr->param_dtype());
+  auto* c = s->mutable_checkpoint();
+  if (c->keep_last() == 0) c->set_keep_last(3);
+  auto* r = s->mutable_resources();
+  if (r->device_type().empty()) r->set_device_type("cpu");
+  if (s->steps() == 0) s->set_steps(100);
+  if (s->batch_size() == 0) s->set_batch_size(4);
+  if (s->log_every() == 0) s->set_log_every(1);
+  if (s->collective_timeout_s() == 0) s->set_collective_timeout_s(600);
+}
+
+absl::Status ValidateJobSpec(const JobSpec& s) {
+  const auto& m = s.model();
+  RETURN_IF_ERROR(Range("model.vocab_size", m.vocab_size(), 2, 1 << 20));
+  RETURN_IF_ERROR(Range("model.context_length", m.context_length(), 1, 1 << 20));
+  RETURN_IF_ERROR(Range("model.n_layers", m.n_layers(), 1, 1024));
+  RETURN_IF_ERROR(Range("model.n_heads", m.n_heads(), 1, 1024));
+  RETURN_IF_ERROR(Range("model.d_model", m.d_model(), 1, 1 << 16));
+  if (m.d_model() % m.n_heads() != 0) {
+    return Bad("model.d_model", absl::StrCat(m.d_model(), " is not divisible by model.n_heads=",
+                                             m.n_heads()));
+  }
+  RETURN_IF_ERROR(OneOf("model.mlp", m.mlp(), {"gelu", "swiglu", "moe"}));
+  RETURN_IF_ERROR(Range("model.mlp_hidden", m.mlp_hidden(), 0, 1 << 20));
+  RETURN_IF_ERROR(Range("model.attention_window", m.attention_window(), 0, 1 << 20));
+  if (m.mlp() == "moe") {
+    RETURN_IF_ERROR(Range("model.moe_experts", m.moe_experts(), 1, 1024));
+    RETURN_IF_ERROR(Range("model.moe_top_k", m.moe_top_k(), 1, m.moe_experts()));
+  }
+  RETURN_IF_ERROR(Range("model.init_std", m.init_std(), 1e-6, 10));
+  const auto& d = s.data();
+  RETURN_IF_ERROR(OneOf("data.token_dtype", d.token_dtype(), {"uint16", "uint32"}));
+  for (const auto* p : {&d.path(), &d.text_path()}) {
+    if (absl::StartsWith(*p, "/") || absl::StrContains(*p, "..")) {
+      return Bad(p == &d.path() ? "data.path" : "data.text_path",
+                 absl::StrCat("'", *p, "' must be a relative path inside the job directory"));
+    }
+  }
+  RETURN_IF_ERROR(Range("data.start_position", static_cast<double>(d.start_position()), 0, 1e15));
+  const auto& o = s.optimizer();
+  RETURN_IF_ERROR(OneOf("optimizer.name", o.name(), {"adamw"}));
+  RETURN_IF_ERROR(Range("optimizer.lr", o.lr(), 0, 10));
+  RETURN_IF_ERROR(Range("optimizer.beta1", o.beta1(), 0, 0.999999));
+  RETURN_IF_ERROR(Range("optimizer.beta2", o.beta2(), 0, 0.999999));
+  RETURN_IF_ERROR(Range("optimizer.eps", o.eps(), 0, 1));
+  RETURN_IF_ERROR(Range("optimizer.weight_decay", o.weight_decay(), 0, 10));
+  RETURN_IF_ERROR(Range("optimizer.grad_clip", o.grad_clip(), 0, 1e6));
+  RETURN_IF_ERROR(OneOf("optimizer.schedule", o.schedule(), {"constant", "cosine"}));
+  RETURN_IF_ERROR(Range("optimizer.warmup_steps", o.warmup_steps(), 0, 1e9));
+  const auto& p = s.parallelism();
+  RETURN_IF_ERROR(OneOf("parallelism.strategy", p.strategy(), {"fsdp", "pipeline", "none"}));
+  RETURN_IF_ERROR(Range("parallelism.world_size", p.world_size(), 0, 1 << 16));
+  RETURN_IF_ERROR(Range("parallelism.micro_batches", p.micro_batches(), 1, 1 << 16));
+  if (!p.backend().empty()) {
+    RETURN_IF_ERROR(OneOf("parallelism.backend", p.backend(),
+                          {"cpu", "nccl", "nccl-lazy", "nccl-legacy"}));
+  }
+  const auto& pr = s.precision();
+  RETURN_IF_ERROR(OneOf("precision.param_dtype", pr.param_dtype(), kDtypes));
+  RETURN_IF_ERROR(OneOf("precision.output_dtype", pr.output_dtype(), kDtypes));
+  if (!pr.reduce_dtype().empty()) {
+    RETURN_IF_ERROR(OneOf("precision.reduce_dtype", pr.reduce_dtype(), kDtypes));
+  }
+  for (int i = 0; i < pr.overrides_size(); ++i) {
+    const auto& ov = pr.overrides(i);
+    std::string base = absl::StrCat("precision.overrides[", i, "]");
+    if (ov.pattern().empty()) return Bad(base + ".pattern", "must not be empty");
+    if (!ov.param_dtype().empty()) RETURN_IF_ERROR(OneOf(base + ".param_dtype", ov.param_dtype(), kDtypes));
+    if (!ov.reduce_dtype().empty()) RETURN_IF_ERROR(OneOf(base + ".reduce_dtype", ov.reduce_dtype(), kDtypes));
+  }
+  const auto& c = s.checkpoint();
+  if (absl::StartsWith(c.dir(), "/") || absl::StrContains(c.dir(), "..")) {
+    return Bad("checkpoint.dir", absl::StrCat("'", c.dir(), "' must be a relative path inside the job directory"));
+  }
+  if (absl::StartsWith(c.init_from_safetensors(), "/") ||
+      absl::StrContains(c.init_from_safetensors(), "..")) {
+    return Bad("checkpoint.init_from_safetensors", "must be a relative path inside the job directory");
+  }
+  RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
+  RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
+  const auto& r = s.resources();
+  RETURN_IF_ERROR(OneOf("resources.device_type", r.device_type(), {"cpu", "cuda"}));
+  RETURN_IF_ERROR(Range("resources.nodes", r.nodes(), 0, 1 << 16));
+  RETURN_IF_ERROR(Range("resources.devices_per_node", r.devices_per_node(), 0, 1024));
+  RETURN_IF_ERROR(Range("steps", static_cast<double>(s.steps()), 1, 1e12));
+  RETURN_IF_ERROR(Range("batch_size", s.batch_size(), 1, 1 << 20));
+  RETURN_IF_ERROR(Range("threads", s.threads(), 0, 1024));
+  RETURN_IF_ERROR(Range("log_every", s.log_every(), 1, 1 << 30));
+  RETURN_IF_ERROR(Range("max_restarts", s.max_restarts(), 0, 1000));
+  RETURN_IF_ERROR(Range("collective_timeout_s", s.collective_timeout_s(), 1, 86400));
+  for (char ch : s.name()) {
+    if (!(isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
+      return Bad("name", absl::StrCat("'", s.name(), "' may only contain letters, digits, '-', '_' and '.'"));
+    }
+  }
+  if (s.name().size() > 64) return Bad("name", "longer than 64 characters");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
+  if (text.size() > kMaxSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec is ", text.size(), " bytes; the limit is ", kMaxSpecBytes));
+  }
+  YAML::Node root;
+  try {
+    root = YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("spec is not valid YAML/JSON: ", e.what()));
+  }
+  JobSpec spec;
+  RETURN_IF_ERROR(FillMessage(root, &spec, "", 0));
+  ApplyDefaults(&spec);
+  RETURN_IF_ERROR(ValidateJobSpec(spec));
+  return spec;
+}
+
+absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("cannot open job spec '", path, "'"));
+  std::stringstream ss;
+  ss << f.rdbuf();
+  auto spec = ParseJobSpec(ss.str());
+  if (!spec.ok()) return base::Annotate(spec.status(), path);
+  return spec;
+}
+
+std::string Summarize(const JobSpec& s) {
+  return absl::StrCat(s.name(), ": ", s.model().n_layers(), " layers x ", s.model().d_model(),
+                      " (", s.model().mlp(), "), ", s.parallelism().strategy(), " on ",
+                      s.parallelism().world_size() ? absl::StrCat(s.parallelism().world_size())
+                                                   : std::string("all placed"),
+                      " ", s.resources().device_type(), " ranks, ", s.steps(), " steps, ",
+                      s.precision().param_dtype(), " params");
+}
+
+}  // namespace ember::spec
