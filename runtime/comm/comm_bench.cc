@@ -216,13 +216,13 @@ int Orchestrate(const char* self) {
       Run("rm -rf " + dir);
     }
     if (peers.find("gloo") != std::string::npos) {
-      std::string out = Run(absl::StrCat(absl::GetFlag(FLAGS_python), " ",
+      std::string out = Run(absl::StrCat("timeout 120 ", absl::GetFlag(FLAGS_python), " ",
                                          absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n, " ",
                                          sizes_csv, " ", absl::GetFlag(FLAGS_ops), " 2>/dev/null"));
       ParseLines(out, "gloo", &rows);
     }
     if (!mpi_bin.empty()) {
-      std::string out = Run(absl::StrCat("mpirun --allow-run-as-root --oversubscribe -np ", n,
+      std::string out = Run(absl::StrCat("timeout 300 mpirun --allow-run-as-root --oversubscribe -np ", n,
                                          " --mca btl self,vader ", mpi_bin, " ",
                                          absl::GetFlag(FLAGS_max_bytes), " ",
                                          absl::GetFlag(FLAGS_min_bytes), " 2>/dev/null"));

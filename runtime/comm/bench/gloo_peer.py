@@ -1,6 +1,7 @@
 # Gloo peer for comm_bench: torch.distributed's gloo backend (Debian python3-torch), same sizes and
 # busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us>". Run with /usr/bin/python3.
 import os, sys, time, tempfile
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -46,5 +47,7 @@ if __name__ == "__main__":
     n = int(sys.argv[1]); sizes = [int(s) for s in sys.argv[2].split(",")]; ops = sys.argv[3].split(",")
     d = tempfile.mkdtemp()
     out = os.path.join(d, "out.txt")
-    mp.spawn(worker, args=(n, "file://" + os.path.join(d, "store"), sizes, ops, out), nprocs=n)
+    import socket
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
+    mp.spawn(worker, args=(n, "tcp://127.0.0.1:%d" % port, sizes, ops, out), nprocs=n)
     sys.stdout.write(open(out).read())
