@@ -86,6 +86,10 @@ class Connection {
     }
     timer_.join();
     if (reader_.joinable()) reader_.join();
+    {
+      absl::MutexLock l(&mu_);
+      if (old_fd_ >= 0) close(old_fd_);
+    }
     std::vector<std::pair<Done, Response>> fail;
     {
       absl::MutexLock l(&mu_);
@@ -341,15 +345,13 @@ class Connection {
     return true;
   }
 
-  // Reads one frame; false on EOF/error/timeout (timeout_ms < 0 = block).
+  // Reads one frame from a blocking socket (handshake only); false on EOF/error/timeout.
   static bool ReadFrame(int fd, std::string* payload, int timeout_ms) {
     auto read_n = [&](char* dst, size_t n) {
       size_t got = 0;
       while (got < n) {
-        if (timeout_ms >= 0) {
-          pollfd p{fd, POLLIN, 0};
-          if (poll(&p, 1, timeout_ms) <= 0) return false;
-        }
+        pollfd p{fd, POLLIN, 0};
+        if (poll(&p, 1, timeout_ms) <= 0) return false;
         ssize_t k = recv(fd, dst + got, n - got, 0);
         if (k < 0 && errno == EINTR) continue;
         if (k <= 0) return false;
@@ -367,23 +369,113 @@ class Connection {
     return read_n(payload->data(), len);
   }
 
-  void ReaderLoop(int fd) {
-    std::string payload;
-    v1::ResponseBatch batch;
-    while (ReadFrame(fd, &payload, -1)) {
-      if (!batch.ParseFromString(payload)) break;
-      Deliver(&batch);
+  // --- reading the fast socket: one "reader role" at a time ------------------------------------
+  // A synchronous caller reads its own answer when the role is free (no thread hand-off on the
+  // hot path); the background reader takes the role only while asynchronous requests are pending.
+  enum class ReadResult { kFrame, kNone, kClosed };
+
+  // REQUIRES the reader role. Partial frames stay in rbuf_ across calls.
+  ReadResult ReadSome(int fd, int timeout_ms, v1::ResponseBatch* out) {
+    while (true) {
+      if (rbuf_.size() >= 4) {
+        const auto* u = reinterpret_cast<const unsigned char*>(rbuf_.data());
+        uint32_t len = uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 |
+                       uint32_t{u[3]} << 24;
+        if (len > kMaxFastFrameBytes) return ReadResult::kClosed;
+        if (rbuf_.size() >= 4 + size_t{len}) {
+          bool ok = out->ParseFromArray(rbuf_.data() + 4, static_cast<int>(len));
+          rbuf_.erase(0, 4 + size_t{len});
+          return ok ? ReadResult::kFrame : ReadResult::kClosed;
+        }
+      }
+      pollfd p{fd, POLLIN, 0};
+      int rc = poll(&p, 1, timeout_ms);
+      if (rc == 0) return ReadResult::kNone;
+      if (rc < 0) {
+        if (errno == EINTR) continue;
+        return ReadResult::kClosed;
+      }
+      char buf[64 << 10];
+      ssize_t k = recv(fd, buf, sizeof(buf), 0);
+      if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (k <= 0) return ReadResult::kClosed;
+      rbuf_.append(buf, static_cast<size_t>(k));
     }
+  }
+
+  // REQUIRES the caller set reader_busy_ for `fd`. Reads and delivers at most one frame, then
+  // releases the role; handles a closed connection.
+  void ReadAsRole(int fd, int timeout_ms) {
+    v1::ResponseBatch batch;
+    ReadResult rr = ReadSome(fd, timeout_ms, &batch);
+    if (rr == ReadResult::kFrame) Deliver(&batch);
     std::vector<std::pair<Done, Response>> fail;
     {
       absl::MutexLock l(&mu_);
-      if (fast_fd_ == fd) fast_fd_ = -1;
-      close(fd);
-      Broken(absl::StatusCode::kUnavailable, "fast-path connection closed", &fail);
+      reader_busy_ = false;
+      if (rr == ReadResult::kClosed && fast_fd_ == fd) {
+        fast_fd_ = -1;
+        rbuf_.clear();
+        shutdown(fd, SHUT_RDWR);  // closed when the next connection replaces it
+        Broken(absl::StatusCode::kUnavailable, "fast-path connection closed", &fail);
+      }
     }
     for (auto& [d, r] : fail) d(std::move(r));
   }
 
+  void ReaderLoop(int fd) {
+    while (true) {
+      {
+        absl::MutexLock l(&mu_);
+        auto runnable = [this, fd]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || fast_fd_ != fd ||
+                 (!reader_busy_ && static_cast<int>(pending_.size()) > sync_waiters_);
+        };
+        mu_.Await(absl::Condition(&runnable));
+        if (stop_ || fast_fd_ != fd) return;
+        reader_busy_ = true;
+      }
+      ReadAsRole(fd, 50);
+    }
+  }
+
+ public:
+  // Runs one request and waits for its answer on the calling thread.
+  Response CallSync(Request req, absl::Duration timeout) {
+    struct Slot {
+      bool done = false;
+      Response resp;
+    };
+    auto slot = std::make_shared<Slot>();
+    {
+      absl::MutexLock l(&mu_);
+      ++sync_waiters_;
+    }
+    Call(std::move(req), timeout, [this, slot](Response r) {
+      absl::MutexLock l(&mu_);
+      slot->resp = std::move(r);
+      slot->done = true;
+    });
+    absl::MutexLock l(&mu_);
+    while (!slot->done) {
+      if (fast_fd_ >= 0 && !reader_busy_) {
+        reader_busy_ = true;
+        int fd = fast_fd_;
+        mu_.Unlock();
+        ReadAsRole(fd, 50);
+        mu_.Lock();
+        continue;
+      }
+      auto ready = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return slot->done || (fast_fd_ >= 0 && !reader_busy_);
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
+    }
+    --sync_waiters_;
+    return std::move(slot->resp);
+  }
+
+ private:
   // Opens a TCP connection to host:port and authenticates. Returns the fd, or an error.
   absl::StatusOr<int> DialFast(int port) {
     std::string host = options_.address.substr(0, options_.address.rfind(':'));
@@ -431,6 +523,9 @@ class Connection {
     if (reader_.joinable()) reader_.join();
     {
       absl::MutexLock l(&mu_);
+      if (old_fd_ >= 0) close(old_fd_);
+      old_fd_ = fd;
+      rbuf_.clear();
       fast_fd_ = fd;
       connecting_ = false;
     }
@@ -573,6 +668,10 @@ class Connection {
   bool fast_writing_ ABSL_GUARDED_BY(mu_) = false;
   bool grpc_only_ = false;  // timer thread only
   bool guessed_ = false;    // timer thread only: tried the gRPC port + 1 already
+  bool reader_busy_ ABSL_GUARDED_BY(mu_) = false;  // someone holds the reader role
+  int sync_waiters_ ABSL_GUARDED_BY(mu_) = 0;       // callers inside CallSync
+  int old_fd_ ABSL_GUARDED_BY(mu_) = -1;            // last fast socket, closed on replacement
+  std::string rbuf_;  // bytes read but not yet parsed; only the reader-role holder touches it
   std::thread reader_;      // timer thread starts it; joined there or in the destructor
 };
 
@@ -580,13 +679,7 @@ namespace {
 
 // Runs one request synchronously.
 absl::StatusOr<Response> RunSync(Connection* conn, Request req, absl::Duration timeout) {
-  absl::Notification done;
-  Response out;
-  conn->Call(std::move(req), timeout, [&](Response r) {
-    out = std::move(r);
-    done.Notify();
-  });
-  done.WaitForNotification();
+  Response out = conn->CallSync(std::move(req), timeout);
   RETURN_IF_ERROR(ToStatus(out));
   return out;
 }
