@@ -11,7 +11,7 @@ PKGS=(
   libspdlog-dev libfmt-dev catch2 libopenblas-dev libsystemd-dev libyaml-cpp-dev libzstd-dev
   libxxhash-dev libssl-dev
   # benchmark peers and test tools
-  python3-torch procps
+  python3-torch procps openmpi-bin libopenmpi-dev
 )
 
 missing=()
