@@ -33,7 +33,7 @@ class ThreadPool {
   // Tasks are handed out dynamically, so fn must not depend on which thread runs it.
   void Run(int64_t num_tasks, const std::function<void(int64_t task)>& fn);
 
-  // Splits [0, n) into contiguous ranges of at least `grain` items (about one per thread) and
+  // Splits [0, n) into contiguous ranges of at least `grain` items (up to four per thread) and
   // calls fn(begin, end) for each. Use for work whose per-item result does not depend on the split.
   void ParallelFor(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 

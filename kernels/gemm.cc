@@ -32,7 +32,8 @@ void ForEachTile(const ExecContext& ctx, int64_t M, int64_t N, int64_t K, Fn fn)
   } else if (ctx.deterministic) {
     tile = std::max<int64_t>(64, (dim + 7) / 8);  // from the shape only
   } else {
-    tile = std::max<int64_t>(16, (dim + threads - 1) / threads);
+    // Two tiles per thread: a descheduled thread's second tile is taken by the others.
+    tile = std::max<int64_t>(64, (dim + 2 * threads - 1) / (2 * threads));
   }
   tile = (tile + 15) / 16 * 16;
   const int64_t tiles = (dim + tile - 1) / tile;

@@ -76,7 +76,9 @@ void ThreadPool::ParallelFor(int64_t n, int64_t grain,
                              const std::function<void(int64_t, int64_t)>& fn) {
   if (n <= 0) return;
   grain = std::max<int64_t>(1, grain);
-  int64_t parts = std::min<int64_t>(num_threads_, (n + grain - 1) / grain);
+  // A few parts per thread, so a thread that is descheduled (other processes on the machine)
+  // does not hold up the rest: the others claim its remaining parts.
+  int64_t parts = std::min<int64_t>(4 * num_threads_, (n + grain - 1) / grain);
   if (parts <= 1) {
     fn(0, n);
     return;
