@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/store.grpc.pb.h"
+#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "spdlog/spdlog.h"
@@ -313,7 +314,7 @@ class Connection {
         fast_writing_ = true;
         std::string payload = batch.SerializeAsString();
         frame.reserve(payload.size() + 4);
-        AppendU32(static_cast<uint32_t>(payload.size()), &frame);
+        base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
         frame += payload;
       }
       bool ok = SendAll(fd, frame);
@@ -326,12 +327,6 @@ class Connection {
         return true;
       }
     }
-  }
-
-  static void AppendU32(uint32_t v, std::string* out) {
-    char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
-                 static_cast<char>(v >> 24)};
-    out->append(b, 4);
   }
 
   static bool SendAll(int fd, const std::string& data) {
@@ -361,9 +356,7 @@ class Connection {
     };
     char hdr[4];
     if (!read_n(hdr, 4)) return false;
-    const auto* u = reinterpret_cast<const unsigned char*>(hdr);
-    uint32_t len = uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 |
-                   uint32_t{u[3]} << 24;
+    uint32_t len = base::LoadU32LE(hdr);
     if (len > kMaxFastFrameBytes) return false;
     payload->resize(len);
     return read_n(payload->data(), len);
@@ -378,9 +371,7 @@ class Connection {
   ReadResult ReadSome(int fd, int timeout_ms, v1::ResponseBatch* out) {
     while (true) {
       if (rbuf_.size() >= 4) {
-        const auto* u = reinterpret_cast<const unsigned char*>(rbuf_.data());
-        uint32_t len = uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 |
-                       uint32_t{u[3]} << 24;
+        uint32_t len = base::LoadU32LE(rbuf_.data());
         if (len > kMaxFastFrameBytes) return ReadResult::kClosed;
         if (rbuf_.size() >= 4 + size_t{len}) {
           bool ok = out->ParseFromArray(rbuf_.data() + 4, static_cast<int>(len));
@@ -499,7 +490,7 @@ class Connection {
     v1::RequestBatch hello;
     hello.set_auth_token(options_.auth_token);
     std::string payload = hello.SerializeAsString(), frame;
-    AppendU32(static_cast<uint32_t>(payload.size()), &frame);
+    base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
     frame += payload;
     std::string reply;
     v1::ResponseBatch rb;

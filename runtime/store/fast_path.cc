@@ -20,22 +20,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::store {
 namespace {
-
-void PutU32(uint32_t v, std::string* out) {
-  char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
-               static_cast<char>(v >> 24)};
-  out->append(b, 4);
-}
-
-uint32_t GetU32(const char* p) {
-  const auto* u = reinterpret_cast<const unsigned char*>(p);
-  return uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 | uint32_t{u[3]} << 24;
-}
 
 bool TokenEquals(const std::string& a, const std::string& b) {
   if (a.size() != b.size()) return false;
@@ -204,7 +194,7 @@ class FastPathServer::Impl {
   bool ParseAndHandle(const std::shared_ptr<Conn>& c, size_t* pos_out) {
     size_t& pos = *pos_out;
     while (c->in.size() - pos >= 4) {
-      uint32_t len = GetU32(c->in.data() + pos);
+      uint32_t len = base::LoadU32LE(c->in.data() + pos);
       if (len > kMaxFastFrameBytes) {
         spdlog::warn("store fast path: closing a connection that sent a {}-byte frame (limit {})",
                      len, kMaxFastFrameBytes);
@@ -263,7 +253,7 @@ class FastPathServer::Impl {
   void Send(const std::shared_ptr<Conn>& c, const v1::ResponseBatch& b) {
     std::string payload = b.SerializeAsString();
     std::string frame;
-    PutU32(static_cast<uint32_t>(payload.size()), &frame);
+    base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
     frame += payload;
     absl::MutexLock l(&c->mu);
     WriteLocked(c.get(), std::move(frame));
@@ -276,7 +266,7 @@ class FastPathServer::Impl {
     c->queued.Clear();
     std::string frame;
     frame.reserve(payload.size() + 4);
-    PutU32(static_cast<uint32_t>(payload.size()), &frame);
+    base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
     frame += payload;
     WriteLocked(c.get(), std::move(frame));
   }

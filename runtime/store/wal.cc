@@ -9,21 +9,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::store {
 namespace {
-
-void PutU32(uint32_t v, std::string* out) {
-  char b[4] = {static_cast<char>(v), static_cast<char>(v >> 8), static_cast<char>(v >> 16),
-               static_cast<char>(v >> 24)};
-  out->append(b, 4);
-}
-
-uint32_t GetU32(const char* p) {
-  const auto* u = reinterpret_cast<const unsigned char*>(p);
-  return uint32_t{u[0]} | uint32_t{u[1]} << 8 | uint32_t{u[2]} << 16 | uint32_t{u[3]} << 24;
-}
 
 uint32_t Crc(const std::string& s) {
   return static_cast<uint32_t>(
@@ -33,8 +23,8 @@ uint32_t Crc(const std::string& s) {
 }  // namespace
 
 void AppendFramed(const std::string& payload, std::string* out) {
-  PutU32(static_cast<uint32_t>(payload.size()), out);
-  PutU32(Crc(payload), out);
+  base::AppendU32LE(static_cast<uint32_t>(payload.size()), out);
+  base::AppendU32LE(Crc(payload), out);
   out->append(payload);
 }
 
@@ -58,8 +48,8 @@ absl::StatusOr<FramedFile> ReadFramedFile(const std::string& path) {
   FramedFile out;
   size_t pos = 0;
   while (pos + 8 <= data.size()) {
-    uint32_t len = GetU32(data.data() + pos);
-    uint32_t crc = GetU32(data.data() + pos + 4);
+    uint32_t len = base::LoadU32LE(data.data() + pos);
+    uint32_t crc = base::LoadU32LE(data.data() + pos + 4);
     if (pos + 8 + len > data.size()) break;
     std::string payload = data.substr(pos + 8, len);
     if (Crc(payload) != crc) break;
