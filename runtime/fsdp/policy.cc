@@ -1,0 +1,54 @@
+#include "runtime/fsdp/policy.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ember::fsdp {
+
+bool GlobMatch(const std::string& p, const std::string& s) {
+  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
+  while (j < s.size()) {
+    if (i < p.size() && (p[i] == '?' || p[i] == s[j])) {
+      ++i, ++j;
+    } else if (i < p.size() && p[i] == '*') {
+      star = i++, mark = j;
+    } else if (star != std::string::npos) {
+      i = star + 1, j = ++mark;
+    } else {
+      return false;
+    }
+  }
+  while (i < p.size() && p[i] == '*') ++i;
+  return i == p.size();
+}
+
+ParamPrecision MixedPrecisionPolicy::Resolve(const std::string& name) const {
+  ParamPrecision r;
+  r.param_dtype = param_dtype;
+  std::optional<DataType> reduce = reduce_dtype;
+  for (const auto& o : overrides) {
+    if (!GlobMatch(o.pattern, name)) continue;
+    if (o.param_dtype) r.param_dtype = *o.param_dtype;
+    if (o.reduce_dtype) reduce = o.reduce_dtype;
+    break;
+  }
+  r.reduce_dtype = reduce.value_or(r.param_dtype);
+  return r;
+}
+
+absl::StatusOr<DataType> ParseFloatDtype(const std::string& field, const std::string& s) {
+  if (s == "f32" || s == "fp32" || s == "float32") return DataType::kF32;
+  if (s == "bf16" || s == "bfloat16") return DataType::kBF16;
+  if (s == "f16" || s == "fp16" || s == "float16") return DataType::kF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": '", s, "' is not allowed; use one of f32, bf16, f16"));
+}
+
+void RoundTo(DataType t, float* x, int64_t n) {
+  if (t == DataType::kBF16) {
+    for (int64_t i = 0; i < n; ++i) x[i] = comm::BF16ToFloat(comm::FloatToBF16(x[i]));
+  } else if (t == DataType::kF16) {
+    for (int64_t i = 0; i < n; ++i) x[i] = comm::HalfToFloat(comm::FloatToHalf(x[i]));
+  }
+}
+
+}  // namespace ember::fsdp
