@@ -216,7 +216,7 @@ int Orchestrate(const char* self) {
       Run("rm -rf " + dir);
     }
     if (peers.find("gloo") != std::string::npos) {
-      std::string out = Run(absl::StrCat("timeout 120 ", absl::GetFlag(FLAGS_python), " ",
+      std::string out = Run(absl::StrCat("timeout 300 ", absl::GetFlag(FLAGS_python), " ",
                                          absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n, " ",
                                          sizes_csv, " ", absl::GetFlag(FLAGS_ops), " 2>/dev/null"));
       ParseLines(out, "gloo", &rows);

@@ -1,14 +1,27 @@
 # Gloo peer for comm_bench: torch.distributed's gloo backend (Debian python3-torch), same sizes and
 # busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us>". Run with /usr/bin/python3.
-import os, sys, time, tempfile
+#
+# ProcessGroupGloo (torch 1.13) has no reduce_scatter, so "reduce_scatter" is what a gloo user
+# does instead: all_reduce of the full buffer, keeping this rank's slice (reported as such).
+#
+# Why this used to "hang at startup": every rank picked its own iteration count from its own
+# timing of one call, so ranks ran different numbers of collectives and deadlocked (one rank in
+# all_reduce, the other in barrier) from the first size where their timings differed. The
+# iteration count is now agreed on (MAX over ranks) before each timed loop.
+import os, sys, time, tempfile, datetime
+# Before importing torch: one OpenMP thread per rank (2 shared cores), loopback only.
+os.environ["OMP_NUM_THREADS"] = "1"
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+
 def worker(rank, n, init, sizes, ops, out):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n,
+                            timeout=datetime.timedelta(seconds=60))
     lines = []
     for op in ops:
         for size in sizes:
@@ -20,13 +33,19 @@ def worker(rank, n, init, sizes, ops, out):
                 x = torch.ones(count // n)
                 outs = [torch.empty(count // n) for _ in range(n)]
                 fn = lambda: dist.all_gather(outs, x)
+            elif op == "reduce_scatter":
+                x = torch.ones(count)
+                per = count // n
+                fn = lambda: dist.all_reduce(x) or x[rank * per:(rank + 1) * per]
             else:
-                continue  # gloo has no reduce_scatter
+                continue
             for _ in range(2):
                 fn()
             dist.barrier()
             t = time.perf_counter(); fn(); one = time.perf_counter() - t
-            iters = max(3, min(200, int(0.15 / max(one, 1e-6))))
+            it = torch.tensor([max(3, min(200, int(0.15 / max(one, 1e-6))))], dtype=torch.int64)
+            dist.all_reduce(it, op=dist.ReduceOp.MAX)  # every rank must run the same count
+            iters = int(it.item())
             reps = []
             for _ in range(3):
                 dist.barrier()
@@ -38,10 +57,13 @@ def worker(rank, n, init, sizes, ops, out):
             dist.all_reduce(v, op=dist.ReduceOp.MAX)
             if rank == 0:
                 lines.append("gloo %s %d %d %.3f" % (op, n, size, v.item() * 1e6))
+                sys.stderr.write(lines[-1] + "\n")
     if rank == 0:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
+    dist.barrier()
     dist.destroy_process_group()
+
 
 if __name__ == "__main__":
     n = int(sys.argv[1]); sizes = [int(s) for s in sys.argv[2].split(",")]; ops = sys.argv[3].split(",")
@@ -51,3 +73,4 @@ if __name__ == "__main__":
     s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
     mp.spawn(worker, args=(n, "tcp://127.0.0.1:%d" % port, sizes, ops, out), nprocs=n)
     sys.stdout.write(open(out).read())
+    os.remove(out); os.rmdir(d)
