@@ -1,0 +1,58 @@
+#include "runtime/worker/env.h"
+
+#include <catch2/catch.hpp>
+#include <map>
+
+#include "runtime/worker/trainer.h"
+
+namespace ember::worker {
+namespace {
+
+absl::StatusOr<WorkerEnv> Read(const std::map<std::string, std::string>& m) {
+  return ReadWorkerEnv([&](const char* n) -> const char* {
+    auto it = m.find(n);
+    return it == m.end() ? nullptr : it->second.c_str();
+  });
+}
+
+TEST_CASE("worker environment: required variables, ranges, prefix", "[worker]") {
+  std::map<std::string, std::string> m = {{"EMBER_STORE_ADDR", "127.0.0.1:1"}, {"EMBER_JOB_ID", "j1"},
+                                          {"EMBER_ATTEMPT", "3"}, {"EMBER_RANK", "1"},
+                                          {"EMBER_WORLD_SIZE", "2"}, {"EMBER_JOB_DIR", "/tmp/j1"}};
+  auto e = Read(m);
+  REQUIRE(e.ok());
+  CHECK(e->prefix() == "jobs/j1/attempt/3/");
+  CHECK(e->device == "cpu");
+  CHECK(e->local_world_size == 2);
+  auto bad = [&](const std::string& k, const std::string& v, const std::string& msg) {
+    auto c = m;
+    if (v.empty()) c.erase(k); else c[k] = v;
+    auto r = Read(c);
+    REQUIRE(!r.ok());
+    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(r.status().message()).find(msg) != std::string::npos);
+  };
+  bad("EMBER_STORE_ADDR", "", "EMBER_STORE_ADDR");
+  bad("EMBER_RANK", "2", "EMBER_RANK=2");
+  bad("EMBER_WORLD_SIZE", "zero", "EMBER_WORLD_SIZE");
+  bad("EMBER_DEVICE", "tpu", "EMBER_DEVICE");
+  bad("EMBER_JOB_ID", "a/b", "EMBER_JOB_ID");
+}
+
+TEST_CASE("learning-rate schedule: warmup, constant, cosine floor", "[worker]") {
+  spec::JobSpec s;
+  s.set_steps(100);
+  s.mutable_optimizer()->set_lr(1.0f);
+  s.mutable_optimizer()->set_warmup_steps(10);
+  s.mutable_optimizer()->set_schedule("constant");
+  s.mutable_optimizer()->set_min_lr_ratio(0.1f);
+  CHECK(LearningRate(s, 5) == Approx(0.5));
+  CHECK(LearningRate(s, 50) == Approx(1.0));
+  s.mutable_optimizer()->set_schedule("cosine");
+  CHECK(LearningRate(s, 10) == Approx(1.0));
+  CHECK(LearningRate(s, 55) == Approx(0.55));
+  CHECK(LearningRate(s, 100) == Approx(0.1));
+}
+
+}  // namespace
+}  // namespace ember::worker

@@ -1,0 +1,52 @@
+// The training program of ember-worker: turn (environment, job spec) into a validated Plan, then
+// run it: rendezvous, process groups, FSDP model, data, the step loop with logging and progress,
+// periodic checkpoints, and resumption from `latest` (at any world size).
+//
+// Exit-code contract (worker_main.cc): Prepare errors are bad spec/environment (exit 2, message
+// names the field or variable); Train errors are runtime failures (exit 1).
+//
+// Thread safety: call from one thread.
+//
+//   ASSIGN_OR_RETURN(Plan plan, Prepare(env, spec_path));
+//   RETURN_IF_ERROR(Train(plan));
+#ifndef EMBER_RUNTIME_WORKER_TRAINER_H_
+#define EMBER_RUNTIME_WORKER_TRAINER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "runtime/data/token_file.h"
+#include "runtime/fsdp/fsdp.h"
+#include "runtime/spec/spec.h"
+#include "runtime/worker/env.h"
+
+namespace ember::worker {
+
+struct Plan {
+  WorkerEnv env;
+  spec::JobSpec spec;
+  model::GptConfig model;
+  fsdp::FsdpOptions fsdp;
+  std::shared_ptr<data::TokenFile> tokens;
+  std::string checkpoint_root;  // <job_dir>/<checkpoint.dir or "checkpoints">
+  std::string metrics_path;     // <job_dir>/metrics/rank-<r>.jsonl
+  int threads = 1;
+  bool separate_reduce_scatter = true;
+};
+
+// Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml) and checks everything a
+// worker can check alone: spec fields, device, parallelism vs the environment, the data file and
+// its token range. INVALID_ARGUMENT / NOT_FOUND name the field, variable or path.
+absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path);
+
+// Learning rate at optimizer step `step` (1-based): linear warmup, then constant or cosine down to
+// min_lr_ratio * lr at the last step.
+float LearningRate(const spec::JobSpec& spec, int64_t step);
+
+absl::Status Train(const Plan& plan);
+
+}  // namespace ember::worker
+
+#endif  // EMBER_RUNTIME_WORKER_TRAINER_H_

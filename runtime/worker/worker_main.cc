@@ -1,0 +1,34 @@
+// ember-worker: one training process per device. Reads the worker environment (env.h) and the
+// job spec (--spec, else $EMBER_JOB_SPEC, else $EMBER_JOB_DIR/job.yaml), then trains (trainer.h).
+//
+// Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
+// 1 runtime failure.
+#include <cstdlib>
+
+#include "absl/flags/flag.h"
+#include "runtime/base/flags.h"
+#include "runtime/worker/env.h"
+#include "runtime/worker/trainer.h"
+#include "spdlog/spdlog.h"
+
+ABSL_FLAG(std::string, spec, "", "job spec (YAML/JSON); default $EMBER_JOB_SPEC or $EMBER_JOB_DIR/job.yaml");
+
+int main(int argc, char** argv) {
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-worker");
+  auto env = ember::worker::ReadWorkerEnv([](const char* n) { return std::getenv(n); });
+  if (!env.ok()) {
+    spdlog::error("bad environment: {}", env.status().ToString());
+    return 2;
+  }
+  auto plan = ember::worker::Prepare(*env, absl::GetFlag(FLAGS_spec));
+  if (!plan.ok()) {
+    spdlog::error("bad job: {}", plan.status().ToString());
+    return 2;
+  }
+  absl::Status st = ember::worker::Train(*plan);
+  if (!st.ok()) {
+    spdlog::error("rank {} failed: {}", env->rank, st.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,189 @@
+// Multi-process tests of the real ember-worker binary: an in-process store, loopback only, hard
+// timeouts; children are killed if they outlive them.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "checkpoint/checkpoint.h"
+#include "runtime/store/client.h"
+#include "runtime/store/server.h"
+
+extern char** environ;
+
+namespace ember::worker {
+namespace {
+
+std::string Src() { return std::string(getenv("TEST_SRCDIR")) + "/ember/"; }
+
+std::string NewJobDir(const std::string& name) {
+  const std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/", name);
+  mkdir(dir.c_str(), 0755);
+  std::ifstream in(Src() + "examples/data/tiny_corpus.txt", std::ios::binary);
+  std::ofstream out(dir + "/corpus.txt", std::ios::binary);
+  out << in.rdbuf();
+  return dir;
+}
+
+void WriteSpec(const std::string& dir, int64_t steps, int batch, const std::string& extra = "") {
+  std::ofstream f(dir + "/job.yaml");
+  f << "name: t\n"
+       "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n"
+       "data: {text_path: corpus.txt}\n"
+       "optimizer: {lr: 0.003, schedule: constant, grad_clip: 1.0}\n"
+       "checkpoint: {every_steps: 5}\n"
+    << "steps: " << steps << "\nbatch_size: " << batch << "\nseed: 7\ndeterministic: true\nthreads: 1\n"
+    << extra;
+}
+
+pid_t Spawn(const std::map<std::string, std::string>& env) {
+  std::vector<std::string> vars;
+  for (char** e = environ; *e; ++e) vars.push_back(*e);
+  for (const auto& [k, v] : env) vars.push_back(k + "=" + v);
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::vector<char*> envp;
+    for (auto& v : vars) envp.push_back(v.data());
+    envp.push_back(nullptr);
+    std::string bin = Src() + "runtime/worker/ember-worker";
+    char* argv[] = {bin.data(), const_cast<char*>("--log-level=warn"), nullptr};
+    execve(bin.c_str(), argv, envp.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// Exit codes of every rank; kills all of them if any outlives `timeout`.
+std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  std::vector<int> codes(pids.size(), -1000);
+  size_t left = pids.size();
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      int status = 0;
+      if (codes[i] != -1000 || waitpid(pids[i], &status, WNOHANG) != pids[i]) continue;
+      codes[i] = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
+      --left;
+    }
+    if (left > 0 && absl::Now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (codes[i] == -1000) {
+          kill(pids[i], SIGKILL);
+          waitpid(pids[i], nullptr, 0);
+          codes[i] = -999;
+        }
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return codes;
+}
+
+std::vector<int> RunJob(const std::string& addr, const std::string& job, const std::string& dir,
+                        int world, int attempt) {
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pids.push_back(Spawn({{"EMBER_STORE_ADDR", addr}, {"EMBER_JOB_ID", job},
+                          {"EMBER_ATTEMPT", absl::StrCat(attempt)}, {"EMBER_RANK", absl::StrCat(r)},
+                          {"EMBER_WORLD_SIZE", absl::StrCat(world)}, {"EMBER_LOCAL_RANK", absl::StrCat(r)},
+                          {"EMBER_LOCAL_WORLD_SIZE", absl::StrCat(world)}, {"EMBER_NODE_RANK", "0"},
+                          {"EMBER_DEVICE", "cpu"}, {"EMBER_JOB_DIR", dir}}));
+  }
+  return WaitAll(pids, absl::Seconds(120));
+}
+
+// step -> global loss from rank 0's metrics.
+std::map<int64_t, double> Losses(const std::string& dir) {
+  std::map<int64_t, double> out;
+  std::ifstream f(dir + "/metrics/rank-0.jsonl");
+  for (std::string line; std::getline(f, line);) {
+    auto field = [&](const std::string& k) {
+      size_t p = line.find("\"" + k + "\":") + k.size() + 3;
+      double v = 0;
+      REQUIRE(absl::SimpleAtod(line.substr(p, line.find_first_of(",}", p) - p), &v));
+      return v;
+    };
+    out[static_cast<int64_t>(field("step"))] = field("loss");
+  }
+  return out;
+}
+
+void CheckClose(double a, double b, double rel) {
+  INFO(a << " vs " << b);
+  CHECK(std::abs(a - b) <= rel * std::abs(b));
+}
+
+TEST_CASE("1, 2 and 4 worker processes train to the same losses; progress key", "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  std::map<int, std::map<int64_t, double>> losses;
+  for (int world : {1, 2, 4}) {
+    const std::string dir = NewJobDir(absl::StrCat("w", world));
+    WriteSpec(dir, 20, 4 / world);
+    for (int c : RunJob(addr, absl::StrCat("w", world), dir, world, 0)) REQUIRE(c == 0);
+    losses[world] = Losses(dir);
+    REQUIRE(losses[world].size() == 20);
+    CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-20");
+  }
+  CHECK(losses[1][20] < 0.8 * losses[1][1]);  // it learns
+  for (int world : {2, 4})
+    for (const auto& [step, l] : losses[1]) CheckClose(losses[world][step], l, 1e-5);
+  auto client = store::Client::Connect({.address = addr});
+  REQUIRE(client.ok());
+  for (int r = 0; r < 4; ++r) {
+    auto p = client->Get(absl::StrCat("jobs/w4/attempt/0/progress/", r));
+    REQUIRE(p.ok());
+    CHECK(p->find("\"step\":20,\"steps\":20,\"loss\":") == 1);
+    CHECK(p->find("\"peak_rss_bytes\":") != std::string::npos);
+  }
+}
+
+TEST_CASE("resume from latest at another world size continues the same run", "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  const std::string ref = NewJobDir("ref"), dir = NewJobDir("resume");
+  WriteSpec(ref, 16, 2);
+  for (int c : RunJob(addr, "ref", ref, 2, 0)) REQUIRE(c == 0);
+  // Attempt 0 stops after 8 steps (checkpoints at 5 and 8); attempt 1 resumes at 4 ranks.
+  WriteSpec(dir, 8, 2);
+  for (int c : RunJob(addr, "resume", dir, 2, 0)) REQUIRE(c == 0);
+  CHECK(ckpt::ListSteps(dir + "/checkpoints") == std::vector<int64_t>{5, 8});
+  WriteSpec(dir, 16, 1);
+  for (int c : RunJob(addr, "resume", dir, 4, 1)) REQUIRE(c == 0);
+  auto a = Losses(ref), b = Losses(dir);
+  REQUIRE(b.size() == 16);
+  for (int64_t s = 1; s <= 16; ++s) CheckClose(b[s], a[s], 1e-5);
+  auto reader = ckpt::CheckpointReader::Open(dir + "/checkpoints");
+  REQUIRE(reader.ok());
+  CHECK((*reader)->metadata().step == 16);
+  CHECK((*reader)->metadata().world_size == 4);
+}
+
+TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string dir = NewJobDir("bad");
+  WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline}\n");
+  CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
+  WriteSpec(dir, 2, 1, "precision: {param_dtype: f8}\n");
+  CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
+  std::ofstream(dir + "/job.yaml") << "name: t\ndata: {path: missing.bin}\n";
+  CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
+  pid_t pid = Spawn({{"EMBER_JOB_DIR", dir}, {"EMBER_STORE_ADDR", ""}});
+  CHECK(WaitAll({pid}, absl::Seconds(30)) == std::vector<int>{2});
+}
+
+}  // namespace
+}  // namespace ember::worker
