@@ -2,6 +2,8 @@
 // every check passed; messages go to stderr prefixed with the rank.
 //
 //   comm_worker --scenario=correctness --rank=0 --size=4 --rdzv_dir=/tmp/x [--dump_dir=...]
+//   comm_worker --scenario=store_ops --rank=0 --size=4 --store=127.0.0.1:PORT \
+//               --store_prefix=jobs/test/attempt/0/      (rendezvous through the real store)
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,13 +18,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/store_rendezvous.h"
+#include "runtime/store/client.h"
 #include "runtime/flight/recorder.h"
 
-ABSL_FLAG(std::string, scenario, "correctness", "correctness|big|subgroups|p2p|mismatch|kill|hang");
+ABSL_FLAG(std::string, scenario, "correctness",
+          "correctness|big|subgroups|p2p|mismatch|kill|hang|store_ops");
 ABSL_FLAG(int, rank, 0, "");
 ABSL_FLAG(int, size, 2, "");
 ABSL_FLAG(std::string, rdzv_dir, "", "file rendezvous directory");
 ABSL_FLAG(std::string, dump_dir, "", "flight recorder dump directory");
+ABSL_FLAG(std::string, store, "", "store address host:port; if set, rendezvous through the store");
+ABSL_FLAG(std::string, store_prefix, "jobs/test/attempt/0/", "job/attempt key prefix in the store");
 
 namespace ember::comm {
 namespace {
@@ -249,6 +256,22 @@ absl::Status Kill(ProcessGroup& pg) {
   return absl::OkStatus();
 }
 
+// A few ops over a store-bootstrapped group: all_reduce, all_gather, broadcast, then subgroups.
+absl::Status StoreOps(ProcessGroup& pg) {
+  std::vector<char> buf;
+  const size_t n = 70001;  // odd, > one chunk
+  Fill(&buf, DataType::kF32, g_rank, n);
+  if (absl::Status s = pg.AllReduce(buf.data(), n, DataType::kF32, ReduceOp::kSum)->Wait(absl::Seconds(30)); !s.ok()) return s;
+  CHECK_OR_FAIL(buf == Reference(DataType::kF32, ReduceOp::kSum, n), "store all_reduce");
+  int64_t mine = 1000 + g_rank, all[8] = {};
+  if (absl::Status s = pg.AllGatherSingle(&mine, all, 1, DataType::kI64)->Wait(absl::Seconds(30)); !s.ok()) return s;
+  for (int r = 0; r < g_size; ++r) CHECK_OR_FAIL(all[r] == 1000 + r, "store all_gather block ", r);
+  int64_t b = g_rank == g_size - 1 ? 4242 : -1;
+  if (absl::Status s = pg.Broadcast(&b, 1, DataType::kI64, g_size - 1)->Wait(absl::Seconds(30)); !s.ok()) return s;
+  CHECK_OR_FAIL(b == 4242, "store broadcast");
+  return Subgroups(pg);
+}
+
 absl::Status Hang(ProcessGroup& pg) {
   float f = 1;
   for (int i = 0; i < 2; ++i)
@@ -287,7 +310,19 @@ int main(int argc, char** argv) {
   o.bootstrap_timeout = absl::Seconds(30);
   if (scenario == "hang") o.timeout = absl::Seconds(3);
   if (scenario == "mismatch" || scenario == "kill") o.timeout = absl::Seconds(60);
-  auto pg = ProcessGroup::Create(MakeFileRendezvous(absl::GetFlag(FLAGS_rdzv_dir)), g_rank, g_size, o);
+  std::shared_ptr<Rendezvous> rdzv;
+  if (const std::string addr = absl::GetFlag(FLAGS_store); !addr.empty()) {
+    auto client = ember::store::Client::Connect({.address = addr, .default_timeout = absl::Seconds(60),
+                                                 .connect_timeout = absl::Seconds(20)});
+    if (!client.ok()) {
+      std::fprintf(stderr, "[rank %d] store connect: %s\n", g_rank, client.status().ToString().c_str());
+      return 2;
+    }
+    rdzv = MakeStoreRendezvous(client->WithPrefix(absl::GetFlag(FLAGS_store_prefix)));
+  } else {
+    rdzv = MakeFileRendezvous(absl::GetFlag(FLAGS_rdzv_dir));
+  }
+  auto pg = ProcessGroup::Create(rdzv, g_rank, g_size, o);
   if (!pg.ok()) {
     std::fprintf(stderr, "[rank %d] create: %s\n", g_rank, pg.status().ToString().c_str());
     return 2;
@@ -300,6 +335,7 @@ int main(int argc, char** argv) {
   else if (scenario == "mismatch") s = Mismatch(**pg);
   else if (scenario == "kill") s = Kill(**pg);
   else if (scenario == "hang") s = Hang(**pg);
+  else if (scenario == "store_ops") s = StoreOps(**pg);
   else s = absl::InvalidArgumentError("unknown scenario " + scenario);
   if (!s.ok()) {
     std::fprintf(stderr, "[rank %d] %s: %s\n", g_rank, scenario.c_str(), s.ToString().c_str());

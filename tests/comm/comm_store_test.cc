@@ -1,0 +1,117 @@
+// Multi-process comm tests that rendezvous through the real store: an in-process StoreServer on
+// 127.0.0.1:0, and 2 and 4 comm_worker processes that bootstrap with StoreRendezvous over
+// ember::store::Client under a job/attempt prefix. Covers a few ops incl. subgroups, and the
+// injected hang, whose dump request (the store key <prefix>fr/dump_request) must reach every rank,
+// including the rank that never joined the hung op and so can only learn of it from the store.
+#include <sys/stat.h>
+
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "launcher/fr/analyze.h"
+#include "runtime/store/client.h"
+#include "runtime/store/server.h"
+#include "tests/comm/launcher.h"
+
+namespace ember::comm::testing {
+namespace {
+
+std::unique_ptr<store::StoreServer> StartStore() {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  return std::move(*server);
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+TEST_CASE("store rendezvous: ops and subgroups with 2 and 4 ranks") {
+  auto server = StartStore();
+  int attempt = 0;
+  for (int n : {2, 4}) {
+    for (bool tcp : {false, true}) {
+      if (n == 2 && tcp) continue;  // keep the test short: 2 ranks shm, 4 ranks shm + TCP-only
+      INFO(n << " ranks" << (tcp ? " (TCP only)" : " (shm)"));
+      // A fresh attempt prefix per run, as the launcher would use after a restart.
+      std::string prefix = "jobs/test/attempt/" + std::to_string(attempt++) + "/";
+      RunResult r = RunRanks(n, {"--scenario=store_ops", "--store=" + server->address(),
+                                 "--store_prefix=" + prefix},
+                             tcp ? std::vector<std::string>{"EMBER_COMM_DISABLE_SHM=1"}
+                                 : std::vector<std::string>{},
+                             60);
+      REQUIRE(!r.timed_out);
+      REQUIRE(AllExitZero(r));
+      // The bootstrap keys really went through the store, under the prefix.
+      auto c = store::Client::Connect({.address = server->address()});
+      REQUIRE(c.ok());
+      auto keys = c->NumKeys(prefix);
+      REQUIRE(keys.ok());
+      REQUIRE(*keys > 0);
+    }
+  }
+}
+
+TEST_CASE("store rendezvous: an injected hang makes every rank dump via the store key") {
+  auto server = StartStore();
+  const std::string prefix = "jobs/test/attempt/0/";
+  std::string dump = TempDir("fr-store");
+  auto t0 = std::chrono::steady_clock::now();
+  std::atomic<bool> stop{false};
+  double all_dumped_s = -1;
+  std::thread watcher([&] {
+    while (!stop) {
+      int have = 0;
+      for (int r = 0; r < 4; ++r) {
+        struct stat st;
+        if (stat((dump + "/rank-" + std::to_string(r) + ".json").c_str(), &st) == 0) ++have;
+      }
+      if (have == 4) {
+        all_dumped_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  RunResult r = RunRanks(4, {"--scenario=hang", "--store=" + server->address(),
+                             "--store_prefix=" + prefix, "--dump_dir=" + dump},
+                         {}, 60);
+  stop = true;
+  watcher.join();
+  REQUIRE(!r.timed_out);
+  REQUIRE(AllExitZero(r));
+  INFO("all dumps after " << all_dumped_s << " s");
+  REQUIRE(all_dumped_s > 0);
+  REQUIRE(all_dumped_s < 2 + 3 + 5);
+  // The request key is in the store under the job/attempt prefix...
+  auto c = store::Client::Connect({.address = server->address()});
+  REQUIRE(c.ok());
+  auto req = c->Get(prefix + "fr/dump_request");
+  REQUIRE(req.ok());
+  INFO("dump_request = " << *req);
+  REQUIRE(req->find("group ") == 0);  // "group <name> rank <r> time <ns>", set by a timed-out rank
+  // ...and rank 1, which never entered the hung op, dumped because it read that key.
+  std::string r1 = ReadFile(dump + "/rank-1.json");
+  INFO(r1.substr(0, 400));
+  REQUIRE(r1.find("\"reason\": \"request: ") != std::string::npos);
+  auto rep = fr::AnalyzeDir(dump);
+  REQUIRE(rep.ok());
+  INFO(rep->ToText());
+  REQUIRE(rep->problem);
+  REQUIRE(rep->findings[0].kind == "never_joined");
+  REQUIRE(rep->findings[0].ranks == std::vector<int>{1});
+  REQUIRE(rep->findings[0].op == "all_reduce");
+  REQUIRE(rep->findings[0].seq == 3);
+}
+
+}  // namespace ember::comm::testing
