@@ -1,0 +1,79 @@
+#include "launcher/standalone.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/spec/spec.h"
+
+namespace ember {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0) {
+  std::vector<std::string> tried;
+  auto ok = [&](const std::string& p) {
+    tried.push_back(p);
+    return !p.empty() && ::access(p.c_str(), X_OK) == 0;
+  };
+  if (const char* env = getenv("EMBER_WORKER")) {
+    if (ok(env)) return std::string(env);
+  }
+  std::vector<std::string> candidates;
+  if (const char* rf = getenv("RUNFILES_DIR")) {
+    candidates.push_back(absl::StrCat(rf, "/ember/runtime/worker/ember-worker"));
+  }
+  if (!argv0.empty()) {
+    std::error_code ec;
+    fs::path self = fs::absolute(argv0, ec);
+    candidates.push_back(self.string() + ".runfiles/ember/runtime/worker/ember-worker");
+    candidates.push_back((self.parent_path().parent_path() / "runtime/worker/ember-worker").string());
+    candidates.push_back((self.parent_path() / "ember-worker").string());
+  }
+  candidates.push_back("/usr/local/bin/ember-worker");
+  for (const auto& c : candidates) {
+    if (ok(c)) return c;
+  }
+  return absl::NotFoundError(absl::StrCat("no ember-worker found (tried ", absl::StrJoin(tried, ", "),
+                                          "); build //runtime/worker:ember-worker or pass --worker"));
+}
+
+absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
+    StandaloneOptions options, const std::string& spec_yaml) {
+  ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(spec_yaml));
+  daemon::DaemonOptions o;
+  o.node_name = "standalone";
+  o.host_store = true;
+  o.work_root = options.work_root;
+  if (options.worker_binary.empty()) {
+    ASSIGN_OR_RETURN(options.worker_binary, FindWorkerBinary(options.argv0));
+  }
+  o.worker_binary = options.worker_binary;
+  int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());
+  bool cuda = spec.resources().device_type() == "cuda" ||
+              spec.parallelism().backend().rfind("nccl", 0) == 0;
+  o.inventory.cpu_slots = cuda ? 0 : ranks;
+  o.inventory.cuda_devices = cuda ? -1 : 0;
+  o.state_dir = absl::StrCat(options.work_root, "/.emberd/standalone-", getpid());
+  auto cluster = std::unique_ptr<StandaloneCluster>(new StandaloneCluster());
+  cluster->token_ = daemon::GenerateToken();
+  o.auth_token = cluster->token_;
+  ASSIGN_OR_RETURN(cluster->daemon_, daemon::Daemon::Start(o));
+  return cluster;
+}
+
+StandaloneCluster::~StandaloneCluster() {
+  if (daemon_) daemon_->Drain();
+}
+
+absl::StatusOr<Client> StandaloneCluster::Connect() const {
+  ClientOptions o;
+  o.address = daemon_->address();
+  o.token = token_;
+  return Client::Connect(o);
+}
+
+}  // namespace ember

@@ -1,0 +1,51 @@
+// A one-machine Ember cluster inside the calling process: a store and a daemon on loopback with a
+// one-time token, for `emberctl run --standalone` and benchmarks.
+//
+//   ASSIGN_OR_RETURN(auto cluster, StandaloneCluster::Start({.work_root = "/tmp/jobs"}, yaml));
+//   ASSIGN_OR_RETURN(ember::Client c, cluster->Connect());
+//   ... c.Submit(yaml) ...                 // destroying `cluster` stops every worker
+//
+// Thread-safe after Start.
+#ifndef EMBER_LAUNCHER_STANDALONE_H_
+#define EMBER_LAUNCHER_STANDALONE_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launcher/client.h"
+#include "runtime/daemon/daemon.h"
+
+namespace ember {
+
+struct StandaloneOptions {
+  std::string work_root;      // job directories
+  std::string worker_binary;  // "" = FindWorkerBinary(argv0)
+  std::string argv0;          // to find the worker next to the calling binary
+  int ranks = 0;              // CPU slots to offer; 0 = the spec's world size (at least 1)
+};
+
+// The ember-worker to run: $EMBER_WORKER, then Bazel runfiles / bazel-bin next to argv0, then
+// /usr/local/bin. NOT_FOUND listing where it looked.
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0);
+
+class StandaloneCluster {
+ public:
+  // `spec_yaml` sizes the node (world size, cpu or cuda); it is not submitted here.
+  static absl::StatusOr<std::unique_ptr<StandaloneCluster>> Start(StandaloneOptions options,
+                                                                   const std::string& spec_yaml);
+  ~StandaloneCluster();
+
+  absl::StatusOr<Client> Connect() const;
+  daemon::Daemon* daemon() { return daemon_.get(); }
+  const std::string& token() const { return token_; }
+
+ private:
+  StandaloneCluster() = default;
+  std::string token_;
+  std::unique_ptr<daemon::Daemon> daemon_;
+};
+
+}  // namespace ember
+
+#endif  // EMBER_LAUNCHER_STANDALONE_H_

@@ -1,0 +1,86 @@
+#include "runtime/daemon/config.h"
+
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ember::daemon {
+
+absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("config ", path, ": cannot read"));
+  YAML::Node root;
+  try {
+    root = YAML::Load(f);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", e.what()));
+  }
+  if (!root.IsMap()) return absl::InvalidArgumentError("config " + path + ": not a mapping");
+  for (const auto& kv : root) {
+    std::string key = kv.first.as<std::string>();
+    const YAML::Node& v = kv.second;
+    try {
+      auto s = [&](std::string* out) { *out = v.as<std::string>(); };
+      if (key == "node_name") s(&cfg->node_name);
+      else if (key == "listen") s(&cfg->listen);
+      else if (key == "advertise") s(&cfg->advertise);
+      else if (key == "host_store") cfg->host_store = v.as<bool>();
+      else if (key == "store_listen") s(&cfg->store_listen);
+      else if (key == "store_data_dir") s(&cfg->store_data_dir);
+      else if (key == "store") s(&cfg->store);
+      else if (key == "auth_token_file") s(&cfg->auth_token_file);
+      else if (key == "insecure_no_auth") cfg->insecure_no_auth = v.as<bool>();
+      else if (key == "tls_cert") s(&cfg->tls.cert_file);
+      else if (key == "tls_key") s(&cfg->tls.key_file);
+      else if (key == "tls_ca") s(&cfg->tls.ca_file);
+      else if (key == "work_root") s(&cfg->work_root);
+      else if (key == "state_dir") s(&cfg->state_dir);
+      else if (key == "worker_binary") s(&cfg->worker_binary);
+      else if (key == "cpu_slots") cfg->cpu_slots = v.as<int>();
+      else if (key == "cuda_devices") cfg->cuda_devices = v.as<int>();
+      else if (key == "data_root") cfg->data_roots = v.as<std::vector<std::string>>();
+      else if (key == "cgroup_root") s(&cfg->cgroup_root);
+      else if (key == "scheduler") cfg->scheduler = v.as<bool>();
+      else return absl::InvalidArgumentError(absl::StrCat("config ", path, ": unknown key '", key, "'"));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config ", path, ": ", key, ": wrong type (", e.what(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
+  DaemonOptions o;
+  o.node_name = cfg.node_name;
+  o.listen = cfg.listen;
+  o.advertise = cfg.advertise;
+  o.host_store = cfg.host_store;
+  o.store_listen = cfg.store_listen;
+  o.store_data_dir = cfg.store_data_dir;
+  o.store_address = cfg.store;
+  o.tls = cfg.tls;
+  o.work_root = cfg.work_root;
+  o.state_dir = cfg.state_dir;
+  o.worker_binary = cfg.worker_binary;
+  o.inventory.cpu_slots = cfg.cpu_slots;
+  o.inventory.cuda_devices = cfg.cuda_devices;
+  o.data_roots = cfg.data_roots;
+  o.cgroup_root = cfg.cgroup_root;
+  o.scheduler = cfg.scheduler;
+  if (!cfg.auth_token_file.empty()) {
+    ASSIGN_OR_RETURN(o.auth_token, ReadTokenFile(cfg.auth_token_file));
+  } else if (!cfg.insecure_no_auth) {
+    return absl::InvalidArgumentError(
+        "auth_token_file: required (authentication is on by default; --insecure-no-auth turns it "
+        "off for testing)");
+  }
+  if (!o.host_store && o.store_address.empty()) {
+    return absl::InvalidArgumentError("store: give --store=HOST:PORT or --host-store");
+  }
+  return o;
+}
+
+}  // namespace ember::daemon

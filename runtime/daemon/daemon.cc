@@ -1,0 +1,719 @@
+#include "runtime/daemon/daemon.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/util/json_util.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/keys.h"
+#include "runtime/daemon/placement.h"
+#include "runtime/daemon/process.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::daemon {
+
+namespace fs = std::filesystem;
+using jobs::v1::RankExit;
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+bool IsTerminal(JobState s) {
+  return s == jobs::v1::SUCCEEDED || s == jobs::v1::FAILED || s == jobs::v1::CANCELLED;
+}
+
+JobState NextStateAfterFailure(const Job& job) {
+  (void)job;  // issue 8: RESTARTING while job.attempts_size() <= job.spec().max_restarts()
+  return jobs::v1::FAILED;
+}
+
+std::string DescribeExit(const RankExit& e) {
+  std::string where = absl::StrCat("rank ", e.rank(), e.node().empty() ? "" : " on ", e.node());
+  if (e.signal() != 0) {
+    const char* name = sigabbrev_np(e.signal());
+    return absl::StrCat(where, " was killed by signal ", e.signal(),
+                        name ? absl::StrCat(" (SIG", name, ")") : "");
+  }
+  return absl::StrCat(where, " exited with code ", e.exit_code());
+}
+
+std::string Daemon::Impl::JobDir(const std::string& job) const {
+  return absl::StrCat(opts.work_root, "/", job);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Store helpers
+
+absl::StatusOr<std::pair<Job, std::string>> Daemon::Impl::ReadRecord(const std::string& id) {
+  ASSIGN_OR_RETURN(std::string raw, store->Get(keys::Record(id)));
+  Job job;
+  if (!job.ParseFromString(raw)) return absl::DataLossError("job record " + id + " is corrupt");
+  return std::make_pair(std::move(job), std::move(raw));
+}
+
+absl::StatusOr<Job> Daemon::Impl::UpdateRecord(const std::string& id,
+                                               const std::function<bool(Job*)>& mutate) {
+  for (int tries = 0; tries < 50; ++tries) {
+    ASSIGN_OR_RETURN(auto rec, ReadRecord(id));
+    Job job = rec.first;
+    if (!mutate(&job)) return rec.first;
+    ASSIGN_OR_RETURN(store::CompareSetResult r,
+                     store->CompareSet(keys::Record(id), rec.second, job.SerializeAsString()));
+    if (r.swapped) return job;
+  }
+  return absl::AbortedError("job record " + id + " kept changing; try again");
+}
+
+absl::StatusOr<std::vector<jobs::v1::Node>> Daemon::Impl::ReadNodes() {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, store->ListKeys("nodes/"));
+  ASSIGN_OR_RETURN(auto values, store->MultiGet(names));
+  std::vector<jobs::v1::Node> out;
+  for (const auto& v : values) {
+    jobs::v1::Node n;
+    if (v && n.ParseFromString(*v)) out.push_back(std::move(n));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> Daemon::Impl::ReadAllocs() {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, store->ListKeys("alloc/"));
+  ASSIGN_OR_RETURN(auto values, store->MultiGet(names));
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (values[i]) out[names[i].substr(strlen("alloc/"))] = *values[i];
+  }
+  return out;
+}
+
+void Daemon::Impl::FillProgress(Job* job) {
+  if (job->attempts_size() == 0) return;
+  int n = job->attempts(job->attempts_size() - 1).number();
+  auto v = store->Get(keys::Progress(job->id(), n, 0));
+  if (!v.ok()) return;
+  google::protobuf::util::JsonParseOptions po;
+  po.ignore_unknown_fields = true;
+  (void)google::protobuf::util::JsonStringToMessage(*v, job->mutable_progress(), po);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Start-up and registration
+
+absl::Status Daemon::Impl::Init() {
+  if (opts.node_name.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    opts.node_name = host;
+  }
+  if (opts.work_root.empty()) return absl::InvalidArgumentError("work_root: required");
+  if (opts.worker_binary.empty()) return absl::InvalidArgumentError("worker_binary: required");
+  if (::access(opts.worker_binary.c_str(), X_OK) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker_binary: ", opts.worker_binary, " is not an executable file"));
+  }
+  if (opts.state_dir.empty()) {
+    opts.state_dir = absl::StrCat(opts.work_root, "/.emberd/", opts.node_name);
+  }
+  std::error_code ec;
+  fs::create_directories(opts.work_root, ec);
+  fs::create_directories(opts.state_dir, ec);
+  if (ec) return absl::PermissionDeniedError("cannot create " + opts.state_dir + ": " + ec.message());
+  ::chmod(opts.state_dir.c_str(), 0700);
+
+  inventory = std::make_unique<Inventory>(opts.inventory);
+
+  ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(opts.tls));
+  if (opts.host_store) {
+    store::StoreServerOptions so;
+    so.address = opts.store_listen;
+    so.auth_token = opts.auth_token;
+    ASSIGN_OR_RETURN(so.credentials, MakeServerCredentials(opts.tls));
+    if (opts.tls.enabled()) so.credentials = *MakeServerCredentials(opts.tls);
+    else so.credentials = nullptr;
+    so.backend.data_dir = opts.store_data_dir;
+    ASSIGN_OR_RETURN(hosted_store, store::StoreServer::Start(so));
+    store_addr = hosted_store->address();
+  } else {
+    if (opts.store_address.empty()) {
+      return absl::InvalidArgumentError("store_address: required without --host-store");
+    }
+    store_addr = opts.store_address;
+  }
+  store::ClientOptions co;
+  co.address = store_addr;
+  co.auth_token = opts.auth_token;
+  co.credentials = opts.tls.enabled() ? channel_creds : nullptr;
+  co.default_timeout = absl::Seconds(10);
+  co.connect_timeout = absl::Seconds(10);
+  auto client = store::Client::Connect(co);
+  if (!client.ok()) {
+    return base::Annotate(client.status(), absl::StrCat("connecting to the store at ", store_addr));
+  }
+  store = *client;
+
+  token_file = opts.state_dir + "/worker-token";
+  if (!opts.auth_token.empty()) RETURN_IF_ERROR(WriteTokenFile(token_file, opts.auth_token));
+
+  jobs_service = MakeJobsService(this);
+  nodes_service = MakeNodesService(this);
+  base::GrpcServerOptions go;
+  go.address = opts.listen;
+  ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(opts.tls));
+  go.credentials = server_creds;
+  ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
+  advertise = opts.advertise.empty() ? server.address : opts.advertise;
+
+  RETURN_IF_ERROR(Register());
+  last_tick_ms = NowMs();
+  control_thread = std::thread([this] { ControlLoop(); });
+  heartbeat_thread = std::thread([this] { HeartbeatLoop(); });
+  spdlog::info("emberd {} ready: api {}, store {}{}, work root {}, auth {}", opts.node_name,
+               advertise, store_addr, opts.host_store ? " (hosted)" : "", opts.work_root,
+               opts.auth_token.empty() ? "OFF" : "token");
+  return absl::OkStatus();
+}
+
+absl::Status Daemon::Impl::Register() {
+  int64_t id = lease.load();
+  if (id == 0 || !store->RefreshLease(id).ok()) {
+    ASSIGN_OR_RETURN(id, store->GrantLease(opts.lease_ttl));
+    lease = id;
+  }
+  jobs::v1::Node node;
+  node.set_name(opts.node_name);
+  node.set_address(advertise);
+  node.set_healthy(!draining);
+  node.set_draining(draining);
+  node.set_heartbeat_unix_ms(NowMs());
+  node.set_lease_id(id);
+  node.set_version("ember 0.1");
+  node.set_workers(0);
+  inventory->Fill(&node);
+  {
+    absl::MutexLock l(&mu);
+    int n = 0;
+    for (const auto& [k, a] : local)
+      for (const auto& w : a.workers) n += w.exited ? 0 : 1;
+    node.set_workers(n);
+  }
+  RETURN_IF_ERROR(store->SetWithLease(keys::Node(opts.node_name), node.SerializeAsString(), id));
+  last_heartbeat_ms = NowMs();
+  return absl::OkStatus();
+}
+
+void Daemon::Impl::HeartbeatLoop() {
+  while (!stop.WaitForNotificationWithTimeout(opts.heartbeat)) {
+    absl::Status s = Register();
+    if (!s.ok()) spdlog::warn("heartbeat to the store failed: {}", s.ToString());
+    absl::MutexLock l(&mu);
+    for (const auto& [k, a] : local) {
+      for (const auto& w : a.workers) {
+        if (!w.exited) RotateIfLarger(w.log_path, opts.log_max_bytes, opts.log_keep);
+      }
+    }
+  }
+}
+
+void Daemon::Impl::ControlLoop() {
+  while (!stop.WaitForNotificationWithTimeout(opts.poll)) {
+    Tick();
+    last_tick_ms = NowMs();
+  }
+}
+
+void Daemon::Impl::Tick() {
+  if (opts.scheduler && !draining) {
+    auto cur = store->Get(keys::kLeader);
+    if (cur.ok()) {
+      leader = (*cur == opts.node_name);
+    } else if (absl::IsNotFound(cur.status())) {
+      auto r = store->CompareSet(std::string(keys::kLeader), std::nullopt, opts.node_name);
+      if (r.ok() && r->swapped &&
+          store->SetWithLease(keys::kLeader, opts.node_name, lease.load()).ok()) {
+        spdlog::info("{} is now the scheduler", opts.node_name);
+        leader = true;
+      }
+    }
+    if (leader) Schedule();
+  }
+  Supervise();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Scheduling (leader only)
+
+namespace {
+
+bool DeviceOfKind(const std::string& id, const std::string& kind) {
+  return id.rfind(kind + ":", 0) == 0;
+}
+
+}  // namespace
+
+void Daemon::Impl::Schedule() {
+  auto active = store->ListKeys("active/");
+  if (!active.ok()) return;
+  std::vector<Job> jobs;
+  std::map<std::string, std::string> raw;
+  for (const std::string& k : *active) {
+    auto rec = ReadRecord(k.substr(strlen("active/")));
+    if (rec.ok()) jobs.push_back(rec->first);
+  }
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    return a.submit_unix_ms() != b.submit_unix_ms() ? a.submit_unix_ms() < b.submit_unix_ms()
+                                                    : a.id() < b.id();
+  });
+  auto nodes = ReadNodes();
+  auto allocs = ReadAllocs();
+  if (!nodes.ok() || !allocs.ok()) return;
+  std::set<std::string> alive;
+  for (const auto& n : *nodes) alive.insert(n.name());
+  std::set<std::string> jobs_holding;
+  for (const auto& [dev, job] : *allocs) jobs_holding.insert(job);
+  bool blocked = false;  // strict FIFO: a pending job that does not fit blocks later ones
+
+  for (const Job& job : jobs) {
+    const std::string& id = job.id();
+    if (job.state() == jobs::v1::PENDING || job.state() == jobs::v1::RESTARTING) {
+      if (blocked) continue;
+      if (jobs_holding.count(id)) continue;  // previous attempt's devices not yet released
+      std::vector<NodeCapacity> caps;
+      for (const auto& n : *nodes) {
+        if (n.draining()) continue;
+        NodeCapacity c{n.name(), n.address(), {}};
+        for (const auto& d : n.devices()) {
+          if (DeviceOfKind(d.id(), job.device_type()) &&
+              !allocs->count(absl::StrCat(n.name(), "/", d.id()))) {
+            c.free.push_back(d.id());
+          }
+        }
+        caps.push_back(std::move(c));
+      }
+      GangRequest req{job.world_size(), job.spec().resources().nodes(),
+                      job.spec().resources().devices_per_node()};
+      auto placed = PlaceGang(req, caps);
+      if (!placed) {
+        blocked = true;
+        continue;
+      }
+      // Claim the devices under each node's lease (they vanish with a lost node), then flip the
+      // record; on a lost race give them back.
+      std::vector<std::string> claimed;
+      bool ok = true;
+      for (const auto& na : placed->nodes()) {
+        int64_t node_lease = 0;
+        for (const auto& n : *nodes)
+          if (n.name() == na.node()) node_lease = n.lease_id();
+        for (const auto& d : na.devices()) {
+          std::string key = keys::Alloc(na.node(), d);
+          ok = ok && store->SetWithLease(key, id, node_lease).ok();
+          claimed.push_back(key);
+          (*allocs)[absl::StrCat(na.node(), "/", d)] = id;
+        }
+      }
+      int next_attempt = job.attempts_size();
+      auto updated = ok ? UpdateRecord(id, [&](Job* j) {
+        if (j->state() != jobs::v1::PENDING && j->state() != jobs::v1::RESTARTING) return false;
+        j->set_state(jobs::v1::RUNNING);
+        j->set_reason("");
+        jobs::v1::Attempt* a = j->add_attempts();
+        a->set_number(next_attempt);
+        *a->mutable_assignment() = *placed;
+        a->set_start_unix_ms(NowMs());
+        return true;
+      }) : absl::StatusOr<Job>(absl::UnavailableError("alloc failed"));
+      if (!updated.ok() || updated->state() != jobs::v1::RUNNING) {
+        for (const auto& k : claimed) (void)store->Delete(k);
+        continue;
+      }
+      std::vector<std::string> where;
+      for (const auto& na : placed->nodes())
+        where.push_back(absl::StrCat(na.node(), "[", absl::StrJoin(na.devices(), ","), "]"));
+      spdlog::info("placed {} attempt {}: {}", id, next_attempt, absl::StrJoin(where, " "));
+      jobs_holding.insert(id);
+    } else if (job.state() == jobs::v1::RUNNING) {
+      const jobs::v1::Attempt& at = job.attempts(job.attempts_size() - 1);
+      int n = at.number();
+      auto failure = store->Get(keys::Failure(id, n));
+      std::string lost;
+      for (const auto& na : at.assignment().nodes())
+        if (!alive.count(na.node())) lost = na.node();
+      std::vector<std::string> exit_keys;
+      for (int r = 0; r < job.world_size(); ++r) exit_keys.push_back(keys::Exit(id, n, r));
+      auto exits = store->MultiGet(exit_keys);
+      if (!exits.ok()) continue;
+      bool all = true, all_zero = true;
+      RankExit first_bad;
+      for (const auto& v : *exits) {
+        if (!v) {
+          all = false;
+          continue;
+        }
+        RankExit e;
+        e.ParseFromString(*v);
+        if (e.exit_code() != 0 || e.signal() != 0) {
+          if (all_zero) first_bad = e;
+          all_zero = false;
+        }
+      }
+      RankExit cause;
+      std::string reason;
+      if (failure.ok() && cause.ParseFromString(*failure)) {
+        reason = DescribeExit(cause);
+      } else if (!lost.empty()) {
+        reason = "node lost: " + lost;
+      } else if (all && !all_zero) {
+        cause = first_bad;
+        reason = DescribeExit(cause);
+      }
+      if (!reason.empty()) {
+        (void)store->Set(keys::Stop(id, n), reason);
+        auto r = UpdateRecord(id, [&](Job* j) {
+          if (j->state() != jobs::v1::RUNNING) return false;
+          j->set_state(NextStateAfterFailure(*j));
+          j->set_reason(reason);
+          if (cause.rank() != 0 || !cause.node().empty()) *j->mutable_root_cause() = cause;
+          auto* a = j->mutable_attempts(j->attempts_size() - 1);
+          a->set_reason(reason);
+          if (cause.rank() != 0 || !cause.node().empty()) *a->mutable_root_cause() = cause;
+          a->set_end_unix_ms(NowMs());
+          j->set_end_unix_ms(NowMs());
+          return true;
+        });
+        if (r.ok()) spdlog::warn("job {} attempt {} failed: {}", id, n, reason);
+      } else if (all) {
+        auto r = UpdateRecord(id, [&](Job* j) {
+          if (j->state() != jobs::v1::RUNNING) return false;
+          j->set_state(jobs::v1::SUCCEEDED);
+          j->mutable_attempts(j->attempts_size() - 1)->set_end_unix_ms(NowMs());
+          j->set_end_unix_ms(NowMs());
+          return true;
+        });
+        if (r.ok()) spdlog::info("job {} succeeded", id);
+      }
+    } else if (IsTerminal(job.state()) && !jobs_holding.count(id)) {
+      (void)store->Delete(keys::Active(id));  // finished and every device given back
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Supervision (every node)
+
+void Daemon::Impl::SpawnAttempt(const Job& job) {
+  const jobs::v1::Attempt& at = job.attempts(job.attempts_size() - 1);
+  const jobs::v1::NodeAssignment* mine = nullptr;
+  for (const auto& na : at.assignment().nodes())
+    if (na.node() == opts.node_name) mine = &na;
+  if (mine == nullptr) return;
+  LocalAttempt la;
+  la.job = job.id();
+  la.attempt = at.number();
+  la.devices.assign(mine->devices().begin(), mine->devices().end());
+  std::string key = absl::StrCat(job.id(), "#", at.number());
+
+  std::string dir = JobDir(job.id());
+  std::error_code ec;
+  fs::create_directories(dir + "/logs", ec);
+  fs::create_directories(dir + "/checkpoints", ec);
+  std::string fr_dir = absl::StrCat(dir, "/flight/attempt-", at.number());
+  fs::create_directories(fr_dir, ec);
+  if (!fs::exists(dir + "/job.yaml")) {
+    auto spec = store->Get(keys::SpecYaml(job.id()));
+    if (spec.ok()) std::ofstream(dir + "/job.yaml") << *spec;
+    auto names = store->ListKeys(absl::StrCat("jobs/", job.id(), "/files/"));
+    if (names.ok()) {
+      for (const std::string& k : *names) {
+        auto v = store->Get(k);
+        std::string rel = k.substr(absl::StrCat("jobs/", job.id(), "/files/").size());
+        fs::create_directories(fs::path(dir + "/" + rel).parent_path(), ec);
+        if (v.ok()) std::ofstream(dir + "/" + rel, std::ios::binary) << *v;
+      }
+    }
+  }
+  std::string cgroup;
+  if (!opts.cgroup_root.empty()) {
+    cgroup = absl::StrCat(opts.cgroup_root, "/ember-", job.id(), "-", at.number());
+    if (!fs::create_directories(cgroup, ec) && ec) cgroup.clear();
+  }
+  const int local_world = mine->devices_size();
+  for (int i = 0; i < local_world; ++i) {
+    LocalWorker w;
+    w.rank = mine->first_rank() + i;
+    w.local_rank = i;
+    w.device = mine->devices(i);
+    w.log_path = absl::StrCat(dir, "/logs/rank-", w.rank, ".log");
+    SpawnOptions so;
+    so.argv = {opts.worker_binary};
+    so.cwd = dir;
+    so.log_path = w.log_path;
+    so.cgroup_dir = cgroup;
+    so.header = absl::StrCat("=== ember: attempt ", at.number(), " rank ", w.rank, " on ",
+                             opts.node_name, " device ", w.device, " ===");
+    std::string dev = DeviceOfKind(w.device, "cuda") ? w.device : "cpu";
+    so.env = {
+        {"PATH", "/usr/local/bin:/usr/bin:/bin"},
+        {"EMBER_STORE_ADDR", store_addr},
+        {"EMBER_JOB_ID", job.id()},
+        {"EMBER_ATTEMPT", absl::StrCat(at.number())},
+        {"EMBER_RANK", absl::StrCat(w.rank)},
+        {"EMBER_WORLD_SIZE", absl::StrCat(at.assignment().world_size())},
+        {"EMBER_LOCAL_RANK", absl::StrCat(i)},
+        {"EMBER_LOCAL_WORLD_SIZE", absl::StrCat(local_world)},
+        {"EMBER_NODE_RANK", absl::StrCat(mine->node_rank())},
+        {"EMBER_DEVICE", dev},
+        {"EMBER_JOB_DIR", dir},
+        {"EMBER_FR_DUMP_DIR", fr_dir},
+    };
+    if (!opts.auth_token.empty()) so.env.push_back({"EMBER_AUTH_TOKEN_FILE", token_file});
+    for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
+      if (const char* v = getenv(pass)) so.env.push_back({pass, v});
+    }
+    auto pid = SpawnWorker(so);
+    if (!pid.ok()) {
+      spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
+      w.exited = true;
+      w.exit_code = 127;
+      RankExit e;
+      e.set_rank(w.rank);
+      e.set_node(opts.node_name);
+      e.set_exit_code(127);
+      e.add_last_log_lines(pid.status().ToString());
+      e.set_unix_ms(NowMs());
+      (void)store->Set(keys::Exit(job.id(), at.number(), w.rank), e.SerializeAsString());
+      (void)store->CompareSet(keys::Failure(job.id(), at.number()), std::nullopt,
+                              e.SerializeAsString());
+    } else {
+      w.pid = *pid;
+    }
+    la.workers.push_back(w);
+  }
+  spdlog::info("job {} attempt {}: started ranks {}..{} on {}", job.id(), at.number(),
+               mine->first_rank(), mine->first_rank() + local_world - 1, opts.node_name);
+  local[key] = std::move(la);
+  PersistLocked();
+}
+
+void Daemon::Impl::StopAttempt(LocalAttempt* a, const std::string& reason) {
+  if (a->stopping) return;
+  a->stopping = true;
+  a->stop_reason = reason;
+  a->term_sent = absl::Now();
+  for (const auto& w : a->workers) {
+    if (!w.exited) SignalGroup(w.pid, SIGTERM);
+  }
+  spdlog::info("job {} attempt {}: stopping local ranks ({})", a->job, a->attempt, reason);
+}
+
+void Daemon::Impl::PersistLocked() {
+  // One line per worker: job attempt rank pid device exited exit_code signal log. Issue 8's
+  // re-attach reads this back; written to a temp file and renamed so it is never half-written.
+  std::string text = "# ember daemon worker state v1\n";
+  for (const auto& [k, a] : local) {
+    if (a.released) continue;
+    for (const auto& w : a.workers) {
+      absl::StrAppend(&text, a.job, " ", a.attempt, " ", w.rank, " ", w.pid, " ", w.device, " ",
+                      w.exited ? 1 : 0, " ", w.exit_code, " ", w.signal, " ", w.log_path, "\n");
+    }
+  }
+  std::string path = opts.state_dir + "/workers.state";
+  {
+    std::ofstream f(path + ".tmp", std::ios::trunc);
+    f << text;
+  }
+  ::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+void Daemon::Impl::Supervise() {
+  // 1. Start what the scheduler placed here.
+  auto active = store->ListKeys("active/");
+  std::map<std::string, Job> records;
+  if (active.ok()) {
+    for (const std::string& k : *active) {
+      std::string id = k.substr(strlen("active/"));
+      auto rec = ReadRecord(id);
+      if (rec.ok()) records[id] = rec->first;
+    }
+  }
+  absl::MutexLock l(&mu);
+  for (const auto& [id, job] : records) {
+    if (job.state() != jobs::v1::RUNNING || job.attempts_size() == 0 || draining) continue;
+    int n = job.attempts(job.attempts_size() - 1).number();
+    if (local.count(absl::StrCat(id, "#", n))) continue;
+    // Never start an attempt that was already told to stop.
+    if (store->Get(keys::Stop(id, n)).ok()) continue;
+    SpawnAttempt(job);
+  }
+  // 2. Reap, report, stop.
+  bool changed = false;
+  for (auto& [key, a] : local) {
+    if (a.released) continue;
+    for (auto& w : a.workers) {
+      if (w.exited) continue;
+      if (!TryReap(w.pid, &w.exit_code, &w.signal)) continue;
+      w.exited = true;
+      changed = true;
+      RankExit e;
+      e.set_rank(w.rank);
+      e.set_node(opts.node_name);
+      e.set_exit_code(w.exit_code);
+      e.set_signal(w.signal);
+      e.set_pid(w.pid);
+      e.set_unix_ms(NowMs());
+      bool failed = w.exit_code != 0 || w.signal != 0;
+      if (failed) {
+        for (auto& line : TailLines(w.log_path, opts.last_log_lines)) e.add_last_log_lines(line);
+      }
+      (void)store->Set(keys::Exit(a.job, a.attempt, w.rank), e.SerializeAsString());
+      // A rank that fails on its own (not one we stopped) is a root-cause candidate; the first
+      // writer of the failure key wins across every node.
+      if (failed && !a.stopping) {
+        auto r = store->CompareSet(keys::Failure(a.job, a.attempt), std::nullopt,
+                                   e.SerializeAsString());
+        if (r.ok() && r->swapped) {
+          spdlog::warn("job {} attempt {}: {}", a.job, a.attempt, DescribeExit(e));
+          (void)store->Set(keys::Stop(a.job, a.attempt), DescribeExit(e));
+        }
+        StopAttempt(&a, DescribeExit(e));
+      }
+    }
+    bool all_exited = std::all_of(a.workers.begin(), a.workers.end(),
+                                  [](const LocalWorker& w) { return w.exited; });
+    if (!a.stopping && !all_exited) {
+      auto it = records.find(a.job);
+      bool terminal = it == records.end() ? true : IsTerminal(it->second.state());
+      auto stop_key = store->Get(keys::Stop(a.job, a.attempt));
+      if (stop_key.ok()) StopAttempt(&a, *stop_key);
+      else if (terminal && it != records.end()) StopAttempt(&a, "job ended");
+    }
+    if (a.stopping && !all_exited && absl::Now() - a.term_sent > opts.kill_grace) {
+      for (const auto& w : a.workers) {
+        if (!w.exited) SignalGroup(w.pid, SIGKILL);
+      }
+    }
+    if (all_exited) {
+      // Sweep stragglers of the groups (a worker's own children), then give the devices back.
+      for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
+      for (const auto& d : a.devices) (void)store->Delete(keys::Alloc(opts.node_name, d));
+      if (!opts.cgroup_root.empty()) {
+        ::rmdir(absl::StrCat(opts.cgroup_root, "/ember-", a.job, "-", a.attempt).c_str());
+      }
+      a.released = true;
+      changed = true;
+      spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);
+    }
+  }
+  if (changed) PersistLocked();
+}
+
+void Daemon::Impl::DrainNow() {
+  {
+    absl::MutexLock l(&mu);
+    if (drained) return;
+    drained = true;
+  }
+  draining = true;
+  spdlog::info("emberd {} draining", opts.node_name);
+  (void)Register();  // tell the scheduler: no new placements here
+  {
+    absl::MutexLock l(&mu);
+    for (auto& [k, a] : local) {
+      if (!a.released) StopAttempt(&a, "node " + opts.node_name + " draining");
+    }
+  }
+  // Let the control loop reap and report; wait for it (bounded by kill_grace + margin).
+  absl::Time deadline = absl::Now() + opts.kill_grace + absl::Seconds(3);
+  while (absl::Now() < deadline) {
+    {
+      absl::MutexLock l(&mu);
+      bool all = true;
+      for (const auto& [k, a] : local) all = all && a.released;
+      if (all) break;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  stop.Notify();
+  if (control_thread.joinable()) control_thread.join();
+  if (heartbeat_thread.joinable()) heartbeat_thread.join();
+  Supervise();  // a last reap (SIGKILLs anything left) with the loops stopped
+  {
+    absl::MutexLock l(&mu);
+    for (auto& [k, a] : local) {
+      for (auto& w : a.workers) {
+        if (w.exited) continue;
+        SignalGroup(w.pid, SIGKILL);
+        for (int i = 0; i < 200 && !TryReap(w.pid, &w.exit_code, &w.signal); ++i) {
+          absl::SleepFor(absl::Milliseconds(5));
+        }
+        w.exited = true;
+      }
+    }
+    PersistLocked();
+  }
+  if (leader) (void)store->Delete(keys::kLeader);
+  if (lease.load() != 0) (void)store->RevokeLease(lease.load());
+  if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (hosted_store) hosted_store->Shutdown();
+}
+
+// ------------------------------------------------------------------------------------------------
+// Daemon
+
+Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Daemon::~Daemon() { Drain(); }
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
+  auto impl = std::make_unique<Impl>(std::move(options));
+  absl::Status s = impl->Init();
+  if (!s.ok()) {
+    impl->stop.Notify();
+    if (impl->control_thread.joinable()) impl->control_thread.join();
+    if (impl->heartbeat_thread.joinable()) impl->heartbeat_thread.join();
+    return s;
+  }
+  return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));
+}
+
+std::string Daemon::address() const { return impl_->advertise; }
+int Daemon::port() const { return impl_->server.port; }
+std::string Daemon::store_address() const { return impl_->store_addr; }
+const std::string& Daemon::node_name() const { return impl_->opts.node_name; }
+void Daemon::Drain() { impl_->DrainNow(); }
+
+bool Daemon::Healthy() const {
+  int64_t now = NowMs();
+  int64_t slack = 3 * absl::ToInt64Milliseconds(impl_->opts.heartbeat) + 2000;
+  return now - impl_->last_tick_ms < slack && now - impl_->last_heartbeat_ms < slack;
+}
+
+int Daemon::NumWorkers() const {
+  absl::MutexLock l(&impl_->mu);
+  int n = 0;
+  for (const auto& [k, a] : impl_->local)
+    for (const auto& w : a.workers) n += w.exited ? 0 : 1;
+  return n;
+}
+
+std::string Daemon::StatusLine() const {
+  absl::MutexLock l(&impl_->mu);
+  int jobs = 0, workers = 0;
+  for (const auto& [k, a] : impl_->local) {
+    if (a.released) continue;
+    ++jobs;
+    for (const auto& w : a.workers) workers += w.exited ? 0 : 1;
+  }
+  return absl::StrCat(jobs, " job(s), ", workers, " worker(s)", impl_->leader ? ", scheduler" : "",
+                      impl_->draining ? ", draining" : "");
+}
+
+}  // namespace ember::daemon

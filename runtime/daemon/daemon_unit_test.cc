@@ -1,0 +1,142 @@
+// Unit tests of the daemon's pure parts: placement, spec path policy, processes, config, tokens.
+#include <signal.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "catch2/catch.hpp"
+#include "runtime/daemon/auth.h"
+#include "runtime/daemon/config.h"
+#include "runtime/daemon/placement.h"
+#include "runtime/daemon/process.h"
+#include "runtime/daemon/spec_policy.h"
+
+namespace ember::daemon {
+namespace {
+
+std::string Tmp(const std::string& name) {
+  const char* t = getenv("TEST_TMPDIR");
+  return std::string(t ? t : "/tmp") + "/" + name;
+}
+
+TEST_CASE("gang placement uses as few nodes as possible and is all-or-nothing") {
+  std::vector<NodeCapacity> nodes = {{"a", "A", {"cpu:0", "cpu:1"}},
+                                     {"b", "B", {"cpu:0", "cpu:1", "cpu:2"}}};
+  auto p = PlaceGang({3}, nodes);
+  REQUIRE(p.has_value());
+  REQUIRE(p->nodes_size() == 1);
+  REQUIRE(p->nodes(0).node() == "b");
+  p = PlaceGang({4}, nodes);
+  REQUIRE(p.has_value());
+  REQUIRE(p->nodes_size() == 2);
+  REQUIRE(p->nodes(0).first_rank() == 0);
+  REQUIRE(p->nodes(1).first_rank() == 3);
+  REQUIRE(p->nodes(1).node_rank() == 1);
+  REQUIRE_FALSE(PlaceGang({6}, nodes).has_value());
+  p = PlaceGang({4, 2, 0}, nodes);  // exactly 2 nodes -> 2 each
+  REQUIRE(p.has_value());
+  REQUIRE(p->nodes(0).devices_size() == 2);
+  REQUIRE(p->nodes(1).devices_size() == 2);
+  REQUIRE_FALSE(PlaceGang({4, 0, 3}, nodes).has_value());  // 3 per node does not divide 4
+  REQUIRE_FALSE(PlaceGang({0}, nodes).has_value());
+}
+
+TEST_CASE("spec paths and upload names stay inside the job directory") {
+  spec::v1::JobSpec s;
+  s.mutable_data()->set_path("data/tokens.bin");
+  REQUIRE(CheckSpecPaths(s, {}).ok());
+  s.mutable_data()->set_path("/datasets/x.bin");
+  REQUIRE(absl::IsPermissionDenied(CheckSpecPaths(s, {})));
+  REQUIRE(CheckSpecPaths(s, {"/datasets"}).ok());
+  s.mutable_data()->set_path("a/../../x");
+  REQUIRE(absl::IsPermissionDenied(CheckSpecPaths(s, {"/datasets"})));
+  REQUIRE(absl::StrContains(CheckSpecPaths(s, {}).message(), "data.path"));
+  REQUIRE(CheckUploadName("data/shakespeare.txt").ok());
+  REQUIRE_FALSE(CheckUploadName("../x").ok());
+  REQUIRE_FALSE(CheckUploadName("/etc/passwd").ok());
+  REQUIRE_FALSE(CheckUploadName(".token").ok());
+  REQUIRE_FALSE(CheckUploadName("a b").ok());
+}
+
+TEST_CASE("a spawned worker runs in its own process group and is killed with it") {
+  std::string log = Tmp("proc.log");
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "echo hello; sleep 30 & wait"};
+  o.env = {{"PATH", "/usr/bin:/bin"}, {"EMBER_JOB_ID", "unit-proc-job"}};
+  o.log_path = log;
+  o.header = "=== header ===";
+  auto pid = SpawnWorker(o);
+  REQUIRE(pid.ok());
+  REQUIRE(getpgid(*pid) == *pid);
+  int code = 0, sig = 0;
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE_FALSE(TryReap(*pid, &code, &sig));
+  REQUIRE(FindJobProcesses("unit-proc-job").size() == 2);  // the shell and its sleep
+  REQUIRE(SignalGroup(*pid, SIGKILL));
+  for (int i = 0; i < 100 && !TryReap(*pid, &code, &sig); ++i) absl::SleepFor(absl::Milliseconds(10));
+  REQUIRE(sig == SIGKILL);
+  for (int i = 0; i < 100 && !FindJobProcesses("unit-proc-job").empty(); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(FindJobProcesses("unit-proc-job").empty());
+  auto lines = TailLines(log, 5);
+  REQUIRE(lines.size() == 2);
+  REQUIRE(lines[0] == "=== header ===");
+  REQUIRE(lines[1] == "hello");
+}
+
+TEST_CASE("exit codes are reported and an exec failure is 127") {
+  SpawnOptions o;
+  o.argv = {"/bin/sh", "-c", "exit 7"};
+  o.log_path = Tmp("exit.log");
+  auto pid = SpawnWorker(o);
+  REQUIRE(pid.ok());
+  int code = 0, sig = 0;
+  for (int i = 0; i < 200 && !TryReap(*pid, &code, &sig); ++i) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(code == 7);
+  REQUIRE(sig == 0);
+  o.argv = {"/nonexistent/worker"};
+  pid = SpawnWorker(o);
+  REQUIRE(pid.ok());
+  for (int i = 0; i < 200 && !TryReap(*pid, &code, &sig); ++i) absl::SleepFor(absl::Milliseconds(5));
+  REQUIRE(code == 127);
+  REQUIRE(absl::StrContains(TailLines(o.log_path, 1).at(0), "exec of the worker failed"));
+}
+
+TEST_CASE("logs rotate by copy-truncate") {
+  std::string log = Tmp("rot.log");
+  { std::ofstream(log) << std::string(2000, 'x') << "\n"; }
+  REQUIRE(RotateIfLarger(log, 1000, 2));
+  REQUIRE(TailLines(log, 1).empty());
+  REQUIRE(TailLines(log + ".1", 1).at(0).size() == 2000);
+  REQUIRE_FALSE(RotateIfLarger(log, 1000, 2));
+}
+
+TEST_CASE("config: unknown keys and missing tokens are named") {
+  std::string path = Tmp("emberd.yaml");
+  { std::ofstream(path) << "host_store: true\nwork_rot: /x\n"; }
+  EmberdConfig cfg;
+  auto s = LoadEmberdConfig(path, &cfg);
+  REQUIRE(absl::IsInvalidArgument(s));
+  REQUIRE(absl::StrContains(s.message(), "work_rot"));
+  { std::ofstream(path) << "host_store: true\ncpu_slots: 3\n"; }
+  cfg = EmberdConfig();
+  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
+  REQUIRE(cfg.cpu_slots == 3);
+  auto o = ToDaemonOptions(cfg);
+  REQUIRE(absl::IsInvalidArgument(o.status()));
+  REQUIRE(absl::StrContains(o.status().message(), "auth_token_file"));
+  std::string tok = Tmp("token");
+  REQUIRE(WriteTokenFile(tok, GenerateToken()).ok());
+  cfg.auth_token_file = tok;
+  o = ToDaemonOptions(cfg);
+  REQUIRE(o.ok());
+  REQUIRE(o->auth_token.size() == 64);
+  { std::ofstream(tok) << "short\n"; }
+  REQUIRE(absl::IsInvalidArgument(ReadTokenFile(tok).status()));
+}
+
+}  // namespace
+}  // namespace ember::daemon

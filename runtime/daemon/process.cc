@@ -1,0 +1,168 @@
+#include "runtime/daemon/process.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace ember::daemon {
+
+absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
+  // Everything the child needs is built before fork: after it only async-signal-safe calls.
+  std::vector<std::string> env_strings;
+  for (const auto& [k, v] : o.env) env_strings.push_back(absl::StrCat(k, "=", v));
+  std::vector<char*> argv, envp;
+  for (const auto& a : o.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  for (auto& e : env_strings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::string header = o.header.empty() ? "" : o.header + "\n";
+  std::string procs = o.cgroup_dir.empty() ? "" : o.cgroup_dir + "/cgroup.procs";
+  static const char kExecFailed[] = "ember: exec of the worker failed: ";
+
+  int log_fd = ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  if (log_fd < 0) {
+    return absl::InternalError(absl::StrCat("cannot open log ", o.log_path, ": ", strerror(errno)));
+  }
+  if (!header.empty()) (void)!::write(log_fd, header.data(), header.size());
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int err = errno;
+    ::close(log_fd);
+    return absl::InternalError(absl::StrCat("fork for ", o.argv[0], ": ", strerror(err)));
+  }
+  if (pid == 0) {
+    ::setsid();
+    sigset_t all;
+    sigemptyset(&all);
+    sigprocmask(SIG_SETMASK, &all, nullptr);  // the daemon blocks SIGTERM; workers must not
+    signal(SIGPIPE, SIG_DFL);
+    if (!procs.empty()) {
+      int cg = ::open(procs.c_str(), O_WRONLY);
+      if (cg >= 0) {
+        (void)!::write(cg, "0", 1);
+        ::close(cg);
+      }
+    }
+    int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) ::dup2(null_fd, 0);
+    ::dup2(log_fd, 1);
+    ::dup2(log_fd, 2);
+#ifdef SYS_close_range
+    if (::syscall(SYS_close_range, 3, ~0U, 0) != 0)
+#endif
+      for (int fd = 3; fd < 4096; ++fd) ::close(fd);
+    if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) _exit(127);
+    ::execve(argv[0], argv.data(), envp.data());
+    (void)!::write(2, kExecFailed, sizeof(kExecFailed) - 1);
+    (void)!::write(2, argv[0], strlen(argv[0]));
+    (void)!::write(2, "\n", 1);
+    _exit(127);
+  }
+  ::close(log_fd);
+  return pid;
+}
+
+bool SignalGroup(pid_t pgid, int sig) {
+  if (pgid <= 1) return false;
+  return ::killpg(pgid, sig) == 0;
+}
+
+bool TryReap(pid_t pid, int* exit_code, int* sig) {
+  int status = 0;
+  pid_t r = ::waitpid(pid, &status, WNOHANG);
+  if (r == 0) return false;
+  if (r < 0) {  // not our child any more (already reaped): report it as gone
+    *exit_code = -1;
+    *sig = 0;
+    return errno == ECHILD;
+  }
+  if (WIFEXITED(status)) {
+    *exit_code = WEXITSTATUS(status);
+    *sig = 0;
+  } else if (WIFSIGNALED(status)) {
+    *exit_code = -1;
+    *sig = WTERMSIG(status);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+std::vector<std::string> TailLines(const std::string& path, int n) {
+  std::vector<std::string> out;
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return out;
+  struct stat st;
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    return out;
+  }
+  off_t start = st.st_size > 65536 ? st.st_size - 65536 : 0;
+  std::string buf(st.st_size - start, '\0');
+  ssize_t got = ::pread(fd, buf.data(), buf.size(), start);
+  ::close(fd);
+  if (got <= 0) return out;
+  buf.resize(got);
+  std::vector<std::string> lines = absl::StrSplit(buf, '\n');
+  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // partial first line
+  int from = std::max<int>(0, static_cast<int>(lines.size()) - n);
+  return std::vector<std::string>(lines.begin() + from, lines.end());
+}
+
+bool RotateIfLarger(const std::string& path, int64_t max_bytes, int keep) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0 || st.st_size <= max_bytes || keep < 1) return false;
+  for (int i = keep - 1; i >= 1; --i) {
+    ::rename(absl::StrCat(path, ".", i).c_str(), absl::StrCat(path, ".", i + 1).c_str());
+  }
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::ofstream out(path + ".1", std::ios::binary | std::ios::trunc);
+    out << in.rdbuf();
+  }
+  return ::truncate(path.c_str(), 0) == 0;
+}
+
+std::vector<pid_t> FindJobProcesses(const std::string& job_id) {
+  std::vector<pid_t> out;
+  std::string needle = "EMBER_JOB_ID=" + job_id;
+  DIR* d = ::opendir("/proc");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    pid_t pid = static_cast<pid_t>(atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream f(absl::StrCat("/proc/", pid, "/environ"), std::ios::binary);
+    std::stringstream ss;
+    ss << f.rdbuf();
+    std::string env = ss.str();
+    for (absl::string_view var : absl::StrSplit(env, '\0')) {
+      if (var == needle) {
+        // A zombie (exited, not yet reaped) is not a running worker.
+        std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+        std::string line;
+        std::getline(stat, line);
+        size_t p = line.rfind(')');
+        if (p != std::string::npos && p + 2 < line.size() && line[p + 2] == 'Z') break;
+        out.push_back(pid);
+        break;
+      }
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+}  // namespace ember::daemon

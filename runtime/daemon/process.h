@@ -1,0 +1,52 @@
+// Worker processes: spawn in a new session (its own process group), signal the whole group, reap,
+// and the rank's log file (tail, copy-truncate rotation).
+//
+// A worker writes stdout/stderr straight to its log file (O_APPEND), not through a pipe to the
+// daemon, so a daemon restart does not break its output (issue 8 re-attaches). Rotation is
+// copy-truncate for the same reason. Thread-compatible: callers serialize per worker.
+#ifndef EMBER_RUNTIME_DAEMON_PROCESS_H_
+#define EMBER_RUNTIME_DAEMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace ember::daemon {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;                          // argv[0] is the executable path
+  std::vector<std::pair<std::string, std::string>> env;   // the complete environment
+  std::string cwd;
+  std::string log_path;      // stdout+stderr, appended
+  std::string header;        // written to the log before exec (one line)
+  std::string cgroup_dir;    // optional: the child joins it (best effort)
+};
+
+// fork+exec in a new session: pid == pgid. Errors: INTERNAL naming the executable when fork fails;
+// an exec failure shows up as exit code 127 with the reason in the log.
+absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& options);
+
+// Sends `sig` to the process group (ESRCH ignored). Returns false when no member is left.
+bool SignalGroup(pid_t pgid, int sig);
+
+// Non-blocking reap. Returns true when `pid` has ended; then exit_code (-1 if signalled) and
+// signal (0 if exited) are set.
+bool TryReap(pid_t pid, int* exit_code, int* signal);
+
+// The last `n` lines of a file (at most 64 KiB read from the end).
+std::vector<std::string> TailLines(const std::string& path, int n);
+
+// When the file exceeds max_bytes: copies it to path.1 (shifting .1 -> .2 ... up to keep) and
+// truncates it in place. Returns true when it rotated.
+bool RotateIfLarger(const std::string& path, int64_t max_bytes, int keep);
+
+// Processes whose environment has EMBER_JOB_ID=<job_id> (scans /proc; for tests and `nodes`).
+std::vector<pid_t> FindJobProcesses(const std::string& job_id);
+
+}  // namespace ember::daemon
+
+#endif  // EMBER_RUNTIME_DAEMON_PROCESS_H_

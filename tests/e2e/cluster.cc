@@ -1,0 +1,58 @@
+#include "tests/e2e/cluster.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+
+namespace ember::e2e {
+
+namespace fs = std::filesystem;
+
+std::string Spec(const std::string& name, int world, int steps) {
+  return absl::StrCat("name: ", name, "\nmodel: {n_layers: 1, d_model: 32, n_heads: 2, ",
+                      "context_length: 16}\nparallelism: {strategy: fsdp, world_size: ", world,
+                      "}\nsteps: ", steps, "\n");
+}
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(ClusterOptions o) {
+  auto c = std::unique_ptr<TestCluster>(new TestCluster());
+  const char* tmp = getenv("TEST_TMPDIR");
+  c->work_root_ = absl::StrCat(tmp ? tmp : "/tmp", "/e2e-", getpid(), "-", rand() % 100000);
+  c->token_ = daemon::GenerateToken();
+  std::string worker = o.worker.empty() ? fs::absolute("tests/e2e/test_worker").string() : o.worker;
+  for (int i = 0; i < o.nodes; ++i) {
+    daemon::DaemonOptions d;
+    d.node_name = std::string("node-") + char('a' + i);
+    d.host_store = i == 0;
+    if (i > 0) d.store_address = c->daemons_[0]->store_address();
+    d.auth_token = c->token_;
+    d.work_root = c->work_root_;
+    d.worker_binary = worker;
+    d.inventory.cpu_slots = o.slots;
+    d.inventory.cuda_devices = 0;
+    d.poll = absl::Milliseconds(50);
+    d.heartbeat = absl::Milliseconds(250);
+    d.lease_ttl = absl::Seconds(3);
+    d.kill_grace = absl::Seconds(1);
+    ASSIGN_OR_RETURN(auto daemon, daemon::Daemon::Start(d));
+    c->daemons_.push_back(std::move(daemon));
+  }
+  return c;
+}
+
+TestCluster::~TestCluster() {
+  for (auto it = daemons_.rbegin(); it != daemons_.rend(); ++it) (*it)->Drain();
+  daemons_.clear();
+}
+
+absl::StatusOr<Client> TestCluster::Connect(int i, const std::string* token) const {
+  ClientOptions o;
+  o.address = daemons_[i]->address();
+  o.token = token ? *token : token_;
+  return Client::Connect(o);
+}
+
+}  // namespace ember::e2e

@@ -1,0 +1,42 @@
+// Test harness: a store and two daemons ("node-a" hosts the store, "node-b" joins it) on loopback
+// in this process, each offering `slots` CPU devices, running //tests/e2e:test_worker (or the
+// worker given). Destroying it drains both daemons: no worker survives a test. Thread-compatible.
+#ifndef EMBER_TESTS_E2E_CLUSTER_H_
+#define EMBER_TESTS_E2E_CLUSTER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "launcher/client.h"
+#include "runtime/daemon/daemon.h"
+
+namespace ember::e2e {
+
+struct ClusterOptions {
+  int nodes = 2;
+  int slots = 2;              // CPU devices per node
+  std::string worker;         // "" = tests/e2e/test_worker from the runfiles
+};
+
+class TestCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<TestCluster>> Start(ClusterOptions o = {});
+  ~TestCluster();
+
+  // A client of node `i`'s daemon with the cluster token (or `token` when given).
+  absl::StatusOr<Client> Connect(int i = 0, const std::string* token = nullptr) const;
+  daemon::Daemon* node(int i) { return daemons_[i].get(); }
+  const std::string& token() const { return token_; }
+  const std::string& work_root() const { return work_root_; }
+
+ private:
+  std::string token_, work_root_;
+  std::vector<std::unique_ptr<daemon::Daemon>> daemons_;
+};
+
+std::string Spec(const std::string& name, int world, int steps);
+
+}  // namespace ember::e2e
+
+#endif  // EMBER_TESTS_E2E_CLUSTER_H_
