@@ -257,6 +257,7 @@ class Ctl {
   int Follow(ember::Client& c, const std::string& id) {
     bool tty = isatty(2);
     v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+    int64_t last_step = -1;
     absl::Status s = c.StreamMetrics(id, true, 250, [&](const v1::MetricsUpdate& u) {
       if (json_) {
         std::cout << ToJson(u) << "\n" << std::flush;
@@ -266,10 +267,11 @@ class Ctl {
         if (it != u.ranks().end()) line += ProgressLine(it->second);
         if (tty) {
           std::cerr << "\r\033[K" << line << std::flush;
-        } else if (u.state() != last_state || (it != u.ranks().end() &&
-                                               it->second.step() % 10 == 0)) {
-          std::cerr << line << "\n";
+        } else if (u.state() != last_state ||
+                   (it != u.ranks().end() && it->second.step() / 10 != last_step / 10)) {
+          std::cerr << line << "\n";  // not a terminal: a line per state change / 10 steps
         }
+        if (it != u.ranks().end()) last_step = it->second.step();
       }
       last_state = u.state();
       return !interrupted_;
