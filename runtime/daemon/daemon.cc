@@ -120,6 +120,8 @@ absl::Status Daemon::Impl::Init() {
     return absl::FailedPreconditionError(
         absl::StrCat("worker_binary: ", opts.worker_binary, " is not an executable file"));
   }
+  opts.worker_binary = fs::absolute(opts.worker_binary).string();  // workers start in the job dir
+  opts.work_root = fs::absolute(opts.work_root).string();
   if (opts.state_dir.empty()) {
     opts.state_dir = absl::StrCat(opts.work_root, "/.emberd/", opts.node_name);
   }

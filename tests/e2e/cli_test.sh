@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# emberd and emberctl as binaries: start-up, --help, exit codes (unreachable 3, bad token 4, bad
+# spec 2, no such job 5), submit --follow to SUCCEEDED, cancel, JSON output, SIGTERM drain.
+# Loopback only; every step bounded; the daemon is killed on any exit.
+set -uo pipefail
+EMBERD="$1"; EMBERCTL="$2"; WORKER="$3"
+T="${TEST_TMPDIR:-$(mktemp -d)}/cli"
+mkdir -p "$T"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+DPID=""
+cleanup() { [ -n "$DPID" ] && kill -KILL "$DPID" 2>/dev/null; true; }
+trap cleanup EXIT
+
+head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/token"
+echo "wrong-token-wrong-token-wrong" > "$T/bad"
+
+"$EMBERCTL" --help | grep -q "run --standalone" || fail "top --help"
+for c in run submit status list logs cancel nodes dump fr ckpt; do
+  "$EMBERCTL" "$c" --help >/dev/null || fail "$c --help"
+done
+"$EMBERCTL" bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command must exit 2"
+"$EMBERD" --work-root="$T/jobs" --worker-binary="$WORKER" --host-store >/dev/null 2>&1
+[ $? -eq 2 ] || fail "emberd without a token must refuse (exit 2)"
+
+# Unreachable daemon: exit 3 with a clear message.
+out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" --token-file "$T/token" list 2>&1); rc=$?
+[ $rc -eq 3 ] || fail "unreachable: rc=$rc ($out)"
+echo "$out" | grep -q "cannot reach emberd" || fail "unreachable message: $out"
+
+"$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --host-store --node-name=cli \
+  --auth-token-file="$T/token" --work-root="$T/jobs" --worker-binary="$WORKER" --cpu-slots=2 \
+  --cuda-devices=0 > "$T/emberd.log" 2>&1 &
+DPID=$!
+ADDR=""
+for _ in $(seq 100); do
+  ADDR=$(grep -o "ready: api 127.0.0.1:[0-9]*" "$T/emberd.log" | grep -o "127.0.0.1:[0-9]*")
+  [ -n "$ADDR" ] && break
+  sleep 0.1
+done
+[ -n "$ADDR" ] || { cat "$T/emberd.log"; fail "emberd did not become ready"; }
+export EMBER_ADDRESS="$ADDR"
+
+"$EMBERCTL" --token-file "$T/bad" nodes >/dev/null 2>&1; [ $? -eq 4 ] || fail "bad token must exit 4"
+"$EMBERCTL" nodes >/dev/null 2>&1; [ $? -eq 4 ] || fail "missing token must exit 4"
+grep -q "UNAUTHENTICATED" "$T/emberd.log" || fail "rejections are logged"
+
+export EMBER_TOKEN_FILE="$T/token"
+"$EMBERCTL" nodes | grep -q "cpu:1" || fail "nodes lists devices"
+"$EMBERCTL" --output json nodes | grep -q '"cpu_slots": *2' || fail "nodes json"
+
+printf 'name: cli-bad\nsteps: -1\n' > "$T/bad.yaml"
+out=$("$EMBERCTL" submit "$T/bad.yaml" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "bad spec: rc=$rc"
+echo "$out" | grep -q "steps" || fail "bad spec names the field: $out"
+
+printf 'name: cli-ok\nmodel: {n_layers: 1, d_model: 32, n_heads: 2, context_length: 16}\nparallelism: {strategy: fsdp, world_size: 2}\nsteps: 5\n' > "$T/ok.yaml"
+timeout 60 "$EMBERCTL" submit "$T/ok.yaml" --follow > "$T/follow.out" 2>&1 || { cat "$T/follow.out"; fail "submit --follow"; }
+grep -q SUCCEEDED "$T/follow.out" || fail "follow shows SUCCEEDED"
+JOB=$(head -1 "$T/follow.out")
+"$EMBERCTL" status "$JOB" | grep -q SUCCEEDED || fail "status"
+"$EMBERCTL" --output json status "$JOB" | grep -q '"state": *"SUCCEEDED"' || fail "status json"
+"$EMBERCTL" logs "$JOB" --rank 1 | grep -q "done" || fail "logs --rank"
+"$EMBERCTL" status no-such-job >/dev/null 2>&1; [ $? -eq 5 ] || fail "no such job must exit 5"
+
+printf 'name: cli-hang\nmodel: {n_layers: 1, d_model: 32, n_heads: 2, context_length: 16}\nparallelism: {strategy: fsdp, world_size: 2}\nsteps: 5\n' > "$T/hang.yaml"
+HJOB=$("$EMBERCTL" submit "$T/hang.yaml" --id cli-hang-1) || fail "submit hang"
+HJOB2=$("$EMBERCTL" submit "$T/hang.yaml" --id cli-hang-1) || fail "resubmit"
+[ "${HJOB2%% *}" = "$HJOB" ] || fail "idempotent submit: $HJOB vs $HJOB2"
+for _ in $(seq 100); do "$EMBERCTL" status "$HJOB" | grep -q "step" && break; sleep 0.1; done
+"$EMBERCTL" cancel "$HJOB" | grep -q CANCELLED || fail "cancel"
+
+# SIGTERM drains and exits 0.
+kill -TERM "$DPID"
+for _ in $(seq 100); do kill -0 "$DPID" 2>/dev/null || break; sleep 0.1; done
+wait "$DPID"; rc=$?
+DPID=""
+[ $rc -eq 0 ] || fail "emberd exit after SIGTERM: $rc"
+grep -q "draining" "$T/emberd.log" || fail "drain logged"
+echo PASS
