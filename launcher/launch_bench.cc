@@ -20,6 +20,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -28,6 +29,7 @@
 #include "launcher/client.h"
 #include "launcher/standalone.h"
 #include "runtime/daemon/process.h"
+#include "yaml-cpp/yaml.h"
 
 namespace {
 
@@ -85,9 +87,19 @@ int main(int argc, char** argv) {
     }
   }
   std::string first_spec = Spec("bench-first", 1000000);
+  std::map<std::string, std::string> files;
   if (!spec_path.empty()) {
     std::ifstream f(spec_path);
     first_spec.assign(std::istreambuf_iterator<char>(f), {});
+    // Upload the data file the spec names relative to itself (as emberctl does).
+    YAML::Node root = YAML::Load(first_spec);
+    for (const char* key : {"path", "text_path"}) {
+      if (!root["data"] || !root["data"][key]) continue;
+      std::string rel = root["data"][key].as<std::string>();
+      std::string dir = spec_path.substr(0, spec_path.rfind('/') + 1);
+      std::ifstream in(dir + rel, std::ios::binary);
+      files[rel].assign(std::istreambuf_iterator<char>(in), {});
+    }
   }
   ember::StandaloneOptions so;
   so.work_root = absl::StrCat(getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp", "/launch-bench-", getpid());
@@ -108,7 +120,7 @@ int main(int argc, char** argv) {
   for (int rep = 0; rep < reps; ++rep) {
     long rss0 = RssKib();
     absl::Time t0 = absl::Now();
-    auto r = c->Submit(first_spec);
+    auto r = c->Submit(first_spec, "", files);
     if (!r.ok()) {
       std::cerr << "launch_bench: " << r.status() << "\n";
       return 1;
