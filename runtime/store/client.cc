@@ -143,6 +143,7 @@ class Connection {
       p.req = std::move(req);
       p.done = std::move(done);
       p.deadline = absl::Now() + timeout;
+      if (p.deadline < timer_wake_at_) kick_ = true;  // the timer sleeps past this deadline
       unsent_.push_back(id);
       kick_stream = stream_ != nullptr || fast_fd_ >= 0;
       if (!kick_stream) kick_ = true;  // wake the timer thread to connect now
@@ -288,6 +289,7 @@ class Connection {
     // Re-sent requests go first, in their original order.
     for (auto it = resend.rbegin(); it != resend.rend(); ++it) unsent_.push_front(*it);
     next_attempt_ = absl::Now() + Backoff();
+    kick_ = true;  // let the timer thread re-plan its sleep around next_attempt_
   }
 
   // --- plain-TCP fast path (fast_path.h) --------------------------------------------------------
@@ -601,8 +603,16 @@ class Connection {
       bool start_stream = false;
       {
         absl::MutexLock l(&mu_);
+        // Sleep until the earliest deadline or reconnect time (at most 1 s), or a kick: an idle
+        // connection costs no wake-ups (thousands of clients may share a host).
+        absl::Time wake_at = absl::Now() + absl::Seconds(1);
+        for (const auto& [id, p] : pending_) wake_at = std::min(wake_at, p.deadline);
+        bool disconnected = stream_ == nullptr && fast_fd_ < 0;
+        if (disconnected && !pending_.empty()) wake_at = std::min(wake_at, next_attempt_);
+        timer_wake_at_ = wake_at;
         auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || kick_; };
-        mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(5));
+        mu_.AwaitWithDeadline(absl::Condition(&wake), wake_at);
+        timer_wake_at_ = absl::InfinitePast();
         kick_ = false;
         if (stop_) return;
         absl::Time now = absl::Now();
@@ -654,6 +664,7 @@ class Connection {
   std::mt19937 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time timer_wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   bool connecting_ ABSL_GUARDED_BY(mu_) = false;
   int fast_fd_ ABSL_GUARDED_BY(mu_) = -1;
   bool fast_writing_ ABSL_GUARDED_BY(mu_) = false;

@@ -34,6 +34,7 @@ ABSL_FLAG(bool, quick, false, "smoke run: short windows, 64-process barrier, no 
 ABSL_FLAG(int, window, 64, "requests in flight per client for the pipelined set");
 ABSL_FLAG(std::string, peer_script, "", "path to tcpstore_peer.py (found in runfiles if empty)");
 ABSL_FLAG(bool, no_peer, false, "skip the TCPStore peer");
+ABSL_FLAG(std::string, only, "", "run one part: 'ops' or 'barrier' (default: both)");
 // Internal: child roles.
 ABSL_FLAG(std::string, role, "", "internal: ops | barrier");
 ABSL_FLAG(std::string, addr, "", "internal");
@@ -349,6 +350,7 @@ int Parent() {
                         "ratio");
   std::vector<int> client_counts = {1, 4, 16};
   std::vector<std::string> ops = {"set", "get", "add", "set_pipelined"};
+  if (absl::GetFlag(FLAGS_only) == "barrier") ops.clear();
   for (const std::string& op : ops) {
     for (int n : client_counts) {
       OpsResult e = RunEmberOps(addr, op, n, tmpdir);
@@ -371,8 +373,13 @@ int Parent() {
     }
   }
   int procs = quick ? 64 : 256;
-  BarrierResult eb = RunEmberBarrier(addr, procs, 1, tmpdir);
-  std::string pj = RunPeer(absl::StrCat("barrier --clients ", procs));
+  if (absl::GetFlag(FLAGS_only) == "ops") procs = 0;
+  BarrierResult eb;
+  std::string pj;
+  if (procs > 0) {
+    eb = RunEmberBarrier(addr, procs, 1, tmpdir);
+    pj = RunPeer(absl::StrCat("barrier --clients ", procs));
+  }
   BarrierResult pb{JsonNum(pj, "connect_s"), JsonNum(pj, "barrier_s")};
   absl::StrAppendFormat(&table, "\n%-34s | %10s %10s %10s\n", "connect + barrier", "connect s",
                         "barrier s", "total s");
@@ -382,9 +389,11 @@ int Parent() {
   absl::StrAppendFormat(&table, "%-34s | %10.3f %10.3f %10.3f\n",
                         absl::StrCat("tcpstore, ", procs, " processes"), pb.connect_s, pb.barrier_s,
                         pb.connect_s + pb.barrier_s);
-  targets.push_back({absl::StrCat("connect_plus_barrier_", procs, "_processes"),
-                     eb.connect_s + eb.barrier_s, pb.connect_s + pb.barrier_s, 0.5, false, "s"});
-  if (!quick) {
+  if (procs > 0) {
+    targets.push_back({absl::StrCat("connect_plus_barrier_", procs, "_processes"),
+                       eb.connect_s + eb.barrier_s, pb.connect_s + pb.barrier_s, 0.5, false, "s"});
+  }
+  if (!quick && procs > 0) {
     BarrierResult e1k = RunEmberBarrier(addr, 64, 16, tmpdir);
     absl::StrAppendFormat(&table, "%-34s | %10.3f %10.3f %10.3f\n",
                           "ember, 1024 ranks (64 proc x 16)", e1k.connect_s, e1k.barrier_s,
