@@ -10,8 +10,11 @@ namespace ember::kernels::vec {
 
 // exp(x) to ~2 ulp for x in [-87, 88] (Cephes expf polynomial); x below -87 gives ~1e-38, not 0.
 inline float Exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  float n = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  // Branch-free so loops calling it vectorise: clamp by selects, round by the 1.5*2^23 trick.
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 88.0f ? 88.0f : x;
+  const float kRound = 12582912.0f;
+  float n = (x * 1.44269504088896341f + kRound) - kRound;
   float r = x - n * 0.693359375f + n * 2.12194440e-4f;
   float y = 1.9875691500e-4f;
   y = y * r + 1.3981999507e-3f;
