@@ -216,6 +216,14 @@ class Ctl {
     return ember::Client::Connect(o);
   }
 
+  // Relative paths are the user's: under `bazel run` that is $BUILD_WORKING_DIRECTORY, not the
+  // runfiles directory bazel starts us in.
+  static std::string UserPath(const std::string& p) {
+    if (!p.empty() && p[0] == '/') return p;
+    const char* wd = getenv("BUILD_WORKING_DIRECTORY");
+    return wd ? (fs::path(wd) / p).string() : fs::absolute(p).string();
+  }
+
   static std::string StateName(v1::JobState s) { return v1::JobState_Name(s); }
 
   static std::string ProgressLine(const v1::Progress& p) {
@@ -390,7 +398,7 @@ class Ctl {
     std::string yaml;
     std::map<std::string, std::string> files;
     if (cmd == "submit") {
-      absl::Status s = ReadSpec(p[1], 0, &yaml, &files);
+      absl::Status s = ReadSpec(UserPath(p[1]), 0, &yaml, &files);
       if (!s.ok()) return Fail(s);
     }
     auto c = Connect();
@@ -502,10 +510,10 @@ class Ctl {
     }
     std::string yaml;
     std::map<std::string, std::string> files;
-    absl::Status s = ReadSpec(p[1], nproc, &yaml, &files);
+    absl::Status s = ReadSpec(UserPath(p[1]), nproc, &yaml, &files);
     if (!s.ok()) return Fail(s);
     ember::StandaloneOptions so;
-    so.work_root = fs::absolute(a_.Get("--work-root", "ember-jobs")).string();
+    so.work_root = UserPath(a_.Get("--work-root", "ember-jobs"));
     so.worker_binary = a_.Get("--worker");
     so.argv0 = argv0_;
     so.ranks = nproc;

@@ -62,25 +62,26 @@ TEST_CASE("spec paths and upload names stay inside the job directory") {
 
 TEST_CASE("a spawned worker runs in its own process group and is killed with it") {
   std::string log = Tmp("proc.log");
+  const std::string job = "unit-proc-job-" + std::to_string(getpid());  // unique per test process
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c", "echo hello; sleep 30 & wait"};
-  o.env = {{"PATH", "/usr/bin:/bin"}, {"EMBER_JOB_ID", "unit-proc-job"}};
+  o.env = {{"PATH", "/usr/bin:/bin"}, {"EMBER_JOB_ID", job}};
   o.log_path = log;
   o.header = "=== header ===";
   auto pid = SpawnWorker(o);
   REQUIRE(pid.ok());
-  REQUIRE(getpgid(*pid) == *pid);
   int code = 0, sig = 0;
-  absl::SleepFor(absl::Milliseconds(200));
+  absl::SleepFor(absl::Milliseconds(200));  // the child has run setsid() by now
+  REQUIRE(getpgid(*pid) == *pid);
   REQUIRE_FALSE(TryReap(*pid, &code, &sig));
-  REQUIRE(FindJobProcesses("unit-proc-job").size() == 2);  // the shell and its sleep
+  REQUIRE(FindJobProcesses(job).size() == 2);  // the shell and its sleep
   REQUIRE(SignalGroup(*pid, SIGKILL));
   for (int i = 0; i < 100 && !TryReap(*pid, &code, &sig); ++i) absl::SleepFor(absl::Milliseconds(10));
   REQUIRE(sig == SIGKILL);
-  for (int i = 0; i < 100 && !FindJobProcesses("unit-proc-job").empty(); ++i) {
+  for (int i = 0; i < 100 && !FindJobProcesses(job).empty(); ++i) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  REQUIRE(FindJobProcesses("unit-proc-job").empty());
+  REQUIRE(FindJobProcesses(job).empty());
   auto lines = TailLines(log, 5);
   REQUIRE(lines.size() == 2);
   REQUIRE(lines[0] == "=== header ===");

@@ -76,7 +76,9 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
 
 bool SignalGroup(pid_t pgid, int sig) {
   if (pgid <= 1) return false;
-  return ::killpg(pgid, sig) == 0;
+  if (::killpg(pgid, sig) == 0) return true;
+  // Just forked, setsid() not yet run: the group does not exist, the process does.
+  return ::kill(pgid, sig) == 0;
 }
 
 bool TryReap(pid_t pid, int* exit_code, int* sig) {
