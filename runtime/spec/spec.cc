@@ -162,6 +162,9 @@ void ApplyDefaults(JobSpec* s) {
   auto* p = s->mutable_parallelism();
   if (p->strategy().empty()) p->set_strategy("fsdp");
   if (p->micro_batches() == 0) p->set_micro_batches(1);
+  if (!p->has_reshard_after_forward()) p->set_reshard_after_forward(true);
+  if (!p->has_prefetch()) p->set_prefetch(true);
+  if (!p->has_separate_reduce_scatter()) p->set_separate_reduce_scatter(true);
   auto* pr = s->mutable_precision();
   if (pr->param_dtype().empty()) pr->set_param_dtype("f32");
   if (pr->output_dtype().empty()) pr->set_output_dtype(pr->param_dtype());

@@ -143,14 +143,10 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   }
   ASSIGN_OR_RETURN(p.model, ModelConfig(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
-  // proto3 cannot tell an unset bool from false: when none of the three overlap switches is set
-  // the worker uses FSDP's defaults (all on); once any is set, all three are taken literally.
-  p.fsdp.reshard_after_forward = p.fsdp.prefetch = p.separate_reduce_scatter = true;
-  if (par.reshard_after_forward() || par.prefetch() || par.separate_reduce_scatter()) {
-    p.fsdp.reshard_after_forward = par.reshard_after_forward();
-    p.fsdp.prefetch = par.prefetch();
-    p.separate_reduce_scatter = par.separate_reduce_scatter();
-  }
+  // Unset switches default to on (runtime/spec ApplyDefaults); each is taken as written.
+  p.fsdp.reshard_after_forward = !par.has_reshard_after_forward() || par.reshard_after_forward();
+  p.fsdp.prefetch = !par.has_prefetch() || par.prefetch();
+  p.separate_reduce_scatter = !par.has_separate_reduce_scatter() || par.separate_reduce_scatter();
   const auto& o = s.optimizer();
   p.fsdp.adamw.lr = o.lr();
   p.fsdp.adamw.beta1 = o.beta1();
