@@ -51,6 +51,9 @@ constexpr uint32_t kHelloMagic = 0x454d4231;   // "EMB1"
 constexpr uint32_t kOpMagic = 0x454d4f50;      // "EMOP"
 constexpr uint32_t kP2PMagic = 0x454d5032;     // "EMP2"
 constexpr size_t kStepBytes = 64 << 10;        // work per channel per progress iteration
+// TCP: one send()/recv() per step costs a syscall, so let each step move up to 1 MiB (the kernel
+// takes what fits in the 4 MiB socket buffer); recv-reduce is bounded by the channel's stage.
+constexpr size_t kTcpStepBytes = 1 << 20;
 
 // Sent before an op's data on every channel the op uses; the receiver checks it matches.
 struct OpHeader {
@@ -406,7 +409,9 @@ absl::Status CpuBackend::Connect() {
 
 void CpuBackend::Backoff(int idle, const std::vector<pollfd>& fds) {
   if (!fds.empty()) {
-    if (idle < 64) {
+    // Each idle round re-tries send()/recv() (syscalls that return EAGAIN); on shared, oversubscribed
+    // cores that spinning steals the peer's CPU, so go to poll() after a few rounds.
+    if (idle < 16) {
       _mm_pause();
       return;
     }
@@ -425,7 +430,7 @@ void CpuBackend::Backoff(int idle, const std::vector<pollfd>& fds) {
 }
 
 absl::Status CpuBackend::StepXfer(Xfer& x, bool* progressed) {
-  size_t want = std::min(x.n - x.done, kStepBytes);
+  size_t want = std::min(x.n - x.done, x.ch->is_shm() ? kStepBytes : kTcpStepBytes);
   if (x.kind == Xfer::kSend) {
     if (x.limit) want = std::min(want, *x.limit > x.done ? *x.limit - x.done : 0);
     if (want == 0) return absl::OkStatus();

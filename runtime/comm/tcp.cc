@@ -39,7 +39,7 @@ absl::StatusOr<sockaddr_in> Resolve(const std::string& host, int port) {
 
 class TcpChannel : public Channel {
  public:
-  explicit TcpChannel(int fd) : fd_(fd), stage_(256 << 10) {
+  explicit TcpChannel(int fd) : fd_(fd), stage_(512 << 10) {
     int fl = fcntl(fd_, F_GETFL, 0);
     fcntl(fd_, F_SETFL, fl | O_NONBLOCK);
   }
