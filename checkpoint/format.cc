@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "checkpoint/checksum.h"
-#include "checkpoint/json.h"
+#include "runtime/base/json.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/base/status_macros.h"
 

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "checkpoint/json.h"
+#include "runtime/base/json.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::ckpt {

@@ -7,7 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/json.h"
+#include "runtime/base/json.h"
 #include "checkpoint/safetensors.h"
 #include "runtime/base/status_macros.h"
 

@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "launcher/fr/json.h"
+#include "runtime/base/json.h"
 #include "runtime/base/logging.h"
 
 namespace ember::fr {
@@ -41,41 +41,41 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
   std::map<std::string, std::vector<int>> members;
   std::vector<std::string> group_order;
   for (const auto& [name, text] : files) {
-    absl::StatusOr<Json> doc = ParseJson(text);
+    absl::StatusOr<json::Value> doc = json::Parse(text);
     if (!doc.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", doc.status().message()));
-    const Json& d = *doc;
-    if (d["schema"].Str() != "ember.flight_recorder")
+    const json::Value& d = *doc;
+    if (d.Get("schema").StrOr() != "ember.flight_recorder")
       return absl::InvalidArgumentError(absl::StrCat(name, ": not a flight recorder dump"));
-    if (!absl::StartsWith(d["version"].Str(), "1."))
+    if (!absl::StartsWith(d.Get("version").StrOr(), "1."))
       return absl::InvalidArgumentError(absl::StrCat(name, ": unsupported schema version ",
-                                                     d["version"].Str(), " (this tool reads 1.x)"));
-    int rank = static_cast<int>(d["rank"].Int(-1));
+                                                     d.Get("version").StrOr(), " (this tool reads 1.x)"));
+    int rank = static_cast<int>(d.Get("rank").IntOr(-1));
     rep.dumped_ranks.push_back(rank);
     auto& mine = data[rank];
     std::map<int64_t, std::string> gid_to_name;
-    for (const Json& g : d["groups"].arr) {
-      std::string gname = g["name"].Str();
-      gid_to_name[g["id"].Int()] = gname;
+    for (const json::Value& g : d.Get("groups").array()) {
+      std::string gname = g.Get("name").StrOr();
+      gid_to_name[g.Get("id").IntOr(0)] = gname;
       RankGroup& rg = mine[gname];
-      rg.enqueued = std::max(rg.enqueued, g["last_enqueued_seq"].Int());
-      rg.completed = std::max(rg.completed, g["last_completed_seq"].Int());
+      rg.enqueued = std::max(rg.enqueued, g.Get("last_enqueued_seq").IntOr(0));
+      rg.completed = std::max(rg.completed, g.Get("last_completed_seq").IntOr(0));
       if (!members.count(gname)) {
         group_order.push_back(gname);
-        for (const Json& r : g["global_ranks"].arr) members[gname].push_back(static_cast<int>(r.Int()));
+        for (const json::Value& r : g.Get("global_ranks").array()) members[gname].push_back(static_cast<int>(r.IntOr(0)));
       }
     }
-    for (const Json& e : d["entries"].arr) {
-      int64_t seq = e["collective_seq"].Int(-1);
+    for (const json::Value& e : d.Get("entries").array()) {
+      int64_t seq = e.Get("collective_seq").IntOr(-1);
       if (seq <= 0) continue;
-      std::string gname = e["group_name"].Str();
+      std::string gname = e.Get("group_name").StrOr();
       OpView v;
-      v.op = e["op"].Str();
-      v.dtype = e["in_dtype"].Str();
-      v.numel = e["in_numel"].Int();
-      v.state = e["state"].Str();
-      v.tag = e["tag"].Str();
-      v.started_ns = e["time_started_ns"].Int();
-      v.timeout_ms = e["timeout_ms"].Int();
+      v.op = e.Get("op").StrOr();
+      v.dtype = e.Get("in_dtype").StrOr();
+      v.numel = e.Get("in_numel").IntOr(0);
+      v.state = e.Get("state").StrOr();
+      v.tag = e.Get("tag").StrOr();
+      v.started_ns = e.Get("time_started_ns").IntOr(0);
+      v.timeout_ms = e.Get("timeout_ms").IntOr(0);
       mine[gname].ops[seq] = v;
     }
   }

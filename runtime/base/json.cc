@@ -1,4 +1,4 @@
-#include "checkpoint/json.h"
+#include "runtime/base/json.h"
 
 #include <cmath>
 #include <cstdio>
@@ -324,6 +324,12 @@ void WriteValue(const Value& v, int indent, int level, std::string* out) {
 }
 
 }  // namespace
+
+const Value& Value::Get(absl::string_view key) const {
+  static const Value* const kNull = new Value();
+  const Value* v = Find(key);
+  return v ? *v : *kNull;
+}
 
 const Value* Value::Find(absl::string_view key) const {
   if (type_ != Type::kObject) return nullptr;

@@ -1,4 +1,5 @@
-// A small, strict JSON value, parser and writer for checkpoint metadata and safetensors headers.
+// A small, strict JSON value, parser and writer: checkpoint metadata, safetensors headers,
+// flight-recorder dumps.
 //
 //   ASSIGN_OR_RETURN(json::Value v, json::Parse(text));          // bounded, strict RFC 8259
 //   const json::Value* shape = v.Find("shape");                  // nullptr if absent
@@ -9,8 +10,8 @@
 // limited to kMaxDepth. Integers without fraction/exponent that fit in int64 are kept exactly (file
 // offsets need all 64 bits); other numbers are doubles. Errors are INVALID_ARGUMENT naming the byte
 // offset. Values are plain data: thread-compatible.
-#ifndef EMBER_CHECKPOINT_JSON_H_
-#define EMBER_CHECKPOINT_JSON_H_
+#ifndef EMBER_RUNTIME_BASE_JSON_H_
+#define EMBER_RUNTIME_BASE_JSON_H_
 
 #include <cstdint>
 #include <string>
@@ -59,6 +60,13 @@ class Value {
 
   // Object lookup (linear); nullptr if absent or not an object.
   const Value* Find(absl::string_view key) const;
+  // Lenient accessors for reading documents whose fields may be missing: a missing key gives a
+  // null Value; IntOr/StrOr return the default when the type does not match.
+  const Value& Get(absl::string_view key) const;
+  int64_t IntOr(int64_t def) const {
+    return type_ == Type::kInt ? int_ : type_ == Type::kDouble ? static_cast<int64_t>(double_) : def;
+  }
+  std::string StrOr(std::string def = "") const { return type_ == Type::kString ? str_ : def; }
   // Object append (no duplicate check; the writer's caller keeps keys unique). Returns *this.
   Value& Set(std::string key, Value v);
   Value& Push(Value v);
@@ -88,4 +96,4 @@ absl::StatusOr<const Value*> GetField(const Value& obj, absl::string_view key, V
 
 }  // namespace ember::json
 
-#endif  // EMBER_CHECKPOINT_JSON_H_
+#endif  // EMBER_RUNTIME_BASE_JSON_H_

@@ -1,4 +1,4 @@
-#include "checkpoint/json.h"
+#include "runtime/base/json.h"
 
 #include <catch2/catch.hpp>
 
