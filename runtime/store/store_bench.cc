@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "runtime/base/flags.h"
+#include "runtime/base/json.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -316,10 +317,12 @@ std::string RunPeer(const std::string& args) {
   return out;
 }
 
-double JsonNum(const std::string& json, const std::string& key) {
-  size_t i = json.find("\"" + key + "\":");
-  if (i == std::string::npos) return 0;
-  return std::atof(json.c_str() + i + key.size() + 3);
+// A number from the peer's JSON line; 0 when the peer did not run or the key is missing.
+double JsonNum(const std::string& text, const std::string& key) {
+  auto v = json::Parse(text);
+  if (!v.ok()) return 0;
+  const json::Value& f = v->Get(key);
+  return f.is_number() ? f.as_double() : 0;
 }
 
 struct Target {
