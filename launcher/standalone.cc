@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "launcher/verdict.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/spec/spec.h"
 
@@ -52,6 +53,7 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
     ASSIGN_OR_RETURN(options.worker_binary, FindWorkerBinary(options.argv0));
   }
   o.worker_binary = options.worker_binary;
+  o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());
   bool cuda = spec.resources().device_type() == "cuda" ||
               spec.parallelism().backend().rfind("nccl", 0) == 0;

@@ -1,5 +1,7 @@
 #include "runtime/daemon/config.h"
 
+#include <algorithm>
+
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
@@ -43,6 +45,10 @@ absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg) {
       else if (key == "data_root") cfg->data_roots = v.as<std::vector<std::string>>();
       else if (key == "cgroup_root") s(&cfg->cgroup_root);
       else if (key == "scheduler") cfg->scheduler = v.as<bool>();
+      else if (key == "lease_ttl_s") cfg->lease_ttl_s = v.as<double>();
+      else if (key == "poll_s") cfg->poll_s = v.as<double>();
+      else if (key == "restart_backoff_s") cfg->restart_backoff_s = v.as<double>();
+      else if (key == "drain_on_sigterm") cfg->drain_on_sigterm = v.as<bool>();
       else return absl::InvalidArgumentError(absl::StrCat("config ", path, ": unknown key '", key, "'"));
     } catch (const YAML::Exception& e) {
       return absl::InvalidArgumentError(
@@ -70,6 +76,14 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.data_roots = cfg.data_roots;
   o.cgroup_root = cfg.cgroup_root;
   o.scheduler = cfg.scheduler;
+  if (cfg.lease_ttl_s < 0.5 || cfg.poll_s <= 0 || cfg.poll_s > 10 || cfg.restart_backoff_s < 0) {
+    return absl::InvalidArgumentError(
+        "lease_ttl_s must be >= 0.5, poll_s in (0, 10], restart_backoff_s >= 0");
+  }
+  o.lease_ttl = absl::Seconds(cfg.lease_ttl_s);
+  o.heartbeat = std::min(absl::Seconds(1), o.lease_ttl / 4);
+  o.poll = absl::Seconds(cfg.poll_s);
+  o.restart_backoff = absl::Seconds(cfg.restart_backoff_s);
   if (!cfg.auth_token_file.empty()) {
     ASSIGN_OR_RETURN(o.auth_token, ReadTokenFile(cfg.auth_token_file));
   } else if (!cfg.insecure_no_auth) {

@@ -37,6 +37,10 @@ struct EmberdConfig {
   std::vector<std::string> data_roots;
   std::string cgroup_root;
   bool scheduler = true;
+  double lease_ttl_s = 6;          // node lease; a node silent this long is lost
+  double poll_s = 0.1;             // supervision / scheduling period
+  double restart_backoff_s = 1;    // first restart delay (doubles per attempt, at most 30 s)
+  bool drain_on_sigterm = false;   // SIGTERM: false = detach (workers keep running), true = drain
 };
 
 // INVALID_ARGUMENT naming the key for unknown keys or wrong types; NOT_FOUND naming the file.

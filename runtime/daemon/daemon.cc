@@ -10,6 +10,7 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -32,9 +33,38 @@ bool IsTerminal(JobState s) {
   return s == jobs::v1::SUCCEEDED || s == jobs::v1::FAILED || s == jobs::v1::CANCELLED;
 }
 
+std::string NoRetryReason(const Job& job) {
+  const int n = job.attempts_size();
+  if (n == 0) return "";
+  const jobs::v1::Attempt& cur = job.attempts(n - 1);
+  if (!cur.has_root_cause()) return "";  // node lost, or stopped from outside: always retryable
+  const RankExit& c = cur.root_cause();
+  if (c.signal() == 0 && c.exit_code() == 2) {
+    return "exit code 2 is a bad spec or environment: not retried";
+  }
+  if (n < 2) return "";
+  const jobs::v1::Attempt& prev = job.attempts(n - 2);
+  if (!prev.has_root_cause()) return "";
+  const RankExit& p = prev.root_cause();
+  if (p.rank() == c.rank() && p.exit_code() == c.exit_code() && p.signal() == c.signal() &&
+      cur.last_step() <= prev.last_step()) {
+    return absl::StrCat("failed the same way as attempt ", prev.number(),
+                        " without getting past step ", prev.last_step(),
+                        ": a spec or code error is not retried");
+  }
+  return "";
+}
+
 JobState NextStateAfterFailure(const Job& job) {
-  (void)job;  // issue 8: RESTARTING while job.attempts_size() <= job.spec().max_restarts()
-  return jobs::v1::FAILED;
+  if (job.attempts_size() > job.spec().max_restarts()) return jobs::v1::FAILED;
+  if (!NoRetryReason(job).empty()) return jobs::v1::FAILED;
+  return jobs::v1::RESTARTING;
+}
+
+absl::Duration RestartBackoff(int next_attempt, absl::Duration initial, absl::Duration max) {
+  absl::Duration d = initial;
+  for (int i = 1; i < next_attempt && d < max; ++i) d *= 2;
+  return std::min(d, max);
 }
 
 std::string DescribeExit(const RankExit& e) {
@@ -174,6 +204,7 @@ absl::Status Daemon::Impl::Init() {
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
   advertise = opts.advertise.empty() ? server.address : opts.advertise;
 
+  LoadState();  // the lease to keep and the workers to re-attach to
   RETURN_IF_ERROR(Register());
   last_tick_ms = NowMs();
   control_thread = std::thread([this] { ControlLoop(); });
@@ -288,6 +319,11 @@ void Daemon::Impl::Schedule() {
     if (job.state() == jobs::v1::PENDING || job.state() == jobs::v1::RESTARTING) {
       if (blocked) continue;
       if (jobs_holding.count(id)) continue;  // previous attempt's devices not yet released
+      if (job.state() == jobs::v1::RESTARTING && job.attempts_size() > 0 &&
+          NowMs() < job.attempts(job.attempts_size() - 1).restart_unix_ms()) {
+        blocked = true;  // backing off; keeps its place in the FIFO
+        continue;
+      }
       std::vector<NodeCapacity> caps;
       for (const auto& n : *nodes) {
         if (n.draining()) continue;
@@ -343,68 +379,131 @@ void Daemon::Impl::Schedule() {
       spdlog::info("placed {} attempt {}: {}", id, next_attempt, absl::StrJoin(where, " "));
       jobs_holding.insert(id);
     } else if (job.state() == jobs::v1::RUNNING) {
-      const jobs::v1::Attempt& at = job.attempts(job.attempts_size() - 1);
-      int n = at.number();
-      auto failure = store->Get(keys::Failure(id, n));
-      std::string lost;
-      for (const auto& na : at.assignment().nodes())
-        if (!alive.count(na.node())) lost = na.node();
-      std::vector<std::string> exit_keys;
-      for (int r = 0; r < job.world_size(); ++r) exit_keys.push_back(keys::Exit(id, n, r));
-      auto exits = store->MultiGet(exit_keys);
-      if (!exits.ok()) continue;
-      bool all = true, all_zero = true;
-      RankExit first_bad;
-      for (const auto& v : *exits) {
-        if (!v) {
-          all = false;
-          continue;
-        }
-        RankExit e;
-        e.ParseFromString(*v);
-        if (e.exit_code() != 0 || e.signal() != 0) {
-          if (all_zero) first_bad = e;
-          all_zero = false;
-        }
-      }
-      RankExit cause;
-      std::string reason;
-      if (failure.ok() && cause.ParseFromString(*failure)) {
-        reason = DescribeExit(cause);
-      } else if (!lost.empty()) {
-        reason = "node lost: " + lost;
-      } else if (all && !all_zero) {
-        cause = first_bad;
-        reason = DescribeExit(cause);
-      }
-      if (!reason.empty()) {
-        (void)store->Set(keys::Stop(id, n), reason);
-        auto r = UpdateRecord(id, [&](Job* j) {
-          if (j->state() != jobs::v1::RUNNING) return false;
-          j->set_state(NextStateAfterFailure(*j));
-          j->set_reason(reason);
-          if (cause.rank() != 0 || !cause.node().empty()) *j->mutable_root_cause() = cause;
-          auto* a = j->mutable_attempts(j->attempts_size() - 1);
-          a->set_reason(reason);
-          if (cause.rank() != 0 || !cause.node().empty()) *a->mutable_root_cause() = cause;
-          a->set_end_unix_ms(NowMs());
-          j->set_end_unix_ms(NowMs());
-          return true;
-        });
-        if (r.ok()) spdlog::warn("job {} attempt {} failed: {}", id, n, reason);
-      } else if (all) {
-        auto r = UpdateRecord(id, [&](Job* j) {
-          if (j->state() != jobs::v1::RUNNING) return false;
-          j->set_state(jobs::v1::SUCCEEDED);
-          j->mutable_attempts(j->attempts_size() - 1)->set_end_unix_ms(NowMs());
-          j->set_end_unix_ms(NowMs());
-          return true;
-        });
-        if (r.ok()) spdlog::info("job {} succeeded", id);
-      }
+      CheckAttempt(job, alive);
     } else if (IsTerminal(job.state()) && !jobs_holding.count(id)) {
       (void)store->Delete(keys::Active(id));  // finished and every device given back
     }
+  }
+}
+
+void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& alive) {
+  const std::string& id = job.id();
+  const jobs::v1::Attempt& at = job.attempts(job.attempts_size() - 1);
+  const int n = at.number();
+  auto failure = store->Get(keys::Failure(id, n));
+  std::string lost;
+  std::set<int> ranks_on_live_nodes;
+  for (const auto& na : at.assignment().nodes()) {
+    if (!alive.count(na.node())) {
+      lost = na.node();
+      continue;
+    }
+    for (int i = 0; i < na.devices_size(); ++i) ranks_on_live_nodes.insert(na.first_rank() + i);
+  }
+  std::vector<std::string> exit_keys;
+  for (int r = 0; r < job.world_size(); ++r) exit_keys.push_back(keys::Exit(id, n, r));
+  auto exits = store->MultiGet(exit_keys);
+  if (!exits.ok()) return;
+  bool all = true, all_zero = true, settled = true;
+  RankExit first_bad;
+  for (int r = 0; r < job.world_size(); ++r) {
+    const auto& v = (*exits)[r];
+    if (!v) {
+      all = false;
+      if (ranks_on_live_nodes.count(r)) settled = false;
+      continue;
+    }
+    RankExit e;
+    e.ParseFromString(*v);
+    if (e.exit_code() != 0 || e.signal() != 0) {
+      if (all_zero) first_bad = e;
+      all_zero = false;
+    }
+  }
+  RankExit cause;
+  bool has_cause = false;
+  std::string reason;
+  if (failure.ok() && cause.ParseFromString(*failure)) {
+    reason = DescribeExit(cause);
+    has_cause = true;
+  } else if (!lost.empty()) {
+    reason = "node lost: " + lost;
+  } else if (all && !all_zero) {
+    cause = first_bad;
+    has_cause = true;
+    reason = DescribeExit(cause);
+  }
+  const std::string key = absl::StrCat(id, "#", n);
+  if (reason.empty()) {
+    failing_since.erase(key);
+    if (!all) return;
+    auto r = UpdateRecord(id, [&](Job* j) {
+      if (j->state() != jobs::v1::RUNNING || j->attempts_size() != job.attempts_size()) return false;
+      j->set_state(jobs::v1::SUCCEEDED);
+      j->mutable_attempts(j->attempts_size() - 1)->set_end_unix_ms(NowMs());
+      j->set_end_unix_ms(NowMs());
+      return true;
+    });
+    if (r.ok()) spdlog::info("job {} succeeded", id);
+    return;
+  }
+  // Stop every rank now (they poll this key); decide once they have all reported (their flight
+  // recorders are dumped before they exit), or after failure_settle.
+  auto [it, first_seen] = failing_since.emplace(key, absl::Now());
+  if (first_seen) {
+    (void)store->Set(keys::Stop(id, n), reason);
+    spdlog::warn("job {} attempt {}: {}; stopping every rank", id, n, reason);
+  }
+  if (!settled && absl::Now() - it->second < opts.failure_settle) return;
+  failing_since.erase(it);
+
+  const std::string fr_dir = absl::StrCat(JobDir(id), "/flight/attempt-", n);
+  std::string verdict;
+  if (opts.analyze_flight) verdict = opts.analyze_flight(fr_dir);
+  int64_t last_step = 0;
+  if (auto v = store->Get(keys::Progress(id, n, 0)); v.ok()) {
+    jobs::v1::Progress p;
+    google::protobuf::util::JsonParseOptions po;
+    po.ignore_unknown_fields = true;
+    if (google::protobuf::util::JsonStringToMessage(*v, &p, po).ok()) last_step = p.step();
+  }
+  std::string full = verdict.empty() ? reason : absl::StrCat(reason, "; flight recorder: ", verdict);
+  auto r = UpdateRecord(id, [&](Job* j) {
+    if (j->state() != jobs::v1::RUNNING || j->attempts_size() != job.attempts_size()) return false;
+    auto* a = j->mutable_attempts(j->attempts_size() - 1);
+    a->set_reason(full);
+    a->set_verdict(verdict);
+    a->set_last_step(last_step);
+    if (has_cause) {
+      *a->mutable_root_cause() = cause;
+      *j->mutable_root_cause() = cause;
+    }
+    a->set_end_unix_ms(NowMs());
+    const JobState next = NextStateAfterFailure(*j);
+    j->set_state(next);
+    std::string why = full;
+    if (next == jobs::v1::FAILED) {
+      std::string no_retry = NoRetryReason(*j);
+      if (!no_retry.empty()) {
+        absl::StrAppend(&why, " (", no_retry, ")");
+      } else if (j->spec().max_restarts() > 0) {
+        absl::StrAppend(&why, " (after ", j->attempts_size(), " attempts; max_restarts ",
+                        j->spec().max_restarts(), ")");
+      }
+      j->set_end_unix_ms(NowMs());
+    } else {
+      const absl::Duration wait = RestartBackoff(j->attempts_size(), opts.restart_backoff,
+                                                 opts.restart_backoff_max);
+      a->set_restart_unix_ms(NowMs() + absl::ToInt64Milliseconds(wait));
+      absl::StrAppend(&why, " (restarting as attempt ", j->attempts_size(), " in ",
+                      absl::FormatDuration(wait), ")");
+    }
+    j->set_reason(why);
+    return true;
+  });
+  if (r.ok()) {
+    spdlog::warn("job {} attempt {} failed: {} -> {}", id, n, r->reason(),
+                 jobs::v1::JobState_Name(r->state()));
   }
 }
 
@@ -480,6 +579,7 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
     for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
       if (const char* v = getenv(pass)) so.env.push_back({pass, v});
     }
+    for (const auto& kv : opts.worker_env) so.env.push_back(kv);
     auto pid = SpawnWorker(so);
     if (!pid.ok()) {
       spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
@@ -496,6 +596,7 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
                               e.SerializeAsString());
     } else {
       w.pid = *pid;
+      if (auto info = ReadProcInfo(w.pid)) w.start_ticks = info->start_ticks;
     }
     la.workers.push_back(w);
   }
@@ -517,14 +618,21 @@ void Daemon::Impl::StopAttempt(LocalAttempt* a, const std::string& reason) {
 }
 
 void Daemon::Impl::PersistLocked() {
-  // One line per worker: job attempt rank pid device exited exit_code signal log. Issue 8's
-  // re-attach reads this back; written to a temp file and renamed so it is never half-written.
-  std::string text = "# ember daemon worker state v1\n";
+  // Re-attach state, read back by LoadState(). Written to a temp file and renamed so it is never
+  // half-written. Lines:
+  //   lease <id>
+  //   attempt <job> <n> <device,device,...>
+  //   worker <job> <n> <rank> <local rank> <pid> <start ticks> <device> <exited> <code> <signal> <log>
+  std::string text = "# ember daemon worker state v2\n";
+  absl::StrAppend(&text, "lease ", lease.load(), "\n");
   for (const auto& [k, a] : local) {
     if (a.released) continue;
+    absl::StrAppend(&text, "attempt ", a.job, " ", a.attempt, " ",
+                    a.devices.empty() ? "-" : absl::StrJoin(a.devices, ","), "\n");
     for (const auto& w : a.workers) {
-      absl::StrAppend(&text, a.job, " ", a.attempt, " ", w.rank, " ", w.pid, " ", w.device, " ",
-                      w.exited ? 1 : 0, " ", w.exit_code, " ", w.signal, " ", w.log_path, "\n");
+      absl::StrAppend(&text, "worker ", a.job, " ", a.attempt, " ", w.rank, " ", w.local_rank, " ",
+                      w.pid, " ", w.start_ticks, " ", w.device, " ", w.exited ? 1 : 0, " ",
+                      w.exit_code, " ", w.signal, " ", w.log_path, "\n");
     }
   }
   std::string path = opts.state_dir + "/workers.state";
@@ -533,6 +641,67 @@ void Daemon::Impl::PersistLocked() {
     f << text;
   }
   ::rename((path + ".tmp").c_str(), path.c_str());
+}
+
+void Daemon::Impl::LoadState() {
+  std::ifstream f(opts.state_dir + "/workers.state");
+  if (!f) return;
+  std::string line;
+  int adopted = 0, gone = 0;
+  absl::MutexLock l(&mu);
+  while (std::getline(f, line)) {
+    std::vector<std::string> t = absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (t.empty() || t[0][0] == '#') continue;
+    if (t[0] == "lease" && t.size() == 2) {
+      int64_t id = 0;
+      if (absl::SimpleAtoi(t[1], &id)) lease = id;
+    } else if (t[0] == "attempt" && t.size() == 4) {
+      int n = 0;
+      if (!absl::SimpleAtoi(t[2], &n)) continue;
+      LocalAttempt& a = local[absl::StrCat(t[1], "#", n)];
+      a.job = t[1];
+      a.attempt = n;
+      if (t[3] != "-") a.devices = absl::StrSplit(t[3], ',');
+    } else if (t[0] == "worker" && t.size() == 12) {
+      int n = 0;
+      if (!absl::SimpleAtoi(t[2], &n)) continue;
+      auto it = local.find(absl::StrCat(t[1], "#", n));
+      if (it == local.end()) continue;
+      LocalWorker w;
+      bool ok = absl::SimpleAtoi(t[3], &w.rank) && absl::SimpleAtoi(t[4], &w.local_rank) &&
+                absl::SimpleAtoi(t[5], &w.pid) && absl::SimpleAtoi(t[6], &w.start_ticks) &&
+                absl::SimpleAtoi(t[9], &w.exit_code) && absl::SimpleAtoi(t[10], &w.signal);
+      if (!ok) continue;
+      w.device = t[7];
+      w.exited = t[8] == "1";
+      w.log_path = t[11];
+      w.adopted = true;
+      if (!w.exited) ++(ProcessAlive(w.pid, w.start_ticks) ? adopted : gone);
+      it->second.workers.push_back(w);
+    }
+  }
+  if (adopted + gone > 0) {
+    spdlog::info("re-attached to {} running worker(s) from {}/workers.state ({} ended while no "
+                 "daemon watched; reported on the first pass)",
+                 adopted, opts.state_dir, gone);
+  }
+}
+
+bool Daemon::Impl::Reap(const LocalAttempt& a, LocalWorker* w, std::string* note) {
+  if (!w->adopted) return TryReap(w->pid, &w->exit_code, &w->signal);
+  // A re-attached worker may still be our child (a daemon restarted inside one process).
+  int r = TryReapChild(w->pid, &w->exit_code, &w->signal);
+  if (r == 1) return true;
+  if (r == 0) return false;
+  if (ProcessAlive(w->pid, w->start_ticks)) return false;
+  // Not our child and gone: the worker leaves its own exit status in the store.
+  auto v = store->Get(absl::StrCat(keys::Attempt(a.job, a.attempt), "worker_exit/", w->rank));
+  w->signal = 0;
+  if (v.ok() && absl::SimpleAtoi(*v, &w->exit_code)) return true;
+  w->exit_code = -1;
+  *note = "ember: exit status unknown (the worker ended while its daemon was restarting, or was "
+          "killed)";
+  return true;
 }
 
 void Daemon::Impl::Supervise() {
@@ -561,7 +730,8 @@ void Daemon::Impl::Supervise() {
     if (a.released) continue;
     for (auto& w : a.workers) {
       if (w.exited) continue;
-      if (!TryReap(w.pid, &w.exit_code, &w.signal)) continue;
+      std::string note;
+      if (!Reap(a, &w, &note)) continue;
       w.exited = true;
       changed = true;
       RankExit e;
@@ -574,11 +744,14 @@ void Daemon::Impl::Supervise() {
       bool failed = w.exit_code != 0 || w.signal != 0;
       if (failed) {
         for (auto& line : TailLines(w.log_path, opts.last_log_lines)) e.add_last_log_lines(line);
+        if (!note.empty()) e.add_last_log_lines(note);
       }
       (void)store->Set(keys::Exit(a.job, a.attempt, w.rank), e.SerializeAsString());
-      // A rank that fails on its own (not one we stopped) is a root-cause candidate; the first
-      // writer of the failure key wins across every node.
-      if (failed && !a.stopping) {
+      // A rank that fails on its own (not one we stopped, not one that obeyed the stop key with
+      // exit code 75) is a root-cause candidate; the first writer of the failure key wins across
+      // every node.
+      const bool obeyed_stop = w.signal == 0 && w.exit_code == 75;
+      if (failed && !a.stopping && !obeyed_stop && !store->Get(keys::Stop(a.job, a.attempt)).ok()) {
         auto r = store->CompareSet(keys::Failure(a.job, a.attempt), std::nullopt,
                                    e.SerializeAsString());
         if (r.ok() && r->swapped) {
@@ -667,6 +840,27 @@ void Daemon::Impl::DrainNow() {
   if (hosted_store) hosted_store->Shutdown();
 }
 
+void Daemon::Impl::DetachNow() {
+  {
+    absl::MutexLock l(&mu);
+    if (drained) return;
+    drained = true;
+  }
+  spdlog::info("emberd {} detaching: workers keep running; a restarted daemon re-attaches",
+               opts.node_name);
+  stop.Notify();
+  if (control_thread.joinable()) control_thread.join();
+  if (heartbeat_thread.joinable()) heartbeat_thread.join();
+  {
+    absl::MutexLock l(&mu);
+    PersistLocked();
+  }
+  // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
+  // next daemon refreshes the lease.
+  if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  if (hosted_store) hosted_store->Shutdown();
+}
+
 // ------------------------------------------------------------------------------------------------
 // Daemon
 
@@ -691,6 +885,7 @@ int Daemon::port() const { return impl_->server.port; }
 std::string Daemon::store_address() const { return impl_->store_addr; }
 const std::string& Daemon::node_name() const { return impl_->opts.node_name; }
 void Daemon::Drain() { impl_->DrainNow(); }
+void Daemon::Detach() { impl_->DetachNow(); }
 
 bool Daemon::Healthy() const {
   int64_t now = NowMs();

@@ -11,9 +11,19 @@
 //
 // Supervision state machine (per job; the scheduler owns the transitions, all by compare-and-set on
 // the job record): PENDING -> RUNNING (attempt n placed) -> SUCCEEDED | FAILED(reason) |
-// CANCELLED; a failed attempt goes through NextStateAfterFailure(), which is where issue 8's
-// RESTARTING (attempt n+1 from the last checkpoint) plugs in. Worker pids are persisted under
-// state_dir so a restarted daemon can re-attach (issue 8).
+// CANCELLED, and RUNNING -> RESTARTING -> RUNNING (attempt n+1) while NextStateAfterFailure()
+// allows. Failure handling (docs/operations.md "Failures and restarts"):
+//   1. The daemon of a dying worker reaps it within one poll and writes the attempt's `failure`
+//      (first writer wins) and `stop` keys; every worker polls `stop` and exits within ~0.1 s after
+//      dumping its flight recorder into <job dir>/flight/attempt-<n>/; every daemon also SIGTERMs
+//      its ranks of that attempt. A lost node (lease expired) is a failure too: "node lost: <node>".
+//   2. The scheduler waits until every rank on a live node reported its exit (bounded by
+//      failure_settle), runs `analyze_flight` over the dumps (the verdict goes on the attempt and
+//      the reason), then moves the job to RESTARTING (backoff) or FAILED.
+//   3. Attempt n+1 is placed like a new job (any healthy nodes) under jobs/<job>/attempt/<n+1>/;
+//      the attempt number is the record's attempt count, agreed through compare-and-set.
+// Worker pids, their start times and the node lease are persisted in <state_dir>/workers.state;
+// Detach() leaves the workers running and a new daemon re-attaches to them at Start().
 //
 // Thread-safe: every public method may be called from any thread (gRPC handlers do).
 #ifndef EMBER_RUNTIME_DAEMON_DAEMON_H_
@@ -22,6 +32,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -57,6 +68,20 @@ struct DaemonOptions {
   int64_t log_max_bytes = 64 << 20;              // per rank, then rotated (copy-truncate)
   int log_keep = 3;
   int last_log_lines = 20;                       // kept on a failing rank's root cause
+  // Restart backoff: attempt k (k >= 1) is placed restart_backoff * 2^(k-1) after attempt k-1
+  // ended, at most restart_backoff_max.
+  absl::Duration restart_backoff = absl::Seconds(1);
+  absl::Duration restart_backoff_max = absl::Seconds(30);
+  // How long the scheduler waits for every rank of a failed attempt to report its exit (and so to
+  // have dumped its flight recorder) before it decides and analyses anyway.
+  absl::Duration failure_settle = absl::Seconds(5);
+  // Verdict over a directory of flight-recorder dumps ("" = no problem found / no dumps). emberd
+  // wires launcher/fr's analyzer here (//launcher:verdict); null = no analysis. Called on the
+  // scheduler's thread; must not block for long.
+  std::function<std::string(const std::string& dir)> analyze_flight;
+  // Extra environment for every worker (after the contract variables), e.g. NCCL_* knobs or the
+  // test-only EMBER_WORKER_FAULT.
+  std::vector<std::pair<std::string, std::string>> worker_env;
 };
 
 class Daemon {
@@ -74,6 +99,11 @@ class Daemon {
   // No new jobs; stops this node's workers (SIGTERM, then SIGKILL after kill_grace), releases its
   // devices, deregisters. Blocks until done. Idempotent.
   void Drain();
+  // For a daemon restart (upgrade, `systemctl restart`): stops serving and supervising but leaves
+  // the workers running, the devices claimed and the node's lease alive (it expires after
+  // lease_ttl unless a new daemon with the same state_dir re-attaches within it). Persists the
+  // state first. After Detach the destructor does nothing more. Idempotent.
+  void Detach();
 
   // Liveness for the systemd watchdog: the control loop and the store heartbeat both made progress
   // within the last few intervals.
@@ -88,9 +118,18 @@ class Daemon {
   std::unique_ptr<Impl> impl_;
 };
 
-// What a failed attempt leads to. Today always FAILED; issue 8 returns RESTARTING while
-// attempts <= spec.max_restarts.
+// What a failed attempt leads to. `job` has the failed attempt last, with its reason, root cause and
+// last_step filled in. RESTARTING while attempts_size() <= spec.max_restarts and
+// NoRetryReason(job) is empty; FAILED otherwise.
 jobs::v1::JobState NextStateAfterFailure(const jobs::v1::Job& job);
+
+// Why a failure must not be retried even with restarts left, or "": exit code 2 (the worker's
+// "bad spec or environment"), or the same rank failing the same way (exit code / signal) as in the
+// previous attempt without getting past that attempt's last step.
+std::string NoRetryReason(const jobs::v1::Job& job);
+
+// Backoff before attempt `next_attempt` (>= 1): initial * 2^(next_attempt-1), at most max.
+absl::Duration RestartBackoff(int next_attempt, absl::Duration initial, absl::Duration max);
 
 // "rank 1 on node-a exited with code 3" / "rank 0 on node-a was killed by signal 9 (SIGKILL)".
 std::string DescribeExit(const jobs::v1::RankExit& e);

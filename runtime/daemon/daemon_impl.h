@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,6 +34,8 @@ struct LocalWorker {
   std::string device;
   std::string log_path;
   pid_t pid = 0;  // == its process group id (setsid)
+  int64_t start_ticks = 0;  // /proc/<pid>/stat starttime: tells our worker from a reused pid
+  bool adopted = false;     // re-attached after a daemon restart: maybe not our child
   bool exited = false;
   int exit_code = 0;
   int signal = 0;
@@ -76,7 +79,10 @@ class Daemon::Impl {
   // ---- Guarded.
   mutable absl::Mutex mu;
   std::map<std::string, LocalAttempt> local ABSL_GUARDED_BY(mu);  // key: "<job>#<attempt>"
-  bool drained ABSL_GUARDED_BY(mu) = false;
+  bool drained ABSL_GUARDED_BY(mu) = false;  // Drain or Detach ran
+
+  // ---- Control thread only (Schedule): when the leader first saw each failed attempt.
+  std::map<std::string, absl::Time> failing_since;
 
   // daemon.cc
   absl::Status Init();
@@ -89,7 +95,16 @@ class Daemon::Impl {
   void SpawnAttempt(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void StopAttempt(LocalAttempt* a, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Reads <state_dir>/workers.state (before the loops start): the lease to keep and the workers to
+  // re-attach to (those whose pid still has the recorded start time).
+  void LoadState();
+  // Non-blocking: true when `w` has ended (exit_code/signal set; for an adopted non-child the
+  // status comes from the worker's own worker_exit/<rank> key, else "unknown").
+  bool Reap(const LocalAttempt& a, LocalWorker* w, std::string* note);
+  // The scheduler's handling of a RUNNING job's current attempt (failure, success).
+  void CheckAttempt(const Job& job, const std::set<std::string>& alive);
   void DrainNow();
+  void DetachNow();
   std::string JobDir(const std::string& job) const;
 
   // Store helpers (daemon.cc). ReadRecord returns the job and the raw bytes for compare-and-set.

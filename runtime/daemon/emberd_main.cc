@@ -6,7 +6,15 @@
 //
 // Under systemd (Type=notify): READY=1 once the API port is bound, devices are inventoried and the
 // node is registered; WATCHDOG=1 only while the control loop and the store heartbeat make progress;
-// STATUS= lines. SIGTERM/SIGINT drain: no new jobs, running workers stopped, node deregistered.
+// STATUS= lines.
+//
+// Signals (docs/operations.md "Restarting emberd"):
+//   SIGTERM  detach (default): stop serving, persist state, exit; workers keep running and the next
+//            emberd with the same state_dir re-attaches to them. This is what `systemctl restart`
+//            and `systemctl stop` send; with KillMode=process systemd signals only the daemon.
+//            With --drain_on_sigterm (config drain_on_sigterm: true) SIGTERM drains instead.
+//   SIGINT   drain: no new jobs, this node's workers stopped, devices released, node deregistered
+//            (`systemctl kill -s INT emberd`, or Ctrl-C).
 // Exit codes: 0 clean shutdown, 1 start-up failure, 2 bad flags or config.
 #include <signal.h>
 #include <systemd/sd-daemon.h>
@@ -18,6 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "launcher/verdict.h"
 #include "runtime/base/flags.h"
 #include "runtime/daemon/config.h"
 #include "runtime/daemon/daemon.h"
@@ -44,6 +53,10 @@ ABSL_FLAG(int, cuda_devices, -2, "CUDA devices offered (-1 = detect)");
 ABSL_FLAG(std::string, data_root, "", "comma-separated absolute dirs specs may read data from");
 ABSL_FLAG(std::string, cgroup_root, "", "delegated cgroup v2 dir for per-job cgroups");
 ABSL_FLAG(bool, no_scheduler, false, "never act as the scheduler");
+ABSL_FLAG(double, lease_ttl_s, -1, "node lease TTL in seconds (default 6)");
+ABSL_FLAG(double, poll_s, -1, "supervision period in seconds (default 0.1)");
+ABSL_FLAG(double, restart_backoff_s, -1, "first restart delay in seconds (default 1)");
+ABSL_FLAG(bool, drain_on_sigterm, false, "SIGTERM drains (stops workers) instead of detaching");
 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "emberd");
@@ -80,12 +93,19 @@ int main(int argc, char** argv) {
   }
   str(absl::GetFlag(FLAGS_cgroup_root), &cfg.cgroup_root);
   if (absl::GetFlag(FLAGS_no_scheduler)) cfg.scheduler = false;
+  if (absl::GetFlag(FLAGS_lease_ttl_s) >= 0) cfg.lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
+  if (absl::GetFlag(FLAGS_poll_s) >= 0) cfg.poll_s = absl::GetFlag(FLAGS_poll_s);
+  if (absl::GetFlag(FLAGS_restart_backoff_s) >= 0) {
+    cfg.restart_backoff_s = absl::GetFlag(FLAGS_restart_backoff_s);
+  }
+  if (absl::GetFlag(FLAGS_drain_on_sigterm)) cfg.drain_on_sigterm = true;
 
   auto opts = ember::daemon::ToDaemonOptions(cfg);
   if (!opts.ok()) {
     std::cerr << "emberd: " << opts.status().message() << "\n";
     return 2;
   }
+  opts->analyze_flight = ember::FlightVerdict;  // the analyzer's verdict on failed attempts
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t set;
@@ -126,9 +146,11 @@ int main(int argc, char** argv) {
 
   int sig = 0;
   sigwait(&set, &sig);
-  spdlog::info("emberd: signal {}; draining", sig);
-  sd_notify(0, "STOPPING=1\nSTATUS=draining");
-  (*daemon)->Drain();
+  const bool drain = sig == SIGINT || cfg.drain_on_sigterm;
+  spdlog::info("emberd: signal {}; {}", sig, drain ? "draining" : "detaching (workers keep running)");
+  sd_notify(0, drain ? "STOPPING=1\nSTATUS=draining" : "STOPPING=1\nSTATUS=detaching");
+  if (drain) (*daemon)->Drain();
+  else (*daemon)->Detach();
   done = true;
   watchdog.join();
   daemon->reset();

@@ -102,6 +102,44 @@ bool TryReap(pid_t pid, int* exit_code, int* sig) {
   return true;
 }
 
+int TryReapChild(pid_t pid, int* exit_code, int* sig) {
+  int status = 0;
+  pid_t r = ::waitpid(pid, &status, WNOHANG);
+  if (r == 0) return 0;
+  if (r < 0) return -1;
+  if (WIFEXITED(status)) {
+    *exit_code = WEXITSTATUS(status);
+    *sig = 0;
+  } else if (WIFSIGNALED(status)) {
+    *exit_code = -1;
+    *sig = WTERMSIG(status);
+  } else {
+    return 0;
+  }
+  return 1;
+}
+
+std::optional<ProcInfo> ReadProcInfo(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!f || !std::getline(f, line)) return std::nullopt;
+  // "pid (comm) S ppid ..." — comm may contain spaces and ')', so parse after the last ')'.
+  size_t close = line.rfind(')');
+  if (close == std::string::npos) return std::nullopt;
+  std::vector<std::string> fields = absl::StrSplit(line.substr(close + 2), ' ');
+  // fields[0] is field 3 (state); starttime is field 22 -> fields[19].
+  if (fields.size() < 20 || fields[0].empty()) return std::nullopt;
+  ProcInfo info;
+  info.state = fields[0][0];
+  info.start_ticks = std::strtoll(fields[19].c_str(), nullptr, 10);
+  return info;
+}
+
+bool ProcessAlive(pid_t pid, int64_t start_ticks) {
+  auto info = ReadProcInfo(pid);
+  return info && info->start_ticks == start_ticks && info->state != 'Z' && info->state != 'X';
+}
+
 std::vector<std::string> TailLines(const std::string& path, int n) {
   std::vector<std::string> out;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);

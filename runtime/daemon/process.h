@@ -9,6 +9,7 @@
 
 #include <sys/types.h>
 
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -36,6 +37,23 @@ bool SignalGroup(pid_t pgid, int sig);
 // Non-blocking reap. Returns true when `pid` has ended; then exit_code (-1 if signalled) and
 // signal (0 if exited) are set.
 bool TryReap(pid_t pid, int* exit_code, int* signal);
+
+// What /proc/<pid>/stat says about a process: its state letter ('R', 'S', 'Z', ...) and its start
+// time in clock ticks since boot (constant for the life of a process, so (pid, start_ticks) names
+// one process even after pid reuse). nullopt when there is no such process.
+struct ProcInfo {
+  char state = '?';
+  int64_t start_ticks = 0;
+};
+std::optional<ProcInfo> ReadProcInfo(pid_t pid);
+
+// True while the process `pid` started at `start_ticks` exists and is not a zombie (for workers a
+// restarted daemon re-attached to: they are not its children, waitpid cannot tell).
+bool ProcessAlive(pid_t pid, int64_t start_ticks);
+
+// Like TryReap, but returns -1 (and sets nothing) when `pid` is not a child of this process,
+// 1 when it ended, 0 while it runs.
+int TryReapChild(pid_t pid, int* exit_code, int* signal);
 
 // The last `n` lines of a file (at most 64 KiB read from the end).
 std::vector<std::string> TailLines(const std::string& path, int n);

@@ -52,6 +52,9 @@ absl::StatusOr<WorkerEnv> ReadWorkerEnv(const std::function<const char*(const ch
   RETURN_IF_ERROR(str("EMBER_JOB_DIR", true, &e.job_dir));
   RETURN_IF_ERROR(str("EMBER_AUTH_TOKEN_FILE", false, &e.auth_token_file));
   RETURN_IF_ERROR(str("EMBER_JOB_SPEC", false, &e.job_spec));
+  RETURN_IF_ERROR(str("EMBER_FR_DUMP_DIR", false, &e.fr_dump_dir));
+  if (e.fr_dump_dir.empty()) e.fr_dump_dir = absl::StrCat(e.job_dir, "/flight");
+  RETURN_IF_ERROR(str("EMBER_WORKER_FAULT", false, &e.fault));
   return e;
 }
 

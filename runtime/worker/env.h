@@ -28,6 +28,10 @@ struct WorkerEnv {
   std::string job_dir;          // EMBER_JOB_DIR
   std::string auth_token_file;  // EMBER_AUTH_TOKEN_FILE (optional)
   std::string job_spec;         // EMBER_JOB_SPEC (optional; default <job_dir>/job.yaml)
+  std::string fr_dump_dir;      // EMBER_FR_DUMP_DIR (optional; default <job_dir>/flight)
+  // EMBER_WORKER_FAULT (tests only): "hang:rank=R,step=S[,attempt=A]" makes rank R stop making
+  // progress at step S (alive, never joining the next collective) in attempt A (default 0).
+  std::string fault;
 
   // Store keys of this job attempt: "jobs/<job>/attempt/<n>/".
   std::string prefix() const;

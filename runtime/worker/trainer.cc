@@ -11,12 +11,16 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/store/client.h"
+#include "runtime/worker/stop_watch.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -242,9 +246,29 @@ ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int6
 
 }  // namespace
 
+namespace {
+
+// EMBER_WORKER_FAULT "hang:rank=R,step=S[,attempt=A]": the step at which this rank hangs, or -1.
+int64_t HangStep(const WorkerEnv& env) {
+  if (!absl::StartsWith(env.fault, "hang:")) return -1;
+  int64_t rank = -1, step = -1, attempt = 0;
+  for (absl::string_view kv : absl::StrSplit(env.fault.substr(5), ',')) {
+    std::pair<std::string, std::string> p = absl::StrSplit(kv, absl::MaxSplits('=', 1));
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(p.second, &v)) continue;
+    if (p.first == "rank") rank = v;
+    if (p.first == "step") step = v;
+    if (p.first == "attempt") attempt = v;
+  }
+  return rank == env.rank && attempt == env.attempt ? step : -1;
+}
+
+absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecorder& recorder);
+
+}  // namespace
+
 absl::Status Train(const Plan& plan) {
   const WorkerEnv& env = plan.env;
-  const spec::JobSpec& s = plan.spec;
   store::ClientOptions co;
   co.address = env.store_addr;
   if (!env.auth_token_file.empty()) {
@@ -256,12 +280,36 @@ absl::Status Train(const Plan& plan) {
   ASSIGN_OR_RETURN(store::Client client, store::Client::Connect(co));
   store::Client job = client.WithPrefix(env.prefix());
 
+  // Stop within ~0.1 s when the job is told to stop (a peer died, cancel, node lost), dumping the
+  // flight recorder first; see stop_watch.h.
   flight::FlightRecorder recorder;
+  StopWatcher watcher(job, &recorder, env.fr_dump_dir, env.rank);
+  watcher.Start();
+  absl::Status st = TrainLoop(plan, job, recorder);
+  if (!st.ok() && ShouldWaitForStop(st)) {
+    // A peer's death surfaces here first as UNAVAILABLE/ABORTED; the daemon that saw the death
+    // sets the stop key within a poll interval. Exiting now would race the real root cause.
+    spdlog::warn("rank {}: {}; waiting for the job's stop decision", env.rank, st.ToString());
+    watcher.AwaitStop(absl::Seconds(3));
+  }
+  if (!st.ok()) watcher.Dump(absl::StrCat("error: ", st.ToString()));
+  // For a daemon that re-attached to this process (it cannot wait() for a non-child).
+  store::CallOptions o;
+  o.timeout = absl::Seconds(2);
+  (void)job.Set(absl::StrCat("worker_exit/", env.rank), st.ok() ? "0" : "1", o);
+  return st;
+}
+
+namespace {
+
+absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecorder& recorder) {
+  const WorkerEnv& env = plan.env;
+  const spec::JobSpec& s = plan.spec;
   comm::GroupOptions go;
   go.name = "world";
   go.timeout = absl::Seconds(s.collective_timeout_s());
   go.recorder = &recorder;
-  go.dump_dir = absl::StrCat(env.job_dir, "/flight");
+  go.dump_dir = env.fr_dump_dir;
   go.global_rank = env.rank;
   auto rdzv = comm::MakeStoreRendezvous(job);
   ASSIGN_OR_RETURN(auto world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
@@ -278,7 +326,10 @@ absl::Status Train(const Plan& plan) {
                                          .start_token = s.data().start_position()});
   int64_t step = 0;
   if (ckpt::ResolveLatest(plan.checkpoint_root).ok()) {
+    const absl::Time t0 = absl::Now();
     ASSIGN_OR_RETURN(step, Restore(plan.checkpoint_root, *model, loader));
+    // recovery_bench reads this line: the restart time it reports excludes the load.
+    spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
   }
   MakeDirs(plan.checkpoint_root);
   MakeDirs(absl::StrCat(env.job_dir, "/metrics"));
@@ -311,8 +362,13 @@ absl::Status Train(const Plan& plan) {
   const absl::Time start = absl::Now();
   const int64_t first = step;
   int64_t saved = step;
+  const int64_t hang_at = HangStep(env);
   while (step < s.steps()) {
     ++step;
+    if (step == hang_at) {
+      spdlog::warn("fault injection: rank {} hangs at step {} (EMBER_WORKER_FAULT)", env.rank, step);
+      for (;;) absl::SleepFor(absl::Seconds(1));
+    }
     const float lr = LearningRate(s, step);
     model->ResetCommBytes();
     model->ResetCommWait();
@@ -366,5 +422,7 @@ absl::Status Train(const Plan& plan) {
   spdlog::info("done: {} steps in {}", step - first, absl::FormatDuration(absl::Now() - start));
   return absl::OkStatus();
 }
+
+}  // namespace
 
 }  // namespace ember::worker

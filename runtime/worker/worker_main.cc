@@ -2,12 +2,13 @@
 // job spec (--spec, else $EMBER_JOB_SPEC, else $EMBER_JOB_DIR/job.yaml), then trains (trainer.h).
 //
 // Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
-// 1 runtime failure.
+// 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h).
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
 #include "runtime/base/flags.h"
 #include "runtime/worker/env.h"
+#include "runtime/worker/stop_watch.h"
 #include "runtime/worker/trainer.h"
 #include "spdlog/spdlog.h"
 
@@ -15,6 +16,7 @@ ABSL_FLAG(std::string, spec, "", "job spec (YAML/JSON); default $EMBER_JOB_SPEC 
 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-worker");
+  ember::worker::InstallStopSignalHandler();  // SIGTERM: dump the flight recorder, exit 75
   auto env = ember::worker::ReadWorkerEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) {
     spdlog::error("bad environment: {}", env.status().ToString());

@@ -1,0 +1,19 @@
+// FlightVerdict: one line naming the culprit of a failed attempt from its flight-recorder dumps,
+// for the daemon to attach to the attempt (DaemonOptions::analyze_flight). Wraps launcher/fr's
+// analyzer: "rank 1 never joined all_gather seq 7 of group 'world'", "ranks 0, 2 disagree ...".
+//
+// Pure function over files; thread-safe.
+#ifndef EMBER_LAUNCHER_VERDICT_H_
+#define EMBER_LAUNCHER_VERDICT_H_
+
+#include <string>
+
+namespace ember {
+
+// "" when `dir` has no dumps or the analyzer found no problem. At most three findings, the most
+// telling first (never joined, mismatch, stuck, failed, missing dumps), joined by "; ".
+std::string FlightVerdict(const std::string& dir);
+
+}  // namespace ember
+
+#endif  // EMBER_LAUNCHER_VERDICT_H_

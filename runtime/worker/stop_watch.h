@@ -1,0 +1,71 @@
+// StopWatcher: makes a worker stop within a fraction of a second when its job is told to stop
+// (a peer died, the job was cancelled, a node was lost) or when it gets SIGTERM, and dump its
+// flight recorder first. It polls the attempt-scoped store key `stop` (the daemon sets it on the
+// first failure, DESIGN.md key space) every `period`; on a stop it writes the recorder to
+// <dump_dir>/rank-<r>.json with reason "stop: <why>", logs one line and ends the process with
+// _exit(kExitStopped) — training state needs no clean-up (checkpoints are committed atomically,
+// a half-written one is never `latest`).
+//
+// Exit code kExitStopped (75) tells the daemon "stopped because told to", never a root cause.
+//
+// Thread-safe: Start once; the destructor stops the polling thread.
+//
+//   StopWatcher w(job_client, &recorder, dump_dir, rank);
+//   w.Start();
+//   ... train ...
+//   if (!st.ok() && ShouldWaitForStop(st)) w.AwaitStop(absl::Seconds(3));  // _exits on a stop
+#ifndef EMBER_RUNTIME_WORKER_STOP_WATCH_H_
+#define EMBER_RUNTIME_WORKER_STOP_WATCH_H_
+
+#include <atomic>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "runtime/flight/recorder.h"
+#include "runtime/store/client.h"
+
+namespace ember::worker {
+
+inline constexpr int kExitStopped = 75;
+
+// Routes SIGTERM to a flag the watcher polls (async-signal-safe). Call once, before threads start.
+void InstallStopSignalHandler();
+
+// True for errors a dying peer causes (UNAVAILABLE, ABORTED): the rank should wait briefly for the
+// job's stop key rather than report itself as the root cause.
+bool ShouldWaitForStop(const absl::Status& st);
+
+class StopWatcher {
+ public:
+  // `job` is the attempt-scoped client (prefix jobs/<job>/attempt/<n>/); `recorder` must outlive
+  // this object (may be null: no dump). `dump_dir` "" = no dump.
+  StopWatcher(store::Client job, flight::FlightRecorder* recorder, std::string dump_dir, int rank,
+              absl::Duration period = absl::Milliseconds(100));
+  ~StopWatcher();
+
+  void Start();
+  // Blocks up to `timeout` for a stop (which ends the process); returns if none came.
+  void AwaitStop(absl::Duration timeout);
+  // Writes the recorder dump now (best effort) with `reason`.
+  void Dump(const std::string& reason);
+
+ private:
+  bool Poll(std::string* why);
+  [[noreturn]] void StopNow(const std::string& why);
+
+  store::Client job_;
+  flight::FlightRecorder* const recorder_;
+  const std::string dump_dir_;
+  const int rank_;
+  const absl::Duration period_;
+  std::atomic<bool> done_{false};
+  absl::Notification quit_;
+  std::thread thread_;
+};
+
+}  // namespace ember::worker
+
+#endif  // EMBER_RUNTIME_WORKER_STOP_WATCH_H_
