@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "launcher/verdict.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::e2e {
@@ -37,6 +38,10 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(ClusterOptions o
     d.heartbeat = absl::Milliseconds(250);
     d.lease_ttl = absl::Seconds(3);
     d.kill_grace = absl::Seconds(1);
+    d.restart_backoff = absl::Milliseconds(200);
+    d.failure_settle = absl::Seconds(3);
+    d.analyze_flight = FlightVerdict;
+    d.worker_env = o.worker_env;
     ASSIGN_OR_RETURN(auto daemon, daemon::Daemon::Start(d));
     c->daemons_.push_back(std::move(daemon));
   }

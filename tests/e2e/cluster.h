@@ -6,6 +6,8 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "launcher/client.h"
@@ -17,6 +19,7 @@ struct ClusterOptions {
   int nodes = 2;
   int slots = 2;              // CPU devices per node
   std::string worker;         // "" = tests/e2e/test_worker from the runfiles
+  std::vector<std::pair<std::string, std::string>> worker_env;  // DaemonOptions::worker_env
 };
 
 class TestCluster {

@@ -6,8 +6,11 @@
 //   otherwise                       `steps` steps of 20 ms each, progress to the store, a
 //                                   checkpoint marker per rank at the end, exit 0
 //
-// Exit codes as ember-worker: 0 success, 2 bad spec/env, 1 runtime failure. It exits on its own
-// when orphaned (its parent dies), so a crashed test never leaves it behind.
+// Exit codes as ember-worker: 0 success, 2 bad spec/env, 1 runtime failure, 75 stopped (the
+// attempt's `stop` key appeared). Like ember-worker it survives its daemon (a restarted daemon
+// re-attaches) and leaves its exit status under worker_exit/<rank>; it exits on its own when the
+// store has been unreachable for 3 s, so a crashed test (the store lives in the test) never leaves
+// it behind.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -36,7 +39,6 @@ const char* Env(const char* name) {
 }  // namespace
 
 int main() {
-  pid_t parent = getppid();
   std::string store_addr = Env("EMBER_STORE_ADDR");
   std::string job = Env("EMBER_JOB_ID");
   int attempt = atoi(Env("EMBER_ATTEMPT"));
@@ -77,10 +79,20 @@ int main() {
   }
   bool hang = name.find("hang") != std::string::npos;
   int64_t steps = hang ? (1LL << 40) : spec->steps();
-  std::string prefix = absl::StrCat("jobs/", job, "/attempt/", attempt, "/progress/", rank);
+  const std::string attempt_prefix = absl::StrCat("jobs/", job, "/attempt/", attempt, "/");
+  std::string prefix = attempt_prefix + absl::StrCat("progress/", rank);
   absl::Time start = absl::Now();
+  absl::Time last_ok = absl::Now();
+  ember::store::CallOptions quick;
+  quick.timeout = absl::Seconds(1);
   for (int64_t step = 1; step <= steps; ++step) {
-    if (getppid() != parent) return 1;  // orphaned: never outlive the test
+    auto stop = store->Get(attempt_prefix + "stop", quick);
+    if (stop.ok()) {
+      std::cout << "test_worker rank " << rank << " stopping: " << *stop << std::endl;
+      return 75;
+    }
+    if (absl::IsNotFound(stop.status())) last_ok = absl::Now();
+    if (absl::Now() - last_ok > absl::Seconds(3)) return 1;  // the store (the test) is gone
     double loss = 5.0 / (1.0 + 0.1 * step);
     double secs = absl::ToDoubleSeconds(absl::Now() - start);
     std::string json = absl::StrFormat(
@@ -99,5 +111,6 @@ int main() {
   std::filesystem::create_directories(absl::StrCat(dir, "/checkpoints/step-", steps));
   std::ofstream(absl::StrCat(dir, "/checkpoints/step-", steps, "/rank-", rank)) << "ok\n";
   std::cout << "test_worker rank " << rank << " done" << std::endl;
+  (void)store->Set(attempt_prefix + absl::StrCat("worker_exit/", rank), "0", quick);
   return 0;
 }
