@@ -248,8 +248,14 @@ class Ctl {
       std::vector<std::string> where;
       for (const auto& na : at.assignment().nodes())
         where.push_back(absl::StrCat(na.node(), "[", absl::StrJoin(na.devices(), ","), "]"));
-      std::cout << "  attempt " << at.number() << ": " << absl::StrJoin(where, " ")
-                << (at.reason().empty() ? "" : "  reason: " + at.reason()) << "\n";
+      std::cout << "  attempt " << at.number() << ": " << absl::StrJoin(where, " ");
+      if (at.end_unix_ms() > 0 && at.start_unix_ms() > 0) {
+        std::cout << absl::StrFormat("  ran %.1fs", (at.end_unix_ms() - at.start_unix_ms()) / 1e3);
+      }
+      if (at.last_step() > 0) std::cout << "  last step " << at.last_step();
+      std::cout << "\n";
+      if (!at.reason().empty()) std::cout << "    reason: " << at.reason() << "\n";
+      if (!at.verdict().empty()) std::cout << "    flight recorder: " << at.verdict() << "\n";
     }
     if (j.has_root_cause() && !j.root_cause().last_log_lines().empty()) {
       std::cout << "  last lines of rank " << j.root_cause().rank() << ":\n";

@@ -460,8 +460,9 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
   const std::string fr_dir = absl::StrCat(JobDir(id), "/flight/attempt-", n);
   std::string verdict;
   if (opts.analyze_flight) verdict = opts.analyze_flight(fr_dir);
+  // The failing rank's own last step (other ranks race on to a later step before they stop).
   int64_t last_step = 0;
-  if (auto v = store->Get(keys::Progress(id, n, 0)); v.ok()) {
+  if (auto v = store->Get(keys::Progress(id, n, has_cause ? cause.rank() : 0)); v.ok()) {
     jobs::v1::Progress p;
     google::protobuf::util::JsonParseOptions po;
     po.ignore_unknown_fields = true;

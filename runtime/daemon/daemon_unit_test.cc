@@ -1,4 +1,5 @@
-// Unit tests of the daemon's pure parts: placement, spec path policy, processes, config, tokens.
+// Unit tests of the daemon's pure parts: placement, spec path policy, processes, config, tokens,
+// restart decisions.
 #include <signal.h>
 #include <unistd.h>
 
@@ -8,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "runtime/daemon/auth.h"
+#include "runtime/daemon/daemon.h"
 #include "runtime/daemon/config.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
@@ -137,6 +139,76 @@ TEST_CASE("config: unknown keys and missing tokens are named") {
   REQUIRE(o->auth_token.size() == 64);
   { std::ofstream(tok) << "short\n"; }
   REQUIRE(absl::IsInvalidArgument(ReadTokenFile(tok).status()));
+}
+
+jobs::v1::Attempt FailedAttempt(int n, int rank, int code, int sig, int64_t last_step) {
+  jobs::v1::Attempt a;
+  a.set_number(n);
+  a.mutable_root_cause()->set_rank(rank);
+  a.mutable_root_cause()->set_exit_code(code);
+  a.mutable_root_cause()->set_signal(sig);
+  a.set_last_step(last_step);
+  return a;
+}
+
+TEST_CASE("restart decisions: max_restarts, exit code 2, the same failure twice, node loss") {
+  jobs::v1::Job j;
+  j.mutable_spec()->set_max_restarts(2);
+  *j.add_attempts() = FailedAttempt(0, 1, -1, 9, 30);
+  REQUIRE(NextStateAfterFailure(j) == jobs::v1::RESTARTING);
+  // Progress since the last failure: the same signal again is retried.
+  *j.add_attempts() = FailedAttempt(1, 1, -1, 9, 45);
+  REQUIRE(NoRetryReason(j).empty());
+  REQUIRE(NextStateAfterFailure(j) == jobs::v1::RESTARTING);
+  // Budget spent.
+  *j.add_attempts() = FailedAttempt(2, 0, 1, 0, 60);
+  REQUIRE(NextStateAfterFailure(j) == jobs::v1::FAILED);
+
+  jobs::v1::Job same;
+  same.mutable_spec()->set_max_restarts(10);
+  *same.add_attempts() = FailedAttempt(0, 3, 3, 0, 2);
+  *same.add_attempts() = FailedAttempt(1, 3, 3, 0, 2);
+  REQUIRE(absl::StrContains(NoRetryReason(same), "same way as attempt 0"));
+  REQUIRE(NextStateAfterFailure(same) == jobs::v1::FAILED);
+
+  jobs::v1::Job bad;
+  bad.mutable_spec()->set_max_restarts(10);
+  *bad.add_attempts() = FailedAttempt(0, 0, 2, 0, 0);
+  REQUIRE(absl::StrContains(NoRetryReason(bad), "bad spec"));
+  REQUIRE(NextStateAfterFailure(bad) == jobs::v1::FAILED);
+
+  jobs::v1::Job lost;  // "node lost" has no root cause: always retryable within the budget
+  lost.mutable_spec()->set_max_restarts(1);
+  lost.add_attempts()->set_number(0);
+  REQUIRE(NextStateAfterFailure(lost) == jobs::v1::RESTARTING);
+  lost.add_attempts()->set_number(1);
+  REQUIRE(NextStateAfterFailure(lost) == jobs::v1::FAILED);
+}
+
+TEST_CASE("restart backoff doubles up to its cap") {
+  REQUIRE(RestartBackoff(1, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(1));
+  REQUIRE(RestartBackoff(2, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(2));
+  REQUIRE(RestartBackoff(4, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(8));
+  REQUIRE(RestartBackoff(40, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(30));
+}
+
+TEST_CASE("process identity survives only with the same start time") {
+  auto me = ReadProcInfo(getpid());
+  REQUIRE(me.has_value());
+  REQUIRE(me->start_ticks > 0);
+  REQUIRE(ProcessAlive(getpid(), me->start_ticks));
+  REQUIRE_FALSE(ProcessAlive(getpid(), me->start_ticks + 1));  // a reused pid
+  pid_t child = fork();
+  if (child == 0) _exit(0);
+  absl::SleepFor(absl::Milliseconds(100));
+  auto zombie = ReadProcInfo(child);
+  REQUIRE(zombie.has_value());
+  REQUIRE_FALSE(ProcessAlive(child, zombie->start_ticks));  // a zombie is not alive
+  int code = 0, sig = 0;
+  REQUIRE(TryReapChild(child, &code, &sig) == 1);
+  REQUIRE(code == 0);
+  REQUIRE(TryReapChild(child, &code, &sig) == -1);  // no longer our child
+  REQUIRE_FALSE(ReadProcInfo(child).has_value());
 }
 
 }  // namespace

@@ -125,6 +125,31 @@ TEST_CASE("a hung rank: the watchdog fires, every rank dumps, the reason names r
   REQUIRE(WaitFor([&] { return FindJobProcesses(r->job().id()).empty(); }, absl::Seconds(5)));
 }
 
+TEST_CASE("emberctl dump: every rank of a running job dumps into the attempt's directory") {
+  auto cluster = RealCluster(1, 2);
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  auto r = c->Submit(TinySpec("rec-dump", 2, 100000, 0), "rec-dump",
+                     {{"data/tiny_corpus.txt", Corpus()}});
+  REQUIRE(r.ok());
+  const std::string id = r->job().id();
+  REQUIRE(WaitFor([&] {
+    auto j = c->Get(id);
+    return j.ok() && j->progress().step() >= 2;
+  }, absl::Seconds(30)));
+  auto d = c->Dump(id);
+  REQUIRE(d.ok());
+  REQUIRE(d->attempt() == 0);
+  REQUIRE(WaitFor([&] {
+    return fs::exists(d->directory() + "/rank-0.json") && fs::exists(d->directory() + "/rank-1.json");
+  }, absl::Seconds(5)));
+  REQUIRE(absl::StrContains(ReadFile(d->directory() + "/rank-1.json"), "request: "));
+  auto cancelled = c->Cancel(id);
+  REQUIRE(cancelled.ok());
+  REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
+}
+
 TEST_CASE("a worker that always fails the same way is FAILED, not retried forever") {
   auto cluster = e2e::TestCluster::Start();  // the stand-in worker
   REQUIRE(cluster.ok());

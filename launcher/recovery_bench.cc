@@ -1,0 +1,199 @@
+// recovery_bench: what a worker's kill -9 costs (issue 8). Two in-process daemons x 2 CPU slots on
+// loopback run a 4-rank job of the real ember-worker (tiny GPT, deterministic, checkpoint every
+// --every steps, progress every step). At --kill_at steps rank 1 gets SIGKILL; measured:
+//
+//   others_stopped_s   kill -9 -> every other rank of the attempt has exited (target < 5 s;
+//                      torchrun's survivors wait for the collective timeout, NCCL's default 10 min)
+//   detect_s           kill -9 -> the job record leaves RUNNING (RESTARTING)
+//   first_step_s       kill -9 -> the restarted attempt's first step is reported, minus the
+//                      worker's own checkpoint load time (target < 15 s; includes the 1 s backoff)
+//   ckpt_load_s        the restarted rank 0's checkpoint load (from its log)
+//   progress_lost      steps done at the kill minus the step resumed from (target <= --every)
+//
+//   bazel run -c opt //launcher:recovery_bench -- [--json] [--rounds 3]
+//
+// Each round is a fresh job; the table shows the median over rounds, --json the `targets` array.
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "runtime/daemon/process.h"
+#include "tests/e2e/cluster.h"
+#include "tests/recovery/harness.h"
+
+ABSL_FLAG(bool, json, false, "print {\"targets\": [...]} instead of the table");
+ABSL_FLAG(int, rounds, 3, "kills measured (a fresh job each)");
+ABSL_FLAG(int, steps, 60, "steps of the job");
+ABSL_FLAG(int, every, 10, "checkpoint interval (steps)");
+ABSL_FLAG(int, kill_at, 25, "kill rank 1 once rank 0 reported this step");
+
+namespace ember {
+namespace {
+
+namespace fs = std::filesystem;
+using recovery::WaitFor;
+
+std::string Runfile(const char* argv0, const std::string& rel) {
+  for (std::string c : {rel, absl::StrCat(argv0, ".runfiles/ember/", rel)}) {
+    if (fs::exists(c)) return fs::absolute(c).string();
+  }
+  return rel;
+}
+
+struct Round {
+  double others_stopped_s = -1, detect_s = -1, first_step_s = -1, ckpt_load_s = 0;
+  int64_t killed_at = 0, resumed_from = -1;
+  bool ok = false;
+};
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+Round Measure(Client& c, int round) {
+  Round out;
+  const int every = absl::GetFlag(FLAGS_every);
+  auto r = c.Submit(recovery::TinySpec(absl::StrCat("bench-kill-", round), 4,
+                                       absl::GetFlag(FLAGS_steps), every, "max_restarts: 1\n"),
+                    "", {{"data/tiny_corpus.txt", recovery::Corpus()}});
+  if (!r.ok()) {
+    std::fprintf(stderr, "submit: %s\n", r.status().ToString().c_str());
+    return out;
+  }
+  const std::string id = r->job().id();
+  int64_t step = 0;
+  if (!WaitFor([&] {
+        auto j = c.Get(id);
+        if (j.ok()) step = j->progress().step();
+        return step >= absl::GetFlag(FLAGS_kill_at);
+      }, absl::Seconds(120), absl::Milliseconds(5))) {
+    std::fprintf(stderr, "job %s never reached step %d\n", id.c_str(), absl::GetFlag(FLAGS_kill_at));
+    return out;
+  }
+  const pid_t victim = recovery::RankPid(id, 0, 1);
+  if (victim <= 0) return out;
+  out.killed_at = step;
+  const absl::Time t0 = absl::Now();
+  kill(victim, SIGKILL);
+  WaitFor([&] {
+    for (int rank : {0, 2, 3})
+      if (recovery::RankPid(id, 0, rank) > 0) return false;
+    return true;
+  }, absl::Seconds(60), absl::Milliseconds(2));
+  out.others_stopped_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  WaitFor([&] {
+    auto j = c.Get(id);
+    if (j.ok() && j->state() != jobs::v1::RUNNING && out.detect_s < 0) {
+      out.detect_s = absl::ToDoubleSeconds(absl::Now() - t0);
+    }
+    return j.ok() && j->attempts_size() == 2 && j->progress().step() > 0;
+  }, absl::Seconds(60), absl::Milliseconds(5));
+  const double restarted = absl::ToDoubleSeconds(absl::Now() - t0);
+  auto done = c.Wait(id, absl::Seconds(180));
+  if (!done.ok() || done->state() != jobs::v1::SUCCEEDED) return out;
+  // Rank 0's log of the new attempt: "resumed from .../step-N (step N, ..." and the load time.
+  std::string log = recovery::ReadFile(done->job_dir() + "/logs/rank-0.log");
+  std::smatch m;
+  if (std::regex_search(log, m, std::regex("resumed from \\S+ \\(step ([0-9]+)"))) {
+    out.resumed_from = std::stoll(m[1]);
+  }
+  absl::Duration load;
+  if (std::regex_search(log, m, std::regex("checkpoint load took (\\S+)")) &&
+      absl::ParseDuration(m[1].str(), &load)) {
+    out.ckpt_load_s = absl::ToDoubleSeconds(load);
+  }
+  out.first_step_s = restarted - out.ckpt_load_s;
+  out.ok = out.resumed_from >= 0;
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  e2e::ClusterOptions o;
+  o.nodes = 2;
+  o.slots = 2;
+  o.worker = Runfile(argv[0], "runtime/worker/ember-worker");
+  if (!fs::exists("examples/data/tiny_corpus.txt")) {
+    fs::current_path(fs::path(Runfile(argv[0], "examples/data/tiny_corpus.txt")).parent_path() /
+                     "../..");
+  }
+  auto cluster = e2e::TestCluster::Start(o);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "cluster: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  auto c = (*cluster)->Connect(0);
+  if (!c.ok()) return 1;
+  WaitFor([&] { auto n = c->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5));
+  std::vector<Round> rounds;
+  for (int i = 0; i < absl::GetFlag(FLAGS_rounds); ++i) {
+    Round r = Measure(*c, i);
+    if (!r.ok) {
+      std::fprintf(stderr, "round %d failed\n", i);
+      return 1;
+    }
+    rounds.push_back(r);
+  }
+  std::vector<double> stopped, detect, first, load, lost;
+  std::string table = absl::StrFormat("%-6s %10s %14s %10s %13s %12s %14s\n", "round", "killed_at",
+                                      "others_stop_s", "detect_s", "first_step_s", "ckpt_load_s",
+                                      "progress_lost");
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    const Round& r = rounds[i];
+    stopped.push_back(r.others_stopped_s);
+    detect.push_back(r.detect_s);
+    first.push_back(r.first_step_s);
+    load.push_back(r.ckpt_load_s);
+    lost.push_back(static_cast<double>(r.killed_at - r.resumed_from));
+    absl::StrAppendFormat(&table, "%-6d %10d %14.3f %10.3f %13.3f %12.4f %14d\n", i, r.killed_at,
+                          r.others_stopped_s, r.detect_s, r.first_step_s, r.ckpt_load_s,
+                          r.killed_at - r.resumed_from);
+  }
+  struct Target {
+    std::string name;
+    double value, goal;
+    std::string unit;
+  };
+  const double every = absl::GetFlag(FLAGS_every);
+  const std::vector<Target> targets = {
+      {"kill9_to_others_stopped_s", Median(stopped), 5, "s"},
+      {"kill9_to_restarted_first_step_s_excl_ckpt_load", Median(first), 15, "s"},
+      {"progress_lost_steps", *std::max_element(lost.begin(), lost.end()), every, "steps"},
+  };
+  if (absl::GetFlag(FLAGS_json)) {
+    std::string out = "{\"benchmark\":\"recovery_bench\",\"targets\":[";
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const Target& t = targets[i];
+      absl::StrAppendFormat(&out,
+                            "%s{\"name\":\"%s\",\"value\":%.6g,\"peer\":null,\"goal\":%g,"
+                            "\"higher_is_better\":false,\"unit\":\"%s\"}",
+                            i ? "," : "", t.name, t.value, t.goal, t.unit);
+    }
+    out += "]}";
+    std::printf("%s\n", out.c_str());
+    return 0;
+  }
+  std::printf("4 ranks on 2 daemons, checkpoint every %d steps, kill -9 of rank 1 at step >= %d\n%s",
+              absl::GetFlag(FLAGS_every), absl::GetFlag(FLAGS_kill_at), table.c_str());
+  std::printf("median: others stopped %.3f s, detect %.3f s, first step %.3f s (ckpt load %.4f s)\n",
+              Median(stopped), Median(detect), Median(first), Median(load));
+  for (const Target& t : targets) {
+    std::printf("target %-50s %.3f %s (goal <= %g) %s\n", t.name.c_str(), t.value, t.unit.c_str(),
+                t.goal, t.value <= t.goal ? "MET" : "MISSED");
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace ember
+
+int main(int argc, char** argv) { return ember::Main(argc, argv); }
