@@ -6,7 +6,8 @@
 //                      torchrun's survivors wait for the collective timeout, NCCL's default 10 min)
 //   detect_s           kill -9 -> the job record leaves RUNNING (RESTARTING)
 //   first_step_s       kill -9 -> the restarted attempt's first step is reported, minus the
-//                      worker's own checkpoint load time (target < 15 s; includes the 1 s backoff)
+//                      worker's own checkpoint load time (target < 15 s; includes emberd's
+//                      default 1 s restart backoff)
 //   ckpt_load_s        the restarted rank 0's checkpoint load (from its log)
 //   progress_lost      steps done at the kill minus the step resumed from (target <= --every)
 //
@@ -122,6 +123,7 @@ int Main(int argc, char** argv) {
   o.nodes = 2;
   o.slots = 2;
   o.worker = Runfile(argv[0], "runtime/worker/ember-worker");
+  o.restart_backoff = absl::Seconds(1);  // emberd's default
   if (!fs::exists("examples/data/tiny_corpus.txt")) {
     fs::current_path(fs::path(Runfile(argv[0], "examples/data/tiny_corpus.txt")).parent_path() /
                      "../..");

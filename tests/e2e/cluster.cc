@@ -38,7 +38,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(ClusterOptions o
     d.heartbeat = absl::Milliseconds(250);
     d.lease_ttl = absl::Seconds(3);
     d.kill_grace = absl::Seconds(1);
-    d.restart_backoff = absl::Milliseconds(200);
+    d.restart_backoff = o.restart_backoff;
     d.failure_settle = absl::Seconds(3);
     d.analyze_flight = FlightVerdict;
     d.worker_env = o.worker_env;

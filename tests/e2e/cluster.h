@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "launcher/client.h"
 #include "runtime/daemon/daemon.h"
 
@@ -20,6 +21,7 @@ struct ClusterOptions {
   int slots = 2;              // CPU devices per node
   std::string worker;         // "" = tests/e2e/test_worker from the runfiles
   std::vector<std::pair<std::string, std::string>> worker_env;  // DaemonOptions::worker_env
+  absl::Duration restart_backoff = absl::Milliseconds(200);     // emberd's default is 1 s
 };
 
 class TestCluster {
