@@ -74,6 +74,7 @@ std::string DescribeExit(const RankExit& e) {
     return absl::StrCat(where, " was killed by signal ", e.signal(),
                         name ? absl::StrCat(" (SIG", name, ")") : "");
   }
+  if (e.exit_code() == 75) return absl::StrCat(where, " stopped on request (exit code 75)");
   return absl::StrCat(where, " exited with code ", e.exit_code());
 }
 
@@ -423,9 +424,14 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
   RankExit cause;
   bool has_cause = false;
   std::string reason;
+  // The first decision wins: a rank's own failure, else whatever already set the stop key (a
+  // draining node, an earlier pass that saw the node lost), else a lost node, else a bad exit.
+  auto stop = store->Get(keys::Stop(id, n));
   if (failure.ok() && cause.ParseFromString(*failure)) {
     reason = DescribeExit(cause);
     has_cause = true;
+  } else if (stop.ok() && !stop->empty()) {
+    reason = *stop;
   } else if (!lost.empty()) {
     reason = "node lost: " + lost;
   } else if (all && !all_zero) {
@@ -450,8 +456,8 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
   // Stop every rank now (they poll this key); decide once they have all reported (their flight
   // recorders are dumped before they exit), or after failure_settle.
   auto [it, first_seen] = failing_since.emplace(key, absl::Now());
-  if (first_seen) {
-    (void)store->Set(keys::Stop(id, n), reason);
+  if (first_seen && !stop.ok()) {
+    (void)store->CompareSet(keys::Stop(id, n), std::nullopt, reason);
     spdlog::warn("job {} attempt {}: {}; stopping every rank", id, n, reason);
   }
   if (!settled && absl::Now() - it->second < opts.failure_settle) return;
@@ -803,7 +809,11 @@ void Daemon::Impl::DrainNow() {
   {
     absl::MutexLock l(&mu);
     for (auto& [k, a] : local) {
-      if (!a.released) StopAttempt(&a, "node " + opts.node_name + " draining");
+      if (a.released) continue;
+      // The gang is broken: every rank of the attempt, on every node, stops.
+      const std::string why = "node " + opts.node_name + " draining";
+      (void)store->CompareSet(keys::Stop(a.job, a.attempt), std::nullopt, why);
+      StopAttempt(&a, why);
     }
   }
   // Let the control loop reap and report; wait for it (bounded by kill_grace + margin).

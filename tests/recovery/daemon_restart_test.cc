@@ -5,6 +5,8 @@
 //   * kill -9 of that daemon for good -> "node lost: <node>" within the lease timeout, the job
 //     restarts on the other node and SUCCEEDS; the lost node's workers stop on the stop key.
 // No process is left behind (/proc scan); the store lives here, so workers of a crashed test exit.
+#include <signal.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -109,6 +111,49 @@ TEST_CASE("kill -9 and restart of a daemon: the job keeps running and finishes")
   REQUIRE(done->state() == v1::SUCCEEDED);
   REQUIRE(done->attempts_size() == 1);  // never restarted: re-attached
   REQUIRE(absl::StrContains(ReadFile(c->daemons[holder]->log()), "re-attached to 2 running"));
+  REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
+}
+
+TEST_CASE("SIGTERM detaches (workers keep running, a new daemon adopts them); SIGINT drains") {
+  auto c = Cluster::Start();
+  REQUIRE(c);
+  REQUIRE(c->StartDaemon("node-a", 0).ok());
+  REQUIRE(c->StartDaemon("node-b", 0).ok());
+  auto cl = c->Connect("node-a");
+  REQUIRE(cl.ok());
+  REQUIRE(WaitFor([&] { auto n = cl->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5)));
+  auto r = cl->Submit("name: rec-detach\nparallelism: {strategy: fsdp, world_size: 2}\n"
+                      "steps: 300\nmax_restarts: 1\n");
+  REQUIRE(r.ok());
+  const std::string id = r->job().id();
+  std::string holder;
+  REQUIRE(WaitFor([&] {
+    auto j = cl->Get(id);
+    if (!j.ok() || j->progress().step() < 5) return false;
+    holder = Holder(*j);
+    return !holder.empty();
+  }, absl::Seconds(15)));
+  const std::string other = holder == "node-a" ? "node-b" : "node-a";
+  auto co = c->Connect(other);
+  REQUIRE(co.ok());
+  REQUIRE(c->daemons[holder]->Signal(SIGTERM) == 0);
+  REQUIRE(FindJobProcesses(id).size() == 2);  // detached, not stopped
+  REQUIRE(c->StartDaemon(holder, 1).ok());
+  REQUIRE(WaitFor([&] {
+    return absl::StrContains(ReadFile(c->daemons[holder]->log()), "re-attached to 2 running");
+  }, absl::Seconds(5)));
+  // Now drain it: its ranks stop, the job restarts on the other node with the reason.
+  REQUIRE(c->daemons[holder]->Signal(SIGINT) == 0);
+  REQUIRE(WaitFor([&] {
+    auto j = co->Get(id);
+    return j.ok() && j->attempts_size() == 2 && j->state() == v1::RUNNING;
+  }, absl::Seconds(15)));
+  auto j = co->Get(id);
+  REQUIRE(j.ok());
+  INFO(j->attempts(0).reason());
+  REQUIRE(absl::StrContains(j->attempts(0).reason(), "node " + holder + " draining"));
+  REQUIRE(Holder(*j) == other);
+  REQUIRE(co->Cancel(id).ok());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }
 

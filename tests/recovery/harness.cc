@@ -103,6 +103,20 @@ void EmberdProcess::Kill9() {
   pid_ = -1;
 }
 
+int EmberdProcess::Signal(int sig) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, sig);
+  int status = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      pid_ = -1;
+      return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return -1;
+}
+
 EmberdProcess::~EmberdProcess() {
   if (pid_ <= 0) return;
   kill(pid_, SIGINT);
