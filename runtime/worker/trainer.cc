@@ -16,6 +16,9 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/dtype.h"
+#include "checkpoint/safetensors.h"
+#include "kernels/cast.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
@@ -184,6 +187,9 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   if (absl::Status st = probe.Validate(); !st.ok()) return base::Annotate(st, "data");
   p.checkpoint_root = Resolve(env.job_dir, s.checkpoint().dir().empty() ? "checkpoints" : s.checkpoint().dir());
   p.metrics_path = absl::StrCat(env.job_dir, "/metrics/rank-", env.rank, ".jsonl");
+  if (!s.checkpoint().init_from_safetensors().empty()) {
+    p.init_safetensors = Resolve(env.job_dir, s.checkpoint().init_from_safetensors());
+  }
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   p.threads = s.threads() > 0 ? s.threads() : std::max(1, hw / env.local_world_size);
   return p;
@@ -220,6 +226,48 @@ absl::StatusOr<int64_t> Restore(const std::string& root, fsdp::FsdpGpt& m, data:
   spdlog::info("resumed from {} (step {}, saved by {} ranks, now {}{})", reader->dir(), meta.step,
                meta.world_size, m.world(), meta.world_size != m.world() ? ": resharded" : "");
   return meta.step;
+}
+
+// Initialises this rank's parameter shards from safetensors weights named like the model's
+// parameters (a single file or a model.safetensors.index.json set; F32, BF16 or F16). Optimizer
+// state starts at zero. Every model parameter must be present with the model's shape.
+absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m) {
+  ASSIGN_OR_RETURN(auto set, ckpt::SafetensorsSet::Open(path));
+  size_t used = 0;
+  for (const fsdp::ShardView& v : m.Shards()) {
+    auto found = set->Find(v.name);
+    if (!found.ok()) {
+      return absl::NotFoundError(absl::StrCat(path, ": no tensor '", v.name,
+                                              "' (checkpoint.init_from_safetensors needs every "
+                                              "model parameter; see docs/model.md for names)"));
+    }
+    const auto [file, info] = *found;
+    if (info->shape != v.global_shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": tensor '", v.name, "' has shape [", absl::StrJoin(info->shape, ","),
+          "], the model wants [", absl::StrJoin(v.global_shape, ","), "]"));
+    }
+    const size_t elem = ckpt::DTypeSize(info->dtype);
+    absl::string_view bytes = file->Data(*info);
+    const int64_t n = v.rows * v.row_numel;
+    absl::string_view rows = bytes.substr(static_cast<size_t>(v.row_begin * v.row_numel) * elem,
+                                          static_cast<size_t>(n) * elem);
+    if (info->dtype == ckpt::DType::kF16) {
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, rows.data() + i * 2, 2);
+        v.param[i] = kernels::F16ToF32(h);
+      }
+    } else {
+      absl::Status st = ckpt::ConvertDType(info->dtype, rows.data(), ckpt::DType::kF32, v.param,
+                                           static_cast<size_t>(n));
+      if (!st.ok()) return base::Annotate(st, absl::StrCat(path, ": tensor '", v.name, "'"));
+    }
+    ++used;
+  }
+  spdlog::info("initialised {} parameters from {} ({} tensors in the file{})", used, path,
+               set->names().size(), set->names().size() > used ? "; extra tensors ignored" : "");
+  return absl::OkStatus();
 }
 
 ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int64_t step, uint64_t seed) {
@@ -330,6 +378,8 @@ absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecor
     ASSIGN_OR_RETURN(step, Restore(plan.checkpoint_root, *model, loader));
     // recovery_bench reads this line: the restart time it reports excludes the load.
     spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
+  } else if (!plan.init_safetensors.empty()) {
+    RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, *model));
   }
   MakeDirs(plan.checkpoint_root);
   MakeDirs(absl::StrCat(env.job_dir, "/metrics"));

@@ -32,6 +32,7 @@ struct Plan {
   std::shared_ptr<data::TokenFile> tokens;
   std::string checkpoint_root;  // <job_dir>/<checkpoint.dir or "checkpoints">
   std::string metrics_path;     // <job_dir>/metrics/rank-<r>.jsonl
+  std::string init_safetensors; // checkpoint.init_from_safetensors resolved, or "" (fresh init)
   int threads = 1;
   bool separate_reduce_scatter = true;
 };

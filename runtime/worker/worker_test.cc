@@ -16,6 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/tools.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -35,14 +37,14 @@ std::string NewJobDir(const std::string& name) {
   return dir;
 }
 
-void WriteSpec(const std::string& dir, int64_t steps, int batch, const std::string& extra = "") {
+void WriteSpec(const std::string& dir, int64_t steps, int batch, const std::string& extra = "",
+               const std::string& checkpoint = "checkpoint: {every_steps: 5}\n") {
   std::ofstream f(dir + "/job.yaml");
   f << "name: t\n"
        "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n"
        "data: {text_path: corpus.txt}\n"
        "optimizer: {lr: 0.003, schedule: constant, grad_clip: 1.0}\n"
-       "checkpoint: {every_steps: 5}\n"
-    << "steps: " << steps << "\nbatch_size: " << batch << "\nseed: 7\ndeterministic: true\nthreads: 1\n"
+    << checkpoint << "steps: " << steps << "\nbatch_size: " << batch << "\nseed: 7\ndeterministic: true\nthreads: 1\n"
     << extra;
 }
 
@@ -183,6 +185,61 @@ TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
   pid_t pid = Spawn({{"EMBER_JOB_DIR", dir}, {"EMBER_STORE_ADDR", ""}});
   CHECK(WaitAll({pid}, absl::Seconds(30)) == std::vector<int>{2});
+}
+
+}  // namespace
+}  // namespace ember::worker
+
+namespace ember::worker {
+namespace {
+
+TEST_CASE("checkpoint.init_from_safetensors loads the weights before the first step", "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  // A: 3 steps from the seed's init; its final checkpoint exported as safetensors.
+  const std::string a = NewJobDir("init_a");
+  WriteSpec(a, 3, 2);
+  REQUIRE(RunJob(addr, "init-a", a, 1, 0) == std::vector<int>{0});
+  const std::string trained = a + "/trained.safetensors";
+  REQUIRE(ckpt::ExportSafetensors(a + "/checkpoints", trained).ok());
+  // The same weights with a zero token embedding: with the tied head every logit is exactly 0, so
+  // the first loss must be ln(256) whatever the other weights are (an independent reference).
+  auto file = ckpt::SafetensorsFile::Open(trained);
+  REQUIRE(file.ok());
+  std::vector<ckpt::TensorSpec> specs;
+  std::vector<std::string> bytes;
+  for (const auto& t : (*file)->tensors()) {
+    specs.push_back({t.name, t.dtype, t.shape});
+    std::string b((*file)->Data(t));
+    if (t.name == "wte.weight") b.assign(b.size(), '\0');
+    bytes.push_back(std::move(b));
+  }
+  std::vector<absl::string_view> views(bytes.begin(), bytes.end());
+  const std::string zeroed = a + "/zero_wte.safetensors";
+  REQUIRE(ckpt::WriteSafetensors(zeroed, specs, views).ok());
+
+  const std::string b = NewJobDir("init_b");
+  WriteSpec(b, 1, 2, "", "checkpoint: {every_steps: 5, init_from_safetensors: w.safetensors}\n");
+  std::rename(trained.c_str(), (b + "/w.safetensors").c_str());
+  REQUIRE(RunJob(addr, "init-b", b, 1, 0) == std::vector<int>{0});
+  const std::string z = NewJobDir("init_z");
+  WriteSpec(z, 1, 2, "", "checkpoint: {every_steps: 5, init_from_safetensors: w.safetensors}\n");
+  std::rename(zeroed.c_str(), (z + "/w.safetensors").c_str());
+  REQUIRE(RunJob(addr, "init-z", z, 1, 0) == std::vector<int>{0});
+
+  const double first_a = Losses(a).at(1), first_b = Losses(b).at(1), first_z = Losses(z).at(1);
+  INFO("fresh init " << first_a << ", trained weights " << first_b << ", zero embedding " << first_z);
+  CHECK(std::abs(first_z - std::log(256.0)) < 1e-4);
+  CHECK(first_b < first_a);  // the same first batch, seen with weights trained for 3 steps
+
+  // A missing tensor is an error naming it, before any training.
+  const std::string m = NewJobDir("init_missing");
+  WriteSpec(m, 1, 2, "", "checkpoint: {every_steps: 5, init_from_safetensors: w.safetensors}\n");
+  REQUIRE(ckpt::WriteSafetensors(m + "/w.safetensors", {specs[0]}, {views[0]}).ok());
+  std::vector<int> codes = RunJob(addr, "init-m", m, 1, 0);
+  REQUIRE(codes.size() == 1);
+  CHECK(codes[0] != 0);
 }
 
 }  // namespace
