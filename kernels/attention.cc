@@ -1,5 +1,7 @@
 #include "kernels/attention.h"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -11,7 +13,9 @@
 namespace ember::kernels {
 namespace {
 
-constexpr int64_t kBq = 64;  // query rows per forward task
+// Tiles are multiplied with single-threaded OpenBLAS sgemm calls (one per tile product) straight
+// from the strided q/k/v/o rows, so no tile is copied or transposed.
+constexpr int64_t kBq = 64;  // query rows per tile
 constexpr int64_t kBk = 64;  // keys per tile
 
 // First key visible from query row t.
@@ -19,24 +23,20 @@ inline int64_t FirstKey(const AttentionShape& s, int64_t t) {
   return s.window > 0 ? std::max<int64_t>(0, t - s.window + 1) : 0;
 }
 
-// Copies rows [j0, j1) of x (row stride `stride`) transposed into xt[hd][kBk].
-inline void LoadTransposed(const float* x, int64_t stride, int64_t j0, int64_t j1, int64_t hd,
-                           float* xt) {
-  for (int64_t j = j0; j < j1; ++j) {
-    const float* row = x + j * stride;
-    for (int64_t d = 0; d < hd; ++d) xt[d * kBk + (j - j0)] = row[d];
-  }
+// Row-major C[M,N] = alpha * op(A) op(B) + beta * C on one thread.
+inline void TileGemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha,
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float beta,
+                     float* C, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+              K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-// s[j] = a . xt[:, j] for j in [lo, hi) (tile-local indices), summed over d in order.
-inline void RowTimesTile(const float* a, const float* xt, int64_t hd, int64_t lo, int64_t hi,
-                         float* s) {
-  for (int64_t j = lo; j < hi; ++j) s[j] = 0.0f;
-  for (int64_t d = 0; d < hd; ++d) {
-    const float ad = a[d];
-    const float* col = xt + d * kBk;
-    for (int64_t j = lo; j < hi; ++j) s[j] += ad * col[j];
-  }
+void PinOpenBlasSingleThreaded() {
+  static const bool once = [] {
+    openblas_set_num_threads(1);
+    return true;
+  }();
+  (void)once;
 }
 
 }  // namespace
@@ -44,6 +44,7 @@ inline void RowTimesTile(const float* a, const float* xt, int64_t hd, int64_t lo
 void AttentionForward(const ExecContext& ctx, const AttentionShape& s, const float* q,
                       const float* k, const float* v, int64_t qkv_stride, float* o,
                       int64_t o_stride, float* lse) {
+  PinOpenBlasSingleThreaded();
   const int64_t hd = s.hd, T = s.T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t qblocks = (T + kBq - 1) / kBq;
@@ -56,36 +57,43 @@ void AttentionForward(const ExecContext& ctx, const AttentionShape& s, const flo
     const float* vh = v + base;
     float* oh = o + b * T * o_stride + h * hd;
     float* lseh = lse + bh * T;
-    const int64_t q0 = qb * kBq, q1 = std::min(T, q0 + kBq);
-    std::vector<float> kt(hd * kBk), qs(hd), sc(kBk), acc((q1 - q0) * hd, 0.0f);
-    std::vector<float> m(q1 - q0, -std::numeric_limits<float>::infinity()), l(q1 - q0, 0.0f);
+    const int64_t q0 = qb * kBq, q1 = std::min(T, q0 + kBq), nq = q1 - q0;
+    std::vector<float> sc(kBq * kBk), acc(nq * hd, 0.0f);
+    std::vector<float> m(nq, -std::numeric_limits<float>::infinity()), l(nq, 0.0f);
     const int64_t k_first = FirstKey(s, q0) / kBk * kBk;
     for (int64_t k0 = k_first; k0 < q1; k0 += kBk) {
-      const int64_t k1 = std::min(q1, k0 + kBk);
-      LoadTransposed(kh, qkv_stride, k0, k1, hd, kt.data());
-      for (int64_t t = q0; t < q1; ++t) {
+      const int64_t k1 = std::min(q1, k0 + kBk), nk = k1 - k0;
+      // sc[r, j] = scale * q[q0 + r] . k[k0 + j]
+      TileGemm(false, true, nq, nk, hd, scale, qh + q0 * qkv_stride, qkv_stride,
+               kh + k0 * qkv_stride, qkv_stride, 0.0f, sc.data(), kBk);
+      for (int64_t r = 0; r < nq; ++r) {
+        const int64_t t = q0 + r;
+        float* p = sc.data() + r * kBk;
         const int64_t lo = std::max(k0, FirstKey(s, t)) - k0, hi = std::min(k1 - 1, t) + 1 - k0;
-        if (lo >= hi) continue;
-        const float* qr = qh + t * qkv_stride;
-        for (int64_t d = 0; d < hd; ++d) qs[d] = qr[d] * scale;
-        RowTimesTile(qs.data(), kt.data(), hd, lo, hi, sc.data());
-        const int64_t r = t - q0;
+        if (lo >= hi) {  // no visible key in this tile: contributes nothing
+          std::fill(p, p + nk, 0.0f);
+          continue;
+        }
         float mx = m[r];
-        for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, sc[j]);
+        for (int64_t j = lo; j < hi; ++j) mx = std::max(mx, p[j]);
         const float corr = vec::Exp(m[r] - mx);  // m = -inf on the first tile: corr ~ 0, acc = 0
-        float* a = acc.data() + r * hd;
-        for (int64_t j = lo; j < hi; ++j) sc[j] = vec::Exp(sc[j] - mx);
-        l[r] = l[r] * corr + vec::Sum(sc.data() + lo, hi - lo);
+        for (int64_t j = lo; j < hi; ++j) p[j] = vec::Exp(p[j] - mx);
+        std::fill(p, p + lo, 0.0f);
+        std::fill(p + hi, p + nk, 0.0f);
+        l[r] = l[r] * corr + vec::Sum(p + lo, hi - lo);
         m[r] = mx;
-        vec::Scale(corr, a, hd);
-        for (int64_t j = lo; j < hi; ++j) vec::Axpy(sc[j], vh + (k0 + j) * qkv_stride, a, hd);
+        vec::Scale(corr, acc.data() + r * hd, hd);
       }
+      // acc += p @ v[k0:k1]
+      TileGemm(false, false, nq, hd, nk, 1.0f, sc.data(), kBk, vh + k0 * qkv_stride, qkv_stride,
+               1.0f, acc.data(), hd);
     }
-    for (int64_t t = q0; t < q1; ++t) {
-      const int64_t r = t - q0;
+    for (int64_t r = 0; r < nq; ++r) {
+      const int64_t t = q0 + r;
       const float inv = 1.0f / l[r];
       float* orow = oh + t * o_stride;
-      for (int64_t d = 0; d < hd; ++d) orow[d] = acc[r * hd + d] * inv;
+      const float* a = acc.data() + r * hd;
+      for (int64_t d = 0; d < hd; ++d) orow[d] = a[d] * inv;
       lseh[t] = m[r] + std::log(l[r]);
     }
   };
@@ -97,6 +105,7 @@ void AttentionBackward(const ExecContext& ctx, const AttentionShape& s, const fl
                        const float* k, const float* v, int64_t qkv_stride, const float* o,
                        const float* dout, int64_t o_stride, const float* lse, float* dq,
                        float* dk, float* dv) {
+  PinOpenBlasSingleThreaded();
   const int64_t hd = s.hd, T = s.T, BH = s.B * s.H;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t kblocks = (T + kBk - 1) / kBk;
@@ -134,37 +143,50 @@ void AttentionBackward(const ExecContext& ctx, const AttentionShape& s, const fl
     const float* dlt = delta.data() + bh * T;
     float* dq_out = splits == 1 ? dq + base : dq_parts.data() + (split * BH + bh) * T * hd;
     const int64_t dq_stride = splits == 1 ? qkv_stride : hd;
-    std::vector<float> kt(hd * kBk), vt(hd * kBk), p(kBk), dp(kBk);
-    std::vector<float> dkb(kBk * hd), dvb(kBk * hd);
+    std::vector<float> p(kBq * kBk), dp(kBq * kBk);
     const int64_t tb0 = split * tiles_per_split, tb1 = std::min(kblocks, tb0 + tiles_per_split);
     for (int64_t kb = tb0; kb < tb1; ++kb) {
-      const int64_t k0 = kb * kBk, k1 = std::min(T, k0 + kBk);
-      LoadTransposed(kh, qkv_stride, k0, k1, hd, kt.data());
-      LoadTransposed(vh, qkv_stride, k0, k1, hd, vt.data());
-      std::fill(dkb.begin(), dkb.end(), 0.0f);
-      std::fill(dvb.begin(), dvb.end(), 0.0f);
+      const int64_t k0 = kb * kBk, k1 = std::min(T, k0 + kBk), nk = k1 - k0;
+      const float* kt = kh + k0 * qkv_stride;
+      const float* vt = vh + k0 * qkv_stride;
+      float* dkt = dk + base + k0 * qkv_stride;
+      float* dvt = dv + base + k0 * qkv_stride;
       const int64_t t_end = s.window > 0 ? std::min(T, k1 + s.window - 1) : T;
-      for (int64_t t = k0; t < t_end; ++t) {
-        const int64_t lo = std::max(k0, FirstKey(s, t)) - k0, hi = std::min(k1 - 1, t) + 1 - k0;
-        if (lo >= hi) continue;
-        const float* qr = qh + t * qkv_stride;
-        const float* dor = doh + t * o_stride;
-        RowTimesTile(qr, kt.data(), hd, lo, hi, p.data());
-        RowTimesTile(dor, vt.data(), hd, lo, hi, dp.data());
-        const float l = lseh[t], D = dlt[t];
-        float* dqr = dq_out + t * dq_stride;
-        for (int64_t j = lo; j < hi; ++j) p[j] = vec::Exp(p[j] * scale - l);
-        for (int64_t j = lo; j < hi; ++j) {
-          const float pj = p[j];
-          const float ds = pj * (dp[j] - D) * scale;
-          vec::Axpy(pj, dor, dvb.data() + j * hd, hd);
-          vec::Axpy(ds, qr, dkb.data() + j * hd, hd);
-          vec::Axpy(ds, kh + (k0 + j) * qkv_stride, dqr, hd);
+      float beta = 0.0f;  // the first query block overwrites dk/dv rows, the rest accumulate
+      for (int64_t t0 = k0; t0 < t_end; t0 += kBq) {
+        const int64_t t1 = std::min(t_end, t0 + kBq), nt = t1 - t0;
+        const float* qt = qh + t0 * qkv_stride;
+        const float* dot = doh + t0 * o_stride;
+        // p = q k^T (unscaled), dp = dout v^T
+        TileGemm(false, true, nt, nk, hd, 1.0f, qt, qkv_stride, kt, qkv_stride, 0.0f, p.data(),
+                 kBk);
+        TileGemm(false, true, nt, nk, hd, 1.0f, dot, o_stride, vt, qkv_stride, 0.0f, dp.data(),
+                 kBk);
+        for (int64_t r = 0; r < nt; ++r) {
+          const int64_t t = t0 + r;
+          float* pr = p.data() + r * kBk;
+          float* dsr = dp.data() + r * kBk;  // dp becomes ds in place
+          const int64_t lo = std::max<int64_t>(0, std::max(k0, FirstKey(s, t)) - k0);
+          const int64_t hi = std::max<int64_t>(lo, std::min(k1 - 1, t) + 1 - k0);
+          const float l = lseh[t], D = dlt[t];
+          for (int64_t j = lo; j < hi; ++j) {
+            const float pj = vec::Exp(pr[j] * scale - l);
+            pr[j] = pj;
+            dsr[j] = pj * (dsr[j] - D) * scale;
+          }
+          std::fill(pr, pr + lo, 0.0f);
+          std::fill(pr + hi, pr + nk, 0.0f);
+          std::fill(dsr, dsr + lo, 0.0f);
+          std::fill(dsr + hi, dsr + nk, 0.0f);
         }
-      }
-      for (int64_t j = k0; j < k1; ++j) {
-        std::memcpy(dk + base + j * qkv_stride, dkb.data() + (j - k0) * hd, hd * sizeof(float));
-        std::memcpy(dv + base + j * qkv_stride, dvb.data() + (j - k0) * hd, hd * sizeof(float));
+        // dv[k0:k1] += p^T dout[t0:t1];  dk[k0:k1] += ds^T q[t0:t1];  dq[t0:t1] += ds k[k0:k1]
+        TileGemm(true, false, nk, hd, nt, 1.0f, p.data(), kBk, dot, o_stride, beta, dvt,
+                 qkv_stride);
+        TileGemm(true, false, nk, hd, nt, 1.0f, dp.data(), kBk, qt, qkv_stride, beta, dkt,
+                 qkv_stride);
+        TileGemm(false, false, nt, hd, nk, 1.0f, dp.data(), kBk, kt, qkv_stride, 1.0f,
+                 dq_out + t0 * dq_stride, dq_stride);
+        beta = 1.0f;
       }
     }
   });

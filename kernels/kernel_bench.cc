@@ -7,6 +7,7 @@
 // Each target row: value, peer (null when absolute), goal (applies to value/peer, or value when
 // peer is null), higher_is_better, unit. Timings are medians over --reps runs, except the big LCE
 // and dense attention runs, which are timed once (each takes 10-30 s).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -40,6 +41,9 @@ ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 819
 ABSL_FLAG(bool, peer, true, "measure PyTorch (/usr/bin/python3) for the training-step target");
 ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step (default all)");
 ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
+ABSL_FLAG(int, profile_steps, 0,
+          "only run this many training steps of ours (default mode, after 2 warm-up steps) and "
+          "print wall and process-CPU time per step; for profilers");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
 
 namespace ember::kernels {
@@ -233,6 +237,41 @@ double TrainStep(const ExecContext& ctx, const model::GptConfig& c, int64_t B, i
 }
 
 void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out);
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+// --profile_steps: our training step alone. CPU seconds per step are less sensitive to other load
+// than wall seconds (they still include cache and memory-bandwidth interference).
+int ProfileSteps(const ExecContext& ctx, int steps) {
+  model::GptConfig c;
+  const int64_t B = 8;
+  auto m = *model::Gpt::Create(c, 1);
+  model::AdamW opt(AdamWOptions{1e-4f}, m->num_params());
+  std::vector<int32_t> tok(B * c.context), tgt(B * c.context);
+  std::mt19937 rng(7);
+  for (auto& t : tok) t = rng() % c.vocab_size;
+  for (auto& t : tgt) t = rng() % c.vocab_size;
+  std::vector<double> wall, cpu;
+  for (int i = 0; i < steps + 2; ++i) {
+    const double w0 = Now(), c0 = ProcessCpuSeconds();
+    m->ZeroGrad();
+    if (!m->ForwardBackward(ctx, tok.data(), tgt.data(), B, c.context).ok()) std::abort();
+    opt.Step(ctx, *m);
+    if (i >= 2) {
+      wall.push_back(Now() - w0);
+      cpu.push_back(ProcessCpuSeconds() - c0);
+    }
+  }
+  std::printf("profile: %d steps after 2 warm-up: median %.1f tokens/s (wall %.1f ms), median "
+              "process CPU %.1f ms per step, min %.1f\n",
+              steps, B * c.context / Median(wall), 1e3 * Median(wall), 1e3 * Median(cpu),
+              1e3 * *std::min_element(cpu.begin(), cpu.end()));
+  return 0;
+}
+
 int Print(const std::vector<Target>& t, int threads, bool quick);
 
 int Main() {
@@ -242,6 +281,7 @@ int Main() {
   const int reps = quick ? 1 : absl::GetFlag(FLAGS_reps);
   ThreadPool pool(threads);
   ExecContext ctx{&pool, /*deterministic=*/false};
+  if (int n = absl::GetFlag(FLAGS_profile_steps); n > 0) return ProfileSteps(ctx, n);
   std::vector<Target> t;
   const std::string only = absl::GetFlag(FLAGS_only);
   auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
