@@ -487,8 +487,13 @@ class Connection {
       return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
                                                  ": ", strerror(err)));
     }
-    int one = 1;
+    // Keepalive finds a server host that vanished without closing the socket (then reconnect).
+    int one = 1, idle = 20, intvl = 5, cnt = 3;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
     v1::RequestBatch hello;
     hello.set_auth_token(options_.auth_token);
     std::string payload = hello.SerializeAsString(), frame;

@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -47,6 +48,7 @@ class FastPathServer::Impl {
     bool hold ABSL_GUARDED_BY(mu) = false;         // I/O thread is executing a batch: coalesce
     std::string in;                                // I/O thread only
     bool authed = false;                           // I/O thread only
+    absl::Time accepted;                           // I/O thread only
   };
 
   Impl(Backend* backend, std::string token) : backend_(backend), token_(std::move(token)) {}
@@ -112,6 +114,7 @@ class FastPathServer::Impl {
     epoll_event events[128];
     while (!stopped_) {
       int n = epoll_wait(epfd_, events, 128, 200);
+      CloseSilentConnections();
       for (int i = 0; i < n; ++i) {
         uint64_t tag = events[i].data.u64;
         if (tag == 0) {
@@ -135,14 +138,35 @@ class FastPathServer::Impl {
     }
   }
 
+  // A connection that has not authenticated within kHandshakeTimeout is closed, so idle or
+  // half-open sockets cannot pile up (dead authenticated peers are found by TCP keepalive).
+  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+
+  void CloseSilentConnections() {
+    absl::Time now = absl::Now();
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if (!it->second->authed && now - it->second->accepted > kHandshakeTimeout) {
+        CloseConn(it->second);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   void Accept() {
     while (true) {
       int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
-      int one = 1;
+      int one = 1, idle = 20, intvl = 5, cnt = 3;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
       auto c = std::make_shared<Conn>();
       c->id = next_conn_++;
+      c->accepted = absl::Now();
       {
         absl::MutexLock l(&c->mu);
         c->fd = fd;
