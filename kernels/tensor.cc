@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -12,6 +14,29 @@ namespace ember::kernels {
 namespace {
 std::atomic<int64_t> g_live{0};
 std::atomic<int64_t> g_peak{0};
+
+// Freed blocks of kMinCached..kMaxBlock bytes are kept (up to kMaxCached bytes in all) and handed
+// out again for the same rounded size: a training step allocates the same activation shapes
+// every step, and fresh mmap'd blocks cost a page fault and a page clear per 4 KiB.
+constexpr size_t kMinCached = size_t{1} << 20;
+constexpr size_t kMaxBlock = size_t{256} << 20;
+constexpr size_t kMaxCached = size_t{512} << 20;
+
+struct BlockCache {
+  std::mutex mu;
+  std::multimap<size_t, void*> blocks;  // rounded size -> block
+  size_t bytes = 0;
+};
+
+BlockCache& Cache() {
+  static BlockCache* c = new BlockCache;  // never destroyed: frees may run during exit
+  return *c;
+}
+
+size_t Rounded(size_t bytes) {
+  size_t r = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  return r == 0 ? kAlignment : r;
+}
 }  // namespace
 
 size_t DTypeSize(DType t) {
@@ -33,8 +58,19 @@ const char* DTypeName(DType t) {
 }
 
 void* AlignedAlloc(size_t bytes) {
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  const size_t rounded = Rounded(bytes);
+  void* p = nullptr;
+  if (rounded >= kMinCached && rounded <= kMaxBlock) {
+    BlockCache& c = Cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    auto it = c.blocks.find(rounded);
+    if (it != c.blocks.end()) {
+      p = it->second;
+      c.blocks.erase(it);
+      c.bytes -= rounded;
+    }
+  }
+  if (p == nullptr) p = std::aligned_alloc(kAlignment, rounded);
   if (p == nullptr) {
     std::fprintf(stderr, "AlignedAlloc: out of memory (%zu bytes)\n", bytes);
     std::abort();
@@ -48,7 +84,25 @@ void* AlignedAlloc(size_t bytes) {
 void AlignedFree(void* p, size_t bytes) {
   if (p == nullptr) return;
   g_live.fetch_sub(bytes);
+  const size_t rounded = Rounded(bytes);
+  if (rounded >= kMinCached && rounded <= kMaxBlock) {
+    BlockCache& c = Cache();
+    std::lock_guard<std::mutex> lock(c.mu);
+    if (c.bytes + rounded <= kMaxCached) {
+      c.blocks.emplace(rounded, p);
+      c.bytes += rounded;
+      return;
+    }
+  }
   std::free(p);
+}
+
+void ReleaseCachedBlocks() {
+  BlockCache& c = Cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (auto& [size, p] : c.blocks) std::free(p);
+  c.blocks.clear();
+  c.bytes = 0;
 }
 
 int64_t MemoryStats::live_bytes() { return g_live.load(); }

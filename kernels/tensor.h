@@ -27,8 +27,13 @@ const char* DTypeName(DType t);
 inline constexpr size_t kAlignment = 64;
 
 // 64-byte-aligned allocation; aborts on exhaustion. Counted in MemoryStats.
+// Freed blocks of 1 to 256 MiB are kept for reuse by allocations of the same rounded size (at most
+// 512 MiB in all), so repeated training steps do not page-fault on fresh buffers; MemoryStats
+// counts live bytes only, not these cached blocks.
 void* AlignedAlloc(size_t bytes);
 void AlignedFree(void* p, size_t bytes);
+// Returns the cached free blocks to the system allocator.
+void ReleaseCachedBlocks();
 
 // Bytes currently held by AlignedAlloc and the high-water mark since the last ResetPeak().
 struct MemoryStats {
