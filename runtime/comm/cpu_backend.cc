@@ -54,6 +54,58 @@ constexpr size_t kStepBytes = 64 << 10;        // work per channel per progress 
 // TCP: one send()/recv() per step costs a syscall, so let each step move up to 1 MiB (the kernel
 // takes what fits in the 4 MiB socket buffer); recv-reduce is bounded by the channel's stage.
 constexpr size_t kTcpStepBytes = 1 << 20;
+// A futex wait on the shm doorbell gives up after this long and re-checks abort / peer liveness
+// (Abort and Shutdown ring the doorbell, so this is only the fallback for a peer that died).
+constexpr long kShmWaitUs = 5000;
+
+// Idle rounds to spin (pause) before sleeping on the doorbell. Spinning only pays when every local
+// rank has its own core: with more ranks than online CPUs, a spinning waiter steals the core of the
+// peer it waits for, so it sleeps after a few rounds. EMBER_COMM_SHM_SPIN overrides (tests, A/B).
+int ShmSpinRounds(int local_ranks) {
+  if (const char* e = getenv("EMBER_COMM_SHM_SPIN")) {
+    int v;
+    if (absl::SimpleAtoi(e, &v) && v >= 0) return v;
+  }
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  return cpus > 0 && local_ranks <= cpus ? 2000 : 8;
+}
+
+// Sleep on a doorbell after `spin` idle rounds: arm (register as waiter), let the caller re-check
+// everything once more, then FUTEX_WAIT. Call Idle() after a round without progress and Busy()
+// after one with progress.
+class ShmWaiter {
+ public:
+  ShmWaiter(Doorbell* bell, int spin) : bell_(bell), spin_(spin) {}
+  ~ShmWaiter() { Busy(); }
+  void Busy() {
+    idle_ = 0;
+    if (armed_) {
+      DisarmDoorbell(bell_);
+      armed_ = false;
+    }
+  }
+  void Idle() {
+    if (!armed_) {
+      if (++idle_ <= spin_) {
+        _mm_pause();
+        return;
+      }
+      seen_ = ArmDoorbell(bell_);
+      armed_ = true;
+      return;  // the caller re-checks its conditions before we sleep
+    }
+    WaitDoorbell(bell_, seen_, kShmWaitUs);
+    DisarmDoorbell(bell_);
+    armed_ = false;  // idle_ stays > spin_: the next idle round arms again at once
+  }
+
+ private:
+  Doorbell* bell_;
+  int spin_;
+  int idle_ = 0;
+  bool armed_ = false;
+  uint32_t seen_ = 0;
+};
 
 // Sent before an op's data on every channel the op uses; the receiver checks it matches.
 struct OpHeader {
@@ -144,11 +196,14 @@ class P2PEngine {
       absl::MutexLock l(&mu_);
       stop_ = true;
     }
+    Wake();
     if (thread_.joinable()) thread_.join();
   }
   void Post(bool send, char* data, size_t bytes, int peer, int tag,
             std::function<void(absl::Status)> done);
   void FailAll(const absl::Status& s);
+  // Rings the engine's own shm doorbell (new work, stop) in case the thread sleeps on it.
+  void Wake();
 
  private:
   struct Op {
@@ -246,8 +301,12 @@ class CpuBackend : public Backend {
   }
   Peer& peer(int r) { return peers_[r]; }
   const BackendOptions& options() const { return o_; }
-  // Waits without burning the core forever: spin, then yield, then poll/sleep.
+  // Waits without burning the core forever: spin, then yield, then poll/sleep. Used when TCP
+  // channels are pending (alone or mixed with shm ones).
   static void Backoff(int idle, const std::vector<pollfd>& fds);
+  // Own doorbell of a channel kind (0 collective, 1 p2p), or null without shm.
+  Doorbell* bell(int kind) const { return my_seg_ ? my_seg_->doorbell(kind) : nullptr; }
+  int shm_spin() const { return shm_spin_; }
 
  private:
   // The progress loop: runs until every transfer is done, one fails, or the group aborts.
@@ -274,6 +333,7 @@ class CpuBackend : public Backend {
   std::unique_ptr<TcpListener> listener_;
   std::unique_ptr<ShmSegment> my_seg_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
+  int shm_spin_ = 0;  // idle rounds spent spinning before sleeping on the doorbell
   std::atomic<bool> abort_{false};
   absl::Mutex abort_mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(abort_mu_);
@@ -391,7 +451,8 @@ absl::Status CpuBackend::Connect() {
         int out = rank * 2 + kind, in = r * 2 + kind;
         (kind == 0 ? p.coll : p.p2p) = MakeShmChannel(
             peer_segs_[r]->header(out), peer_segs_[r]->data(out), my_seg_->header(in),
-            my_seg_->data(in), ring, p.coll_fd);
+            my_seg_->data(in), ring, p.coll_fd, peer_segs_[r]->doorbell(kind),
+            my_seg_->doorbell(kind));
       }
     } else {
       TuneSocket(p.coll_fd);
@@ -400,6 +461,10 @@ absl::Status CpuBackend::Connect() {
       p.p2p = MakeTcpChannel(p.p2p_fd);
     }
   }
+  int local = 1;
+  for (int r = 0; r < size; ++r)
+    if (r != rank && peers_[r].shm) ++local;
+  shm_spin_ = ShmSpinRounds(local);
   p2p_.Start();
   return absl::OkStatus();
 }
@@ -473,6 +538,7 @@ absl::Status CpuBackend::StepXfer(Xfer& x, bool* progressed) {
 absl::Status CpuBackend::Progress(Xfer* xs, int k) {
   int idle = 0;
   std::vector<pollfd> fds;
+  ShmWaiter waiter(bell(0), shm_spin_);
   while (true) {
     if (aborted()) return AbortStatus();
     bool progressed = false, all_done = true;
@@ -511,8 +577,15 @@ absl::Status CpuBackend::Progress(Xfer* xs, int k) {
     if (all_done) return absl::OkStatus();
     if (progressed) {
       idle = 0;
+      waiter.Busy();
       continue;
     }
+    if (any_shm && fds.empty()) {
+      // Only shm transfers pending: every peer rings our doorbell when it moves a ring we wait on.
+      waiter.Idle();
+      continue;
+    }
+    waiter.Busy();
     ++idle;
     if (any_shm) fds.clear();
     Backoff(idle, fds);
@@ -873,7 +946,13 @@ void P2PEngine::Post(bool send, char* data, size_t bytes, int peer, int tag,
     op->cb(fail);
   } else if (complete) {
     op->cb(absl::OkStatus());
+  } else {
+    Wake();
   }
+}
+
+void P2PEngine::Wake() {
+  if (Doorbell* b = be_->bell(1)) RingDoorbell(b);
 }
 
 void P2PEngine::FailAll(const absl::Status& s) {
@@ -1040,6 +1119,8 @@ bool P2PEngine::ProgressLocked(
 
 void P2PEngine::Loop() {
   int idle = 0;
+  Doorbell* bell = be_->bell(1);
+  ShmWaiter waiter(bell, be_->shm_spin());
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> done;
   std::vector<pollfd> fds;
   while (true) {
@@ -1052,6 +1133,7 @@ void P2PEngine::Loop() {
       };
       bool (*cond)(decltype(wake)*) = [](decltype(wake)* w) { return (*w)(); };
       if (!wake()) {
+        waiter.Busy();
         mu_.AwaitWithTimeout(absl::Condition(cond, &wake), absl::Milliseconds(50));
         idle = 0;
       }
@@ -1077,8 +1159,14 @@ void P2PEngine::Loop() {
     done.clear();
     if (progressed) {
       idle = 0;
+      waiter.Busy();
       continue;
     }
+    if (any_shm && fds.empty() && bell) {
+      waiter.Idle();  // Post() and Stop() ring the doorbell too
+      continue;
+    }
+    waiter.Busy();
     ++idle;
     if (any_shm) fds.clear();
     CpuBackend::Backoff(idle, fds);

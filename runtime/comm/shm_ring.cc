@@ -3,8 +3,13 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
+
+#include <climits>
 
 #include <algorithm>
 #include <cerrno>
@@ -16,14 +21,30 @@
 namespace ember::comm {
 namespace {
 
+static_assert(sizeof(Doorbell) == 64, "layout");
+static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex word");
+
 size_t SegmentBytes(int num_rings, size_t ring_bytes) {
-  return static_cast<size_t>(num_rings) * (sizeof(RingHeader) + ring_bytes);
+  return kNumDoorbells * sizeof(Doorbell) +
+         static_cast<size_t>(num_rings) * (sizeof(RingHeader) + ring_bytes);
+}
+
+long Futex(std::atomic<uint32_t>* w, int op, uint32_t val, const timespec* ts) {
+  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(w), op, val, ts, nullptr, 0);
+}
+
+int64_t CoarseNowNs() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
 class ShmChannel : public Channel {
  public:
-  ShmChannel(RingHeader* oh, char* od, RingHeader* ih, char* id, size_t cap, int live_fd)
-      : oh_(oh), od_(od), ih_(ih), id_(id), cap_(cap), mask_(cap - 1), live_fd_(live_fd) {}
+  ShmChannel(RingHeader* oh, char* od, RingHeader* ih, char* id, size_t cap, int live_fd,
+             Doorbell* peer_bell, Doorbell* my_bell)
+      : oh_(oh), od_(od), ih_(ih), id_(id), cap_(cap), mask_(cap - 1), live_fd_(live_fd),
+        peer_bell_(peer_bell), my_bell_(my_bell) {}
 
   absl::StatusOr<size_t> TrySend(const void* data, size_t n) override {
     uint64_t head = oh_->head.load(std::memory_order_relaxed);
@@ -38,6 +59,7 @@ class ShmChannel : public Channel {
     std::memcpy(od_ + pos, data, first);
     if (k > first) std::memcpy(od_, static_cast<const char*>(data) + first, k - first);
     oh_->head.store(head + k, std::memory_order_release);
+    if (peer_bell_) RingDoorbell(peer_bell_);  // data for the consumer
     return k;
   }
 
@@ -70,6 +92,7 @@ class ShmChannel : public Channel {
   void Consume(size_t n) override {
     uint64_t tail = ih_->tail.load(std::memory_order_relaxed);
     ih_->tail.store(tail + n, std::memory_order_release);
+    if (peer_bell_) RingDoorbell(peer_bell_);  // credits for the producer
   }
 
   int fd() const override { return -1; }
@@ -77,6 +100,8 @@ class ShmChannel : public Channel {
   void Shutdown() override {
     oh_->closed.store(1, std::memory_order_release);
     ih_->closed.store(1, std::memory_order_release);
+    if (peer_bell_) RingDoorbell(peer_bell_, /*force=*/true);
+    if (my_bell_) RingDoorbell(my_bell_, /*force=*/true);
   }
 
  private:
@@ -84,7 +109,10 @@ class ShmChannel : public Channel {
   absl::StatusOr<size_t> CheckPeer() {
     if (ih_->closed.load(std::memory_order_acquire) || oh_->closed.load(std::memory_order_acquire))
       return absl::UnavailableError("peer closed its shared-memory channel (aborted)");
-    if (live_fd_ >= 0 && ++idle_checks_ % 256 == 0) {
+    // Every 256 idle checks, and at least every 2 ms while blocked (a dead peer rings no doorbell,
+    // so a sleeping waiter only gets here after its futex timeout).
+    if (live_fd_ >= 0 && (++idle_checks_ % 256 == 0 || CoarseNowNs() - last_live_ns_ > 2000000)) {
+      last_live_ns_ = CoarseNowNs();
       char c;
       ssize_t r = recv(live_fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
       if (r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR))
@@ -102,6 +130,9 @@ class ShmChannel : public Channel {
   uint64_t cached_tail_ = 0;  // producer's view of the consumer
   uint64_t cached_head_ = 0;  // consumer's view of the producer
   uint64_t idle_checks_ = 0;
+  int64_t last_live_ns_ = 0;
+  Doorbell* peer_bell_;
+  Doorbell* my_bell_;
 };
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> Map(const std::string& name, int fd, size_t len,
@@ -127,8 +158,10 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
     shm_unlink(name.c_str());
     return base::ErrnoToStatus(err, absl::StrCat("mmap ", name));
   }
+  for (int k = 0; k < kNumDoorbells; ++k) new (static_cast<Doorbell*>(base) + k) Doorbell();
   for (int i = 0; i < num_rings; ++i) {
-    new (static_cast<char*>(base) + i * (sizeof(RingHeader) + ring_bytes)) RingHeader();
+    new (static_cast<char*>(base) + kNumDoorbells * sizeof(Doorbell) +
+         i * (sizeof(RingHeader) + ring_bytes)) RingHeader();
   }
   return std::unique_ptr<ShmSegment>(new ShmSegment(name, base, len, ring_bytes, true));
 }
@@ -163,7 +196,7 @@ void ShmSegment::Unlink() {
 }
 
 RingHeader* ShmSegment::header(int i) const {
-  return reinterpret_cast<RingHeader*>(static_cast<char*>(base_) +
+  return reinterpret_cast<RingHeader*>(static_cast<char*>(base_) + kNumDoorbells * sizeof(Doorbell) +
                                        i * (sizeof(RingHeader) + ring_bytes_));
 }
 
@@ -172,8 +205,35 @@ char* ShmSegment::data(int i) const {
 }
 
 std::unique_ptr<Channel> MakeShmChannel(RingHeader* out_hdr, char* out_data, RingHeader* in_hdr,
-                                        char* in_data, size_t ring_bytes, int liveness_fd) {
-  return std::make_unique<ShmChannel>(out_hdr, out_data, in_hdr, in_data, ring_bytes, liveness_fd);
+                                        char* in_data, size_t ring_bytes, int liveness_fd,
+                                        Doorbell* peer_bell, Doorbell* my_bell) {
+  return std::make_unique<ShmChannel>(out_hdr, out_data, in_hdr, in_data, ring_bytes, liveness_fd,
+                                      peer_bell, my_bell);
+}
+
+// Dekker-style handshake: the waiter publishes `waiters` (seq_cst RMW + fence) before re-checking
+// the rings; the ringer publishes head/tail (release store) and fences before reading `waiters`.
+// So either the ringer sees the waiter and bumps `seq` (FUTEX_WAIT then returns at once), or the
+// waiter's re-check sees the new head/tail.
+uint32_t ArmDoorbell(Doorbell* b) {
+  b->waiters.fetch_add(1, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  return b->seq.load(std::memory_order_acquire);
+}
+
+void DisarmDoorbell(Doorbell* b) { b->waiters.fetch_sub(1, std::memory_order_relaxed); }
+
+void WaitDoorbell(Doorbell* b, uint32_t seen, long timeout_us) {
+  if (b->seq.load(std::memory_order_acquire) != seen) return;
+  timespec ts{timeout_us / 1000000, (timeout_us % 1000000) * 1000};
+  Futex(&b->seq, FUTEX_WAIT, seen, &ts);  // EAGAIN (moved), ETIMEDOUT, EINTR: all mean re-check
+}
+
+void RingDoorbell(Doorbell* b, bool force) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!force && b->waiters.load(std::memory_order_relaxed) == 0) return;
+  b->seq.fetch_add(1, std::memory_order_release);
+  Futex(&b->seq, FUTEX_WAKE, INT_MAX, nullptr);
 }
 
 }  // namespace ember::comm

@@ -25,6 +25,27 @@ struct alignas(64) RingHeader {
   char pad2[60];
 };
 
+// A futex doorbell: a 32-bit sequence word plus a count of registered waiters, in the shared
+// segment (waited on with FUTEX_WAIT without FUTEX_PRIVATE_FLAG, so it works across processes).
+// Each rank owns one per channel kind in its segment and sleeps on it when all of its pending shm
+// transfers of that kind are blocked; peers ring it after advancing a ring's head (data) or tail
+// (credits). Ringing costs one fence and a load unless a waiter is registered (no syscall).
+//
+// Waiter protocol: seen = Arm(); re-check every condition; if still blocked, Wait(seen); Disarm().
+struct alignas(64) Doorbell {
+  std::atomic<uint32_t> seq{0};
+  std::atomic<uint32_t> waiters{0};
+  char pad[56];
+};
+constexpr int kNumDoorbells = 2;  // index = channel kind (0 collective, 1 p2p)
+
+uint32_t ArmDoorbell(Doorbell* b);
+void DisarmDoorbell(Doorbell* b);
+// Sleeps until the doorbell's sequence moves past `seen`, `timeout_us` passes or a signal arrives.
+void WaitDoorbell(Doorbell* b, uint32_t seen, long timeout_us);
+// Wakes the doorbell's waiters, if any are registered (always when `force`).
+void RingDoorbell(Doorbell* b, bool force = false);
+
 // A mapped segment of `num_rings` rings of `ring_bytes` (a power of two) each.
 class ShmSegment {
  public:
@@ -35,6 +56,7 @@ class ShmSegment {
                                                           int num_rings, size_t ring_bytes);
   ~ShmSegment();
   void Unlink();
+  Doorbell* doorbell(int kind) const { return static_cast<Doorbell*>(base_) + kind; }
   RingHeader* header(int i) const;
   char* data(int i) const;
   size_t ring_bytes() const { return ring_bytes_; }
@@ -52,9 +74,11 @@ class ShmSegment {
 
 // Channel over two rings: `out` (in the peer's segment, we produce) and `in` (ours, we consume).
 // `liveness_fd` (borrowed, may be -1) is a socket to the peer that is never written; it reading EOF
-// means the peer is gone.
+// means the peer is gone. `peer_bell` (may be null) is rung after every head/tail advance, so the
+// peer (producer of `in`, consumer of `out`) wakes up; `my_bell` (may be null) is rung on Shutdown.
 std::unique_ptr<Channel> MakeShmChannel(RingHeader* out_hdr, char* out_data, RingHeader* in_hdr,
-                                        char* in_data, size_t ring_bytes, int liveness_fd);
+                                        char* in_data, size_t ring_bytes, int liveness_fd,
+                                        Doorbell* peer_bell = nullptr, Doorbell* my_bell = nullptr);
 
 }  // namespace ember::comm
 
