@@ -7,6 +7,7 @@
 #include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -303,21 +304,25 @@ class Connection {
         if (fast_fd_ < 0) return false;
         if (fast_writing_ || unsent_.empty()) return true;
         fd = fast_fd_;
-        v1::RequestBatch batch;
+        // A RequestBatch on the wire is its requests as repeated field 1: encode them directly
+        // from the pending entries instead of copying each Request into a batch message.
+        frame.assign(4, '\0');
+        int n = 0;
         while (!unsent_.empty()) {
           uint64_t id = unsent_.front();
           unsent_.pop_front();
           auto it = pending_.find(id);
           if (it == pending_.end()) continue;
           it->second.sent = true;
-          *batch.add_requests() = it->second.req;
+          AppendRequestField(it->second.req, &frame);
+          ++n;
         }
-        if (batch.requests_size() == 0) return true;
+        if (n == 0) return true;
         fast_writing_ = true;
-        std::string payload = batch.SerializeAsString();
-        frame.reserve(payload.size() + 4);
-        base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
-        frame += payload;
+        const uint32_t len = static_cast<uint32_t>(frame.size() - 4);
+        std::string hdr;
+        base::AppendU32LE(len, &hdr);
+        frame.replace(0, 4, hdr);
       }
       bool ok = SendAll(fd, frame);
       {
@@ -329,6 +334,21 @@ class Connection {
         return true;
       }
     }
+  }
+
+  // Appends `req` as field 1 (length-delimited) of a RequestBatch.
+  static void AppendRequestField(const Request& req, std::string* out) {
+    const size_t size = req.ByteSizeLong();
+    out->push_back(static_cast<char>((1 << 3) | 2));  // field 1, wire type LEN
+    size_t v = size;
+    while (v >= 0x80) {
+      out->push_back(static_cast<char>(v | 0x80));
+      v >>= 7;
+    }
+    out->push_back(static_cast<char>(v));
+    const size_t at = out->size();
+    out->resize(at + size);
+    req.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(&(*out)[at]));
   }
 
   static bool SendAll(int fd, const std::string& data) {
@@ -369,8 +389,11 @@ class Connection {
   // hot path); the background reader takes the role only while asynchronous requests are pending.
   enum class ReadResult { kFrame, kNone, kClosed };
 
-  // REQUIRES the reader role. Partial frames stay in rbuf_ across calls.
-  ReadResult ReadSome(int fd, int timeout_ms, v1::ResponseBatch* out) {
+  static constexpr int kReadSliceMs = 50;
+
+  // REQUIRES the reader role. Partial frames stay in rbuf_ across calls. Waits at most one read
+  // slice (kReadSliceMs) for bytes.
+  ReadResult ReadSome(int fd, v1::ResponseBatch* out) {
     while (true) {
       if (rbuf_.size() >= 4) {
         uint32_t len = base::LoadU32LE(rbuf_.data());
@@ -381,16 +404,12 @@ class Connection {
           return ok ? ReadResult::kFrame : ReadResult::kClosed;
         }
       }
-      pollfd p{fd, POLLIN, 0};
-      int rc = poll(&p, 1, timeout_ms);
-      if (rc == 0) return ReadResult::kNone;
-      if (rc < 0) {
-        if (errno == EINTR) continue;
-        return ReadResult::kClosed;
-      }
+      // The socket has SO_RCVTIMEO = kReadSliceMs (set in DialFast): a blocking recv that gives up
+      // after the slice, so the reader re-checks its state without an extra poll() per message.
       char buf[64 << 10];
       ssize_t k = recv(fd, buf, sizeof(buf), 0);
-      if (k < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (k < 0 && errno == EINTR) continue;
+      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return ReadResult::kNone;
       if (k <= 0) return ReadResult::kClosed;
       rbuf_.append(buf, static_cast<size_t>(k));
     }
@@ -398,9 +417,9 @@ class Connection {
 
   // REQUIRES the caller set reader_busy_ for `fd`. Reads and delivers at most one frame, then
   // releases the role; handles a closed connection.
-  void ReadAsRole(int fd, int timeout_ms) {
+  void ReadAsRole(int fd) {
     v1::ResponseBatch batch;
-    ReadResult rr = ReadSome(fd, timeout_ms, &batch);
+    ReadResult rr = ReadSome(fd, &batch);
     if (rr == ReadResult::kFrame) Deliver(&batch);
     std::vector<std::pair<Done, Response>> fail;
     {
@@ -428,7 +447,7 @@ class Connection {
         if (stop_ || fast_fd_ != fd) return;
         reader_busy_ = true;
       }
-      ReadAsRole(fd, 50);
+      ReadAsRole(fd);
     }
   }
 
@@ -455,7 +474,7 @@ class Connection {
         reader_busy_ = true;
         int fd = fast_fd_;
         mu_.Unlock();
-        ReadAsRole(fd, 50);
+        ReadAsRole(fd);
         mu_.Lock();
         continue;
       }
@@ -470,22 +489,39 @@ class Connection {
 
  private:
   // Opens a TCP connection to host:port and authenticates. Returns the fd, or an error.
+  static bool IsLoopback(const std::string& host) {
+    return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+  }
+
   absl::StatusOr<int> DialFast(int port) {
     std::string host = options_.address.substr(0, options_.address.rfind(':'));
     if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
-    addrinfo hints{}, *res = nullptr;
-    hints.ai_socktype = SOCK_STREAM;
-    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
-      return absl::UnavailableError(absl::StrCat("cannot resolve store host '", host, "'"));
+    int fd = -1;
+    if (options_.use_unix_socket && IsLoopback(host)) {
+      // Same host: the server's abstract Unix socket, if it has one (else TCP below).
+      sockaddr_un ua;
+      socklen_t ulen = FastPathUnixAddress(port, &ua);
+      fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&ua), ulen) != 0) {
+        close(fd);
+        fd = -1;
+      }
     }
-    int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
-    int err = errno;
-    freeaddrinfo(res);
-    if (rc != 0) {
-      if (fd >= 0) close(fd);
-      return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
-                                                 ": ", strerror(err)));
+    if (fd < 0) {
+      addrinfo hints{}, *res = nullptr;
+      hints.ai_socktype = SOCK_STREAM;
+      if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+        return absl::UnavailableError(absl::StrCat("cannot resolve store host '", host, "'"));
+      }
+      fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+      int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
+      int err = errno;
+      freeaddrinfo(res);
+      if (rc != 0) {
+        if (fd >= 0) close(fd);
+        return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
+                                                   ": ", strerror(err)));
+      }
     }
     // Keepalive finds a server host that vanished without closing the socket (then reconnect).
     int one = 1, idle = 20, intvl = 5, cnt = 3;
@@ -514,6 +550,8 @@ class Connection {
       close(fd);
       return absl::UnavailableError(absl::StrCat("port ", port, " is not an ember-store fast path"));
     }
+    timeval slice{0, kReadSliceMs * 1000};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
     return fd;
   }
 

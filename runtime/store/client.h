@@ -50,6 +50,9 @@ struct ClientOptions {
   // Use the server's plain-TCP fast path when it offers one (Info.fast_port); otherwise, or when
   // false, the gRPC Session stream. Both carry the same requests with the same semantics.
   bool use_fast_path = true;
+  // On the fast path with a loopback address, use the server's abstract Unix socket (same host,
+  // cheaper than TCP loopback) when it has one.
+  bool use_unix_socket = true;
 };
 
 struct CallOptions {

@@ -10,6 +10,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -85,8 +86,23 @@ class FastPathServer::Impl {
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
-    ev.data.u64 = 0;  // listener
+    ev.data.u64 = 0;  // TCP listener
     epoll_ctl(epfd_, EPOLL_CTL_ADD, listen_fd_, &ev);
+    // Same-host clients: an abstract Unix socket named after the TCP port (per network namespace,
+    // like the loopback address clients use to find it). Cheaper per message than TCP loopback.
+    unix_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (unix_fd_ >= 0) {
+      sockaddr_un ua{};
+      socklen_t ulen = FastPathUnixAddress(port_, &ua);
+      if (bind(unix_fd_, reinterpret_cast<sockaddr*>(&ua), ulen) == 0 && listen(unix_fd_, 4096) == 0) {
+        ev.data.u64 = 2;  // Unix listener
+        epoll_ctl(epfd_, EPOLL_CTL_ADD, unix_fd_, &ev);
+      } else {
+        spdlog::warn("store fast path: no same-host Unix socket ({}); clients use TCP", strerror(errno));
+        close(unix_fd_);
+        unix_fd_ = -1;
+      }
+    }
     ev.data.u64 = 1;  // wake
     epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
     loop_ = std::thread([this] { Loop(); });
@@ -101,6 +117,7 @@ class FastPathServer::Impl {
     for (auto& [id, c] : conns_) CloseConn(c);
     conns_.clear();
     if (listen_fd_ >= 0) close(listen_fd_);
+    if (unix_fd_ >= 0) close(unix_fd_);
     if (epfd_ >= 0) close(epfd_);
     if (wake_fd_ >= 0) close(wake_fd_);
   }
@@ -117,8 +134,8 @@ class FastPathServer::Impl {
       CloseSilentConnections();
       for (int i = 0; i < n; ++i) {
         uint64_t tag = events[i].data.u64;
-        if (tag == 0) {
-          Accept();
+        if (tag == 0 || tag == 2) {
+          Accept(tag == 0 ? listen_fd_ : unix_fd_);
         } else if (tag == 1) {
           uint64_t v;
           (void)!read(wake_fd_, &v, sizeof(v));
@@ -154,11 +171,11 @@ class FastPathServer::Impl {
     }
   }
 
-  void Accept() {
+  void Accept(int listener) {
     while (true) {
-      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) return;
-      int one = 1, idle = 20, intvl = 5, cnt = 3;
+      int one = 1, idle = 20, intvl = 5, cnt = 3;  // (TCP options fail harmlessly on Unix sockets)
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
       setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
@@ -353,7 +370,7 @@ class FastPathServer::Impl {
 
   Backend* const backend_;
   const std::string token_;
-  int listen_fd_ = -1, epfd_ = -1, wake_fd_ = -1, port_ = 0;
+  int listen_fd_ = -1, unix_fd_ = -1, epfd_ = -1, wake_fd_ = -1, port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread loop_;
   // Owners of fast-path connections use ids from a high range so they never collide with the

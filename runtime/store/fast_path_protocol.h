@@ -3,7 +3,12 @@
 #ifndef EMBER_RUNTIME_STORE_FAST_PATH_PROTOCOL_H_
 #define EMBER_RUNTIME_STORE_FAST_PATH_PROTOCOL_H_
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include <cstdint>
+#include <cstdio>
+#include <cstring>
 
 namespace ember::store {
 
@@ -11,6 +16,17 @@ namespace ember::store {
 constexpr uint32_t kMaxFastFrameBytes = 256u << 20;
 // The message of the single response that acknowledges a successful handshake.
 constexpr char kFastPathHello[] = "ember-store fast path v1";
+
+// The abstract Unix socket ("\0ember-store-fast-<tcp port>") a fast-path server also listens on for
+// clients on the same host (network namespace). Fills *addr; returns the address length to pass
+// to bind/connect.
+inline socklen_t FastPathUnixAddress(int tcp_port, sockaddr_un* addr) {
+  std::memset(addr, 0, sizeof(*addr));
+  addr->sun_family = AF_UNIX;
+  int n = std::snprintf(addr->sun_path + 1, sizeof(addr->sun_path) - 1, "ember-store-fast-%d",
+                        tcp_port);
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+}
 
 }  // namespace ember::store
 

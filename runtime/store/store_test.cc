@@ -21,14 +21,15 @@ namespace ember::store {
 namespace {
 
 struct Fixture {
-  explicit Fixture(StoreServerOptions opts = {}, bool fast = true) {
+  explicit Fixture(StoreServerOptions opts = {}, int transport = 0) {
     auto s = StoreServer::Start(std::move(opts));
     REQUIRE(s.ok());
     server = std::move(*s);
     ClientOptions co;
     co.address = server->address();
     co.auth_token = token;
-    co.use_fast_path = fast;
+    co.use_fast_path = transport != 2;    // 0: fast path over Unix socket, 1: over TCP, 2: gRPC
+    co.use_unix_socket = transport == 0;
     auto c = Client::Connect(co);
     REQUIRE(c.ok());
     client = std::make_unique<Client>(*c);
@@ -48,9 +49,9 @@ int ThreadCount() {
 }
 
 TEST_CASE("set, get, delete and not-found") {
-  const bool fast = GENERATE(true, false);
-  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
-  Fixture f({}, fast);
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
   Client& c = *f.client;
   REQUIRE(c.Set("a", std::string("x\0y", 3)).ok());
   auto v = c.Get("a");
@@ -63,9 +64,9 @@ TEST_CASE("set, get, delete and not-found") {
 }
 
 TEST_CASE("blocking get wakes when the key is set, and times out naming the key") {
-  const bool fast = GENERATE(true, false);
-  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
-  Fixture f({}, fast);
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
   Client& c = *f.client;
   std::thread setter([&] {
     absl::SleepFor(absl::Milliseconds(100));
@@ -81,9 +82,9 @@ TEST_CASE("blocking get wakes when the key is set, and times out naming the key"
 }
 
 TEST_CASE("64 threads x 1000 Add give the exact total") {
-  const bool fast = GENERATE(true, false);
-  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
-  Fixture f({}, fast);
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
   std::vector<std::thread> ts;
   std::atomic<int> errors{0};
   for (int i = 0; i < 64; ++i) {
@@ -136,9 +137,9 @@ TEST_CASE("wait on several keys wakes when the last appears; timeout names the m
 }
 
 TEST_CASE("check, prefix ops, multi get/set, append, list") {
-  const bool fast = GENERATE(true, false);
-  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
-  Fixture f({}, fast);
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
   Client& c = *f.client;
   REQUIRE(c.MultiSet({{"p/a", "1"}, {"p/b", "2"}, {"q/c", "3"}}).ok());
   REQUIRE(*c.Check({"p/a", "p/b"}));
@@ -281,9 +282,9 @@ TEST_CASE("a wrong token is rejected with UNAUTHENTICATED and changes nothing") 
 }
 
 TEST_CASE("thousands of blocked gets hold no thread each, and all wake") {
-  const bool fast = GENERATE(true, false);
-  INFO("transport: " << (fast ? "fast path" : "grpc stream"));
-  Fixture f({}, fast);
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
   Client& c = *f.client;
   int threads_before = ThreadCount();
   constexpr int kWaiters = 3000;
