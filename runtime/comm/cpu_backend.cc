@@ -57,36 +57,55 @@ constexpr size_t kTcpStepBytes = 1 << 20;
 // A futex wait on the shm doorbell gives up after this long and re-checks abort / peer liveness
 // (Abort and Shutdown ring the doorbell, so this is only the fallback for a peer that died).
 constexpr long kShmWaitUs = 5000;
+constexpr int kMinSpin = 8;
 
-// Idle rounds to spin (pause) before sleeping on the doorbell. Spinning only pays when every local
-// rank has its own core: with more ranks than online CPUs, a spinning waiter steals the core of the
-// peer it waits for, so it sleeps after a few rounds. EMBER_COMM_SHM_SPIN overrides (tests, A/B).
+// Most idle rounds to spin (pause) before sleeping on the doorbell. Spinning only pays when every
+// local rank has its own core: with more ranks than online CPUs, a spinning waiter steals the core
+// of the peer it waits for, so it sleeps after a few rounds. EMBER_COMM_SHM_SPIN overrides.
 int ShmSpinRounds(int local_ranks) {
   if (const char* e = getenv("EMBER_COMM_SHM_SPIN")) {
     int v;
     if (absl::SimpleAtoi(e, &v) && v >= 0) return v;
   }
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  return cpus > 0 && local_ranks <= cpus ? 2000 : 8;
+  return cpus > 0 && local_ranks <= cpus ? 2000 : kMinSpin;
 }
 
-// Sleep on a doorbell after `spin` idle rounds: arm (register as waiter), let the caller re-check
+// Adaptive spin budget, kept across waits by one thread: halves whenever a wait had to sleep (the
+// peer was not running: other load on the cores) and grows when a spin succeeds; every 32nd wait
+// probes with the full budget so it can recover once the host is quiet again.
+struct SpinBudget {
+  int max = kMinSpin;
+  int cur = kMinSpin;
+  uint32_t waits = 0;
+};
+
+// Sleep on a doorbell after the spin budget: arm (register as waiter), let the caller re-check
 // everything once more, then FUTEX_WAIT. Call Idle() after a round without progress and Busy()
 // after one with progress.
 class ShmWaiter {
  public:
-  ShmWaiter(Doorbell* bell, int spin) : bell_(bell), spin_(spin) {}
+  ShmWaiter(Doorbell* bell, SpinBudget* budget) : bell_(bell), b_(budget) {}
   ~ShmWaiter() { Busy(); }
   void Busy() {
-    idle_ = 0;
     if (armed_) {
       DisarmDoorbell(bell_);
       armed_ = false;
     }
+    if (idle_ > 0) {
+      if (slept_) {
+        b_->cur = std::max(kMinSpin, b_->cur / 2);
+      } else if (idle_ > kMinSpin) {
+        b_->cur = std::min(b_->max, std::max(b_->cur, 2 * idle_));
+      }
+    }
+    idle_ = 0;
+    slept_ = false;
   }
   void Idle() {
     if (!armed_) {
-      if (++idle_ <= spin_) {
+      if (idle_ == 0) limit_ = (++b_->waits % 32 == 0) ? b_->max : b_->cur;
+      if (!slept_ && ++idle_ <= limit_) {
         _mm_pause();
         return;
       }
@@ -96,14 +115,17 @@ class ShmWaiter {
     }
     WaitDoorbell(bell_, seen_, kShmWaitUs);
     DisarmDoorbell(bell_);
-    armed_ = false;  // idle_ stays > spin_: the next idle round arms again at once
+    armed_ = false;
+    slept_ = true;  // the next idle round arms again at once
   }
 
  private:
   Doorbell* bell_;
-  int spin_;
+  SpinBudget* b_;
   int idle_ = 0;
+  int limit_ = 0;
   bool armed_ = false;
+  bool slept_ = false;
   uint32_t seen_ = 0;
 };
 
@@ -306,7 +328,7 @@ class CpuBackend : public Backend {
   static void Backoff(int idle, const std::vector<pollfd>& fds);
   // Own doorbell of a channel kind (0 collective, 1 p2p), or null without shm.
   Doorbell* bell(int kind) const { return my_seg_ ? my_seg_->doorbell(kind) : nullptr; }
-  int shm_spin() const { return shm_spin_; }
+  SpinBudget* p2p_spin() { return &p2p_spin_; }
 
  private:
   // The progress loop: runs until every transfer is done, one fails, or the group aborts.
@@ -333,7 +355,7 @@ class CpuBackend : public Backend {
   std::unique_ptr<TcpListener> listener_;
   std::unique_ptr<ShmSegment> my_seg_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
-  int shm_spin_ = 0;  // idle rounds spent spinning before sleeping on the doorbell
+  SpinBudget coll_spin_, p2p_spin_;  // executor thread / p2p thread
   std::atomic<bool> abort_{false};
   absl::Mutex abort_mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(abort_mu_);
@@ -464,7 +486,7 @@ absl::Status CpuBackend::Connect() {
   int local = 1;
   for (int r = 0; r < size; ++r)
     if (r != rank && peers_[r].shm) ++local;
-  shm_spin_ = ShmSpinRounds(local);
+  coll_spin_.max = coll_spin_.cur = p2p_spin_.max = p2p_spin_.cur = ShmSpinRounds(local);
   p2p_.Start();
   return absl::OkStatus();
 }
@@ -538,7 +560,7 @@ absl::Status CpuBackend::StepXfer(Xfer& x, bool* progressed) {
 absl::Status CpuBackend::Progress(Xfer* xs, int k) {
   int idle = 0;
   std::vector<pollfd> fds;
-  ShmWaiter waiter(bell(0), shm_spin_);
+  ShmWaiter waiter(bell(0), &coll_spin_);
   while (true) {
     if (aborted()) return AbortStatus();
     bool progressed = false, all_done = true;
@@ -1120,7 +1142,7 @@ bool P2PEngine::ProgressLocked(
 void P2PEngine::Loop() {
   int idle = 0;
   Doorbell* bell = be_->bell(1);
-  ShmWaiter waiter(bell, be_->shm_spin());
+  ShmWaiter waiter(bell, be_->p2p_spin());
   std::vector<std::pair<std::function<void(absl::Status)>, absl::Status>> done;
   std::vector<pollfd> fds;
   while (true) {

@@ -49,6 +49,67 @@ TEST_CASE("shm ring streams bytes across the wrap point") {
   REQUIRE(absl::IsUnavailable(cb->Peek(10).status()));
 }
 
+TEST_CASE("shm doorbells wake a sleeping consumer and producer; Shutdown wakes the waiter") {
+  std::string name = "/ember-test-bell-" + std::to_string(getpid());
+  auto a = ShmSegment::Create(name, 2, 4096);
+  REQUIRE(a.ok());
+  auto b = ShmSegment::Open(name, 2, 4096);
+  REQUIRE(b.ok());
+  (*a)->Unlink();
+  // a sends to b over ring 0 of b's segment; b's doorbell 0 is in b's segment, a's in a's.
+  auto tx = MakeShmChannel((*b)->header(0), (*b)->data(0), (*a)->header(1), (*a)->data(1), 4096,
+                           -1, (*b)->doorbell(0), (*a)->doorbell(0));
+  auto rx = MakeShmChannel((*a)->header(1), (*a)->data(1), (*b)->header(0), (*b)->data(0), 4096,
+                           -1, (*a)->doorbell(0), (*b)->doorbell(0));
+  const size_t n = 1 << 20;
+  std::vector<char> src(n), dst(n, 0);
+  std::iota(src.begin(), src.end(), 3);
+  // Both sides only ever sleep (no spinning): every wake must come from the other side's ring.
+  std::thread t([&] {
+    Doorbell* mine = (*a)->doorbell(0);
+    size_t off = 0;
+    while (off < n) {
+      size_t k = tx->TrySend(src.data() + off, std::min<size_t>(n - off, 3001)).value();
+      if (k > 0) {
+        off += k;
+        continue;
+      }
+      uint32_t seen = ArmDoorbell(mine);
+      k = tx->TrySend(src.data() + off, std::min<size_t>(n - off, 3001)).value();
+      if (k == 0) WaitDoorbell(mine, seen, 10000000);  // 10 s: a lost wake would time the test out
+      DisarmDoorbell(mine);
+      off += k;
+    }
+  });
+  Doorbell* mine = (*b)->doorbell(0);
+  size_t off = 0;
+  while (off < n) {
+    size_t k = rx->TryRecv(dst.data() + off, n - off).value();
+    if (k == 0) {
+      uint32_t seen = ArmDoorbell(mine);
+      k = rx->TryRecv(dst.data() + off, n - off).value();
+      if (k == 0) WaitDoorbell(mine, seen, 10000000);
+      DisarmDoorbell(mine);
+    }
+    off += k;
+  }
+  t.join();
+  REQUIRE(src == dst);
+  // A waiter on b's doorbell is woken by Shutdown on either side.
+  std::thread w([&] {
+    uint32_t seen = ArmDoorbell(mine);
+    while (rx->Peek(1).ok()) {
+      WaitDoorbell(mine, seen, 10000000);
+      seen = (*b)->doorbell(0)->seq.load();
+    }
+    DisarmDoorbell(mine);
+  });
+  usleep(20000);
+  tx->Shutdown();
+  w.join();
+  REQUIRE(absl::IsUnavailable(rx->Peek(1).status()));
+}
+
 TEST_CASE("tcp channel streams bytes and reports a closed peer") {
   auto l = TcpListener::Listen("127.0.0.1");
   REQUIRE(l.ok());
