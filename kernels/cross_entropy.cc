@@ -73,6 +73,35 @@ void Accumulate(const float* z, int64_t len, RowStats* st) {
   st->sum_z += vec::Sum(z, len);
 }
 
+// C[M,N] = A[M,K] @ B[K,N] (row-major; lda = row stride of A, B and C dense) with K split into
+// kSplitK fixed parts (from the shape only, so deterministic for any pool size), one
+// single-threaded sgemm per part, summed in part order. For the dh product, whose K (the
+// vocabulary) dwarfs M and N: splitting the output instead would pack the whole logits chunk
+// once per output tile. parts holds (kSplitK - 1) * M * N floats.
+constexpr int64_t kSplitK = 4;
+
+void GemmSplitK(const ExecContext& ctx, int64_t M, int64_t N, int64_t K, const float* A,
+                int64_t lda, const float* B, float* C, float* parts) {
+  const int64_t kp = (K + kSplitK - 1) / kSplitK;
+  const ExecContext one{nullptr, true};  // each part runs on one thread
+  auto part = [&](int64_t p) {
+    const int64_t k0 = std::min(K, p * kp), k1 = std::min(K, k0 + kp);
+    float* out = p == 0 ? C : parts + (p - 1) * M * N;
+    if (k1 > k0) {
+      Gemm(one, false, false, M, N, k1 - k0, 1.0f, A + k0, lda, B + k0 * N, N, 0.0f, out, N);
+    } else {
+      std::memset(out, 0, M * N * sizeof(float));
+    }
+  };
+  if (ctx.pool) ctx.pool->Run(kSplitK, part); else for (int64_t p = 0; p < kSplitK; ++p) part(p);
+  For(ctx, M * N, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t p = 1; p < kSplitK; ++p) {
+      const float* src = parts + (p - 1) * M * N;
+      for (int64_t i = b; i < e; ++i) C[i] += src[i];
+    }
+  });
+}
+
 struct Common {
   std::vector<int64_t> valid;
   float coef = 0;  // dloss / count (mean) or dloss (sum)
@@ -108,6 +137,8 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
   Tensor logits = Tensor::Empty(DType::kF32, {chunk, V});
   Tensor hc = Tensor::Empty(DType::kF32, {chunk, d});
   Tensor dhc = grad ? Tensor::Empty(DType::kF32, {chunk, d}) : Tensor();
+  Tensor dh_parts =
+      dh != nullptr ? Tensor::Empty(DType::kF32, {kSplitK - 1, chunk, d}) : Tensor();
   std::vector<RowStats> stats(chunk);
   std::vector<double> row_loss(nv);
   float* L = logits.data<float>();
@@ -121,9 +152,11 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
         stats[r] = RowStats{-INFINITY, 0.0f, 0.0f, 0.0f};
       }
     });
+    // One GEMM over the whole vocabulary (the output is split over the pool inside Gemm); the
+    // online log-sum-exp then walks the vocab tiles of each row.
+    Gemm(ctx, false, true, n, V, d, 1.0f, H, d, W, d, 0.0f, L, V);
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t len = std::min(vc, V - v0);
-      Gemm(ctx, false, true, n, len, d, 1.0f, H, d, W + v0 * d, d, 0.0f, L + v0, V);
       For(ctx, n, 4, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r) {
           const float* z = L + r * V + v0;
@@ -142,7 +175,7 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
     if (!grad) continue;
     if (dh != nullptr) {
       float* DH = dhc.data<float>();
-      Gemm(ctx, false, false, n, d, V, 1.0f, L, V, W, d, 0.0f, DH, d);
+      GemmSplitK(ctx, n, d, V, L, V, W, DH, dh_parts.data<float>());
       For(ctx, n, 16, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r)
           std::memcpy(dh + c.valid[c0 + r] * d, DH + r * d, d * sizeof(float));

@@ -9,9 +9,11 @@
 // This matches torch.nn.functional.cross_entropy(label_smoothing=eps) plus zc * lse^2.
 //
 // Tokens are processed in chunks of `token_chunk` valid rows (ignored tokens are dropped before
-// the projection); inside a chunk the vocabulary is processed in tiles of `vocab_chunk` columns
-// with an online log-sum-exp. Workspace is token_chunk x V floats (plus two token_chunk x d
-// buffers), independent of N. Deterministic for any thread count in deterministic mode.
+// the projection); inside a chunk the logits come from one GEMM over the whole vocabulary and the
+// log-sum-exp runs online over tiles of `vocab_chunk` columns. The dh product splits the
+// vocabulary into 4 fixed parts summed in order. Workspace is token_chunk x V floats (plus five
+// token_chunk x d buffers), independent of N. Deterministic for any thread count in deterministic
+// mode.
 //
 // Tied weights: dW is accumulated, so pass the token-embedding gradient buffer to add the LM-head
 // gradient to it.

@@ -44,6 +44,7 @@ ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
 ABSL_FLAG(int, profile_steps, 0,
           "only run this many training steps of ours (default mode, after 2 warm-up steps) and "
           "print wall and process-CPU time per step; for profilers");
+ABSL_FLAG(bool, profile_deterministic, false, "--profile_steps in deterministic mode");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
 
 namespace ember::kernels {
@@ -281,7 +282,10 @@ int Main() {
   const int reps = quick ? 1 : absl::GetFlag(FLAGS_reps);
   ThreadPool pool(threads);
   ExecContext ctx{&pool, /*deterministic=*/false};
-  if (int n = absl::GetFlag(FLAGS_profile_steps); n > 0) return ProfileSteps(ctx, n);
+  if (int n = absl::GetFlag(FLAGS_profile_steps); n > 0) {
+    ctx.deterministic = absl::GetFlag(FLAGS_profile_deterministic);
+    return ProfileSteps(ctx, n);
+  }
   std::vector<Target> t;
   const std::string only = absl::GetFlag(FLAGS_only);
   auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
