@@ -130,7 +130,7 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
   const int64_t nv = c.valid.size();
   if (dh != nullptr) std::memset(dh, 0, N * d * sizeof(float));
   int64_t chunk = opt.token_chunk;
-  if (chunk <= 0) chunk = std::max<int64_t>(64, ((int64_t{32} << 20) / V) / 64 * 64);
+  if (chunk <= 0) chunk = std::max<int64_t>(64, ((int64_t{56} << 20) / V) / 64 * 64);
   chunk = std::min(chunk, std::max<int64_t>(nv, 1));
   const int64_t vc = std::max<int64_t>(1, std::min(opt.vocab_chunk, V));
 

@@ -35,7 +35,7 @@ struct LceOptions {
   float label_smoothing = 0.0f;
   float z_loss = 0.0f;
   Reduction reduction = Reduction::kMean;
-  int64_t token_chunk = 0;     // 0: auto, about 128 MiB of logits per chunk
+  int64_t token_chunk = 0;     // 0: auto, about 224 MiB of logits per chunk
   int64_t vocab_chunk = 4096;
 };
 
