@@ -219,15 +219,22 @@ void AdamWStep(const ExecContext& ctx, const AdamWOptions& opt, int64_t step, fl
   const float decay = 1.0f - opt.lr * opt.weight_decay;
   const float step_size = opt.lr / bc1;
   const float inv_sqrt_bc2 = 1.0f / std::sqrt(bc2);
-  For(ctx, n, 1 << 14, [&](int64_t s, int64_t e) {
+  // Values captured by copy and restrict pointers, so the stores cannot alias them and the loop
+  // vectorises.
+  const float beta1 = opt.beta1, beta2 = opt.beta2, eps = opt.eps;
+  For(ctx, n, 1 << 14, [=](int64_t s, int64_t e) {
+    float* __restrict p = param;
+    const float* __restrict gr = grad;
+    float* __restrict mm = m;
+    float* __restrict vv = v;
     for (int64_t i = s; i < e; ++i) {
-      float g = grad[i];
-      float mi = opt.beta1 * m[i] + (1.0f - opt.beta1) * g;
-      float vi = opt.beta2 * v[i] + (1.0f - opt.beta2) * g * g;
-      m[i] = mi;
-      v[i] = vi;
-      float denom = std::sqrt(vi) * inv_sqrt_bc2 + opt.eps;
-      param[i] = param[i] * decay - step_size * mi / denom;
+      float g = gr[i];
+      float mi = beta1 * mm[i] + (1.0f - beta1) * g;
+      float vi = beta2 * vv[i] + (1.0f - beta2) * g * g;
+      mm[i] = mi;
+      vv[i] = vi;
+      float denom = std::sqrt(vi) * inv_sqrt_bc2 + eps;
+      p[i] = p[i] * decay - step_size * mi / denom;
     }
   });
 }

@@ -58,9 +58,17 @@ inline float Dot(const float* a, const float* b, int64_t n) {
   return s;
 }
 
+// Max of a[0, n), n >= 1. Lanes start at a[0] and only take larger values, so (as in a plain
+// scan) a NaN is returned only when a[0] is NaN.
 inline float Max(const float* a, int64_t n) {
-  float m = a[0];
-  for (int64_t i = 1; i < n; ++i) m = a[i] > m ? a[i] : m;
+  float acc[kLanes];
+  for (int j = 0; j < kLanes; ++j) acc[j] = a[0];
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int j = 0; j < kLanes; ++j) acc[j] = a[i + j] > acc[j] ? a[i + j] : acc[j];
+  float m = acc[0];
+  for (int j = 1; j < kLanes; ++j) m = acc[j] > m ? acc[j] : m;
+  for (; i < n; ++i) m = a[i] > m ? a[i] : m;
   return m;
 }
 
