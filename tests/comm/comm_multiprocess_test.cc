@@ -71,28 +71,11 @@ TEST_CASE("a killed rank makes the others fail fast") {
 
 TEST_CASE("an injected hang dumps every rank within timeout + 5 s and the analyzer names it") {
   std::string dump = TempDir("fr");
-  auto t0 = std::chrono::steady_clock::now();
-  std::thread watcher;
-  double all_dumped_s = -1;
-  std::atomic<bool> stop{false};
-  watcher = std::thread([&] {
-    while (!stop) {
-      int have = 0;
-      for (int r = 0; r < 4; ++r) {
-        struct stat st;
-        if (stat((dump + "/rank-" + std::to_string(r) + ".json").c_str(), &st) == 0) ++have;
-      }
-      if (have == 4) {
-        all_dumped_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
+  DumpWatcher watcher(dump, 4);
   RunResult r = RunRanks(4, {"--scenario=hang", "--rdzv_dir=" + TempDir("rdzv"), "--dump_dir=" + dump},
                          {}, 60);
-  stop = true;
-  watcher.join();
+  watcher.Stop();
+  const double all_dumped_s = watcher.seconds();
   REQUIRE(!r.timed_out);
   REQUIRE(AllExitZero(r));
   // Bootstrap + 2 warm-up ops take well under 2 s; the op timeout is 3 s.

@@ -66,28 +66,12 @@ TEST_CASE("store rendezvous: an injected hang makes every rank dump via the stor
   auto server = StartStore();
   const std::string prefix = "jobs/test/attempt/0/";
   std::string dump = TempDir("fr-store");
-  auto t0 = std::chrono::steady_clock::now();
-  std::atomic<bool> stop{false};
-  double all_dumped_s = -1;
-  std::thread watcher([&] {
-    while (!stop) {
-      int have = 0;
-      for (int r = 0; r < 4; ++r) {
-        struct stat st;
-        if (stat((dump + "/rank-" + std::to_string(r) + ".json").c_str(), &st) == 0) ++have;
-      }
-      if (have == 4) {
-        all_dumped_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
+  DumpWatcher watcher(dump, 4);
   RunResult r = RunRanks(4, {"--scenario=hang", "--store=" + server->address(),
                              "--store_prefix=" + prefix, "--dump_dir=" + dump},
                          {}, 60);
-  stop = true;
-  watcher.join();
+  watcher.Stop();
+  const double all_dumped_s = watcher.seconds();
   REQUIRE(!r.timed_out);
   REQUIRE(AllExitZero(r));
   INFO("all dumps after " << all_dumped_s << " s");

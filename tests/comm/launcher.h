@@ -4,9 +4,11 @@
 #define EMBER_TESTS_COMM_LAUNCHER_H_
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <string>
@@ -85,6 +87,43 @@ inline bool AllExitZero(const RunResult& r) {
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) return false;
   return true;
 }
+
+
+// Watches `dir` for rank-<r>.json of ranks [0, n) while the ranks run; `seconds()` is how long
+// after construction the last one appeared (-1 if not all appeared before Stop()).
+class DumpWatcher {
+ public:
+  DumpWatcher(std::string dir, int n) : dir_(std::move(dir)), n_(n), t0_(std::chrono::steady_clock::now()) {
+    thread_ = std::thread([this] {
+      while (!stop_) {
+        int have = 0;
+        for (int r = 0; r < n_; ++r) {
+          struct stat st;
+          if (stat((dir_ + "/rank-" + std::to_string(r) + ".json").c_str(), &st) == 0) ++have;
+        }
+        if (have == n_) {
+          seconds_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+          return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    });
+  }
+  ~DumpWatcher() { Stop(); }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  double seconds() const { return seconds_; }
+
+ private:
+  std::string dir_;
+  int n_;
+  std::chrono::steady_clock::time_point t0_;
+  std::atomic<bool> stop_{false};
+  std::atomic<double> seconds_{-1};
+  std::thread thread_;
+};
 
 }  // namespace ember::comm::testing
 
