@@ -13,7 +13,7 @@
 // Pure value types; thread-safe.
 //
 //   MixedPrecisionPolicy mp{.param_dtype = DataType::kBF16};
-//   mp.overrides.push_back({"*norm*", DataType::kF32});   // ln1/ln2/ln_f stay fp32
+//   mp.overrides.push_back({"*ln*", DataType::kF32});   // ln1/ln2/ln_f stay fp32
 //   ParamPrecision p = mp.Resolve("blocks.0.ln1.weight");  // {f32, f32}
 #ifndef EMBER_RUNTIME_FSDP_POLICY_H_
 #define EMBER_RUNTIME_FSDP_POLICY_H_

@@ -150,6 +150,19 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   }
   ASSIGN_OR_RETURN(p.model, ModelConfig(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
+  // An override that matches no parameter is almost always a wrong name (e.g. "*norm*" for the
+  // norms, which are named ln1/ln2/ln_f): refuse it rather than silently training in bf16.
+  const std::vector<model::ParamSpec> params = model::ParamSpecs(p.model);
+  for (size_t i = 0; i < p.fsdp.mp.overrides.size(); ++i) {
+    const std::string& pat = p.fsdp.mp.overrides[i].pattern;
+    bool any = false;
+    for (const auto& ps : params) any = any || fsdp::GlobMatch(pat, ps.name);
+    if (!any) {
+      return Bad(absl::StrCat("precision.overrides[", i, "].pattern"),
+                 absl::StrCat("'", pat, "' matches no parameter; names look like ", params.front().name,
+                              ", blocks.0.ln1.weight, ln_f.weight (docs/model.md)"));
+    }
+  }
   // Unset switches default to on (runtime/spec ApplyDefaults); each is taken as written.
   p.fsdp.reshard_after_forward = !par.has_reshard_after_forward() || par.reshard_after_forward();
   p.fsdp.prefetch = !par.has_prefetch() || par.prefetch();

@@ -181,6 +181,9 @@ TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
   WriteSpec(dir, 2, 1, "precision: {param_dtype: f8}\n");
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
+  // An override pattern that matches no parameter (norms are ln1/ln2/ln_f, not "norm").
+  WriteSpec(dir, 2, 1, "precision: {param_dtype: bf16, overrides: [{pattern: \"*norm*\", param_dtype: f32}]}\n");
+  CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
   std::ofstream(dir + "/job.yaml") << "name: t\ndata: {path: missing.bin}\n";
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
   pid_t pid = Spawn({{"EMBER_JOB_DIR", dir}, {"EMBER_STORE_ADDR", ""}});
