@@ -6,11 +6,15 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/base/logging.h"
 
 ABSL_FLAG(std::string, log_format, "human", "log line format: human or json (JSON lines)");
 ABSL_FLAG(std::string, log_level, "info", "trace, debug, info, warn, error, critical, off");
 ABSL_FLAG(std::string, log_file, "", "also append log lines to this file");
+ABSL_FLAG(bool, mutex_deadlock_detection, false,
+          "abseil's runtime lock-order checking (costs ~10% of the store's CPU per request; tests "
+          "keep it on)");
 
 namespace ember::base {
 
@@ -35,6 +39,9 @@ std::vector<std::string> ParseFlagsAndInitLogging(int argc, char** argv, const c
   for (auto& a : storage) args.push_back(a.data());
   args.push_back(nullptr);
   std::vector<char*> rest = absl::ParseCommandLine(argc, args.data());
+  if (!absl::GetFlag(FLAGS_mutex_deadlock_detection)) {
+    absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
+  }
   LogOptions opts;
   opts.name = program;
   opts.level = absl::GetFlag(FLAGS_log_level);

@@ -36,6 +36,8 @@ ABSL_FLAG(int, window, 64, "requests in flight per client for the pipelined set"
 ABSL_FLAG(std::string, peer_script, "", "path to tcpstore_peer.py (found in runfiles if empty)");
 ABSL_FLAG(bool, no_peer, false, "skip the TCPStore peer");
 ABSL_FLAG(std::string, only, "", "run one part: 'ops' or 'barrier' (default: both)");
+ABSL_FLAG(std::string, server, "", "benchmark this running ember-store (host:port) instead of an "
+          "in-process one");
 // Internal: child roles.
 ABSL_FLAG(std::string, role, "", "internal: ops | barrier");
 ABSL_FLAG(std::string, addr, "", "internal");
@@ -340,12 +342,17 @@ int Parent() {
   if (quick) absl::SetFlag(&FLAGS_seconds, std::min(absl::GetFlag(FLAGS_seconds), 0.5));
   char tmpl[] = "/tmp/store-bench-XXXXXX";
   std::string tmpdir = mkdtemp(tmpl);
-  auto server = StoreServer::Start({.address = "127.0.0.1:0"});
-  if (!server.ok()) {
-    std::fprintf(stderr, "%s\n", server.status().ToString().c_str());
-    return 1;
+  std::unique_ptr<StoreServer> server;
+  std::string addr = absl::GetFlag(FLAGS_server);
+  if (addr.empty()) {
+    auto started = StoreServer::Start({.address = "127.0.0.1:0"});
+    if (!started.ok()) {
+      std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
+      return 1;
+    }
+    server = std::move(*started);
+    addr = server->address();
   }
-  std::string addr = (*server)->address();
   std::vector<Target> targets;
   std::string table;
   absl::StrAppendFormat(&table, "%-22s %8s | %12s %9s %9s | %12s %9s %9s | %7s\n", "op", "clients",
