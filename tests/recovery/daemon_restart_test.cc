@@ -79,31 +79,44 @@ std::string Holder(const v1::Job& j) {
   return a.nodes_size() == 1 ? a.nodes(0).node() : "";
 }
 
+// Starts daemons node-a and node-b, submits `spec` through node-a and waits until the job runs
+// (step >= 5) on one node. Returns the job id and the node holding it.
+struct RunningJob {
+  std::string id, holder, other;
+};
+RunningJob StartTwoNodesAndJob(Cluster& c, const std::string& spec) {
+  RunningJob out;
+  REQUIRE(c.StartDaemon("node-a", 0).ok());
+  REQUIRE(c.StartDaemon("node-b", 0).ok());
+  auto cl = c.Connect("node-a");
+  REQUIRE(cl.ok());
+  REQUIRE(WaitFor([&] { auto n = cl->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5)));
+  auto r = cl->Submit(spec);
+  REQUIRE(r.ok());
+  out.id = r->job().id();
+  REQUIRE(WaitFor([&] {
+    auto j = cl->Get(out.id);
+    if (!j.ok() || j->progress().step() < 5) return false;
+    out.holder = Holder(*j);
+    return !out.holder.empty();
+  }, absl::Seconds(15)));
+  out.other = out.holder == "node-a" ? "node-b" : "node-a";
+  return out;
+}
+
 TEST_CASE("kill -9 and restart of a daemon: the job keeps running and finishes") {
   auto c = Cluster::Start();
   REQUIRE(c);
-  REQUIRE(c->StartDaemon("node-a", 0).ok());
-  REQUIRE(c->StartDaemon("node-b", 0).ok());
-  auto cl = c->Connect("node-a");
-  REQUIRE(cl.ok());
-  REQUIRE(WaitFor([&] { auto n = cl->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5)));
-  auto r = cl->Submit("name: rec-reattach\nparallelism: {strategy: fsdp, world_size: 2}\n"
-                      "steps: 250\n");
-  REQUIRE(r.ok());
-  const std::string id = r->job().id();
-  std::string holder;
-  REQUIRE(WaitFor([&] {
-    auto j = cl->Get(id);
-    if (!j.ok() || j->progress().step() < 5) return false;
-    holder = Holder(*j);
-    return !holder.empty();
-  }, absl::Seconds(15)));
+  const RunningJob job = StartTwoNodesAndJob(*c, "name: rec-reattach\nparallelism: {strategy: fsdp, world_size: 2}\n"
+                                                 "steps: 250\n");
+  const std::string& id = job.id;
+  const std::string& holder = job.holder;
   const auto before = FindJobProcesses(id);
   REQUIRE(before.size() == 2);
   c->daemons[holder]->Kill9();
   REQUIRE(FindJobProcesses(id).size() == 2);  // the workers outlive their daemon
   REQUIRE(c->StartDaemon(holder, 1).ok());
-  auto other = c->Connect(holder == "node-a" ? "node-b" : "node-a");
+  auto other = c->Connect(job.other);
   REQUIRE(other.ok());
   auto done = other->Wait(id, absl::Seconds(30));
   REQUIRE(done.ok());
@@ -117,23 +130,11 @@ TEST_CASE("kill -9 and restart of a daemon: the job keeps running and finishes")
 TEST_CASE("SIGTERM detaches (workers keep running, a new daemon adopts them); SIGINT drains") {
   auto c = Cluster::Start();
   REQUIRE(c);
-  REQUIRE(c->StartDaemon("node-a", 0).ok());
-  REQUIRE(c->StartDaemon("node-b", 0).ok());
-  auto cl = c->Connect("node-a");
-  REQUIRE(cl.ok());
-  REQUIRE(WaitFor([&] { auto n = cl->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5)));
-  auto r = cl->Submit("name: rec-detach\nparallelism: {strategy: fsdp, world_size: 2}\n"
-                      "steps: 300\nmax_restarts: 1\n");
-  REQUIRE(r.ok());
-  const std::string id = r->job().id();
-  std::string holder;
-  REQUIRE(WaitFor([&] {
-    auto j = cl->Get(id);
-    if (!j.ok() || j->progress().step() < 5) return false;
-    holder = Holder(*j);
-    return !holder.empty();
-  }, absl::Seconds(15)));
-  const std::string other = holder == "node-a" ? "node-b" : "node-a";
+  const RunningJob job = StartTwoNodesAndJob(*c, "name: rec-detach\nparallelism: {strategy: fsdp, world_size: 2}\n"
+                                                 "steps: 300\nmax_restarts: 1\n");
+  const std::string& id = job.id;
+  const std::string& holder = job.holder;
+  const std::string& other = job.other;
   auto co = c->Connect(other);
   REQUIRE(co.ok());
   REQUIRE(c->daemons[holder]->Signal(SIGTERM) == 0);
@@ -160,23 +161,11 @@ TEST_CASE("SIGTERM detaches (workers keep running, a new daemon adopts them); SI
 TEST_CASE("kill -9 of a daemon: node lost within the lease, restart on the other node") {
   auto c = Cluster::Start();
   REQUIRE(c);
-  REQUIRE(c->StartDaemon("node-a", 0).ok());
-  REQUIRE(c->StartDaemon("node-b", 0).ok());
-  auto ca = c->Connect("node-a");
-  REQUIRE(ca.ok());
-  REQUIRE(WaitFor([&] { auto n = ca->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5)));
-  auto r = ca->Submit("name: rec-lost\nparallelism: {strategy: fsdp, world_size: 2}\n"
-                      "steps: 150\nmax_restarts: 1\n");
-  REQUIRE(r.ok());
-  const std::string id = r->job().id();
-  std::string holder;
-  REQUIRE(WaitFor([&] {
-    auto j = ca->Get(id);
-    if (!j.ok() || j->progress().step() < 5) return false;
-    holder = Holder(*j);
-    return !holder.empty();
-  }, absl::Seconds(15)));
-  const std::string survivor = holder == "node-a" ? "node-b" : "node-a";
+  const RunningJob job = StartTwoNodesAndJob(*c, "name: rec-lost\nparallelism: {strategy: fsdp, world_size: 2}\n"
+                                                 "steps: 150\nmax_restarts: 1\n");
+  const std::string& id = job.id;
+  const std::string& holder = job.holder;
+  const std::string& survivor = job.other;
   auto cs = c->Connect(survivor);
   REQUIRE(cs.ok());
   c->daemons[holder]->Kill9();
