@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 
 #include "launcher/fr/analyze.h"
+#include "tests/comm/hang_checks.h"
 #include "tests/comm/launcher.h"
 
 namespace ember::comm::testing {
@@ -82,14 +83,7 @@ TEST_CASE("an injected hang dumps every rank within timeout + 5 s and the analyz
   INFO("all dumps after " << all_dumped_s << " s");
   REQUIRE(all_dumped_s > 0);
   REQUIRE(all_dumped_s < 2 + 3 + 5);
-  auto rep = fr::AnalyzeDir(dump);
-  REQUIRE(rep.ok());
-  INFO(rep->ToText());
-  REQUIRE(rep->problem);
-  REQUIRE(rep->findings[0].kind == "never_joined");
-  REQUIRE(rep->findings[0].ranks == std::vector<int>{1});
-  REQUIRE(rep->findings[0].op == "all_reduce");
-  REQUIRE(rep->findings[0].seq == 3);
+  RequireRank1NeverJoinedAllReduce(dump);
 }
 
 }  // namespace ember::comm::testing

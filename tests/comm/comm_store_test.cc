@@ -16,6 +16,7 @@
 #include "launcher/fr/analyze.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
+#include "tests/comm/hang_checks.h"
 #include "tests/comm/launcher.h"
 
 namespace ember::comm::testing {
@@ -88,14 +89,7 @@ TEST_CASE("store rendezvous: an injected hang makes every rank dump via the stor
   std::string r1 = ReadFile(dump + "/rank-1.json");
   INFO(r1.substr(0, 400));
   REQUIRE(r1.find("\"reason\": \"request: ") != std::string::npos);
-  auto rep = fr::AnalyzeDir(dump);
-  REQUIRE(rep.ok());
-  INFO(rep->ToText());
-  REQUIRE(rep->problem);
-  REQUIRE(rep->findings[0].kind == "never_joined");
-  REQUIRE(rep->findings[0].ranks == std::vector<int>{1});
-  REQUIRE(rep->findings[0].op == "all_reduce");
-  REQUIRE(rep->findings[0].seq == 3);
+  RequireRank1NeverJoinedAllReduce(dump);
 }
 
 }  // namespace ember::comm::testing
