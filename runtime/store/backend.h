@@ -31,8 +31,15 @@ struct BackendOptions {
   int64_t max_key_bytes = 4096;               // INVALID_ARGUMENT names this limit
   int64_t max_value_bytes = 16 << 20;         // 16 MiB; INVALID_ARGUMENT names this limit
   int64_t max_keys_per_request = 100000;      // MultiGet/MultiSet/Wait/Check
+  // Largest answer to one request (MultiGet values, ListKeys keys): RESOURCE_EXHAUSTED naming this
+  // limit above it. Must be >= max_value_bytes; transports size their frames from it.
+  int64_t max_response_bytes = 64 << 20;
   absl::Duration default_wait_timeout = absl::Seconds(300);  // blocking Get/Wait with timeout 0
-  std::string data_dir;                       // empty = in-memory only
+  std::string data_dir;                       // empty = in-memory only; created 0700, files 0600
+  // A damaged log (a bad record followed by valid ones) makes recovery fail with DATA_LOSS naming
+  // the offset, leaving the file untouched. With repair_wal (ember-store --repair) recovery keeps
+  // the records before the damage, saves a copy of the log as wal.log.damaged-<time> and truncates.
+  bool repair_wal = false;
   FsyncPolicy fsync = FsyncPolicy::kNever;
   int64_t compact_after_bytes = 64 << 20;     // snapshot + truncate the WAL past this size
 };
@@ -67,7 +74,8 @@ class Backend {
 };
 
 // The default backend: in-memory, optionally durable with a write-ahead log + snapshots in
-// options.data_dir (recovered on start; a torn final record from a crash is discarded).
+// options.data_dir (recovered on start; a torn final record from a crash is discarded; damage in
+// the middle of the log is DATA_LOSS unless options.repair_wal).
 // `clock` is borrowed and must outlive the backend (null = real clock).
 absl::StatusOr<std::unique_ptr<Backend>> NewMemoryBackend(const BackendOptions& options,
                                                           base::Clock* clock);

@@ -31,6 +31,8 @@ using v1::Response;
 
 constexpr char kWalName[] = "wal.log";
 constexpr char kSnapshotName[] = "snapshot";
+constexpr mode_t kDirMode = 0700;   // see PrepareDataDir
+constexpr mode_t kFileMode = 0600;  // wal.log, snapshot
 
 bool IsWrite(const Request& r) {
   switch (r.op_case()) {
@@ -65,6 +67,11 @@ class MemoryBackend : public Backend {
   }
 
   absl::Status Open() {
+    if (options_.max_response_bytes < options_.max_value_bytes + options_.max_key_bytes + 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "max_response_bytes=", options_.max_response_bytes, " cannot carry one value of "
+          "max_value_bytes=", options_.max_value_bytes, "; raise --max-response-bytes"));
+    }
     if (!options_.data_dir.empty()) RETURN_IF_ERROR(Recover());
     timer_ = std::thread([this] { TimerLoop(); });
     return absl::OkStatus();
@@ -237,6 +244,16 @@ class MemoryBackend : public Backend {
     }
     return true;
   }
+  // One response must stay far below protobuf's 2 GiB message limit and fit a transport frame.
+  bool CheckResponseSize(int64_t bytes, int64_t keys, Response* r) const {
+    if (bytes <= options_.max_response_bytes) return true;
+    SetError(r, absl::StatusCode::kResourceExhausted,
+             absl::StrCat("the answer for ", keys, " keys would be ", bytes,
+                          " bytes, above the limit max_response_bytes=",
+                          options_.max_response_bytes,
+                          " (ember-store --max-response-bytes); ask for fewer keys per request"));
+    return false;
+  }
   template <typename KeyList>
   bool CheckKeys(const KeyList& keys, Response* r) const {
     if (!CheckCount(keys.size(), r)) return false;
@@ -330,6 +347,12 @@ class MemoryBackend : public Backend {
         g->set_revision(it->second.revision);
       }
     } else if (req.has_multi_get()) {
+      int64_t bytes = 0;
+      for (const auto& k : req.multi_get().keys()) {
+        auto it = kv_.find(k);
+        bytes += 8 + (it != kv_.end() ? static_cast<int64_t>(it->second.value.size()) : 0);
+      }
+      if (!CheckResponseSize(bytes, req.multi_get().keys_size(), r)) return;
       auto* m = r->mutable_multi_get();
       for (const auto& k : req.multi_get().keys()) {
         auto it = kv_.find(k);
@@ -532,6 +555,12 @@ class MemoryBackend : public Backend {
       }
       case Request::kListKeys: {
         const std::string& p = req.list_keys().prefix();
+        int64_t bytes = 0, n = 0;
+        for (auto it = kv_.lower_bound(p); it != kv_.end() && absl::StartsWith(it->first, p); ++it) {
+          bytes += 8 + static_cast<int64_t>(it->first.size());
+          ++n;
+        }
+        if (!CheckResponseSize(bytes, n, r)) return false;
         auto* l = r->mutable_list_keys();
         for (auto it = kv_.lower_bound(p); it != kv_.end() && absl::StartsWith(it->first, p); ++it) {
           l->add_keys(it->first);
@@ -693,7 +722,7 @@ class MemoryBackend : public Backend {
     }
     std::string framed;
     AppendFramed(snap.SerializeAsString(), &framed);
-    RETURN_IF_ERROR(WriteFileAtomically(options_.data_dir, kSnapshotName, framed));
+    RETURN_IF_ERROR(WriteFileAtomically(options_.data_dir, kSnapshotName, framed, kFileMode));
     if (ftruncate(wal_fd_, 0) != 0) return base::ErrnoToStatus(errno, "truncate " + wal_path_);
     spdlog::info("store: compacted {} bytes of log into a snapshot of {} keys at revision {}",
                  wal_bytes_, snap.entries_size(), snap.revision());
@@ -702,10 +731,76 @@ class MemoryBackend : public Backend {
     return absl::OkStatus();
   }
 
-  absl::Status Recover() {
-    if (mkdir(options_.data_dir.c_str(), 0755) != 0 && errno != EEXIST) {
-      return base::ErrnoToStatus(errno, absl::StrCat("create --data-dir ", options_.data_dir));
+  // Damage found while recovering: without BackendOptions::repair_wal, refuses to start and keeps
+  // the file as it is; with it, saves a copy of the log and lets recovery truncate at the damage.
+  absl::Status RefuseOrRepair(const std::string& what) {
+    if (!options_.repair_wal) {
+      return absl::DataLossError(absl::StrCat(
+          what, ". The store refuses to start rather than drop acknowledged writes; the file is "
+          "left untouched. Restore the data directory from a backup, or restart with --repair to "
+          "keep what precedes the damage and discard the rest (a copy of the log is kept)"));
     }
+    std::string copy = absl::StrCat(wal_path_, ".damaged-", absl::ToUnixSeconds(absl::Now()));
+    RETURN_IF_ERROR(CopyFile(wal_path_, copy));
+    spdlog::error("store: --repair: {}; truncating the log there (the original log is kept as {})",
+                  what, copy);
+    return absl::OkStatus();
+  }
+
+  static absl::Status CopyFile(const std::string& from, const std::string& to) {
+    int in = open(from.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in < 0) return base::ErrnoToStatus(errno, absl::StrCat("open ", from));
+    int out = open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, kFileMode);
+    if (out < 0) {
+      int e = errno;
+      close(in);
+      return base::ErrnoToStatus(e, absl::StrCat("create ", to));
+    }
+    absl::Status s;
+    char buf[1 << 16];
+    while (s.ok()) {
+      ssize_t n = read(in, buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) s = base::ErrnoToStatus(errno, absl::StrCat("read ", from));
+      if (n <= 0) break;
+      s = WriteAll(out, std::string(buf, static_cast<size_t>(n)), to);
+    }
+    if (s.ok() && fsync(out) != 0) s = base::ErrnoToStatus(errno, absl::StrCat("fsync ", to));
+    close(in);
+    close(out);
+    return s;
+  }
+
+  // The data directory holds every key and value (job specs, uploads): owner-only by default, or
+  // owner + group where the operator made it group-accessible; never world-readable.
+  absl::Status PrepareDataDir() {
+    const std::string& dir = options_.data_dir;
+    if (mkdir(dir.c_str(), kDirMode) != 0 && errno != EEXIST) {
+      return base::ErrnoToStatus(errno, absl::StrCat("create --data-dir ", dir));
+    }
+    struct stat st;
+    if (stat(dir.c_str(), &st) != 0) return base::ErrnoToStatus(errno, absl::StrCat("stat ", dir));
+    if (!S_ISDIR(st.st_mode)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("--data-dir ", dir, " exists and is not a directory"));
+    }
+    mode_t want = st.st_mode & 07750 & ~S_IWGRP;  // drop every "other" bit and group write
+    if ((st.st_mode & 07777) != want) {
+      spdlog::warn("store: tightening --data-dir {} from {:o} to {:o} (it holds every value)", dir,
+                   st.st_mode & 07777, want);
+      if (chmod(dir.c_str(), want) != 0) {
+        return base::ErrnoToStatus(errno, absl::StrCat("chmod ", dir));
+      }
+    }
+    std::string snap = absl::StrCat(dir, "/", kSnapshotName);
+    if (chmod(snap.c_str(), kFileMode) != 0 && errno != ENOENT) {
+      return base::ErrnoToStatus(errno, absl::StrCat("chmod ", snap));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Recover() {
+    RETURN_IF_ERROR(PrepareDataDir());
     absl::MutexLock l(&mu_);
     replaying_ = true;
     Fired none;
@@ -733,11 +828,29 @@ class MemoryBackend : public Backend {
     }
     wal_path_ = options_.data_dir + "/" + kWalName;
     auto log = ReadFramedFile(wal_path_);
+    if (!log.ok() && !absl::IsNotFound(log.status())) return log.status();
+    // Where the log stops being trustworthy: the first bad record, or the end of the valid ones.
+    int64_t keep_bytes = log.ok() ? log->valid_bytes : 0;
+    if (log.ok() && log->corrupt) {
+      std::string after = log->next_valid_offset >= 0
+                              ? absl::StrCat("a valid record follows at offset ",
+                                             log->next_valid_offset)
+                              : "it is not the final record";
+      RETURN_IF_ERROR(RefuseOrRepair(absl::StrCat(
+          "record at offset ", log->valid_bytes, " of ", wal_path_, " (", log->file_bytes,
+          " bytes) fails its checksum and ", after, ": the log is damaged, not torn by a crash")));
+    }
     int64_t replayed = 0;
     if (log.ok()) {
-      for (const std::string& payload : log->records) {
+      for (size_t i = 0; i < log->records.size(); ++i) {
         wal::WalRecord rec;
-        if (!rec.ParseFromString(payload)) break;
+        if (!rec.ParseFromString(log->records[i])) {
+          keep_bytes = log->offsets[i];
+          RETURN_IF_ERROR(RefuseOrRepair(absl::StrCat(
+              "record at offset ", keep_bytes, " of ", wal_path_,
+              " has a valid checksum but does not parse as a WalRecord")));
+          break;
+        }
         if (rec.revision() <= snap_rev) continue;
         switch (rec.op_case()) {
           case wal::WalRecord::kPut:
@@ -763,22 +876,25 @@ class MemoryBackend : public Backend {
         revision_ = std::max(revision_, rec.revision());
         ++replayed;
       }
-    } else if (!absl::IsNotFound(log.status())) {
-      return log.status();
     }
     replaying_ = false;
-    wal_fd_ = open(wal_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    wal_fd_ = open(wal_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, kFileMode);
     if (wal_fd_ < 0) return base::ErrnoToStatus(errno, absl::StrCat("open ", wal_path_));
+    if (fchmod(wal_fd_, kFileMode) != 0) {  // a log written by an older version was 0644
+      return base::ErrnoToStatus(errno, absl::StrCat("chmod ", wal_path_));
+    }
     if (log.ok()) {
-      if (log->torn_tail) {
-        spdlog::warn("store: discarding a torn record at the end of {} (offset {}): a crash "
-                     "interrupted an unacknowledged write",
-                     wal_path_, log->valid_bytes);
-        if (ftruncate(wal_fd_, log->valid_bytes) != 0) {
+      if (keep_bytes < log->file_bytes) {
+        if (log->torn_tail && keep_bytes == log->valid_bytes) {
+          spdlog::warn("store: discarding a torn record at the end of {} (offset {}, {} bytes): a "
+                       "crash interrupted an unacknowledged write",
+                       wal_path_, keep_bytes, log->file_bytes - keep_bytes);
+        }
+        if (ftruncate(wal_fd_, keep_bytes) != 0) {
           return base::ErrnoToStatus(errno, absl::StrCat("truncate ", wal_path_));
         }
       }
-      wal_bytes_ = log->valid_bytes;
+      wal_bytes_ = keep_bytes;
     }
     spdlog::info("store: recovered {} keys at revision {} from {} ({} log records replayed)",
                  kv_.size(), revision_, options_.data_dir, replayed);

@@ -25,7 +25,13 @@ ABSL_FLAG(std::string, fsync, "never",
 ABSL_FLAG(std::string, auth_token_file, "", "file holding the token every client must present");
 ABSL_FLAG(int64_t, max_key_bytes, 4096, "largest key accepted");
 ABSL_FLAG(int64_t, max_value_bytes, 16 << 20, "largest value accepted");
+ABSL_FLAG(int64_t, max_response_bytes, 64 << 20,
+          "largest answer to one request (MultiGet, ListKeys): RESOURCE_EXHAUSTED above it");
 ABSL_FLAG(int64_t, compact_after_bytes, 64 << 20, "snapshot and truncate the log past this size");
+ABSL_FLAG(bool, repair, false,
+          "if the write-ahead log is damaged in the middle (not just torn at the end by a crash), "
+          "keep the records before the damage and drop the rest (a copy of the log is kept); "
+          "without it the store refuses to start");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
 
 namespace {
@@ -41,6 +47,8 @@ int main(int argc, char** argv) {
   opts.backend.max_key_bytes = absl::GetFlag(FLAGS_max_key_bytes);
   opts.backend.max_value_bytes = absl::GetFlag(FLAGS_max_value_bytes);
   opts.backend.compact_after_bytes = absl::GetFlag(FLAGS_compact_after_bytes);
+  opts.backend.max_response_bytes = absl::GetFlag(FLAGS_max_response_bytes);
+  opts.backend.repair_wal = absl::GetFlag(FLAGS_repair);
   std::string fsync = absl::GetFlag(FLAGS_fsync);
   if (fsync == "always") {
     opts.backend.fsync = ember::store::FsyncPolicy::kAlways;

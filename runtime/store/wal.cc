@@ -15,9 +15,27 @@
 namespace ember::store {
 namespace {
 
-uint32_t Crc(const std::string& s) {
-  return static_cast<uint32_t>(
-      crc32(0L, reinterpret_cast<const Bytef*>(s.data()), static_cast<uInt>(s.size())));
+uint32_t Crc(const char* p, size_t n) {
+  return static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(p), static_cast<uInt>(n)));
+}
+uint32_t Crc(const std::string& s) { return Crc(s.data(), s.size()); }
+
+constexpr int64_t kScanGaveUp = -2;
+
+// Offset of the first non-empty, checksum-valid record starting at or after `from`; -1 if none;
+// kScanGaveUp after checksumming 1 GiB of candidates (bounds the scan of a huge damaged file).
+int64_t FindValidRecord(const std::string& data, size_t from) {
+  int64_t budget = int64_t{1} << 30;
+  for (size_t q = from; q + 8 < data.size(); ++q) {
+    uint32_t len = base::LoadU32LE(data.data() + q);
+    if (len == 0 || len > data.size() - q - 8) continue;
+    if (Crc(data.data() + q + 8, len) == base::LoadU32LE(data.data() + q + 4)) {
+      return static_cast<int64_t>(q);
+    }
+    budget -= len;
+    if (budget < 0) return kScanGaveUp;
+  }
+  return -1;
 }
 
 }  // namespace
@@ -46,18 +64,35 @@ absl::StatusOr<FramedFile> ReadFramedFile(const std::string& path) {
   }
   close(fd);
   FramedFile out;
+  out.file_bytes = static_cast<int64_t>(data.size());
   size_t pos = 0;
   while (pos + 8 <= data.size()) {
     uint32_t len = base::LoadU32LE(data.data() + pos);
     uint32_t crc = base::LoadU32LE(data.data() + pos + 4);
-    if (pos + 8 + len > data.size()) break;
-    std::string payload = data.substr(pos + 8, len);
-    if (Crc(payload) != crc) break;
-    out.records.push_back(std::move(payload));
+    if (len > data.size() - pos - 8) break;  // runs past the end of the file
+    if (Crc(data.data() + pos + 8, len) != crc) {
+      // A complete record with a bad checksum: the last one may be a page the kernel never
+      // finished writing (power loss); anything after it means damage in the middle.
+      out.corrupt = pos + 8 + len != data.size();
+      break;
+    }
+    out.records.push_back(data.substr(pos + 8, len));
+    out.offsets.push_back(static_cast<int64_t>(pos));
     pos += 8 + len;
   }
   out.valid_bytes = static_cast<int64_t>(pos);
-  out.torn_tail = pos != data.size();
+  if (pos == data.size()) return out;
+  // The bad record claims to run past the end of the file. That is what a torn append looks like,
+  // and also what a damaged length field looks like: it is a torn tail only if no valid record
+  // starts anywhere after it.
+  int64_t next = FindValidRecord(data, pos + 1);
+  if (next >= 0) {
+    out.corrupt = true;
+    out.next_valid_offset = next;
+  } else if (next == kScanGaveUp) {
+    out.corrupt = true;  // could not rule damage out: refuse rather than drop records
+  }
+  out.torn_tail = !out.corrupt;
   return out;
 }
 
@@ -73,12 +108,14 @@ absl::Status WriteAll(int fd, const std::string& data, const std::string& what) 
 }
 
 absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                                 const std::string& data) {
+                                 const std::string& data, int mode) {
   std::string tmp = absl::StrCat(dir, "/", name, ".tmp");
   std::string final_path = absl::StrCat(dir, "/", name);
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
   if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
   absl::Status s = WriteAll(fd, data, tmp);
+  // O_CREAT's mode does not apply to a leftover .tmp from an older version.
+  if (s.ok() && fchmod(fd, mode) != 0) s = base::ErrnoToStatus(errno, absl::StrCat("chmod ", tmp));
   if (s.ok() && fsync(fd) != 0) s = base::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
   close(fd);
   RETURN_IF_ERROR(s);

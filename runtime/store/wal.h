@@ -16,20 +16,31 @@ void AppendFramed(const std::string& payload, std::string* out);
 
 struct FramedFile {
   std::vector<std::string> records;  // complete, checksum-valid records in order
+  std::vector<int64_t> offsets;      // file offset of each record's header
   int64_t valid_bytes = 0;           // offset just past the last valid record
-  bool torn_tail = false;            // bytes after valid_bytes were incomplete or corrupt
+  int64_t file_bytes = 0;            // size of the file
+  // Bytes after valid_bytes are an incomplete final record (a crash mid-append): safe to drop,
+  // nothing in them was acknowledged.
+  bool torn_tail = false;
+  // A bad record at valid_bytes is followed by a valid one at next_valid_offset: the file was
+  // damaged after it was written. Dropping the rest would lose acknowledged records.
+  bool corrupt = false;
+  int64_t next_valid_offset = -1;    // set when corrupt and a later valid record was found
 };
 
-// Reads a framed file. NotFound if it does not exist. Stops at the first incomplete or corrupt
-// record (a crash mid-append) and reports it through torn_tail instead of failing.
+// Reads a framed file. NotFound if it does not exist. Stops at the first incomplete or bad record
+// and classifies what follows: an incomplete record that runs to the end of the file is a torn
+// tail; a checksum mismatch with more bytes after it, or a bad record followed by a valid one, is
+// corruption (see FramedFile). Never fails for either; the caller decides.
 absl::StatusOr<FramedFile> ReadFramedFile(const std::string& path);
 
 // write() all of `data` to fd, retrying on EINTR/short writes.
 absl::Status WriteAll(int fd, const std::string& data, const std::string& what);
 
-// Writes dir/name via dir/name.tmp + fsync + rename + fsync(dir): readers see old or new, never half.
+// Writes dir/name via dir/name.tmp + fsync + rename + fsync(dir): readers see old or new, never
+// half. The file is created with `mode` (before umask).
 absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                                 const std::string& data);
+                                 const std::string& data, int mode = 0600);
 
 }  // namespace ember::store
 
