@@ -53,13 +53,17 @@ class FastPathServer::Impl {
     int fd ABSL_GUARDED_BY(mu) = -1;
     std::string out ABSL_GUARDED_BY(mu);          // bytes not yet written (EPOLLOUT armed)
     v1::ResponseBatch queued ABSL_GUARDED_BY(mu);  // responses not yet serialized
+    int64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;  // serialized size of `queued`
     bool hold ABSL_GUARDED_BY(mu) = false;         // I/O thread is executing a batch: coalesce
+    bool overflow ABSL_GUARDED_BY(mu) = false;     // unsent output passed the limit: closing
     std::string in;                                // I/O thread only
     bool authed = false;                           // I/O thread only
     absl::Time accepted;                           // I/O thread only
+    std::string peer;                              // I/O thread only: IP, or uid for Unix
   };
 
-  Impl(Backend* backend, std::string token) : backend_(backend), token_(std::move(token)) {}
+  Impl(Backend* backend, std::string token, FastPathLimits limits)
+      : backend_(backend), token_(std::move(token)), limits_(limits) {}
 
   ~Impl() { Stop(); }
 
@@ -112,6 +116,7 @@ class FastPathServer::Impl {
     }
     ev.data.u64 = 1;  // wake
     epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
+    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // see ShedOneConnection
     loop_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -121,12 +126,12 @@ class FastPathServer::Impl {
     uint64_t one = 1;
     (void)!write(wake_fd_, &one, sizeof(one));
     if (loop_.joinable()) loop_.join();
-    for (auto& [id, c] : conns_) CloseConn(c);
-    conns_.clear();
+    while (!conns_.empty()) Drop(conns_.begin());
     if (listen_fd_ >= 0) close(listen_fd_);
     if (unix_fd_ >= 0) close(unix_fd_);
     if (epfd_ >= 0) close(epfd_);
     if (wake_fd_ >= 0) close(wake_fd_);
+    if (reserve_fd_ >= 0) close(reserve_fd_);
   }
 
   int port() const { return port_; }
@@ -165,35 +170,118 @@ class FastPathServer::Impl {
           bool ok = true;
           if (events[i].events & EPOLLOUT) ok = WritePending(c);
           if (ok && (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR))) ok = ReadFrames(c);
-          if (!ok) {
-            CloseConn(c);
-            conns_.erase(tag);
-          }
+          if (!ok) Drop(it);
         }
       }
     }
   }
 
-  // A connection that has not authenticated within kHandshakeTimeout is closed, so idle or
-  // half-open sockets cannot pile up (dead authenticated peers are found by TCP keepalive).
-  static constexpr absl::Duration kHandshakeTimeout = absl::Seconds(10);
+  using ConnMap = std::map<uint64_t, std::shared_ptr<Conn>>;
 
+  // A connection that has not authenticated within the handshake timeout is closed, so idle or
+  // half-open sockets cannot pile up (dead authenticated peers are found by TCP keepalive).
   void CloseSilentConnections() {
     absl::Time now = absl::Now();
     for (auto it = conns_.begin(); it != conns_.end();) {
-      if (!it->second->authed && now - it->second->accepted > kHandshakeTimeout) {
-        CloseConn(it->second);
-        it = conns_.erase(it);
-      } else {
-        ++it;
+      auto next = std::next(it);
+      if (!it->second->authed && now - it->second->accepted > limits_.handshake_timeout) Drop(it);
+      it = next;
+    }
+  }
+
+  // Closes a connection and forgets it (its waiters are cancelled).
+  void Drop(ConnMap::iterator it) {
+    std::shared_ptr<Conn> c = it->second;
+    conns_.erase(it);
+    buffered_in_ -= static_cast<int64_t>(c->in.size());
+    if (--per_peer_[c->peer] <= 0) per_peer_.erase(c->peer);
+    CloseConn(c);
+  }
+
+  // Closes the oldest connection that has not authenticated (of `peer`, if not empty).
+  bool DropOldestUnauthenticated(const std::string& peer) {
+    for (auto it = conns_.begin(); it != conns_.end(); ++it) {
+      if (!it->second->authed && (peer.empty() || it->second->peer == peer)) {
+        Drop(it);
+        return true;
       }
     }
+    return false;
+  }
+
+  // Refusals are logged at most once a second, with how many were not logged.
+  void LogRefusal(const std::string& what) {
+    absl::Time now = absl::Now();
+    if (now - last_refusal_log_ < absl::Seconds(1)) {
+      ++unlogged_refusals_;
+      return;
+    }
+    spdlog::warn("store fast path: {} ({} similar refusals not logged)", what, unlogged_refusals_);
+    last_refusal_log_ = now;
+    unlogged_refusals_ = 0;
+  }
+
+  // Whether a new connection from `peer` fits the limits, after closing the oldest
+  // unauthenticated connection (of that peer, then of anyone) to make room.
+  bool Admit(const std::string& peer) {
+    auto pp = per_peer_.find(peer);
+    if (pp != per_peer_.end() && pp->second >= limits_.max_connections_per_peer &&
+        !DropOldestUnauthenticated(peer)) {
+      LogRefusal(absl::StrCat("refused a connection from ", peer, ": it already has ",
+                              limits_.max_connections_per_peer,
+                              " authenticated connections (max_connections_per_peer)"));
+      return false;
+    }
+    if (static_cast<int>(conns_.size()) >= limits_.max_connections &&
+        !DropOldestUnauthenticated("")) {
+      LogRefusal(absl::StrCat("refused a connection from ", peer, ": ", conns_.size(),
+                              " authenticated connections open (max_connections)"));
+      return false;
+    }
+    return true;
+  }
+
+  // accept() failed with EMFILE/ENFILE: the pending connection would keep the listener readable
+  // forever. Give up the spare descriptor to accept it and close it at once, then take the spare
+  // back; also close the oldest unauthenticated connection.
+  void ShedOneConnection(int listener) {
+    LogRefusal("out of file descriptors; closing a pending connection (raise LimitNOFILE)");
+    DropOldestUnauthenticated("");
+    if (reserve_fd_ >= 0) close(reserve_fd_);
+    int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) close(fd);
+    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  }
+
+  static std::string PeerKey(int fd, const sockaddr_storage& ss) {
+    char buf[INET6_ADDRSTRLEN] = "?";
+    if (ss.ss_family == AF_INET) {
+      inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&ss)->sin_addr, buf, sizeof(buf));
+    } else if (ss.ss_family == AF_INET6) {
+      inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&ss)->sin6_addr, buf, sizeof(buf));
+    } else {
+      ucred cred{};
+      socklen_t len = sizeof(cred);
+      getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len);
+      return absl::StrCat("uid ", cred.uid);
+    }
+    return buf;
   }
 
   void Accept(int listener) {
     while (true) {
-      int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      sockaddr_storage ss{};
+      socklen_t sl = sizeof(ss);
+      int fd = accept4(listener, reinterpret_cast<sockaddr*>(&ss), &sl,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0 && errno == EINTR) continue;
+      if (fd < 0 && (errno == EMFILE || errno == ENFILE)) ShedOneConnection(listener);
       if (fd < 0) return;
+      std::string peer = PeerKey(fd, ss);
+      if (!Admit(peer)) {
+        close(fd);
+        continue;
+      }
       int one = 1, idle = 20, intvl = 5, cnt = 3;  // (TCP options fail harmlessly on Unix sockets)
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
@@ -203,6 +291,8 @@ class FastPathServer::Impl {
       auto c = std::make_shared<Conn>();
       c->id = next_conn_++;
       c->accepted = absl::Now();
+      c->peer = peer;
+      ++per_peer_[peer];
       {
         absl::MutexLock l(&c->mu);
         c->fd = fd;
@@ -224,10 +314,28 @@ class FastPathServer::Impl {
     }
     char buf[64 << 10];
     while (true) {
-      ssize_t k = read(fd, buf, sizeof(buf));
+      // Before the handshake only one small frame is accepted: never buffer more than that.
+      size_t want = sizeof(buf);
+      if (!c->authed) {
+        size_t cap = size_t{limits_.max_handshake_frame_bytes} + 4;
+        if (c->in.size() >= cap) {
+          LogRefusal(absl::StrCat("closed a connection from ", c->peer, " that sent more than ",
+                                  cap, " bytes before authenticating"));
+          return false;
+        }
+        want = std::min(want, cap + 1 - c->in.size());
+      }
+      ssize_t k = read(fd, buf, want);
       if (k > 0) {
         c->in.append(buf, k);
-        if (k < static_cast<ssize_t>(sizeof(buf))) break;
+        buffered_in_ += k;
+        if (buffered_in_ > limits_.max_buffered_input_bytes) {
+          LogRefusal(absl::StrCat("closed a connection from ", c->peer, ": ", buffered_in_,
+                                  " bytes of partial requests buffered across connections, above "
+                                  "max_buffered_input_bytes=", limits_.max_buffered_input_bytes));
+          return false;
+        }
+        if (k < static_cast<ssize_t>(want)) break;
         continue;
       }
       if (k == 0) return false;
@@ -248,6 +356,8 @@ class FastPathServer::Impl {
     }
     FlushQueued(c);
     c->in.erase(0, pos);
+    buffered_in_ -= static_cast<int64_t>(pos);
+    if (c->in.empty() && c->in.capacity() > (1 << 20)) std::string().swap(c->in);
     return ok;
   }
 
@@ -255,9 +365,11 @@ class FastPathServer::Impl {
     size_t& pos = *pos_out;
     while (c->in.size() - pos >= 4) {
       uint32_t len = base::LoadU32LE(c->in.data() + pos);
-      if (len > kMaxFastFrameBytes) {
-        spdlog::warn("store fast path: closing a connection that sent a {}-byte frame (limit {})",
-                     len, kMaxFastFrameBytes);
+      uint32_t limit = c->authed ? kMaxFastFrameBytes : limits_.max_handshake_frame_bytes;
+      if (len > limit) {
+        LogRefusal(absl::StrCat("closed a connection from ", c->peer, " that sent a ", len,
+                                "-byte frame (limit ", limit,
+                                c->authed ? ")" : " before authenticating)"));
         return false;
       }
       if (c->in.size() - pos - 4 < len) break;
@@ -301,6 +413,7 @@ class FastPathServer::Impl {
           bool flush;
           {
             absl::MutexLock l(&conn->mu);
+            conn->queued_bytes += static_cast<int64_t>(r.ByteSizeLong()) + 8;
             *conn->queued.add_responses() = std::move(r);
             flush = !conn->hold;
           }
@@ -319,22 +432,55 @@ class FastPathServer::Impl {
     WriteLocked(c.get(), std::move(frame));
   }
 
+  // Serializes the queued responses into frames of at most kMaxFastFrameBytes and writes them.
   void FlushQueued(const std::shared_ptr<Conn>& c) {
     absl::MutexLock l(&c->mu);
     if (c->queued.responses_size() == 0 || c->fd < 0) return;
-    std::string payload = c->queued.SerializeAsString();
+    if (c->queued_bytes <= kMaxFastFrameBytes) {
+      WriteFrameLocked(c.get(), c->queued);
+    } else {
+      // Many large answers at once (each is at most max_response_bytes): split.
+      v1::ResponseBatch part;
+      int64_t part_bytes = 0;
+      for (v1::Response& r : *c->queued.mutable_responses()) {
+        int64_t b = static_cast<int64_t>(r.ByteSizeLong()) + 8;
+        if (part.responses_size() > 0 && part_bytes + b > kMaxFastFrameBytes) {
+          WriteFrameLocked(c.get(), part);
+          part.Clear();
+          part_bytes = 0;
+        }
+        part_bytes += b;
+        *part.add_responses() = std::move(r);
+      }
+      WriteFrameLocked(c.get(), part);
+    }
     c->queued.Clear();
+    c->queued_bytes = 0;
+  }
+
+  void WriteFrameLocked(Conn* c, const v1::ResponseBatch& b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
     std::string frame;
-    frame.reserve(payload.size() + 4);
-    base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
-    frame += payload;
-    WriteLocked(c.get(), std::move(frame));
+    frame.reserve(b.ByteSizeLong() + 4);
+    base::AppendU32LE(static_cast<uint32_t>(b.ByteSizeLong()), &frame);
+    b.AppendToString(&frame);
+    WriteLocked(c, std::move(frame));
   }
 
   // REQUIRES c->mu. Writes now if nothing is pending; leftovers wait for EPOLLOUT.
   void WriteLocked(Conn* c, std::string data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
-    if (c->fd < 0) return;
+    if (c->fd < 0 || c->overflow) return;
     if (!c->out.empty()) {
+      if (static_cast<int64_t>(c->out.size() + data.size()) > limits_.max_unsent_output_bytes) {
+        // The peer stopped reading: drop it rather than buffer without limit. The I/O thread sees
+        // the shutdown and closes the connection (cancelling its waiters).
+        spdlog::warn("store fast path: closing connection {}: {} bytes of answers unsent, above "
+                     "max_unsent_output_bytes={} (the client stopped reading)",
+                     c->id, c->out.size() + data.size(), limits_.max_unsent_output_bytes);
+        c->overflow = true;
+        std::string().swap(c->out);
+        shutdown(c->fd, SHUT_RDWR);
+        return;
+      }
       c->out += data;
       return;
     }
@@ -389,19 +535,27 @@ class FastPathServer::Impl {
 
   Backend* const backend_;
   const std::string token_;
+  const FastPathLimits limits_;
+  int reserve_fd_ = -1;  // a spare descriptor, given up to shed a connection when out of them
   int listen_fd_ = -1, unix_fd_ = -1, epfd_ = -1, wake_fd_ = -1, port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread loop_;
   // Owners of fast-path connections use ids from a high range so they never collide with the
   // gRPC sessions' owner ids.
   uint64_t next_conn_ = (uint64_t{1} << 62) + kFirstConnId;
-  std::map<uint64_t, std::shared_ptr<Conn>> conns_;  // I/O thread only (and Stop after join)
+  // I/O thread only (and Stop after join):
+  ConnMap conns_;                        // by id = age (oldest first)
+  std::map<std::string, int> per_peer_;  // open connections per peer
+  int64_t buffered_in_ = 0;              // sum of conns_' `in`
+  absl::Time last_refusal_log_ = absl::InfinitePast();
+  int64_t unlogged_refusals_ = 0;
 };
 
 absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(const std::string& host,
                                                                       int port, Backend* backend,
-                                                                      std::string auth_token) {
-  auto impl = std::make_unique<Impl>(backend, std::move(auth_token));
+                                                                      std::string auth_token,
+                                                                      FastPathLimits limits) {
+  auto impl = std::make_unique<Impl>(backend, std::move(auth_token), limits);
   RETURN_IF_ERROR(impl->Listen(host, port));
   return std::unique_ptr<FastPathServer>(new FastPathServer(std::move(impl)));
 }

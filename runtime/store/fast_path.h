@@ -8,6 +8,11 @@
 // one UNAUTHENTICATED response and closes. Plaintext only: with TLS configured the server disables
 // it (Info reports fast_port 0) and clients use gRPC.
 //
+// Limits (FastPathLimits): an unauthenticated connection may send one small frame (the handshake)
+// and is closed if it does not complete it in time; connections are bounded per peer and in total,
+// and when full the oldest unauthenticated connection is closed to admit a new one; buffered input
+// (all connections) and unsent output (per connection) are bounded. docs/operations.md lists them.
+//
 // Thread-safety: Start/Stop from one thread; everything else is internal.
 #ifndef EMBER_RUNTIME_STORE_FAST_PATH_H_
 #define EMBER_RUNTIME_STORE_FAST_PATH_H_
@@ -21,14 +26,22 @@
 
 namespace ember::store {
 
-
+struct FastPathLimits {
+  int max_connections = 4096;            // total; StoreServer lowers it to fit RLIMIT_NOFILE
+  int max_connections_per_peer = 1024;   // per client IP (TCP) or uid (Unix socket)
+  uint32_t max_handshake_frame_bytes = 4096;  // the only frame an unauthenticated peer may send
+  absl::Duration handshake_timeout = absl::Seconds(10);
+  int64_t max_buffered_input_bytes = int64_t{1} << 30;  // all connections' partial frames
+  int64_t max_unsent_output_bytes = 256 << 20;  // per connection: a peer that stops reading
+};
 
 class FastPathServer {
  public:
   // Listens on host:port (port 0 = any). `backend` is borrowed and must outlive the server.
   static absl::StatusOr<std::unique_ptr<FastPathServer>> Start(const std::string& host, int port,
                                                                Backend* backend,
-                                                               std::string auth_token);
+                                                               std::string auth_token,
+                                                               FastPathLimits limits = {});
   ~FastPathServer();
   int port() const;
   void Stop();  // closes every connection (their waiters are cancelled). Idempotent.
