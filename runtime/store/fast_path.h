@@ -21,6 +21,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "runtime/store/backend.h"
 #include "runtime/store/fast_path_protocol.h"
 

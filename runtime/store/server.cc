@@ -37,11 +37,16 @@ bool TokenMatches(const std::string& expected, grpc::string_ref presented) {
 
 // ---------------------------------------------------------------------------------------------
 // Session: a bidirectional stream of request/response batches.
+// Answers go out in messages of at most `max_message` bytes; more than `max_unsent` bytes of
+// answers waiting for a client that stopped reading end the call with RESOURCE_EXHAUSTED.
 class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::ResponseBatch> {
  public:
-  SessionReactor(Backend* backend, uint64_t owner) : backend_(backend), owner_(owner) {
+  SessionReactor(Backend* backend, uint64_t owner, int64_t max_message, int64_t max_unsent)
+      : backend_(backend), owner_(owner) {
     state_ = std::make_shared<State>();
     state_->reactor = this;
+    state_->max_message = max_message;
+    state_->max_unsent = max_unsent;
     StartRead(&in_);
   }
 
@@ -68,7 +73,16 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::Resp
         [st](Response r) {
           {
             absl::MutexLock l(&st->mu);
-            st->queue.push_back(std::move(r));
+            int64_t bytes = static_cast<int64_t>(r.ByteSizeLong()) + 8;
+            if (st->overflow) return;
+            st->queued_bytes += bytes;
+            if (st->queued_bytes > st->max_unsent) {
+              st->overflow = true;
+              st->queue.clear();
+              st->queued_bytes = 0;
+            } else {
+              st->queue.emplace_back(std::move(r), bytes);
+            }
           }
           Flush(st);
         },
@@ -107,7 +121,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::Resp
   struct State {
     absl::Mutex mu;
     SessionReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    std::deque<Response> queue ABSL_GUARDED_BY(mu);
+    std::deque<std::pair<Response, int64_t>> queue ABSL_GUARDED_BY(mu);  // with its size
+    int64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
+    int64_t max_message = 0, max_unsent = 0;  // constant after construction
+    bool overflow ABSL_GUARDED_BY(mu) = false;
     bool writing ABSL_GUARDED_BY(mu) = false;
     bool batching ABSL_GUARDED_BY(mu) = false;
     bool read_closed ABSL_GUARDED_BY(mu) = false;
@@ -119,15 +136,32 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::Resp
   static void Flush(const std::shared_ptr<State>& st) {
     SessionReactor* r = nullptr;
     bool finish = false;
+    grpc::Status status;
     {
       absl::MutexLock l(&st->mu);
       if (st->reactor == nullptr || st->finished || st->writing) return;
       if (st->broken) st->queue.clear();
-      if (!st->queue.empty() && !st->batching) {
+      if (st->overflow) {
+        r = st->reactor;
+        st->finished = true;
+        finish = true;
+        status = grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("more than ", st->max_unsent, " bytes of answers were waiting for this "
+                         "client to read them (max_unsent_bytes_per_stream); the session is closed"));
+        spdlog::warn("store: closing a session: {}", status.error_message());
+      } else if (!st->queue.empty() && !st->batching) {
         r = st->reactor;
         r->out_.Clear();
-        for (Response& resp : st->queue) *r->out_.add_responses() = std::move(resp);
-        st->queue.clear();
+        int64_t bytes = 0;
+        while (!st->queue.empty()) {
+          auto& [resp, size] = st->queue.front();
+          if (r->out_.responses_size() > 0 && bytes + size > st->max_message) break;
+          bytes += size;
+          *r->out_.add_responses() = std::move(resp);
+          st->queue.pop_front();
+        }
+        st->queued_bytes -= bytes;
         st->writing = true;
       } else if (st->read_closed && st->queue.empty()) {
         r = st->reactor;
@@ -137,7 +171,7 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::Resp
     }
     if (r == nullptr) return;
     if (finish) {
-      r->Finish(grpc::Status::OK);
+      r->Finish(status);
     } else {
       r->StartWrite(&r->out_);
     }
@@ -156,18 +190,26 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
  public:
   static constexpr size_t kMaxQueuedEvents = 1 << 20;
 
-  WatchReactor(Backend* backend, const v1::WatchRequest& req) : backend_(backend) {
+  // Events not yet written are bounded by count and by `max_unsent` bytes.
+  WatchReactor(Backend* backend, const v1::WatchRequest& req, int64_t max_message,
+               int64_t max_unsent)
+      : backend_(backend) {
     state_ = std::make_shared<State>();
     state_->reactor = this;
+    state_->max_message = max_message;
+    state_->max_unsent = max_unsent;
     std::shared_ptr<State> st = state_;
     watch_id_ = backend_->AddWatch(req.prefix(), req.send_initial(),
                                    [st](const v1::WatchEvent& ev) {
                                      {
                                        absl::MutexLock l(&st->mu);
-                                       if (st->queue.size() >= kMaxQueuedEvents) {
+                                       int64_t bytes = static_cast<int64_t>(ev.ByteSizeLong()) + 8;
+                                       if (st->queue.size() >= kMaxQueuedEvents ||
+                                           st->queued_bytes + bytes > st->max_unsent) {
                                          st->overflow = true;
-                                       } else {
-                                         st->queue.push_back(ev);
+                                       } else if (!st->overflow) {
+                                         st->queue.emplace_back(ev, bytes);
+                                         st->queued_bytes += bytes;
                                        }
                                      }
                                      Flush(st);
@@ -209,7 +251,9 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
   struct State {
     absl::Mutex mu;
     WatchReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-    std::deque<v1::WatchEvent> queue ABSL_GUARDED_BY(mu);
+    std::deque<std::pair<v1::WatchEvent, int64_t>> queue ABSL_GUARDED_BY(mu);  // with its size
+    int64_t queued_bytes ABSL_GUARDED_BY(mu) = 0;
+    int64_t max_message = 0, max_unsent = 0;  // constant after construction
     bool writing ABSL_GUARDED_BY(mu) = false;
     bool cancelled ABSL_GUARDED_BY(mu) = false;
     bool overflow ABSL_GUARDED_BY(mu) = false;
@@ -229,13 +273,22 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
         finish = true;
         st->finished = true;
         if (st->overflow) {
-          finish_status = grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                       "watcher fell more than 1M events behind; re-watch");
+          finish_status = grpc::Status(
+              grpc::StatusCode::RESOURCE_EXHAUSTED,
+              absl::StrCat("watcher fell more than 1M events or ", st->max_unsent,
+                           " bytes (max_unsent_bytes_per_stream) behind; re-watch"));
         }
       } else if (!st->queue.empty() || st->send_header) {
         r->out_.Clear();
-        for (auto& ev : st->queue) *r->out_.add_events() = std::move(ev);
-        st->queue.clear();
+        int64_t bytes = 0;
+        while (!st->queue.empty()) {
+          auto& [ev, size] = st->queue.front();
+          if (r->out_.events_size() > 0 && bytes + size > st->max_message) break;
+          bytes += size;
+          *r->out_.add_events() = std::move(ev);
+          st->queue.pop_front();
+        }
+        st->queued_bytes -= bytes;
         st->send_header = false;
         st->writing = true;
       } else {
@@ -265,7 +318,9 @@ class Rejected : public Base {
 // ---------------------------------------------------------------------------------------------
 class StoreService final : public v1::Store::CallbackService {
  public:
-  StoreService(Backend* backend, std::string token) : backend_(backend), token_(std::move(token)) {}
+  StoreService(Backend* backend, std::string token, int64_t max_message, int64_t max_unsent)
+      : backend_(backend), token_(std::move(token)), max_message_(max_message),
+        max_unsent_(max_unsent) {}
 
   void set_fast_port(int port) { fast_port_ = port; }
 
@@ -313,14 +368,14 @@ class StoreService final : public v1::Store::CallbackService {
     if (!auth.ok()) {
       return new Rejected<grpc::ServerBidiReactor<v1::RequestBatch, v1::ResponseBatch>>(auth);
     }
-    return new SessionReactor(backend_, next_owner_.fetch_add(1) + 1);
+    return new SessionReactor(backend_, next_owner_.fetch_add(1) + 1, max_message_, max_unsent_);
   }
 
   grpc::ServerWriteReactor<v1::WatchResponse>* Watch(grpc::CallbackServerContext* ctx,
                                                      const v1::WatchRequest* req) override {
     grpc::Status auth = Authenticate(ctx);
     if (!auth.ok()) return new Rejected<grpc::ServerWriteReactor<v1::WatchResponse>>(auth);
-    return new WatchReactor(backend_, *req);
+    return new WatchReactor(backend_, *req, max_message_, max_unsent_);
   }
 
  private:
@@ -357,6 +412,8 @@ class StoreService final : public v1::Store::CallbackService {
 
   Backend* const backend_;
   const std::string token_;
+  const int64_t max_message_;  // largest message gRPC sends (answers are split below it)
+  const int64_t max_unsent_;
   std::atomic<uint64_t> next_owner_{0};
   std::atomic<int> fast_port_{0};
 };
@@ -373,23 +430,44 @@ class StoreServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
+  const int64_t frame_room = int64_t{kMaxFastFrameBytes} - (1 << 20);
+  if (options.backend.max_response_bytes > frame_room) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_response_bytes=", options.backend.max_response_bytes, " exceeds what one transport "
+        "frame carries (", frame_room, "); lower --max-response-bytes"));
+  }
   auto impl = std::make_unique<Impl>();
   ASSIGN_OR_RETURN(impl->backend, NewMemoryBackend(options.backend, options.clock));
-  impl->service = std::make_unique<StoreService>(impl->backend.get(), options.auth_token);
   base::GrpcServerOptions gopts;
   gopts.address = options.address;
   gopts.credentials = options.credentials;
-  gopts.max_message_bytes = static_cast<int>(
-      std::min<int64_t>(INT32_MAX, options.backend.max_value_bytes * 4 + (1 << 20)));
+  gopts.auth_token = options.auth_token;
+  // Requests: a MultiSet or a Session batch of a few values. Answers: at most max_response_bytes
+  // each (the backend refuses larger ones); a Session batch of many is split (SessionReactor).
+  gopts.max_message_bytes = static_cast<int>(std::min<int64_t>(
+      INT32_MAX, std::max(options.backend.max_value_bytes * 4, options.backend.max_response_bytes) +
+                     (1 << 20)));
+  gopts.max_connections = options.max_grpc_connections > 0
+                              ? options.max_grpc_connections
+                              : std::min(4096, base::ConnectionShare(8));
+  gopts.max_connections_per_peer = options.max_grpc_connections_per_peer;
+  impl->service = std::make_unique<StoreService>(
+      impl->backend.get(), options.auth_token, gopts.max_message_bytes - (64 << 10),
+      options.max_unsent_bytes_per_stream);
   ASSIGN_OR_RETURN(impl->started, base::StartGrpcServer(gopts, {impl->service.get()}));
   if (options.fast_path && options.credentials == nullptr) {
     std::string host = options.address.substr(0, options.address.rfind(':'));
+    FastPathLimits limits = options.fast_path_limits;
+    if (limits.max_connections <= 0) limits.max_connections = std::min(4096, base::ConnectionShare(4));
+    if (limits.max_connections_per_peer <= 0) {
+      limits.max_connections_per_peer = std::max(1, limits.max_connections / 2);
+    }
     // Prefer the gRPC port + 1, so clients can dial the fast path without asking Info first.
     int want = options.fast_path_port;
     auto fast = FastPathServer::Start(host, want ? want : impl->started.port + 1,
-                                      impl->backend.get(), options.auth_token);
+                                      impl->backend.get(), options.auth_token, limits);
     if (!fast.ok() && want == 0) {
-      fast = FastPathServer::Start(host, 0, impl->backend.get(), options.auth_token);
+      fast = FastPathServer::Start(host, 0, impl->backend.get(), options.auth_token, limits);
     }
     if (!fast.ok()) return fast.status();
     impl->fast = std::move(*fast);

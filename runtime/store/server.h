@@ -17,6 +17,7 @@
 #include "absl/time/time.h"
 #include "runtime/base/clock.h"
 #include "runtime/store/backend.h"
+#include "runtime/store/fast_path.h"
 
 namespace grpc {
 class ServerCredentials;
@@ -33,6 +34,15 @@ struct StoreServerOptions {
   // Plain-TCP fast path (fast_path.h) on the same host; off when credentials (TLS) are set.
   bool fast_path = true;
   int fast_path_port = 0;  // 0 = the gRPC port + 1 if free, else any (clients ask Info)
+  // Connection limits. 0 = derived from RLIMIT_NOFILE (base::ConnectionShare): gRPC gets 1/8 of
+  // the usable descriptors (two per connection), the fast path 1/4; each at most 4096. Per-peer
+  // limits default to half of the total. See docs/operations.md "Limits against hostile clients".
+  int max_grpc_connections = 0;
+  int max_grpc_connections_per_peer = 0;
+  FastPathLimits fast_path_limits{.max_connections = 0, .max_connections_per_peer = 0};
+  // Answers not yet taken by a gRPC Session or Watch client; above it the call ends with
+  // RESOURCE_EXHAUSTED (the client stopped reading).
+  int64_t max_unsent_bytes_per_stream = 256 << 20;
 };
 
 class StoreServer {

@@ -14,6 +14,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "runtime/base/flags.h"
+#include "runtime/base/grpc_server.h"
 #include "runtime/store/server.h"
 #include "spdlog/spdlog.h"
 
@@ -41,6 +42,8 @@ void OnSignal(int) { g_stop = 1; }
 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-store");
+  // Connection limits are sized from the descriptor limit (base::ConnectionShare).
+  int64_t nofile = ember::base::RaiseOpenFileLimit();
   ember::store::StoreServerOptions opts;
   opts.address = absl::GetFlag(FLAGS_listen);
   opts.backend.data_dir = absl::GetFlag(FLAGS_data_dir);
@@ -71,9 +74,10 @@ int main(int argc, char** argv) {
     spdlog::error("ember-store failed to start: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {})", (*server)->address(),
+  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {}, open files: {})",
+               (*server)->address(),
                opts.backend.data_dir.empty() ? "none, in-memory" : opts.backend.data_dir,
-               opts.auth_token.empty() ? "off" : "token");
+               opts.auth_token.empty() ? "off" : "token", nofile);
   std::printf("ember-store listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {
