@@ -36,6 +36,18 @@ std::vector<std::string> ListDir(const std::string& dir) {
   return out;
 }
 
+absl::Status Truncated(const ChunkRef& c, uint64_t size, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(what, ": ", c.file, " is truncated (", size,
+                                          " bytes; the chunk needs [", c.offset, ", ",
+                                          c.offset + c.length, "))"));
+}
+
+absl::Status Mismatch(const ChunkRef& c, uint64_t got, const std::string& what) {
+  return absl::DataLossError(absl::StrCat(what, ": checksum mismatch in ", c.file, " at offset ",
+                                          c.offset, " (expected ", HashHex(c.xxh3), ", got ",
+                                          HashHex(got), ")"));
+}
+
 bool ParseStepDir(absl::string_view name, absl::string_view prefix, int64_t* step) {
   return absl::ConsumePrefix(&name, prefix) && absl::SimpleAtoi(name, step) && *step >= 0;
 }
@@ -154,27 +166,33 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
   RETURN_IF_ERROR(WriteFileAtomic(JoinPath(tmp, kMetadataFile), SerializeMetadata(all)));
   RETURN_IF_ERROR(SyncDir(tmp));
   const std::string final_dir = JoinPath(opts.root, StepDirName(st.step));
-  std::string trash;
-  if (PathExists(final_dir)) {  // re-saving a step (e.g. after a restart from an older one)
-    trash = JoinPath(opts.root, absl::StrCat(".trash-", StepDirName(st.step)));
-    RETURN_IF_ERROR(RemoveAll(trash));
-    if (::rename(final_dir.c_str(), trash.c_str()) != 0) {
-      return base::ErrnoToStatus(errno, absl::StrCat("rename ", final_dir));
+  if (PathExists(final_dir)) {
+    // Re-saving a step: the run resumed from an older one (latest was lost or damaged, or a crash
+    // came between this rename and `latest`). The old directory is the only copy of whatever it
+    // holds, so it is moved aside, never deleted.
+    const std::string aside = JoinPath(
+        opts.root, absl::StrCat(".superseded-", StepDirName(st.step), "-", absl::ToUnixMillis(absl::Now())));
+    if (::rename(final_dir.c_str(), aside.c_str()) != 0) {
+      return base::ErrnoToStatus(errno, absl::StrCat("rename ", final_dir, " -> ", aside));
     }
+    spdlog::warn("checkpoint step {}: {} already existed; moved it to {} (delete it by hand once "
+                 "it is not needed)", st.step, final_dir, aside);
   }
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
   }
   RETURN_IF_ERROR(SyncDir(opts.root));
   RETURN_IF_ERROR(WriteFileAtomic(JoinPath(opts.root, "latest"), StepDirName(st.step) + "\n"));
-  if (!trash.empty()) RETURN_IF_ERROR(RemoveAll(trash));
-  // Retention: keep the newest keep_last committed steps (and never the one `latest` names);
-  // drop temporary directories of older steps (dead saves).
-  std::vector<int64_t> steps = ListSteps(opts.root);
-  int keep_last = std::max(1, opts.keep_last);
-  for (size_t i = 0; i + keep_last < steps.size(); ++i) {
-    if (steps[i] == st.step) continue;
-    RETURN_IF_ERROR(RemoveAll(JoinPath(opts.root, StepDirName(steps[i]))));
+  // Retention: keep the newest keep_last committed steps at or below this one. Steps above it were
+  // left by a run that got further than this one resumed from: never deleted here. Temporary
+  // directories of older steps (dead saves) go.
+  std::vector<int64_t> older;
+  for (int64_t s : ListSteps(opts.root)) {
+    if (s <= st.step) older.push_back(s);
+  }
+  const size_t keep_last = static_cast<size_t>(std::max(1, opts.keep_last));
+  for (size_t i = 0; i + keep_last < older.size(); ++i) {
+    RETURN_IF_ERROR(RemoveAll(JoinPath(opts.root, StepDirName(older[i]))));
   }
   for (const std::string& f : ListDir(opts.root)) {
     int64_t s;
@@ -213,6 +231,41 @@ absl::StatusOr<std::string> ResolveLatest(const std::string& root) {
     return absl::DataLossError(absl::StrCat(root, "/latest holds \"", name, "\", not step-<N>"));
   }
   return JoinPath(root, name);
+}
+
+absl::StatusOr<std::string> FindResumeCheckpoint(const std::string& root) {
+  absl::StatusOr<std::string> latest = ResolveLatest(root);
+  std::string why;
+  if (latest.ok()) {
+    if (PathExists(JoinPath(*latest, kMetadataFile))) return *latest;
+    why = absl::StrCat(root, "/latest names ", *latest, ", which holds no ", kMetadataFile);
+  } else {
+    why = std::string(latest.status().message());
+  }
+  const std::vector<int64_t> steps = ListSteps(root);
+  if (steps.empty()) {
+    if (!latest.ok() && !absl::IsNotFound(latest.status())) {
+      spdlog::warn("{}; no committed checkpoint under {}: starting from step 0", why, root);
+    }
+    return absl::NotFoundError(absl::StrCat("no committed checkpoint under ", root, " (", why, ")"));
+  }
+  std::vector<std::string> skipped;
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string dir = JoinPath(root, StepDirName(*it));
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> r = CheckpointReader::Open(dir);
+    absl::Status s = r.ok() ? (*r)->VerifyAll() : r.status();
+    if (s.ok()) {
+      spdlog::warn("{}; resuming from {}, the newest checkpoint that verifies{}{}", why, dir,
+                   skipped.empty() ? "" : " (skipped: ", absl::StrJoin(skipped, "; ") +
+                   (skipped.empty() ? "" : ")"));
+      return dir;
+    }
+    skipped.push_back(std::string(s.message()));
+  }
+  return absl::DataLossError(absl::StrCat(
+      why, "; and no committed checkpoint under ", root, " verifies: ", absl::StrJoin(skipped, "; "),
+      ". Nothing was deleted: point ", root, "/latest at a good step-<N>, or move the step "
+      "directories away to start from step 0"));
 }
 
 absl::Status SaveCheckpoint(const SaveOptions& opts, const RankState& st, CommitProtocol* protocol) {
@@ -354,19 +407,13 @@ absl::StatusOr<absl::string_view> CheckpointReader::ChunkBytes(const ChunkRef& c
   }
   absl::string_view bytes = it->second->bytes();
   if (c.offset > bytes.size() || c.length > bytes.size() - c.offset) {
-    return absl::DataLossError(absl::StrCat(what, ": ", c.file, " is truncated (", bytes.size(),
-                                            " bytes; the chunk needs [", c.offset, ", ",
-                                            c.offset + c.length, "))"));
+    return Truncated(c, bytes.size(), what);
   }
   absl::string_view chunk = bytes.substr(c.offset, c.length);
   auto key = std::make_pair(c.file, c.offset);
   if (!verified_.count(key)) {
     uint64_t h = Xxh3(chunk);
-    if (h != c.xxh3) {
-      return absl::DataLossError(absl::StrCat(what, ": checksum mismatch in ", c.file, " at offset ",
-                                              c.offset, " (expected ", HashHex(c.xxh3), ", got ",
-                                              HashHex(h), ")"));
-    }
+    if (h != c.xxh3) return Mismatch(c, h, what);
     verified_[key] = true;
   }
   return chunk;
@@ -381,14 +428,24 @@ absl::StatusOr<std::string> CheckpointReader::ReadRows(absl::string_view name, i
                                               row_end, ") outside [0, ", Dim0(t->shape), ")"));
   }
   ASSIGN_OR_RETURN(uint64_t row_bytes, RowBytes(t->dtype, t->shape));
+  auto what = [&](size_t i) {
+    const ChunkRef& c = t->chunks[i];
+    return absl::StrCat("tensor \"", name, "\" chunk ", i, " (rows [", c.row_begin, ", ",
+                        c.row_begin + c.rows, "))");
+  };
+  // The metadata's sizes are only claims: check every chunk against its file on disk before
+  // allocating the output (a few-KB metadata.json must not make us allocate gigabytes).
+  for (size_t i = 0; i < t->chunks.size(); ++i) {
+    const ChunkRef& c = t->chunks[i];
+    if (std::max(row_begin, c.row_begin) >= std::min(row_end, c.row_begin + c.rows)) continue;
+    RETURN_IF_ERROR(CheckOnDisk(c, what(i)).status());
+  }
   std::string out(static_cast<size_t>(row_end - row_begin) * row_bytes, '\0');
   for (size_t i = 0; i < t->chunks.size(); ++i) {
     const ChunkRef& c = t->chunks[i];
     int64_t b = std::max(row_begin, c.row_begin), e = std::min(row_end, c.row_begin + c.rows);
     if (b >= e) continue;
-    std::string what = absl::StrCat("tensor \"", name, "\" chunk ", i, " (rows [", c.row_begin, ", ",
-                                    c.row_begin + c.rows, "))");
-    ASSIGN_OR_RETURN(absl::string_view chunk, ChunkBytes(c, what));
+    ASSIGN_OR_RETURN(absl::string_view chunk, ChunkBytes(c, what(i)));
     std::memcpy(&out[(b - row_begin) * row_bytes], chunk.data() + (b - c.row_begin) * row_bytes,
                 (e - b) * row_bytes);
   }
@@ -427,21 +484,56 @@ absl::StatusOr<std::string> CheckpointReader::ReadBlob(int saved_rank, absl::str
   return absl::NotFoundError(absl::StrCat("rank ", saved_rank, " saved no \"", blob, "\""));
 }
 
+absl::StatusOr<const RegularFile*> CheckpointReader::CheckOnDisk(const ChunkRef& c,
+                                                                 const std::string& what) const {
+  const RegularFile* f;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = streams_.find(c.file);
+    if (it == streams_.end()) {
+      auto opened = RegularFile::Open(JoinPath(dir_, c.file));
+      if (!opened.ok()) {
+        return base::Annotate(opened.status(), absl::StrCat(what, ": missing data file ", c.file));
+      }
+      it = streams_.emplace(c.file, std::move(*opened)).first;
+    }
+    f = it->second.get();
+  }
+  if (c.offset > f->size() || c.length > f->size() - c.offset) return Truncated(c, f->size(), what);
+  return f;
+}
+
+absl::Status CheckpointReader::StreamChunk(
+    const ChunkRef& c, const std::string& what,
+    const std::function<absl::Status(absl::string_view)>& fn) const {
+  ASSIGN_OR_RETURN(const RegularFile* f, CheckOnDisk(c, what));
+  Xxh3Stream hash;
+  absl::Status s = f->ReadRange(c.offset, c.length, [&](absl::string_view piece) {
+    hash.Update(piece);
+    return fn ? fn(piece) : absl::OkStatus();
+  });
+  if (!s.ok()) return base::Annotate(s, what);
+  if (hash.Digest() != c.xxh3) return Mismatch(c, hash.Digest(), what);
+  absl::MutexLock l(&mu_);
+  verified_[std::make_pair(c.file, c.offset)] = true;
+  return absl::OkStatus();
+}
+
 absl::Status CheckpointReader::VerifyAll() const {
   std::vector<std::string> bad;
+  auto check = [&](const ChunkRef& c, const std::string& what) {
+    absl::Status s = StreamChunk(c, what, nullptr);
+    if (!s.ok()) bad.push_back(std::string(s.message()));
+  };
   for (const TensorMeta& t : meta_.tensors) {
     for (size_t i = 0; i < t.chunks.size(); ++i) {
       const ChunkRef& c = t.chunks[i];
-      auto s = ChunkBytes(c, absl::StrCat("tensor \"", t.name, "\" chunk ", i, " (rows [", c.row_begin,
-                                          ", ", c.row_begin + c.rows, "))"));
-      if (!s.ok()) bad.push_back(std::string(s.status().message()));
+      check(c, absl::StrCat("tensor \"", t.name, "\" chunk ", i, " (rows [", c.row_begin, ", ",
+                            c.row_begin + c.rows, "))"));
     }
   }
   for (const RankMeta& r : meta_.ranks) {
-    for (const auto& [k, c] : r.blobs) {
-      auto s = ChunkBytes(c, absl::StrCat("rank ", r.rank, " blob \"", k, "\""));
-      if (!s.ok()) bad.push_back(std::string(s.status().message()));
-    }
+    for (const auto& [k, c] : r.blobs) check(c, absl::StrCat("rank ", r.rank, " blob \"", k, "\""));
   }
   if (bad.empty()) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(dir_, ": ", bad.size(), " bad chunk(s): ", absl::StrJoin(bad, "; ")));

@@ -18,6 +18,7 @@
 #define EMBER_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -60,7 +61,11 @@ struct SaveOptions {
   std::string root;            // holds step-<N>/, .tmp-step-<N>/, latest
   int rank = 0;
   int world_size = 1;
-  int keep_last = 3;           // committed checkpoints kept (older ones deleted by rank 0); >= 1
+  // Committed checkpoints kept: rank 0 deletes steps older than the newest keep_last at or below
+  // the step it commits (>= 1). A step newer than the one committed (left by an earlier run that
+  // got further) is never deleted, and a step directory that already exists is moved aside to
+  // .superseded-step-<N>-<unix ms>/ (logged), never deleted.
+  int keep_last = 3;
   absl::Duration commit_timeout = absl::Minutes(10);  // waiting for other ranks / the outcome
   absl::Duration TEST_delay_per_tensor = absl::ZeroDuration();  // slows writes (kill tests)
 };
@@ -97,6 +102,14 @@ class AsyncSaver {
 
 // `root/latest` names the newest committed step directory; NOT_FOUND when there is none.
 absl::StatusOr<std::string> ResolveLatest(const std::string& root);
+// The step directory a (re)starting run resumes from. `latest` wins when it names a step
+// directory holding metadata.json. Otherwise (latest missing, empty, garbage, or naming a missing
+// or incomplete directory) the committed step directories are tried newest first and the first
+// that opens and passes VerifyAll is returned; a warning is logged naming the one chosen and
+// every one skipped, with why. NOT_FOUND when root holds no committed step at all (a fresh
+// start); DATA_LOSS listing each failure when steps exist but none verifies (nothing is deleted:
+// repair `latest` or move the directories away to start fresh).
+absl::StatusOr<std::string> FindResumeCheckpoint(const std::string& root);
 // Committed steps under root, ascending.
 std::vector<int64_t> ListSteps(const std::string& root);
 std::string StepDirName(int64_t step);  // "step-<N>"
@@ -119,18 +132,28 @@ class CheckpointReader {
                                        std::optional<DType> as = std::nullopt) const;
   // A saving rank's blob ("rng", "data_loader"); NOT_FOUND if that rank saved none.
   absl::StatusOr<std::string> ReadBlob(int saved_rank, absl::string_view blob) const;
-  // Checks every chunk and blob; the error lists each missing or corrupt one.
+  // Checks every chunk and blob, reading each in bounded pieces (memory stays at a few MiB
+  // whatever the sizes); the error lists each missing or corrupt one.
   absl::Status VerifyAll() const;
+  // Streams chunk `c`'s bytes to `fn` in pieces of at most 4 MiB, then checks its checksum:
+  // DATA_LOSS (naming `what`, file and offset) when it does not match, after `fn` has seen the
+  // bytes, so a consumer must discard its output on error. Memory stays bounded.
+  absl::Status StreamChunk(const ChunkRef& c, const std::string& what,
+                           const std::function<absl::Status(absl::string_view)>& fn) const;
 
  private:
   CheckpointReader() = default;
   absl::StatusOr<absl::string_view> ChunkBytes(const ChunkRef& c, const std::string& what) const;
+  // Opens (once) the chunk's file and checks the chunk lies inside its size on disk, before any
+  // byte is read or buffer allocated.
+  absl::StatusOr<const RegularFile*> CheckOnDisk(const ChunkRef& c, const std::string& what) const;
 
   std::string dir_;
   Metadata meta_;
   mutable absl::Mutex mu_;
   mutable std::map<std::string, std::unique_ptr<MappedFile>> files_ ABSL_GUARDED_BY(mu_);
   mutable std::map<std::pair<std::string, uint64_t>, bool> verified_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, std::unique_ptr<RegularFile>> streams_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember::ckpt

@@ -3,12 +3,16 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include <catch2/catch.hpp>
 
+#include <set>
+
 #include "absl/strings/match.h"
+#include "runtime/base/json.h"
 #include "absl/strings/str_replace.h"
 #include "checkpoint/fuzz_targets.h"
 #include "checkpoint/safetensors.h"
@@ -41,6 +45,12 @@ std::vector<absl::Status> SaveWorld(const std::string& root, const std::vector<G
     });
   }
   for (auto& t : ts) t.join();
+  return out;
+}
+
+std::vector<std::string> ListDirForTest(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) out.push_back(e.path().filename());
   return out;
 }
 
@@ -269,11 +279,12 @@ TEST_CASE("inspect and export to safetensors", "[checkpoint][tools]") {
   RequireAllOk(SaveWorld(root, model, 9, 3));
   auto text = InspectCheckpoint(root, {.verify = true});
   REQUIRE(text.ok());
-  CHECK(absl::StrContains(*text, "embed.weight"));
-  CHECK(absl::StrContains(*text, "all checksums OK"));
+  CHECK(text->checks.ok());
+  CHECK(absl::StrContains(text->text, "embed.weight"));
+  CHECK(absl::StrContains(text->text, "all checksums OK"));
   auto js = InspectCheckpoint(root, {.json = true});
   REQUIRE(js.ok());
-  CHECK(absl::StrContains(*js, "\"world_size\": 3"));
+  CHECK(absl::StrContains(js->text, "\"world_size\": 3"));
   std::string out = root + "/model.safetensors";
   auto n = ExportSafetensors(root, out);
   REQUIRE(n.ok());
@@ -286,11 +297,77 @@ TEST_CASE("inspect and export to safetensors", "[checkpoint][tools]") {
     CHECK((*f)->Data(*(*f)->Find(t.name)) == t.bytes);
     CHECK((*f)->Find(t.name)->shape == t.shape);
   }
-  REQUIRE(ExportSafetensors(root, root + "/sharded", {.max_shard_bytes = 300}).ok());
-  auto set = SafetensorsSet::Open(root + "/sharded/model.safetensors.index.json");
+  CHECK((*f)->metadata().at("format") == "pt");
+  CHECK((*f)->metadata().at("ember.step") == "9");
+}
+
+// Hugging Face's loaders read a sharded set through the index: metadata.total_size is the sum of
+// the tensors' bytes, weight_map names each tensor's file, and transformers refuses a shard whose
+// __metadata__ lacks format "pt". Checked here against the files themselves.
+TEST_CASE("export --max-shard-bytes writes a Hugging Face sharded set", "[checkpoint][tools]") {
+  std::string root = TmpDir("export_sharded");
+  auto model = MakeModel(9);
+  RequireAllOk(SaveWorld(root, model, 9, 2));
+  const std::string out = root + "/sharded";
+  auto n = ExportSafetensors(root, out, {.max_shard_bytes = 300});
+  REQUIRE(n.ok());
+  std::string text = *ReadFile(out + "/model.safetensors.index.json", 1 << 20);
+  auto index = json::Parse(text);
+  REQUIRE(index.ok());
+  const json::Value* wm = index->Find("weight_map");
+  REQUIRE(wm != nullptr);
+  std::set<std::string> files;
+  uint64_t total = 0, expected_total = 0;
+  for (const GlobalTensor& t : model) {
+    if (absl::StartsWith(t.name, "optim.")) {
+      CHECK(wm->Find(t.name) == nullptr);
+      continue;
+    }
+    expected_total += t.bytes.size();
+    const json::Value* file = wm->Find(t.name);
+    REQUIRE(file != nullptr);
+    auto f = SafetensorsFile::Open(out + "/" + file->as_string());
+    REQUIRE(f.ok());
+    CHECK((*f)->metadata().at("format") == "pt");
+    REQUIRE((*f)->Find(t.name) != nullptr);
+    CHECK((*f)->Data(*(*f)->Find(t.name)) == t.bytes);
+    files.insert(file->as_string());
+  }
+  for (const std::string& f : files) {
+    auto sf = SafetensorsFile::Open(out + "/" + f);
+    uint64_t data = 0;
+    for (const TensorInfo& t : (*sf)->tensors()) data += t.nbytes();
+    total += data;
+    // A shard exceeds the limit only when it holds a single tensor larger than the limit.
+    CHECK((data <= 300 || (*sf)->tensors().size() == 1));
+  }
+  CHECK(files.size() > 1);
+  CHECK(*n == expected_total);
+  CHECK(total == expected_total);
+  CHECK(index->Find("metadata")->Find("total_size")->as_int() == static_cast<int64_t>(expected_total));
+  for (const std::string& f : ListDirForTest(out)) CHECK_FALSE(absl::EndsWith(f, ".tmp"));
+  auto set = SafetensorsSet::Open(out + "/model.safetensors.index.json");
   REQUIRE(set.ok());
   CHECK((*set)->names().size() == 5);
-  CHECK(InspectCheckpoint(root + "/sharded/model.safetensors.index.json").ok());
+  CHECK(InspectCheckpoint(out + "/model.safetensors.index.json").ok());
+}
+
+TEST_CASE("inspect --verify reports damage as a failed check, not success", "[checkpoint][tools]") {
+  std::string root = TmpDir("inspect_bad");
+  RequireAllOk(SaveWorld(root, MakeModel(3), 3, 1));
+  const std::string path = root + "/step-3/rank-00000.safetensors";
+  std::string bytes = *ReadFile(path, 1 << 20);
+  bytes[bytes.size() - 40] ^= 0x01;
+  REQUIRE(WriteFileAtomic(path, bytes).ok());
+  for (bool js : {false, true}) {
+    auto r = InspectCheckpoint(root, {.json = js, .verify = true});
+    REQUIRE(r.ok());
+    CHECK(r->checks.code() == absl::StatusCode::kDataLoss);
+    CHECK(absl::StrContains(r->checks.message(), "checksum mismatch"));
+  }
+  auto plain = InspectCheckpoint(root, {});
+  REQUIRE(plain.ok());
+  CHECK(plain->checks.ok());  // nothing was checked
 }
 
 TEST_CASE("seeded mutation fuzzing of the metadata parser", "[checkpoint][fuzz]") {

@@ -29,11 +29,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "ember-ckpt: %s\n", out.status().ToString().c_str());
       return 1;
     }
-    std::fputs(out->c_str(), stdout);
-    return out->find("verify: all checksums OK") == std::string::npos && absl::GetFlag(FLAGS_verify) &&
-                   !absl::GetFlag(FLAGS_json)
-               ? 1
-               : 0;
+    std::fputs(out->text.c_str(), stdout);
+    if (!out->checks.ok()) {
+      std::fprintf(stderr, "ember-ckpt: %s\n", out->checks.ToString().c_str());
+      return 1;
+    }
+    return 0;
   }
   if (args[1] == "export" && args.size() == 4) {
     auto n = ember::ckpt::ExportSafetensors(

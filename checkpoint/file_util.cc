@@ -6,10 +6,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <system_error>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::ckpt {
@@ -19,8 +21,9 @@ using base::ErrnoToStatus;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<FileWriter>> FileWriter::Create(const std::string& path) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, kFileMode);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", path));
+  ::fchmod(fd, kFileMode);  // a leftover file keeps its old mode through O_TRUNC
   return std::unique_ptr<FileWriter>(new FileWriter(fd, path));
 }
 
@@ -76,15 +79,9 @@ absl::Status FileWriter::Close() {
 }
 
 absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    int e = errno;
-    ::close(fd);
-    return ErrnoToStatus(e, absl::StrCat("stat ", path));
-  }
-  size_t size = static_cast<size_t>(st.st_size);
+  uint64_t file_size = 0;
+  ASSIGN_OR_RETURN(int fd, base::OpenRegularFile(path, &file_size));
+  size_t size = static_cast<size_t>(file_size);
   const char* data = nullptr;
   if (size > 0) {
     void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -127,33 +124,51 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
 }
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_size) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", path));
-  std::string out;
-  char buf[65536];
-  while (true) {
-    ssize_t r = ::read(fd, buf, sizeof(buf));
+  return base::ReadRegularFile(path, max_size);
+}
+
+absl::StatusOr<std::unique_ptr<RegularFile>> RegularFile::Open(const std::string& path) {
+  uint64_t size = 0;
+  ASSIGN_OR_RETURN(int fd, base::OpenRegularFile(path, &size));
+  return std::unique_ptr<RegularFile>(new RegularFile(fd, size, path));
+}
+
+RegularFile::~RegularFile() { ::close(fd_); }
+
+absl::Status RegularFile::ReadRange(uint64_t offset, uint64_t length,
+                                    const std::function<absl::Status(absl::string_view)>& fn,
+                                    size_t piece) const {
+  std::string buf(static_cast<size_t>(std::min<uint64_t>(piece, length)), '\0');
+  while (length > 0) {
+    size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), length));
+    ssize_t r = ::pread(fd_, buf.data(), want, static_cast<off_t>(offset));
     if (r < 0) {
       if (errno == EINTR) continue;
-      int e = errno;
-      ::close(fd);
-      return ErrnoToStatus(e, absl::StrCat("read ", path));
+      return ErrnoToStatus(errno, absl::StrCat("read ", path_, " at offset ", offset));
     }
-    if (r == 0) break;
-    if (out.size() + static_cast<size_t>(r) > max_size) {
-      ::close(fd);
-      return absl::OutOfRangeError(absl::StrCat(path, " is larger than ", max_size, " bytes"));
+    if (r == 0) {
+      return absl::DataLossError(absl::StrCat(path_, " ends at offset ", offset, ", ", length,
+                                              " bytes short of the range asked for"));
     }
-    out.append(buf, static_cast<size_t>(r));
+    RETURN_IF_ERROR(fn(absl::string_view(buf.data(), static_cast<size_t>(r))));
+    offset += static_cast<uint64_t>(r);
+    length -= static_cast<uint64_t>(r);
   }
-  ::close(fd);
-  return out;
+  return absl::OkStatus();
 }
 
 absl::Status MakeDirs(const std::string& dir) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return absl::InternalError(absl::StrCat("mkdir ", dir, ": ", ec.message()));
+  std::filesystem::path p(dir), cur;
+  for (const auto& part : p) {
+    cur /= part;
+    if (::mkdir(cur.c_str(), kDirMode) != 0 && errno != EEXIST) {
+      return ErrnoToStatus(errno, absl::StrCat("mkdir ", cur.string()));
+    }
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
+  }
   return absl::OkStatus();
 }
 

@@ -1,10 +1,16 @@
 // POSIX file helpers for checkpoints: a buffered writer with fsync, atomic small-file replace,
-// directory sync, read-only memory maps. Errors carry the path (ErrnoToStatus).
+// directory sync, read-only memory maps, bounded-memory range reads. Errors carry the path
+// (ErrnoToStatus). Inputs are read only from regular files (a FIFO or device is an
+// INVALID_ARGUMENT, never a hang). Files are created 0640 and directories 0750 (kFileMode,
+// kDirMode; docs/operations.md, "File permissions").
 // Each object is thread-compatible (one thread at a time); the free functions are thread-safe.
 #ifndef EMBER_CHECKPOINT_FILE_UTIL_H_
 #define EMBER_CHECKPOINT_FILE_UTIL_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -12,6 +18,9 @@
 #include "absl/strings/string_view.h"
 
 namespace ember::ckpt {
+
+inline constexpr mode_t kFileMode = 0640;  // owner read/write, the service's group reads
+inline constexpr mode_t kDirMode = 0750;
 
 // Appends to a new file (O_TRUNC) through a 4 MiB buffer; big appends go straight to write(2).
 class FileWriter {
@@ -51,12 +60,33 @@ class MappedFile {
   std::string path_;
 };
 
+// A regular file open for positional reads; size() is its size when opened. Thread-safe.
+class RegularFile {
+ public:
+  static absl::StatusOr<std::unique_ptr<RegularFile>> Open(const std::string& path);
+  ~RegularFile();
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Calls `fn` on consecutive pieces of at most `piece` bytes covering [offset, offset + length),
+  // so memory stays bounded by `piece` whatever the length. DATA_LOSS if the file ends early.
+  absl::Status ReadRange(uint64_t offset, uint64_t length,
+                         const std::function<absl::Status(absl::string_view)>& fn,
+                         size_t piece = 4 << 20) const;
+
+ private:
+  RegularFile(int fd, uint64_t size, std::string path) : fd_(fd), size_(size), path_(std::move(path)) {}
+  int fd_;
+  uint64_t size_;
+  std::string path_;
+};
+
 // Writes `contents` to path + ".tmp", fsyncs it, renames it over `path`, fsyncs the directory.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
 // fsync(2) on a directory, so renames and creations inside it are durable.
 absl::Status SyncDir(const std::string& dir);
-// Reads a whole file; OUT_OF_RANGE if it is larger than max_size.
+// Reads a whole regular file; OUT_OF_RANGE if it is larger than max_size.
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_size);
+// Creates `dir` and missing parents with kDirMode (existing directories keep their mode).
 absl::Status MakeDirs(const std::string& dir);
 absl::Status RemoveAll(const std::string& path);
 bool PathExists(const std::string& path);

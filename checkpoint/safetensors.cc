@@ -1,5 +1,9 @@
 #include "checkpoint/safetensors.h"
 
+#include <errno.h>
+#include <stdio.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <set>
@@ -294,6 +298,7 @@ absl::StatusOr<std::pair<const SafetensorsFile*, const TensorInfo*>> Safetensors
 
 absl::Status WriteShardedSafetensors(
     const std::string& dir, const std::vector<TensorSpec>& specs, uint64_t max_shard_bytes,
+    const std::map<std::string, std::string>& meta,
     const std::function<absl::Status(size_t, const AppendFn&)>& produce) {
   RETURN_IF_ERROR(MakeDirs(dir));
   std::vector<std::vector<size_t>> shards(1);
@@ -309,6 +314,11 @@ absl::Status WriteShardedSafetensors(
     total += n;
   }
   json::Value wm = json::Value::MakeObject();
+  std::vector<std::string> written;
+  auto cleanup = [&](absl::Status s) {
+    for (const std::string& f : written) ::unlink((f + ".tmp").c_str());
+    return s;
+  };
   for (size_t s = 0; s < shards.size(); ++s) {
     std::string fname = absl::StrFormat("model-%05d-of-%05d.safetensors", s + 1, shards.size());
     std::vector<TensorSpec> sub;
@@ -316,15 +326,22 @@ absl::Status WriteShardedSafetensors(
       sub.push_back(specs[i]);
       wm.Set(specs[i].name, json::Value::Str(fname));
     }
-    RETURN_IF_ERROR(WriteSafetensorsStreaming(
-        JoinPath(dir, fname), sub, {},
+    written.push_back(JoinPath(dir, fname));
+    absl::Status st = WriteSafetensorsStreaming(
+        written.back() + ".tmp", sub, meta,
         [&](size_t j, const AppendFn& append) { return produce(shards[s][j], append); },
-        /*sync=*/true));
+        /*sync=*/true);
+    if (!st.ok()) return cleanup(st);
+  }
+  for (const std::string& f : written) {
+    if (::rename((f + ".tmp").c_str(), f.c_str()) != 0) {
+      return cleanup(base::ErrnoToStatus(errno, absl::StrCat("rename ", f, ".tmp")));
+    }
   }
   json::Value index = json::Value::MakeObject();
-  json::Value meta = json::Value::MakeObject();
-  meta.Set("total_size", json::Value::Int(static_cast<int64_t>(total)));
-  index.Set("metadata", std::move(meta));
+  json::Value index_meta = json::Value::MakeObject();
+  index_meta.Set("total_size", json::Value::Int(static_cast<int64_t>(total)));
+  index.Set("metadata", std::move(index_meta));
   index.Set("weight_map", std::move(wm));
   return WriteFileAtomic(JoinPath(dir, "model.safetensors.index.json"), json::Write(index, 2) + "\n");
 }

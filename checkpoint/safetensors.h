@@ -132,10 +132,14 @@ class SafetensorsSet {
 };
 
 // Writes tensors as a sharded set into `dir`: model-0000k-of-0000n.safetensors files of at most
-// about `max_shard_bytes` each (a tensor is never split) plus model.safetensors.index.json.
-// `produce` as in WriteSafetensorsStreaming, indexed over `specs`.
+// `max_shard_bytes` of tensor data each (a tensor is never split, so one larger than the limit
+// gets a file of its own) plus model.safetensors.index.json ({"metadata": {"total_size": T},
+// "weight_map": {...}}). `meta` goes into every file's __metadata__. Each file is written under a
+// .tmp name and renamed once all are complete; the index comes last. `produce` as in
+// WriteSafetensorsStreaming, indexed over `specs`.
 absl::Status WriteShardedSafetensors(
     const std::string& dir, const std::vector<TensorSpec>& specs, uint64_t max_shard_bytes,
+    const std::map<std::string, std::string>& meta,
     const std::function<absl::Status(size_t, const AppendFn&)>& produce);
 
 }  // namespace ember::ckpt

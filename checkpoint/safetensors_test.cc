@@ -161,7 +161,7 @@ TEST_CASE("sharded sets with model.safetensors.index.json", "[safetensors]") {
     specs.push_back({"w" + std::to_string(i), DType::kF32, {16}});
     data.push_back(std::string(64, static_cast<char>('a' + i)));
   }
-  REQUIRE(WriteShardedSafetensors(dir, specs, 130, [&](size_t i, const AppendFn& append) {
+  REQUIRE(WriteShardedSafetensors(dir, specs, 130, {}, [&](size_t i, const AppendFn& append) {
             return append(data[i]);
           }).ok());
   CHECK(PathExists(dir + "/model-00003-of-00003.safetensors"));

@@ -1,5 +1,7 @@
 #include "checkpoint/tools.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -22,7 +24,7 @@ json::Value ShapeJson(const std::vector<int64_t>& s) {
   return v;
 }
 
-absl::StatusOr<std::string> InspectSafetensors(const std::string& path, const InspectOptions& opts) {
+absl::StatusOr<InspectReport> InspectSafetensors(const std::string& path, const InspectOptions& opts) {
   ASSIGN_OR_RETURN(auto set, SafetensorsSet::Open(path));
   json::Value root = json::Value::MakeObject();
   root.Set("kind", json::Value::Str("safetensors"));
@@ -42,12 +44,12 @@ absl::StatusOr<std::string> InspectSafetensors(const std::string& path, const In
   root.Set("tensors", std::move(tensors));
   root.Set("total_bytes", json::Value::Int(static_cast<int64_t>(total)));
   absl::StrAppend(&text, set->names().size(), " tensors, ", total, " bytes\n");
-  return opts.json ? json::Write(root, 2) + "\n" : text;
+  return InspectReport{opts.json ? json::Write(root, 2) + "\n" : text, absl::OkStatus()};
 }
 
 }  // namespace
 
-absl::StatusOr<std::string> InspectCheckpoint(const std::string& path, InspectOptions opts) {
+absl::StatusOr<InspectReport> InspectCheckpoint(const std::string& path, InspectOptions opts) {
   if (absl::EndsWith(path, ".safetensors") || absl::EndsWith(path, ".json")) {
     return InspectSafetensors(path, opts);
   }
@@ -94,7 +96,7 @@ absl::StatusOr<std::string> InspectCheckpoint(const std::string& path, InspectOp
     if (!verify.ok()) root.Set("verify_error", json::Value::Str(std::string(verify.message())));
     absl::StrAppend(&text, "  verify: ", verify.ok() ? "all checksums OK" : verify.ToString(), "\n");
   }
-  return opts.json ? json::Write(root, 2) + "\n" : text;
+  return InspectReport{opts.json ? json::Write(root, 2) + "\n" : text, verify};
 }
 
 absl::StatusOr<uint64_t> ExportSafetensors(const std::string& ckpt, const std::string& out_path,
@@ -107,23 +109,30 @@ absl::StatusOr<uint64_t> ExportSafetensors(const std::string& ckpt, const std::s
   }
   uint64_t written = 0;
   auto produce = [&](size_t i, const AppendFn& append) -> absl::Status {
-    // Chunk by chunk (rows in order), so memory stays bounded by the largest chunk.
+    // Chunk by chunk (rows in order), each streamed in bounded pieces and checksummed.
     const TensorMeta* t = reader->metadata().Find(specs[i].name);
-    for (const ChunkRef& c : t->chunks) {
-      ASSIGN_OR_RETURN(std::string rows, reader->ReadRows(t->name, c.row_begin, c.row_begin + c.rows));
-      written += rows.size();
-      RETURN_IF_ERROR(append(rows));
+    for (size_t k = 0; k < t->chunks.size(); ++k) {
+      const ChunkRef& c = t->chunks[k];
+      RETURN_IF_ERROR(reader->StreamChunk(
+          c, absl::StrCat("tensor \"", t->name, "\" chunk ", k), [&](absl::string_view piece) {
+            written += piece.size();
+            return append(piece);
+          }));
     }
     return absl::OkStatus();
   };
-  std::map<std::string, std::string> meta = {
+  const std::map<std::string, std::string> meta = {
       {"format", "pt"}, {"ember.step", absl::StrCat(reader->metadata().step)}};
   if (opts.max_shard_bytes > 0) {
-    RETURN_IF_ERROR(WriteShardedSafetensors(out_path, specs, opts.max_shard_bytes, produce));
+    RETURN_IF_ERROR(WriteShardedSafetensors(out_path, specs, opts.max_shard_bytes, meta, produce));
     return written;
   }
   std::string tmp = out_path + ".tmp";
-  RETURN_IF_ERROR(WriteSafetensorsStreaming(tmp, specs, meta, produce, /*sync=*/true));
+  absl::Status s = WriteSafetensorsStreaming(tmp, specs, meta, produce, /*sync=*/true);
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
   if (::rename(tmp.c_str(), out_path.c_str()) != 0) {
     return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", out_path));
   }

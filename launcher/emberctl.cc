@@ -59,8 +59,8 @@ commands:
   nodes                                   daemons, devices (and which job holds each), telemetry
   dump JOB                                ask every rank of a running job to dump its flight recorder
   fr analyze DIR [--json]                 explain a hang from flight-recorder dumps
-  ckpt inspect PATH [--verify]            summarise a checkpoint or safetensors file
-  ckpt export CKPT OUT.safetensors        write the unsharded weights as safetensors
+  ckpt inspect PATH [--verify]            summarise a checkpoint or safetensors file (exit 1: damaged)
+  ckpt export CKPT OUT [--max-shard-bytes N]  unsharded weights as safetensors (N: a sharded set)
 
 global options (also from the environment):
   --address HOST:PORT   emberd to talk to ($EMBER_ADDRESS, default 127.0.0.1:29400)
@@ -101,7 +101,10 @@ const std::map<std::string, std::string>& CommandHelp() {
              "rank/op/sequence number behind a hang.\n  Exit 0 when nothing is wrong, 1 when a "
              "problem was found.\n"},
       {"ckpt", "usage: emberctl ckpt inspect PATH [--verify] | ckpt export CKPT OUT "
-               "[--include-optimizer]\n"},
+               "[--include-optimizer] [--max-shard-bytes N]\n"
+               "  inspect --verify exits 1 when any chunk is missing or corrupt.\n"
+               "  export --max-shard-bytes N writes OUT/model-0000k-of-0000n.safetensors and\n"
+               "  OUT/model.safetensors.index.json (Hugging Face layout).\n"},
   };
   return *m;
 }
@@ -120,7 +123,8 @@ struct Args {
 bool TakesValue(const std::string& k) {
   static const char* kValued[] = {"--address", "--token-file", "--tls-ca", "--tls-cert",
                                   "--tls-key", "--output", "--nproc", "--work-root", "--worker",
-                                  "--rank", "--tail", "--id", "--limit", "--timeout"};
+                                  "--rank", "--tail", "--id", "--limit", "--timeout",
+                                  "--max-shard-bytes"};
   for (const char* v : kValued)
     if (k == v) return true;
   return false;
@@ -374,12 +378,22 @@ class Ctl {
         o.verify = a_.Has("--verify");
         auto r = ember::ckpt::InspectCheckpoint(p[2], o);
         if (!r.ok()) return Fail(r.status());
-        std::cout << *r << "\n";
+        std::cout << r->text << "\n";
+        if (!r->checks.ok()) {  // a damaged checkpoint is never exit 0
+          std::cerr << "emberctl: " << r->checks.message() << "\n";
+          return kJobFailed;
+        }
         return kOk;
       }
       if (p[1] == "export" && need(4)) {
         ember::ckpt::ExportOptions o;
         o.include_optimizer = a_.Has("--include-optimizer");
+        if (a_.Has("--max-shard-bytes") &&
+            !absl::SimpleAtoi(a_.Get("--max-shard-bytes"), &o.max_shard_bytes)) {
+          std::cerr << "emberctl: --max-shard-bytes wants a byte count, got '"
+                    << a_.Get("--max-shard-bytes") << "'\n";
+          return kUsage;
+        }
         auto r = ember::ckpt::ExportSafetensors(p[2], p[3], o);
         if (!r.ok()) return Fail(r.status());
         std::cout << "wrote " << *r << " bytes to " << p[3] << "\n";

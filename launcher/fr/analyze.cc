@@ -3,13 +3,12 @@
 #include <dirent.h>
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/base/files.h"
 #include "runtime/base/json.h"
 #include "runtime/base/logging.h"
 
@@ -176,16 +175,20 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
 }
 
 absl::StatusOr<Report> AnalyzeDir(const std::string& dir) {
+  constexpr uint64_t kMaxDumpBytes = 256 << 20;
   DIR* d = opendir(dir.c_str());
   if (!d) return absl::NotFoundError(absl::StrCat("cannot open directory ", dir));
   std::map<std::string, std::string> files;
   while (dirent* e = readdir(d)) {
     std::string n = e->d_name;
     if (!absl::StartsWith(n, "rank-") || !absl::EndsWith(n, ".json")) continue;
-    std::ifstream f(dir + "/" + n);
-    std::stringstream ss;
-    ss << f.rdbuf();
-    files[n] = ss.str();
+    // Regular files only: a FIFO or device named rank-*.json must not hang or flood us.
+    absl::StatusOr<std::string> text = base::ReadRegularFile(dir + "/" + n, kMaxDumpBytes);
+    if (!text.ok()) {
+      closedir(d);
+      return text.status();
+    }
+    files[n] = std::move(*text);
   }
   closedir(d);
   if (files.empty()) return absl::NotFoundError(absl::StrCat("no rank-*.json dumps in ", dir));

@@ -1,6 +1,11 @@
 #include "launcher/fr/analyze.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
 
 #include "runtime/flight/recorder.h"
 
@@ -62,6 +67,24 @@ TEST_CASE("finds the first disagreement and missing dumps; clean runs pass") {
   REQUIRE(!ok->problem);
   REQUIRE(!AnalyzeTexts({{"rank-0.json", "{\"schema\": \"ember.flight_recorder\", \"version\": \"2.0\"}"}}).ok());
   REQUIRE(!AnalyzeTexts({{"rank-0.json", "{bad"}}).ok());
+}
+
+}  // namespace ember::fr
+
+namespace ember::fr {
+
+// Issue 12: a FIFO named like a dump made `fr analyze` block forever in open(2); the alarm turns
+// such a hang into a failure.
+TEST_CASE("a FIFO among the dumps is refused at once") {
+  std::string dir = std::string(getenv("TEST_TMPDIR")) + "/fr_fifo";
+  mkdir(dir.c_str(), 0700);
+  { std::ofstream(dir + "/rank-0.json") << Dump(0, 2, 0); }
+  REQUIRE(mkfifo((dir + "/rank-1.json").c_str(), 0600) == 0);
+  alarm(20);
+  auto r = AnalyzeDir(dir);
+  alarm(0);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("rank-1.json is a FIFO") != std::string::npos);
 }
 
 }  // namespace ember::fr

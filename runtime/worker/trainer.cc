@@ -210,10 +210,10 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
 
 namespace {
 
-// Copies this rank's rows of every parameter and its AdamW state from a checkpoint (any world
-// size: ReadShard asks for our torch.chunk rows). Returns the checkpoint's step.
-absl::StatusOr<int64_t> Restore(const std::string& root, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
-  ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(root));
+// Copies this rank's rows of every parameter and its AdamW state from the checkpoint in step
+// directory `dir` (any world size: ReadShard asks for our torch.chunk rows). Returns its step.
+absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
+  ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
   const ckpt::Metadata& meta = reader->metadata();
   for (const fsdp::ShardView& v : m.Shards()) {
     const std::pair<std::string, float*> parts[] = {{v.name, v.param},
@@ -386,9 +386,14 @@ absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecor
                                          .seed = plan.fsdp.seed, .shuffle = true,
                                          .start_token = s.data().start_position()});
   int64_t step = 0;
-  if (ckpt::ResolveLatest(plan.checkpoint_root).ok()) {
+  // A damaged `latest` falls back to the newest checkpoint that verifies (logged); only a root
+  // without any committed step starts from 0. Steps newer than the one resumed are never deleted
+  // (SaveOptions::keep_last).
+  absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
+  if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
+  if (resume.ok()) {
     const absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(step, Restore(plan.checkpoint_root, *model, loader));
+    ASSIGN_OR_RETURN(step, Restore(*resume, *model, loader));
     // recovery_bench reads this line: the restart time it reports excludes the load.
     spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
   } else if (!plan.init_safetensors.empty()) {

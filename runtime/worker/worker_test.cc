@@ -173,6 +173,27 @@ TEST_CASE("resume from latest at another world size continues the same run", "[w
   CHECK((*reader)->metadata().world_size == 4);
 }
 
+// Issue 12: a garbage `latest` made the worker start from step 0 and then overwrite and rotate the
+// good checkpoints away. It must resume from the newest checkpoint that verifies.
+TEST_CASE("a garbage latest resumes from the newest good checkpoint, not from step 0", "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  const std::string dir = NewJobDir("garbage_latest");
+  WriteSpec(dir, 8, 2, "", "checkpoint: {every_steps: 5, keep_last: 1}\n");
+  REQUIRE(RunJob(addr, "gl", dir, 1, 0) == std::vector<int>{0});
+  REQUIRE(ckpt::ListSteps(dir + "/checkpoints") == std::vector<int64_t>{8});
+  std::ofstream(dir + "/checkpoints/latest", std::ios::trunc) << "\x01garbage";
+  WriteSpec(dir, 12, 2, "", "checkpoint: {every_steps: 5, keep_last: 1}\n");
+  REQUIRE(RunJob(addr, "gl", dir, 1, 1) == std::vector<int>{0});
+  // Resumed at 8: the second run logged steps 9..12 only (12 lines in all, not 8 + 12).
+  std::ifstream f(dir + "/metrics/rank-0.jsonl");
+  int lines = 0;
+  for (std::string l; std::getline(f, l);) ++lines;
+  CHECK(lines == 12);
+  CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-12");
+}
+
 TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());

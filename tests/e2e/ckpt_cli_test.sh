@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# emberctl ckpt and fr as binaries on hostile inputs (issue 12) and the sharded export (issue 13):
+# inspect --verify exits non-zero on a damaged checkpoint; a FIFO or device as input is refused at
+# once (every command runs under `timeout`, so a hang fails instead of blocking CI); export
+# --max-shard-bytes writes a Hugging Face sharded set.
+set -uo pipefail
+EMBERCTL="$1"; FIXTURE="$2"
+T="${TEST_TMPDIR:-$(mktemp -d)}/ckpt_cli"
+rm -rf "$T"; mkdir -p "$T"
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+cp -rL "$FIXTURE" "$T/good"; chmod -R u+w "$T/good"  # -L: runfiles are symlinks into the source tree
+timeout 20 "$EMBERCTL" ckpt inspect "$T/good" --verify > "$T/out" 2>&1 || fail "good: rc=$? $(cat "$T/out")"
+grep -q "all checksums OK" "$T/out" || fail "good: $(cat "$T/out")"
+
+# One flipped byte near the end of a data file: DATA_LOSS is printed and the exit code is 1.
+cp -r "$T/good" "$T/bad"
+f="$T/bad/rank-00001.safetensors"
+size=$(stat -c %s "$f")
+printf '\xff' | dd of="$f" bs=1 seek=$((size - 5)) conv=notrunc status=none
+for fmt in text json; do
+  timeout 20 "$EMBERCTL" --output "$fmt" ckpt inspect "$T/bad" --verify > "$T/out" 2>&1; rc=$?
+  [ $rc -eq 1 ] || fail "damaged ($fmt): rc=$rc, want 1: $(cat "$T/out")"
+  grep -q "checksum mismatch" "$T/out" || fail "damaged ($fmt) names the problem: $(cat "$T/out")"
+done
+
+# FIFOs and devices: refused within the timeout with a clear message.
+mkfifo "$T/in.safetensors"
+out=$(timeout 20 "$EMBERCTL" ckpt inspect "$T/in.safetensors" 2>&1); rc=$?
+[ $rc -ne 124 ] || fail "inspect of a FIFO hung"
+[ $rc -ne 0 ] || fail "inspect of a FIFO succeeded"
+echo "$out" | grep -q "is a FIFO" || fail "FIFO message: $out"
+cp -r "$T/good" "$T/fifo"
+rm "$T/fifo/rank-00000.safetensors"; mkfifo "$T/fifo/rank-00000.safetensors"
+out=$(timeout 20 "$EMBERCTL" ckpt export "$T/fifo" "$T/x.safetensors" 2>&1); rc=$?
+[ $rc -ne 124 ] || fail "export with a FIFO data file hung"
+echo "$out" | grep -q "is a FIFO" || fail "export FIFO message ($rc): $out"
+mkdir -p "$T/dev"; ln -s /dev/zero "$T/dev/metadata.json"
+out=$(timeout 20 "$EMBERCTL" ckpt inspect "$T/dev" 2>&1); rc=$?
+[ $rc -ne 124 ] || fail "inspect of /dev/zero as metadata.json hung"
+echo "$out" | grep -q "character device" || fail "device message ($rc): $out"
+mkdir -p "$T/fr"; mkfifo "$T/fr/rank-0.json"
+out=$(timeout 20 "$EMBERCTL" fr analyze "$T/fr" 2>&1); rc=$?
+[ $rc -ne 124 ] || fail "fr analyze of a FIFO hung"
+echo "$out" | grep -q "is a FIFO" || fail "fr FIFO message ($rc): $out"
+
+# Sharded export: files, index with total_size and weight_map, format pt in every shard.
+timeout 60 "$EMBERCTL" ckpt export "$T/good" "$T/sharded" --max-shard-bytes 200 --include-optimizer \
+  > "$T/out" 2>&1 || fail "sharded export: $(cat "$T/out")"
+n=$(ls "$T/sharded"/model-*-of-*.safetensors | wc -l)
+[ "$n" -gt 1 ] || fail "sharded export wrote $n files"
+grep -q '"total_size"' "$T/sharded/model.safetensors.index.json" || fail "index has no total_size"
+grep -q '"weight_map"' "$T/sharded/model.safetensors.index.json" || fail "index has no weight_map"
+for s in "$T/sharded"/model-*.safetensors; do
+  grep -aq '"format":"pt"' "$s" || fail "$s: no format pt in __metadata__"
+done
+timeout 20 "$EMBERCTL" ckpt inspect "$T/sharded/model.safetensors.index.json" > "$T/out" 2>&1 \
+  || fail "inspect the index: $(cat "$T/out")"
+"$EMBERCTL" ckpt export "$T/good" "$T/y" --max-shard-bytes lots > /dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "a bad --max-shard-bytes must exit 2 (got $rc)"
+echo "PASS"
