@@ -1,11 +1,19 @@
 // The "cpu" backend: bootstrap over the rendezvous, shm/TCP channels per peer, the progress loop,
-// the collective algorithms (ring for large messages; recursive doubling, binomial tree and
-// pairwise exchange for small ones) and the asynchronous tagged p2p engine.
+// the collective algorithms and the asynchronous tagged p2p engine.
+//
+// Two families of collectives:
+// - Direct (every peer on shared memory and cross-process reads allowed): each rank reads its
+//   peers' buffers in place, from the shm staging area (small messages) or with
+//   process_vm_readv (large ones, a single copy), and a rank reduces all N inputs of its slice at
+//   once (16-bit floats in f32, one rounding). See "Direct shared-memory collectives" below.
+// - Channel (TCP, or mixed groups): byte streams over rings/sockets; ring for large messages,
+//   recursive doubling, binomial tree and pairwise exchange for small ones.
 #include <fcntl.h>
 #include <immintrin.h>
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -146,6 +154,37 @@ struct Hello {
   int32_t rank = 0;
   uint32_t name_hash = 0;
 };
+
+// Direct shared-memory collectives: the control block at the start of every rank's segment extra
+// area, followed by two staging slots. Peers read it; only the owner writes.
+//
+// `sync` counts the syncs a rank has entered; a sync waits until every peer's count reaches ours.
+// The slot of sync v (v & 1) holds the op header and buffer addresses published before entering v;
+// its owner rewrites it only for sync v + 2, i.e. after every peer entered v + 1, so after it was
+// read. The same holds for the staging slot (small ops copy their input there before entering).
+struct alignas(64) DirectSlot {
+  OpHeader hdr;
+  uint64_t in_addr = 0, out_addr = 0;  // the owner's buffers (peers read them with process_vm_readv)
+};
+struct DirectCtl {
+  alignas(64) std::atomic<uint64_t> sync{0};
+  alignas(64) std::atomic<uint64_t> reduced{0};  // sync number of the op whose slice is reduced
+  alignas(64) int32_t pid = 0;
+  uint64_t probe_addr = 0, probe_value = 0;      // a word in the owner's memory, and its value
+  DirectSlot slot[2];
+};
+constexpr size_t kDirectCtlBytes = (sizeof(DirectCtl) + 63) / 64 * 64;
+// Reduce step of the large path: bytes per source (N of them stay in L2 while reduced).
+constexpr size_t kDirectChunk = 64 << 10;
+
+size_t DirectStageBytes(const BackendOptions& o) {
+  return (std::min<size_t>(o.small_bytes, 1 << 20) + 63) / 64 * 64;
+}
+
+bool DirectAllowedByEnv() {
+  const char* e = getenv("EMBER_COMM_SHM_DIRECT");
+  return !(e && std::string(e) == "0");
+}
 
 struct P2PHeader {
   uint32_t magic = kP2PMagic;
@@ -313,7 +352,7 @@ class CpuBackend : public Backend {
     int shm = 0, tcp = 0;
     for (int i = 0; i < o_.size; ++i)
       if (i != o_.rank) (peers_[i].shm ? shm : tcp)++;
-    return absl::StrCat("cpu: shm x", shm, ", tcp x", tcp);
+    return absl::StrCat("cpu: shm x", shm, ", tcp x", tcp, direct_ ? ", direct" : "");
   }
 
   bool aborted() const { return abort_.load(std::memory_order_relaxed); }
@@ -337,6 +376,27 @@ class CpuBackend : public Backend {
   // Adds the op header exchange with `peer` (send and/or receive) the first time the op uses it.
   void AddHeaders(std::vector<Xfer>* xs, int send_peer, int recv_peer);
   absl::Status CheckHeaders(const std::vector<Xfer>& xs);
+  absl::Status CheckHeader(int peer, const OpHeader& theirs);
+
+  // Direct shared-memory collectives (direct_ only).
+  DirectCtl* ctl(int r) const {
+    return reinterpret_cast<DirectCtl*>((r == o_.rank ? my_seg_ : peer_segs_[r])->extra());
+  }
+  char* stage(int r, uint64_t sync) const {
+    return (r == o_.rank ? my_seg_ : peer_segs_[r])->extra() + kDirectCtlBytes +
+           (sync & 1) * DirectStageBytes(o_);
+  }
+  // Publishes hdr_ and the buffers, enters the next sync and waits until every peer entered it;
+  // then checks every peer's header against ours.
+  absl::Status DirectSync(const void* in, const void* out);
+  // Waits until peer `only` (or every peer, -1) has `reduced` (else `sync`) >= v.
+  absl::Status DirectWait(bool reduced, uint64_t v, int only);
+  // process_vm_readv of `bytes` at `addr` in rank p's memory.
+  absl::Status PeerRead(int p, uint64_t addr, void* dst, size_t bytes);
+  // dst[0..count) = reduction over ranks of their buffer at remote[p] (own: `own`).
+  absl::Status DirectReduce(char* dst, const char* own, const std::vector<uint64_t>& remote,
+                            size_t count);
+  absl::Status RunDirect(const OpDesc& op);
 
   // Algorithms. `buf` is bytes; counts are elements.
   absl::Status RingAllReduce(char* buf, size_t count);
@@ -356,6 +416,11 @@ class CpuBackend : public Backend {
   std::unique_ptr<ShmSegment> my_seg_;
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
   SpinBudget coll_spin_, p2p_spin_;  // executor thread / p2p thread
+  bool direct_ = false;              // constant after Connect
+  std::vector<pid_t> peer_pid_;
+  uint64_t probe_word_ = 0;          // read by peers during Connect (process_vm_readv probe)
+  uint64_t direct_sync_ = 0;         // syncs entered (executor thread only)
+  std::vector<char> direct_tmp_;
   std::atomic<bool> abort_{false};
   absl::Mutex abort_mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(abort_mu_);
@@ -384,9 +449,15 @@ absl::Status CpuBackend::Connect() {
   if (o_.enable_shm) {
     std::random_device rd;
     shm_name = absl::StrCat("/ember-", getpid(), "-", absl::Hex(rd()), absl::Hex(rd()));
-    auto seg = ShmSegment::Create(shm_name, 2 * size, ring);
+    auto seg = ShmSegment::Create(shm_name, 2 * size, ring,
+                                  kDirectCtlBytes + 2 * DirectStageBytes(o_));
     if (seg.ok()) {
       my_seg_ = std::move(*seg);
+      DirectCtl* c = new (my_seg_->extra()) DirectCtl();
+      probe_word_ = (uint64_t{rd()} << 32) | rd() | 1;
+      c->pid = getpid();
+      c->probe_addr = reinterpret_cast<uintptr_t>(&probe_word_);
+      c->probe_value = probe_word_;
     } else {
       shm_name = "-";  // fall back to TCP
     }
@@ -444,7 +515,8 @@ absl::Status CpuBackend::Connect() {
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     if (my_seg_ && info[r].shm != "-" && info[r].boot == boot) {
-      auto seg = ShmSegment::Open(info[r].shm, 2 * size, ring);
+      auto seg = ShmSegment::Open(info[r].shm, 2 * size, ring,
+                                  kDirectCtlBytes + 2 * DirectStageBytes(o_));
       if (seg.ok()) {
         peer_segs_[r] = std::move(*seg);
         peers_[r].shm = true;
@@ -463,6 +535,35 @@ absl::Status CpuBackend::Connect() {
     RETURN_IF_ERROR(ReadFull(peers_[r].coll_fd, &c, 1, o_.bootstrap_timeout));
     bool both = peers_[r].shm && c == '1';
     if (!both) peers_[r].shm = false;
+  }
+  // Direct collectives need every peer on shm and able to read every peer's memory
+  // (process_vm_readv: same user, ptrace allowed). Each rank probes its peers, then all ranks
+  // exchange the verdict, so they all choose the same algorithms.
+  bool can_direct = my_seg_ != nullptr && DirectAllowedByEnv();
+  peer_pid_.assign(size, 0);
+  for (int r = 0; r < size && can_direct; ++r) {
+    if (r == rank) continue;
+    if (!peers_[r].shm) {
+      can_direct = false;
+      break;
+    }
+    const DirectCtl* c = ctl(r);
+    peer_pid_[r] = c->pid;
+    uint64_t got = 0;
+    if (!PeerRead(r, c->probe_addr, &got, sizeof(got)).ok() || got != c->probe_value)
+      can_direct = false;
+  }
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    char c = can_direct ? '1' : '0';
+    RETURN_IF_ERROR(WriteFull(peers_[r].coll_fd, &c, 1));
+  }
+  direct_ = can_direct;
+  for (int r = 0; r < size; ++r) {
+    if (r == rank) continue;
+    char c = 0;
+    RETURN_IF_ERROR(ReadFull(peers_[r].coll_fd, &c, 1, o_.bootstrap_timeout));
+    if (c != '1') direct_ = false;
   }
   if (my_seg_) my_seg_->Unlink();
   for (int r = 0; r < size; ++r) {
@@ -619,17 +720,22 @@ absl::Status CpuBackend::CheckHeaders(const std::vector<Xfer>& xs) {
     if (x.kind != Xfer::kRecvHeader) continue;
     OpHeader theirs;
     std::memcpy(&theirs, x.buf, sizeof(theirs));
-    if (theirs.magic != kOpMagic) {
-      return absl::InternalError(absl::StrCat("group '", o_.group_name, "' rank ", o_.rank,
-                                              ": stream from rank ", x.peer,
-                                              " is out of sync (bad op header)"));
-    }
-    if (theirs.type != hdr_.type || theirs.dtype != hdr_.dtype || theirs.count != hdr_.count ||
-        theirs.seq != hdr_.seq || theirs.reduce != hdr_.reduce || theirs.root != hdr_.root) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "collective mismatch in group '", o_.group_name, "': rank ", o_.rank, " called ",
-          DescribeHeader(hdr_), " but rank ", x.peer, " called ", DescribeHeader(theirs)));
-    }
+    RETURN_IF_ERROR(CheckHeader(x.peer, theirs));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::CheckHeader(int peer, const OpHeader& theirs) {
+  if (theirs.magic != kOpMagic) {
+    return absl::InternalError(absl::StrCat("group '", o_.group_name, "' rank ", o_.rank,
+                                            ": stream from rank ", peer,
+                                            " is out of sync (bad op header)"));
+  }
+  if (theirs.type != hdr_.type || theirs.dtype != hdr_.dtype || theirs.count != hdr_.count ||
+      theirs.seq != hdr_.seq || theirs.reduce != hdr_.reduce || theirs.root != hdr_.root) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "collective mismatch in group '", o_.group_name, "': rank ", o_.rank, " called ",
+        DescribeHeader(hdr_), " but rank ", peer, " called ", DescribeHeader(theirs)));
   }
   return absl::OkStatus();
 }
@@ -726,6 +832,7 @@ absl::Status CpuBackend::Run(const OpDesc& op) {
     }
     return absl::OkStatus();
   }
+  if (direct_) return RunDirect(op);
   absl::Status st;
   switch (op.type) {
     case OpType::kAllReduce:
@@ -922,6 +1029,210 @@ absl::Status CpuBackend::AllToAll(const char* in, char* out, size_t count) {
                              Xfer::kRecvCopy));
   }
   return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Direct shared-memory collectives
+//
+// Every op starts with a sync (all ranks published their header and buffers) and is checked
+// against every peer's header there, so a mismatch fails on every rank before any data moves.
+// - Small (the staged input fits a staging slot): copy the input to the slot, sync, read every
+//   peer's slot in place. One sync per op (the slot alternates with the sync's parity).
+// - Large: sync; read peers' buffers with process_vm_readv (one copy); sync again before
+//   returning, since peers read our buffers until then. all_reduce / reduce_scatter: rank r
+//   reduces slice r from all N inputs at once (ReduceMany, in rank order, one rounding);
+//   all_reduce then publishes `reduced` and pulls the other slices from their owners.
+// Waits use the collective doorbell and check abort and peer liveness like the channel path.
+
+absl::Status CpuBackend::DirectWait(bool reduced, uint64_t v, int only) {
+  const int n = o_.size, r = o_.rank;
+  ShmWaiter waiter(bell(0), &coll_spin_);
+  while (true) {
+    if (aborted()) return AbortStatus();
+    int lag = -1;
+    for (int p = 0; p < n && lag < 0; ++p) {
+      if (p == r || (only >= 0 && p != only)) continue;
+      const DirectCtl* c = ctl(p);
+      if ((reduced ? c->reduced : c->sync).load(std::memory_order_acquire) < v) lag = p;
+    }
+    if (lag < 0) return absl::OkStatus();
+    // Nothing is ever written to the collective channel in direct mode: Peek only checks that the
+    // peer is alive and has not shut the channel down (aborted).
+    absl::StatusOr<ReadSpan> s = peers_[lag].coll->Peek(0);
+    if (!s.ok()) {
+      if (aborted()) return AbortStatus();
+      return base::Annotate(s.status(), absl::StrCat("group '", o_.group_name, "' rank ", o_.rank,
+                                                     " waiting for rank ", lag, " in ",
+                                                     DescribeHeader(hdr_)));
+    }
+    waiter.Idle();
+  }
+}
+
+absl::Status CpuBackend::DirectSync(const void* in, const void* out) {
+  const int n = o_.size, r = o_.rank;
+  const uint64_t v = ++direct_sync_;
+  DirectCtl* mine = ctl(r);
+  DirectSlot& s = mine->slot[v & 1];
+  s.hdr = hdr_;
+  s.in_addr = reinterpret_cast<uintptr_t>(in);
+  s.out_addr = reinterpret_cast<uintptr_t>(out);
+  mine->sync.store(v, std::memory_order_release);
+  for (int p = 0; p < n; ++p)
+    if (p != r) RingDoorbell(peer_segs_[p]->doorbell(0));
+  RETURN_IF_ERROR(DirectWait(false, v, -1));
+  for (int p = 0; p < n; ++p)
+    if (p != r) RETURN_IF_ERROR(CheckHeader(p, ctl(p)->slot[v & 1].hdr));
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PeerRead(int p, uint64_t addr, void* dst, size_t bytes) {
+  char* d = static_cast<char*>(dst);
+  while (bytes > 0) {
+    iovec local{d, bytes}, remote{reinterpret_cast<void*>(addr), bytes};
+    ssize_t k = process_vm_readv(peer_pid_[p], &local, 1, &remote, 1, 0);
+    if (k < 0 && errno == EINTR) continue;
+    if (k <= 0) {
+      int err = k < 0 ? errno : EFAULT;
+      std::string what = absl::StrCat("group '", o_.group_name, "' rank ", o_.rank,
+                                      ": reading rank ", p, "'s buffer (process_vm_readv of ",
+                                      bytes, " bytes)");
+      if (err == ESRCH) return absl::UnavailableError(absl::StrCat(what, ": the process is gone"));
+      return base::ErrnoToStatus(err, what);
+    }
+    d += k;
+    addr += k;
+    bytes -= k;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DirectReduce(char* dst, const char* own,
+                                      const std::vector<uint64_t>& remote, size_t count) {
+  const int n = o_.size, r = o_.rank;
+  const int avg = reduce_ == ReduceOp::kAvg ? n : 0;
+  const size_t step = kDirectChunk / esize_;
+  direct_tmp_.resize(n * kDirectChunk);
+  std::vector<const void*> srcs(n);
+  for (size_t off = 0; off < count; off += step) {
+    if (aborted()) return AbortStatus();
+    const size_t m = std::min(step, count - off);
+    for (int p = 0; p < n; ++p) {
+      if (p == r) {
+        srcs[p] = own + off * esize_;
+        continue;
+      }
+      char* t = direct_tmp_.data() + p * kDirectChunk;
+      RETURN_IF_ERROR(PeerRead(p, remote[p] + off * esize_, t, m * esize_));
+      srcs[p] = t;
+    }
+    ReduceMany(dst + off * esize_, srcs.data(), n, m, dtype_, reduce_, avg);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::RunDirect(const OpDesc& op) {
+  const int n = o_.size, r = o_.rank;
+  const size_t count = op.count, bytes = count * esize_;
+  const size_t cap = DirectStageBytes(o_);
+  const int avg = reduce_ == ReduceOp::kAvg ? n : 0;
+  char* out = static_cast<char*>(op.out);
+  const char* in = static_cast<const char*>(op.in);
+  const uint64_t next = direct_sync_ + 1;  // the op's first sync
+  auto slot = [&](int p) -> const DirectSlot& { return ctl(p)->slot[next & 1]; };
+  std::vector<const void*> srcs(n);
+  switch (op.type) {
+    case OpType::kBarrier:
+    case OpType::kGroupCreate:
+      return DirectSync(nullptr, nullptr);
+    case OpType::kAllReduce: {
+      if (bytes <= cap) {
+        if (bytes) std::memcpy(stage(r, next), out, bytes);
+        RETURN_IF_ERROR(DirectSync(nullptr, out));
+        for (int p = 0; p < n; ++p) srcs[p] = stage(p, next);
+        ReduceMany(out, srcs.data(), n, count, dtype_, reduce_, avg);
+        return absl::OkStatus();
+      }
+      RETURN_IF_ERROR(DirectSync(out, out));
+      std::vector<uint64_t> remote(n);
+      for (int p = 0; p < n; ++p) remote[p] = slot(p).out_addr;
+      const size_t lo = ChunkOff(count, n, r);
+      for (int p = 0; p < n; ++p) remote[p] += lo * esize_;
+      RETURN_IF_ERROR(DirectReduce(out + lo * esize_, out + lo * esize_, remote,
+                                   ChunkOff(count, n, r + 1) - lo));
+      ctl(r)->reduced.store(next, std::memory_order_release);
+      for (int p = 0; p < n; ++p)
+        if (p != r) RingDoorbell(peer_segs_[p]->doorbell(0));
+      // Pull the other slices from their owners once reduced (the owner has then also read our
+      // copy of its slice, so overwriting it is safe).
+      for (int k = 1; k < n; ++k) {
+        const int p = Mod(r + k, n);
+        RETURN_IF_ERROR(DirectWait(true, next, p));
+        const size_t plo = ChunkOff(count, n, p), phi = ChunkOff(count, n, p + 1);
+        RETURN_IF_ERROR(PeerRead(p, slot(p).out_addr + plo * esize_, out + plo * esize_,
+                                 (phi - plo) * esize_));
+      }
+      return DirectSync(out, out);
+    }
+    case OpType::kReduceScatter: {
+      if (bytes * n <= cap) {
+        if (bytes) std::memcpy(stage(r, next), in, bytes * n);
+        RETURN_IF_ERROR(DirectSync(in, out));
+        for (int p = 0; p < n; ++p) srcs[p] = stage(p, next) + r * bytes;
+        ReduceMany(out, srcs.data(), n, count, dtype_, reduce_, avg);
+        return absl::OkStatus();
+      }
+      RETURN_IF_ERROR(DirectSync(in, out));
+      std::vector<uint64_t> remote(n);
+      for (int p = 0; p < n; ++p) remote[p] = slot(p).in_addr + r * bytes;
+      RETURN_IF_ERROR(DirectReduce(out, in + r * bytes, remote, count));
+      return DirectSync(in, out);
+    }
+    case OpType::kAllGather: {
+      if (bytes <= cap) {
+        if (bytes) std::memcpy(stage(r, next), in, bytes);
+        RETURN_IF_ERROR(DirectSync(in, out));
+        for (int p = 0; p < n && bytes; ++p) std::memcpy(out + p * bytes, stage(p, next), bytes);
+        return absl::OkStatus();
+      }
+      RETURN_IF_ERROR(DirectSync(in, out));
+      if (out + r * bytes != in) std::memmove(out + r * bytes, in, bytes);
+      for (int k = 1; k < n; ++k) {
+        const int p = Mod(r + k, n);
+        RETURN_IF_ERROR(PeerRead(p, slot(p).in_addr, out + p * bytes, bytes));
+      }
+      return DirectSync(in, out);
+    }
+    case OpType::kBroadcast: {
+      if (bytes <= cap) {
+        if (r == op.root && bytes) std::memcpy(stage(r, next), out, bytes);
+        RETURN_IF_ERROR(DirectSync(nullptr, out));
+        if (r != op.root && bytes) std::memcpy(out, stage(op.root, next), bytes);
+        return absl::OkStatus();
+      }
+      RETURN_IF_ERROR(DirectSync(nullptr, out));
+      if (r != op.root) RETURN_IF_ERROR(PeerRead(op.root, slot(op.root).out_addr, out, bytes));
+      return DirectSync(nullptr, out);
+    }
+    case OpType::kAllToAll: {
+      if (bytes * n <= cap) {
+        if (bytes) std::memcpy(stage(r, next), in, bytes * n);
+        RETURN_IF_ERROR(DirectSync(in, out));
+        for (int p = 0; p < n && bytes; ++p)
+          std::memcpy(out + p * bytes, stage(p, next) + r * bytes, bytes);
+        return absl::OkStatus();
+      }
+      RETURN_IF_ERROR(DirectSync(in, out));
+      std::memcpy(out + r * bytes, in + r * bytes, bytes);
+      for (int k = 1; k < n; ++k) {
+        const int p = Mod(r + k, n);
+        RETURN_IF_ERROR(PeerRead(p, slot(p).in_addr + r * bytes, out + p * bytes, bytes));
+      }
+      return DirectSync(in, out);
+    }
+    default:
+      return absl::InvalidArgumentError("not a collective");
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

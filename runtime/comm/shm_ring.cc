@@ -24,9 +24,11 @@ namespace {
 static_assert(sizeof(Doorbell) == 64, "layout");
 static_assert(sizeof(std::atomic<uint32_t>) == 4, "futex word");
 
-size_t SegmentBytes(int num_rings, size_t ring_bytes) {
-  return kNumDoorbells * sizeof(Doorbell) +
-         static_cast<size_t>(num_rings) * (sizeof(RingHeader) + ring_bytes);
+// Offset of the extra area (after the rings, rounded up to 64 bytes).
+size_t ExtraOffset(int num_rings, size_t ring_bytes) {
+  size_t off = kNumDoorbells * sizeof(Doorbell) +
+               static_cast<size_t>(num_rings) * (sizeof(RingHeader) + ring_bytes);
+  return (off + 63) / 64 * 64;
 }
 
 long Futex(std::atomic<uint32_t>* w, int op, uint32_t val, const timespec* ts) {
@@ -141,10 +143,12 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> Map(const std::string& name, int fd,
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string& name,
-                                                               int num_rings, size_t ring_bytes) {
+                                                               int num_rings, size_t ring_bytes,
+                                                               size_t extra_bytes) {
   int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
   if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("shm_open(create) ", name));
-  size_t len = SegmentBytes(num_rings, ring_bytes);
+  const size_t extra_off = ExtraOffset(num_rings, ring_bytes);
+  size_t len = extra_off + extra_bytes;
   if (ftruncate(fd, static_cast<off_t>(len)) != 0) {
     int err = errno;
     close(fd);
@@ -163,14 +167,17 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Create(const std::string
     new (static_cast<char*>(base) + kNumDoorbells * sizeof(Doorbell) +
          i * (sizeof(RingHeader) + ring_bytes)) RingHeader();
   }
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, base, len, ring_bytes, true));
+  return std::unique_ptr<ShmSegment>(
+      new ShmSegment(name, base, len, ring_bytes, extra_off, true));
 }
 
 absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& name,
-                                                             int num_rings, size_t ring_bytes) {
+                                                             int num_rings, size_t ring_bytes,
+                                                             size_t extra_bytes) {
   int fd = shm_open(name.c_str(), O_RDWR, 0600);
   if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
-  size_t len = SegmentBytes(num_rings, ring_bytes);
+  const size_t extra_off = ExtraOffset(num_rings, ring_bytes);
+  size_t len = extra_off + extra_bytes;
   struct stat st;
   if (fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != len) {
     close(fd);
@@ -180,7 +187,8 @@ absl::StatusOr<std::unique_ptr<ShmSegment>> ShmSegment::Open(const std::string& 
   int err = errno;
   close(fd);
   if (base == MAP_FAILED) return base::ErrnoToStatus(err, absl::StrCat("mmap ", name));
-  return std::unique_ptr<ShmSegment>(new ShmSegment(name, base, len, ring_bytes, false));
+  return std::unique_ptr<ShmSegment>(
+      new ShmSegment(name, base, len, ring_bytes, extra_off, false));
 }
 
 ShmSegment::~ShmSegment() {

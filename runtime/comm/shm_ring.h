@@ -46,28 +46,35 @@ void WaitDoorbell(Doorbell* b, uint32_t seen, long timeout_us);
 // Wakes the doorbell's waiters, if any are registered (always when `force`).
 void RingDoorbell(Doorbell* b, bool force = false);
 
-// A mapped segment of `num_rings` rings of `ring_bytes` (a power of two) each.
+// A mapped segment of `num_rings` rings of `ring_bytes` (a power of two) each, followed by
+// `extra_bytes` (zeroed, 64-byte aligned) that the owner lays out as it likes.
 class ShmSegment {
  public:
   // Creates (O_EXCL) and maps a new segment. The creator unlinks it with Unlink() once peers mapped.
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Create(const std::string& name,
-                                                            int num_rings, size_t ring_bytes);
+                                                            int num_rings, size_t ring_bytes,
+                                                            size_t extra_bytes = 0);
   static absl::StatusOr<std::unique_ptr<ShmSegment>> Open(const std::string& name,
-                                                          int num_rings, size_t ring_bytes);
+                                                          int num_rings, size_t ring_bytes,
+                                                          size_t extra_bytes = 0);
   ~ShmSegment();
   void Unlink();
   Doorbell* doorbell(int kind) const { return static_cast<Doorbell*>(base_) + kind; }
   RingHeader* header(int i) const;
   char* data(int i) const;
   size_t ring_bytes() const { return ring_bytes_; }
+  char* extra() const { return static_cast<char*>(base_) + extra_off_; }
 
  private:
-  ShmSegment(std::string name, void* base, size_t len, size_t ring_bytes, bool owner)
-      : name_(std::move(name)), base_(base), len_(len), ring_bytes_(ring_bytes), owner_(owner) {}
+  ShmSegment(std::string name, void* base, size_t len, size_t ring_bytes, size_t extra_off,
+             bool owner)
+      : name_(std::move(name)), base_(base), len_(len), ring_bytes_(ring_bytes),
+        extra_off_(extra_off), owner_(owner) {}
   std::string name_;
   void* base_;
   size_t len_;
   size_t ring_bytes_;
+  size_t extra_off_;
   bool owner_;
   bool unlinked_ = false;
 };

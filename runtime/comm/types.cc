@@ -158,7 +158,57 @@ void DivideTyped(T* d, size_t n, int k) {
   }
 }
 
+// ReduceMany, blockwise through an accumulator on the stack (so dst may alias a source).
+template <typename T>
+void ReduceManyTyped(T* d, const void* const* srcs, int k, size_t n, ReduceOp op, int avg_n) {
+  constexpr size_t kBlock = 2048 / sizeof(T);
+  T acc[kBlock];
+  for (size_t off = 0; off < n; off += kBlock) {
+    size_t m = std::min(kBlock, n - off);
+    std::memcpy(acc, static_cast<const T*>(srcs[0]) + off, m * sizeof(T));
+    for (int j = 1; j < k; ++j) ReduceTyped(acc, static_cast<const T*>(srcs[j]) + off, m, op);
+    if (avg_n > 0) DivideTyped(acc, m, avg_n);
+    std::memcpy(d + off, acc, m * sizeof(T));
+  }
+}
+
+template <float (*Load)(uint16_t), uint16_t (*Store)(float)>
+void ReduceMany16(uint16_t* d, const void* const* srcs, int k, size_t n, ReduceOp op, int avg_n) {
+  constexpr size_t kBlock = 256;
+  float a[kBlock], b[kBlock];
+  for (size_t off = 0; off < n; off += kBlock) {
+    size_t m = std::min(kBlock, n - off);
+    const uint16_t* s0 = static_cast<const uint16_t*>(srcs[0]) + off;
+    for (size_t i = 0; i < m; ++i) a[i] = Load(s0[i]);
+    for (int j = 1; j < k; ++j) {
+      const uint16_t* s = static_cast<const uint16_t*>(srcs[j]) + off;
+      for (size_t i = 0; i < m; ++i) b[i] = Load(s[i]);
+      ReduceTyped(a, b, m, op);
+    }
+    if (avg_n > 0) DivideTyped(a, m, avg_n);
+    for (size_t i = 0; i < m; ++i) d[off + i] = Store(a[i]);
+  }
+}
+
 }  // namespace
+
+void ReduceMany(void* dst, const void* const* srcs, int k, size_t n, DataType t, ReduceOp op,
+                int avg_n) {
+  if (k <= 0 || n == 0) return;
+  switch (t) {
+    case DataType::kF32: ReduceManyTyped(static_cast<float*>(dst), srcs, k, n, op, avg_n); return;
+    case DataType::kF64: ReduceManyTyped(static_cast<double*>(dst), srcs, k, n, op, avg_n); return;
+    case DataType::kI32: ReduceManyTyped(static_cast<int32_t*>(dst), srcs, k, n, op, avg_n); return;
+    case DataType::kI64: ReduceManyTyped(static_cast<int64_t*>(dst), srcs, k, n, op, avg_n); return;
+    case DataType::kU8: ReduceManyTyped(static_cast<uint8_t*>(dst), srcs, k, n, op, avg_n); return;
+    case DataType::kBF16:
+      ReduceMany16<BF16ToFloat, FloatToBF16>(static_cast<uint16_t*>(dst), srcs, k, n, op, avg_n);
+      return;
+    case DataType::kF16:
+      ReduceMany16<HalfToFloat, FloatToHalf>(static_cast<uint16_t*>(dst), srcs, k, n, op, avg_n);
+      return;
+  }
+}
 
 void Reduce(void* dst, const void* src, size_t n, DataType t, ReduceOp op) {
   switch (t) {

@@ -3,8 +3,11 @@
 //
 //   comm::Reduce(dst, src, count, DataType::kBF16, ReduceOp::kSum);   // dst[i] = dst[i] + src[i]
 //
-// 16-bit floats (bf16, f16) are widened to f32, combined, and rounded once (round-to-nearest-even)
-// per call, so a ring hop never accumulates in 16 bits.
+// 16-bit floats (bf16, f16) are widened to f32, combined, and rounded (round-to-nearest-even) once
+// per call. Reduce combines two buffers, so a chain of calls (a ring or tree of 2-input hops, as the
+// TCP path and NCCL's ring run) rounds every partial sum to 16 bits: the error grows with the number
+// of hops (see docs/comm.md for the bound). ReduceMany combines all inputs at once in f32 and rounds
+// once (the shared-memory path, where a rank can read every peer's input in place).
 #ifndef EMBER_RUNTIME_COMM_TYPES_H_
 #define EMBER_RUNTIME_COMM_TYPES_H_
 
@@ -53,6 +56,13 @@ inline uint16_t FloatToBF16(float f) {
 // dst[i] = op(dst[i], src[i]) for i < count. kAvg combines like kSum (the division happens once,
 // at the end, through Scale). Integer sum/product wrap around (two's complement).
 void Reduce(void* dst, const void* src, size_t count, DataType t, ReduceOp op);
+
+// dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[nsrc-1][i]), combined in index order (so every
+// rank that reduces the same inputs gets bitwise the same result). With avg_n > 0 the result is
+// divided by avg_n before it is stored (16-bit floats: in f32, before the single rounding;
+// integers: truncating). dst may be one of the sources (same address); no other overlap.
+void ReduceMany(void* dst, const void* const* srcs, int nsrc, size_t count, DataType t,
+                ReduceOp op, int avg_n = 0);
 
 // Finishes an average over `n` contributions: buf[i] /= n (integers: truncating division).
 void FinishAvg(void* buf, size_t count, DataType t, int n);

@@ -40,4 +40,42 @@ TEST_CASE("Reduce combines every dtype and op") {
   REQUIRE(!ParseReduceOp("mean").ok());
 }
 
+TEST_CASE("ReduceMany rounds a 16-bit sum once, in f32, in source order") {
+  // 1 + 2^-8 + 2^-8: two 2-input hops each round a tie back to 1 (even); one rounding of the
+  // exact sum 1 + 2^-7 keeps it (representable in bf16).
+  uint16_t a[1] = {FloatToBF16(1.0f)}, b[1] = {FloatToBF16(0.00390625f)}, c[1] = {b[0]};
+  uint16_t pairwise[1] = {a[0]};
+  Reduce(pairwise, b, 1, DataType::kBF16, ReduceOp::kSum);
+  Reduce(pairwise, c, 1, DataType::kBF16, ReduceOp::kSum);
+  REQUIRE(BF16ToFloat(pairwise[0]) == 1.0f);
+  const void* srcs[] = {a, b, c};
+  uint16_t once[1];
+  ReduceMany(once, srcs, 3, 1, DataType::kBF16, ReduceOp::kSum);
+  REQUIRE(BF16ToFloat(once[0]) == 1.0078125f);
+  // Average: (1 + 2^-8 + 2^-8) / 3 divided in f32, rounded once; dst may alias a source.
+  ReduceMany(a, srcs, 3, 1, DataType::kBF16, ReduceOp::kAvg, 3);
+  REQUIRE(a[0] == FloatToBF16(1.0078125f / 3));
+  // Same for f16 (ulp 2^-10 at 1).
+  uint16_t h1[1] = {FloatToHalf(1.0f)}, h2[1] = {FloatToHalf(0.00048828125f)}, h3[1];
+  const void* hs[] = {h1, h2, h2};
+  ReduceMany(h3, hs, 3, 1, DataType::kF16, ReduceOp::kSum);
+  REQUIRE(HalfToFloat(h3[0]) == 1.0009765625f);
+  // Wider types: several blocks, every op, integer average truncates; matches pairwise Reduce.
+  for (ReduceOp op : kAllReduceOps) {
+    std::vector<int32_t> x(5000), y(5000), z(5000);
+    for (int i = 0; i < 5000; ++i) {
+      x[i] = i % 7 - 3;
+      y[i] = i % 5 - 2;
+      z[i] = i % 11 - 5;
+    }
+    std::vector<int32_t> want = x;
+    Reduce(want.data(), y.data(), 5000, DataType::kI32, op);
+    Reduce(want.data(), z.data(), 5000, DataType::kI32, op);
+    if (op == ReduceOp::kAvg) FinishAvg(want.data(), 5000, DataType::kI32, 3);
+    const void* is[] = {x.data(), y.data(), z.data()};
+    ReduceMany(y.data(), is, 3, 5000, DataType::kI32, op, op == ReduceOp::kAvg ? 3 : 0);
+    REQUIRE(y == want);
+  }
+}
+
 }  // namespace ember::comm

@@ -1,6 +1,7 @@
-// Multi-process tests of the comm layer: 2, 3 and 4 ranks, shared memory and TCP-only, every op x
-// dtype x reduce op against a serial reference (in comm_worker), subgroups, tagged p2p,
-// mismatched sizes, a killed rank, and an injected hang analysed from the flight-recorder dumps.
+// Multi-process tests of the comm layer: 2, 3 and 4 ranks, shared memory (direct collectives and
+// the shm ring) and TCP-only, every op x dtype x reduce op against a serial reference (in
+// comm_worker), bf16/f16 rounding against a float64 reference, subgroups, tagged p2p, mismatched
+// sizes, a killed rank, and an injected hang analysed from the flight-recorder dumps.
 #include <sys/stat.h>
 
 #include <chrono>
@@ -17,12 +18,13 @@ namespace {
 
 const std::string kTcpOnly = "EMBER_COMM_DISABLE_SHM=1";
 
-void Expect(const std::string& scenario, int n, bool tcp_only, double timeout_s) {
+void Expect(const std::string& scenario, int n, bool tcp_only, double timeout_s,
+            std::vector<std::string> args = {}, std::vector<std::string> env = {}) {
   INFO(scenario << " with " << n << " ranks" << (tcp_only ? " (TCP only)" : " (shm)"));
-  std::vector<std::string> env;
   if (tcp_only) env.push_back(kTcpOnly);
-  RunResult r = RunRanks(n, {"--scenario=" + scenario, "--rdzv_dir=" + TempDir("rdzv")}, env,
-                         timeout_s);
+  args.push_back("--scenario=" + scenario);
+  args.push_back("--rdzv_dir=" + TempDir("rdzv"));
+  RunResult r = RunRanks(n, args, env, timeout_s);
   REQUIRE(!r.timed_out);
   REQUIRE(AllExitZero(r));
 }
@@ -33,6 +35,17 @@ TEST_CASE("every op x dtype x reduce op matches the serial reference") {
   for (int n : {2, 3, 4}) {
     Expect("correctness", n, false, 90);
     Expect("correctness", n, true, 90);
+  }
+}
+
+TEST_CASE("the shm ring path (direct collectives off) still matches the serial reference") {
+  Expect("correctness", 3, false, 90, {}, {"EMBER_COMM_SHM_DIRECT=0"});
+}
+
+TEST_CASE("bf16/f16 sums: shm rounds once, TCP rings stay within the stated bound") {
+  for (int n : {2, 3, 4}) {
+    Expect("numerics", n, false, 60, {"--expect_direct"});
+    Expect("numerics", n, true, 60);
   }
 }
 

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <numeric>
@@ -23,7 +24,9 @@
 #include "runtime/flight/recorder.h"
 
 ABSL_FLAG(std::string, scenario, "correctness",
-          "correctness|big|subgroups|p2p|mismatch|kill|hang|store_ops");
+          "correctness|numerics|big|subgroups|p2p|mismatch|kill|hang|store_ops");
+ABSL_FLAG(bool, expect_direct, false,
+          "numerics: the group must use the direct shm path (else: the channel/ring path)");
 ABSL_FLAG(int, rank, 0, "");
 ABSL_FLAG(int, size, 2, "");
 ABSL_FLAG(std::string, rdzv_dir, "", "file rendezvous directory");
@@ -127,6 +130,101 @@ absl::Status Correctness(ProcessGroup& pg) {
         Fill(&want, t, j, n, g_rank * n);
         CHECK_OR_FAIL(std::memcmp(a_out.data() + j * n * es, want.data(), n * es) == 0,
                       Name("all_to_all", t, n), " block ", j);
+      }
+    }
+  }
+  return pg.Barrier()->Wait(absl::Seconds(60));
+}
+
+// A 16-bit float with a random sign, exponent in [-3, 2] and random significand: sums of up to 4
+// of them need up to ~17 significant bits (so a 16-bit result must round) but are exact in f32.
+uint16_t Random16(DataType t, int rank, size_t i) {
+  uint64_t z = (static_cast<uint64_t>(rank) << 40) + i + 0x9e3779b97f4a7c15ull;  // splitmix64
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  const uint32_t sign = (z >> 63) & 1, e = (z >> 32) % 6;  // exponent -3 .. 2
+  if (t == DataType::kBF16) return static_cast<uint16_t>(sign << 15 | (124 + e) << 7 | (z & 0x7f));
+  return static_cast<uint16_t>(sign << 15 | (12 + e) << 10 | (z & 0x3ff));
+}
+
+double Decode16(DataType t, uint16_t h) { return t == DataType::kBF16 ? BF16ToFloat(h) : HalfToFloat(h); }
+uint16_t Round16(DataType t, float f) { return t == DataType::kBF16 ? FloatToBF16(f) : FloatToHalf(f); }
+
+// bf16/f16 sum and average against a float64 reference (docs/comm.md, "Precision"):
+// - direct shm path: one rounding. The f32 sum of these inputs is exact, so the sum must equal
+//   RNE16(exact sum) bit for bit; the average is within half an ulp plus the f32 division error.
+// - ring/tree (channel) path: every 2-input hop rounds to 16 bits, so the error is bounded by
+//   gamma_(N-1) * sum|x_i| with gamma_k = k*u' / (1 - k*u'), u' = u16 + 2^-23.
+absl::Status Numerics(ProcessGroup& pg) {
+  const bool direct = pg.Describe().find(", direct") != std::string::npos;
+  CHECK_OR_FAIL(direct == absl::GetFlag(FLAGS_expect_direct), "path: ", pg.Describe());
+  const int n = g_size;
+  for (DataType t : {DataType::kBF16, DataType::kF16}) {
+    const double u = t == DataType::kBF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+    const int mant_bits = t == DataType::kBF16 ? 7 : 10;
+    const double up = u + std::ldexp(1.0, -23);
+    const double gamma = (n - 1) * up / (1 - (n - 1) * up);
+    for (size_t count : {size_t{1000}, size_t{40000}, size_t{262147}}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+        if (op == ReduceOp::kAvg && !direct) continue;  // the ring bound is stated for sums
+        for (bool scatter : {false, true}) {
+          // all_reduce: element i of rank r is Random16(r, i); reduce_scatter: block b of rank r
+          // holds Random16(r, b * count + i), and this rank gets block g_rank.
+          std::vector<uint16_t> in(scatter ? count * n : count), out(count);
+          for (size_t i = 0; i < in.size(); ++i) in[i] = Random16(t, g_rank, i);
+          absl::Status st;
+          if (scatter) {
+            st = pg.ReduceScatterSingle(in.data(), out.data(), count, t, op)->Wait(absl::Seconds(60));
+          } else {
+            out = in;
+            st = pg.AllReduce(out.data(), count, t, op)->Wait(absl::Seconds(60));
+          }
+          if (!st.ok()) return st;
+          const size_t base = scatter ? g_rank * count : 0;
+          size_t bad = 0, rounded = 0;
+          double max_err_ulps = 0, max_err_u = 0;  // in ulps of the result; in u * sum|x_i|
+          for (size_t i = 0; i < count; ++i) {
+            double sum = 0, abs_sum = 0;
+            for (int r = 0; r < n; ++r) {
+              double x = Decode16(t, Random16(t, r, base + i));
+              sum += x;
+              abs_sum += std::fabs(x);
+            }
+            const double exact = op == ReduceOp::kAvg ? sum / n : sum;
+            const double got = Decode16(t, out[i]);
+            const double err = std::fabs(got - exact);
+            // Spacing of 16-bit values at `exact` (f16 subnormals below 2^-14: fixed 2^-24).
+            const double ulp = exact == 0 ? 0
+                               : std::max(std::ldexp(1.0, std::ilogb(exact) - mant_bits),
+                                          t == DataType::kF16 ? std::ldexp(1.0, -24) : 0.0);
+            if (ulp > 0) max_err_ulps = std::max(max_err_ulps, err / ulp);
+            max_err_u = std::max(max_err_u, err / (u * abs_sum));
+            rounded += Decode16(t, Round16(t, static_cast<float>(exact))) != exact;
+            bool ok;
+            if (direct && op == ReduceOp::kSum) {
+              ok = out[i] == Round16(t, static_cast<float>(exact));
+            } else if (direct) {
+              ok = err <= 0.5 * ulp + std::ldexp(std::fabs(exact), -23);
+            } else {
+              ok = err <= gamma * (abs_sum / (op == ReduceOp::kAvg ? n : 1));
+            }
+            if (!ok && ++bad <= 3) {
+              CHECK_OR_FAIL(false, scatter ? "reduce_scatter " : "all_reduce ", DataTypeName(t), " ",
+                            ReduceOpName(op), " n=", count, " element ", i, ": got ", got,
+                            " exact ", exact, direct ? " (want one rounding)" : " (ring bound)");
+            }
+          }
+          if (g_rank == 0) {
+            std::fprintf(stderr, "[rank 0] %s %s %s count %zu: max error %.3f ulp = %.3f u*sum|x| "
+                         "(bound %.3f), %zu/%zu inexact sums\n",
+                         scatter ? "reduce_scatter" : "all_reduce", DataTypeName(t),
+                         ReduceOpName(op), count, max_err_ulps, max_err_u,
+                         direct ? 1.0 : gamma / u, rounded, count);
+          }
+          // Inputs where rounding matters: most sums are not representable in 16 bits.
+          CHECK_OR_FAIL(rounded > count / 4, "too few inexact sums: ", rounded);
+        }
       }
     }
   }
@@ -329,6 +427,7 @@ int main(int argc, char** argv) {
   }
   absl::Status s;
   if (scenario == "correctness") s = Correctness(**pg);
+  else if (scenario == "numerics") s = Numerics(**pg);
   else if (scenario == "big") s = Big(**pg);
   else if (scenario == "subgroups") s = Subgroups(**pg);
   else if (scenario == "p2p") s = P2P(**pg);
