@@ -2,11 +2,14 @@
 // window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
 // training step against the same model in PyTorch (run in the same process tree, same threads).
 //
-//   bazel run -c opt //kernels:kernel_bench -- [--quick] [--json] [--threads=N]
+//   bazel run -c opt //kernels:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
+//       [--threads=N]
 //
-// Each target row: value, peer (null when absolute), goal (applies to value/peer, or value when
-// peer is null), higher_is_better, unit. Timings are medians over --reps runs, except the big LCE
-// and dense attention runs, which are timed once (each takes 10-30 s).
+// One table of figures (value, reference, ratio); those with a goal are also targets
+// (bench/report.h: the goal applies to value/peer; a PyTorch peer that fails leaves its target not
+// measured). Timings are medians over --reps runs, except the big LCE and dense attention runs,
+// which are timed once (each takes 10-30 s). The training step interleaves ours and PyTorch in
+// rounds (median of 3).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -30,11 +33,10 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
+#include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/model/gpt.h"
 
-ABSL_FLAG(bool, quick, false, "small shapes: a smoke run of every target in seconds");
-ABSL_FLAG(bool, json, false, "print one JSON object instead of the table");
 ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
 ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
 ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
@@ -54,10 +56,7 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 double TimeMedian(int reps, const std::function<void()>& fn) {
   std::vector<double> t;
@@ -69,6 +68,8 @@ double TimeMedian(int reps, const std::function<void()>& fn) {
   return Median(t);
 }
 
+// One measured figure. `peer` is the reference it is compared with (ours in another mode, or
+// PyTorch); figures with a goal become report targets (goal on value/peer).
 struct Target {
   std::string name;
   double value;
@@ -77,15 +78,8 @@ struct Target {
   bool higher_is_better;
   std::string unit;
   std::string note;
+  std::string peer_error;  // why a PyTorch peer figure is missing
 };
-
-std::string Num(std::optional<double> v) { return v ? absl::StrFormat("%.6g", *v) : "null"; }
-
-bool Meets(const Target& t) {
-  if (!t.goal) return true;
-  double r = t.peer ? t.value / *t.peer : t.value;
-  return t.higher_is_better ? r >= *t.goal : r <= *t.goal;
-}
 
 std::vector<float> Rand(int64_t n, uint64_t seed, float scale) {
   std::vector<float> v(n);
@@ -194,7 +188,8 @@ for i in range(steps + 2):
 times = sorted(times[2:]); print(B * T / times[len(times) // 2])
 )PY";
 
-std::optional<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, int steps, int threads) {
+absl::StatusOr<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, int steps,
+                                         int threads) {
   std::string path = absl::StrCat("/tmp/kernel_bench_peer_", getpid(), ".py");
   std::ofstream(path) << kTorchScript;
   std::string cmd = absl::StrCat("OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=", threads, " ",
@@ -202,7 +197,7 @@ std::optional<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, in
                                  c.context, " ", c.n_layer, " ", c.n_head, " ", c.d_model, " ", B,
                                  " ", steps, " ", threads, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return std::nullopt;
+  if (p == nullptr) return absl::InternalError("popen failed");
   std::string text;
   char buf[512];
   while (fgets(buf, sizeof buf, p)) text += buf;
@@ -210,9 +205,14 @@ std::optional<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, in
   std::remove(path.c_str());
   if (rc != 0) {
     std::fprintf(stderr, "peer failed: %s\n", text.c_str());
-    return std::nullopt;
+    if (text.size() > 300) text = "..." + text.substr(text.size() - 300);
+    return absl::UnavailableError(
+        absl::StrCat("PyTorch peer (", absl::GetFlag(FLAGS_python), ") exited with wait status ",
+                     rc, ": ", text));
   }
-  return std::strtod(text.c_str() + text.rfind('\n', text.size() - 2) + 1, nullptr);
+  double tps = std::strtod(text.c_str() + text.rfind('\n', text.size() - 2) + 1, nullptr);
+  if (!(tps > 0)) return absl::UnavailableError("PyTorch peer printed no tokens/s: " + text);
+  return tps;
 }
 
 // Returns tokens/s (median over `steps` after 2 warm-up steps) of the training step (forward, fused LCE, backward, AdamW).
@@ -231,7 +231,10 @@ double TrainStep(const ExecContext& ctx, const model::GptConfig& c, int64_t B, i
     auto loss = m->ForwardBackward(ctx, tok.data(), tgt.data(), B, c.context);
     opt.Step(ctx, *m);
     if (i >= 2) times.push_back(Now() - s);
-    if (!loss.ok()) std::abort();
+    if (!loss.ok()) {
+      std::fprintf(stderr, "training step failed: %s\n", loss.status().ToString().c_str());
+      std::exit(1);
+    }
   }
   *peak_bytes = m->peak_activation_bytes();
   return B * c.context / Median(times);
@@ -273,10 +276,11 @@ int ProfileSteps(const ExecContext& ctx, int steps) {
   return 0;
 }
 
-int Print(const std::vector<Target>& t, int threads, bool quick);
+int Print(bench::Report& report, const std::vector<Target>& t, int threads,
+          bench::LoadAverage load_begin);
 
-int Main() {
-  const bool quick = absl::GetFlag(FLAGS_quick);
+int Main(int argc, char** argv) {
+  const bool quick = bench::Quick();
   int threads = absl::GetFlag(FLAGS_threads);
   if (threads <= 0) threads = std::max(1u, std::thread::hardware_concurrency());
   const int reps = quick ? 1 : absl::GetFlag(FLAGS_reps);
@@ -286,26 +290,34 @@ int Main() {
     ctx.deterministic = absl::GetFlag(FLAGS_profile_deterministic);
     return ProfileSteps(ctx, n);
   }
+  bench::Report report("kernel_bench", argc, argv);
+  const bench::LoadAverage load_begin = bench::ReadLoadAverage();
   std::vector<Target> t;
   const std::string only = absl::GetFlag(FLAGS_only);
   auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
 
   if (want("lce")) {
     if (quick) {
-      BenchLce(ctx, 2048, 32000, 256, &t);
+      BenchLce(ctx, 512, 8192, 128, &t);
     } else {
       BenchLce(ctx, absl::GetFlag(FLAGS_lce_n), 128256, 1024, &t);
       if (absl::GetFlag(FLAGS_lce_8192)) BenchLce(ctx, 8192, 128256, 1024, &t);
     }
   }
-  if (want("attention")) BenchAttention(ctx, quick ? 4096 : 32768, 256, reps, &t);
+  if (want("attention")) BenchAttention(ctx, quick ? 2048 : 32768, 256, reps, &t);
   if (want("step")) BenchStep(ctx, quick, reps, threads, &t);
-  return Print(t, threads, quick);
+  return Print(report, t, threads, load_begin);
 }
 
 void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out) {
   std::vector<Target>& t = *out;
   model::GptConfig c;  // vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP
+  if (quick) {          // a smoke run: same code paths, a small model
+    c.vocab_size = 1024;
+    c.context = 64;
+    c.n_layer = 1;
+    c.d_model = 64;
+  }
   const int64_t B = quick ? 2 : 8;
   const int steps = quick ? 2 : 6;
   // Rounds interleave ours (default and deterministic mode), PyTorch and the sgemm ceiling, so a
@@ -314,13 +326,16 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::v
   ExecContext det = ctx;  // same pool, deterministic partitioning
   det.deterministic = true;
   std::vector<double> v_tps, v_det, v_peer, v_ceiling;
+  std::string peer_error = absl::GetFlag(FLAGS_peer) ? "" : "peer skipped (--peer=false)";
   int64_t peak = 0, peak_det = 0;
   for (int r = 0; r < rounds; ++r) {
-    v_ceiling.push_back(SgemmCeiling(ctx, quick ? 512 : 2048, quick ? 2 : reps));
+    v_ceiling.push_back(SgemmCeiling(ctx, quick ? 256 : 2048, quick ? 2 : reps));
     v_tps.push_back(TrainStep(ctx, c, B, steps, &peak));
     v_det.push_back(TrainStep(det, c, B, steps, &peak_det));
     if (absl::GetFlag(FLAGS_peer)) {
-      if (auto p = TorchTokensPerSec(c, B, steps, threads)) v_peer.push_back(*p);
+      auto p = TorchTokensPerSec(c, B, steps, threads);
+      if (p.ok()) v_peer.push_back(*p);
+      else peer_error = std::string(p.status().message());
     }
   }
   const double ceiling = Median(v_ceiling), tps = Median(v_tps), tps_det = Median(v_det);
@@ -328,47 +343,41 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::v
   const double flops_tok = 6.0 * (12.0 * c.n_layer * c.d_model * c.d_model + c.vocab_size * c.d_model) +
                            6.0 * c.n_layer * c.context * c.d_model;
   t.push_back({"sgemm_ceiling", ceiling / 1e9, std::nullopt, std::nullopt, true, "GFLOP/s",
-               absl::StrCat("square sgemm n=", quick ? 512 : 2048, " on the pool")});
+               absl::StrCat("square sgemm n=", quick ? 256 : 2048, " on the pool")});
   t.push_back({"train_step_mfu", tps * flops_tok / ceiling, std::nullopt, std::nullopt, true,
                "fraction", absl::StrFormat("%.1f GFLOP/s model FLOPs", tps * flops_tok / 1e9)});
   std::optional<double> peer;
   if (!v_peer.empty()) peer = Median(v_peer);
   t.push_back({"train_step_tokens_per_s", tps, peer, 1.5, true, "tokens/s",
-               absl::StrFormat("B=%d T=256 V=8192 L=4 H=4 C=256, peak activations %.1f MiB; peer "
-                               "PyTorch 1.13 same model", B, peak / 1048576.0)});
+               absl::StrFormat("B=%d T=%d V=%d L=%d H=%d C=%d, peak activations %.1f MiB; peer "
+                               "PyTorch 1.13 same model, rounds interleaved",
+                               B, c.context, c.vocab_size, c.n_layer, c.n_head, c.d_model,
+                               peak / 1048576.0),
+               peer_error});
   t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
                "cost of deterministic mode"});
 }
 
-int Print(const std::vector<Target>& t, int threads, bool quick) {
-  double load = 0;
-  if (FILE* f = std::fopen("/proc/loadavg", "r")) {
-    if (std::fscanf(f, "%lf", &load) != 1) load = -1;
-    std::fclose(f);
-  }
-  if (absl::GetFlag(FLAGS_json)) {
-    std::string s = absl::StrCat("{\"threads\":", threads, ",\"loadavg_1m\":", load, ",\"quick\":", quick ? "true" : "false",
-                                 ",\"targets\":[");
-    for (size_t i = 0; i < t.size(); ++i) {
-      absl::StrAppend(&s, i ? "," : "", "{\"name\":\"", t[i].name, "\",\"value\":", Num(t[i].value),
-                      ",\"peer\":", Num(t[i].peer), ",\"goal\":", Num(t[i].goal),
-                      ",\"higher_is_better\":", t[i].higher_is_better ? "true" : "false",
-                      ",\"unit\":\"", t[i].unit, "\",\"note\":\"", t[i].note, "\"}");
-    }
-    std::printf("%s]}\n", s.c_str());
-    return 0;
-  }
-  std::printf("threads %d, 1-minute load average at the end %.2f (other processes skew timings)\n",
-              threads, load);
-  std::printf("%-42s %12s %12s %10s %8s %-5s %-9s %s\n", "target", "value", "peer", "value/peer",
-              "goal", "met", "unit", "note");
+int Print(bench::Report& report, const std::vector<Target>& t, int threads,
+          bench::LoadAverage load_begin) {
+  report.SetMeta("threads", json::Value::Int(threads));
+  bench::Table& table = report.AddTable(
+      "kernels: figures (reference = the figure the value is compared with)",
+      {"figure", "value", "reference", "value/reference", "goal", "unit", "note"});
+  table.SetLoad(load_begin, bench::ReadLoadAverage());
   for (const auto& x : t) {
-    std::string ratio = x.peer ? absl::StrFormat("%.4g", x.value / *x.peer) : "-";
-    std::printf("%-42s %12.5g %12s %10s %8s %-5s %-9s %s\n", x.name.c_str(), x.value,
-                Num(x.peer).c_str(), ratio.c_str(), Num(x.goal).c_str(),
-                !x.goal ? "-" : (Meets(x) ? "yes" : "NO"), x.unit.c_str(), x.note.c_str());
+    std::optional<double> ratio;
+    if (x.peer) ratio = x.value / *x.peer;
+    table.AddRow({x.name, x.value, x.peer, ratio,
+                  x.goal ? absl::StrFormat("%s %.4g", x.higher_is_better ? ">=" : "<=", *x.goal)
+                         : std::string("-"),
+                  x.unit, x.note});
+    if (x.goal) {
+      report.AddTarget(bench::Target::VsPeer(x.name, x.value, x.peer, *x.goal, x.higher_is_better,
+                                             x.unit, x.peer_error, x.note));
+    }
   }
-  return 0;
+  return report.Finish();
 }
 
 }  // namespace
@@ -376,5 +385,5 @@ int Print(const std::vector<Target>& t, int threads, bool quick) {
 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "kernel_bench");
-  return ember::kernels::Main();
+  return ember::kernels::Main(argc, argv);
 }

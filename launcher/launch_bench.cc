@@ -1,6 +1,7 @@
 // launch_bench: what the launcher itself costs.
 //
-//   bazel run -c opt //launcher:launch_bench -- [--json] [--worker PATH] [--spec JOB.yaml]
+//   bazel run -c opt //launcher:launch_bench -- [--json] [--quick] [--reps=3] [--worker=PATH]
+//       [--spec=JOB.yaml]
 //
 // submit_to_first_step_s  Submit of a 4-rank job on a standalone (in-process) cluster until rank 0
 //                         reports step 1. With the default stand-in worker (tests/e2e:test_worker)
@@ -12,7 +13,8 @@
 //                         The daemon's own CPU (this process: store + daemon threads, not the
 //                         workers) and resident memory growth while supervising 4 workers for 3 s,
 //                         divided by 4.
-// Each latency is the median of --reps runs (default 3).
+// Each latency is the median of --reps runs (default 3; --quick: 1 run, 1 s of supervision).
+// All targets are absolute (no peer).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -23,13 +25,20 @@
 #include <map>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "bench/report.h"
 #include "launcher/client.h"
 #include "launcher/standalone.h"
+#include "runtime/base/flags.h"
 #include "runtime/daemon/process.h"
 #include "yaml-cpp/yaml.h"
+
+ABSL_FLAG(int, reps, 3, "submit/cancel repetitions (median reported); --quick: 1");
+ABSL_FLAG(std::string, worker, "", "worker binary (default: tests/e2e:test_worker)");
+ABSL_FLAG(std::string, spec, "", "job spec to submit (default: a 4-rank stand-in job)");
 
 namespace {
 
@@ -52,10 +61,7 @@ long RssKib() {
   return 0;
 }
 
-double Median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using ember::bench::Median;
 
 std::string Spec(const std::string& name, int steps) {
   return absl::StrCat("name: ", name, "\nmodel: {n_layers: 1, d_model: 32, n_heads: 2, ",
@@ -66,20 +72,12 @@ std::string Spec(const std::string& name, int steps) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool json = false;
-  int reps = 3;
-  std::string worker, spec_path;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--json") json = true;
-    else if (a.rfind("--worker=", 0) == 0) worker = a.substr(9);
-    else if (a.rfind("--spec=", 0) == 0) spec_path = a.substr(7);
-    else if (a.rfind("--reps=", 0) == 0) reps = std::max(1, atoi(a.c_str() + 7));
-    else {
-      std::cerr << "usage: launch_bench [--json] [--reps=N] [--worker=PATH] [--spec=JOB.yaml]\n";
-      return 2;
-    }
-  }
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "launch_bench");
+  ember::bench::Report report("launch_bench", argc, argv);
+  const bool quick = ember::bench::Quick();
+  const int reps = quick ? 1 : std::max(1, absl::GetFlag(FLAGS_reps));
+  const absl::Duration supervise = quick ? absl::Seconds(1) : absl::Seconds(3);
+  std::string worker = absl::GetFlag(FLAGS_worker), spec_path = absl::GetFlag(FLAGS_spec);
   if (worker.empty()) {
     for (std::string c : {std::string("tests/e2e/test_worker"),
                           absl::StrCat(argv[0], ".runfiles/ember/tests/e2e/test_worker")}) {
@@ -106,25 +104,17 @@ int main(int argc, char** argv) {
   so.worker_binary = worker;
   so.ranks = 4;
   auto cluster = ember::StandaloneCluster::Start(so, first_spec);
-  if (!cluster.ok()) {
-    std::cerr << "launch_bench: " << cluster.status() << "\n";
-    return 1;
-  }
+  if (!cluster.ok()) return report.Fail(cluster.status());
   auto c = (*cluster)->Connect();
-  if (!c.ok()) {
-    std::cerr << "launch_bench: " << c.status() << "\n";
-    return 1;
-  }
+  if (!c.ok()) return report.Fail(c.status());
+  const ember::bench::LoadAverage load_begin = ember::bench::ReadLoadAverage();
   std::vector<double> first_step, gone;
   double cpu_pct = 0, rss_kib = 0;
   for (int rep = 0; rep < reps; ++rep) {
     long rss0 = RssKib();
     absl::Time t0 = absl::Now();
     auto r = c->Submit(first_spec, "", files);
-    if (!r.ok()) {
-      std::cerr << "launch_bench: " << r.status() << "\n";
-      return 1;
-    }
+    if (!r.ok()) return report.Fail(r.status());
     std::string id = r->job().id();
     bool started = false;
     while (absl::Now() - t0 < absl::Seconds(120)) {
@@ -137,49 +127,47 @@ int main(int argc, char** argv) {
       absl::SleepFor(absl::Milliseconds(5));
     }
     if (!started) {
-      std::cerr << "launch_bench: job " << id << " never reported step 1\n";
-      return 1;
+      return report.Fail(absl::DeadlineExceededError(
+          absl::StrCat("job ", id, " never reported step 1 within 120 s")));
     }
     first_step.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     if (rep == 0) {  // steady-state supervision cost
       double cpu0 = CpuSeconds();
       absl::Time w0 = absl::Now();
-      absl::SleepFor(absl::Seconds(3));
+      absl::SleepFor(supervise);
       double wall = absl::ToDoubleSeconds(absl::Now() - w0);
       cpu_pct = 100.0 * (CpuSeconds() - cpu0) / wall / 4;
       rss_kib = std::max(0L, RssKib() - rss0) / 4.0;
     }
     absl::Time c0 = absl::Now();
-    (void)c->Cancel(id);
+    if (auto s = c->Cancel(id); !s.ok()) return report.Fail(s.status());
     while (!ember::daemon::FindJobProcesses(id).empty() && absl::Now() - c0 < absl::Seconds(30)) {
       absl::SleepFor(absl::Milliseconds(5));
+    }
+    if (!ember::daemon::FindJobProcesses(id).empty()) {
+      return report.Fail(absl::DeadlineExceededError(
+          absl::StrCat("processes of job ", id, " still alive 30 s after cancel")));
     }
     gone.push_back(absl::ToDoubleSeconds(absl::Now() - c0));
     (void)c->Wait(id, absl::Seconds(10));
     absl::SleepFor(absl::Milliseconds(300));  // devices released before the next placement
   }
-  struct Row { const char* name; double value; double goal; bool higher; const char* unit; };
-  Row rows[] = {
-      {"submit_to_first_step_s", Median(first_step), 2.0, false, "s"},
-      {"cancel_to_all_gone_s", Median(gone), 5.0, false, "s"},
-      {"daemon_cpu_pct_per_worker", cpu_pct, 1.0, false, "%"},
-      {"daemon_rss_kib_per_worker", rss_kib, 1024, false, "KiB"},
-  };
-  if (json) {
-    std::cout << "{\"benchmark\":\"launch_bench\",\"worker\":\"" << worker << "\",\"targets\":[";
-    for (size_t i = 0; i < std::size(rows); ++i) {
-      std::cout << (i ? "," : "")
-                << absl::StrFormat("{\"name\":\"%s\",\"value\":%.4f,\"peer\":null,\"goal\":%g,"
-                                   "\"higher_is_better\":%s,\"unit\":\"%s\"}",
-                                   rows[i].name, rows[i].value, rows[i].goal,
-                                   rows[i].higher ? "true" : "false", rows[i].unit);
-    }
-    std::cout << "]}\n";
-  } else {
-    std::cout << absl::StrFormat("%-28s %10s %8s %s\n", "target", "value", "goal", "unit");
-    for (const Row& r : rows) {
-      std::cout << absl::StrFormat("%-28s %10.3f %8g %s\n", r.name, r.value, r.goal, r.unit);
-    }
-  }
-  return 0;
+  ember::bench::Table& t = report.AddTable(
+      absl::StrCat("launcher, 4-rank job on a standalone cluster: median of ", reps, " runs"),
+      {"measurement", "value", "unit"});
+  t.SetLoad(load_begin, ember::bench::ReadLoadAverage());
+  t.AddNote("worker: " + worker);
+  t.AddRow({"submit to first step", Median(first_step), "s"});
+  t.AddRow({"cancel to all processes gone", Median(gone), "s"});
+  t.AddRow({absl::StrCat("daemon CPU per worker (", absl::FormatDuration(supervise), ")"), cpu_pct,
+            "%"});
+  t.AddRow({"daemon RSS growth per worker", rss_kib, "KiB"});
+  using ember::bench::Target;
+  const bool lower = ember::bench::kLowerIsBetter;
+  report.AddTarget(Target::Absolute("submit_to_first_step_s", Median(first_step), 2.0, lower, "s"));
+  report.AddTarget(Target::Absolute("cancel_to_all_gone_s", Median(gone), 5.0, lower, "s"));
+  report.AddTarget(Target::Absolute("daemon_cpu_pct_per_worker", cpu_pct, 1.0, lower, "%"));
+  report.AddTarget(Target::Absolute("daemon_rss_kib_per_worker", rss_kib, 1024, lower, "KiB"));
+  report.SetMeta("worker", ember::json::Value::Str(worker));
+  return report.Finish();
 }

@@ -11,9 +11,10 @@
 //   ckpt_load_s        the restarted rank 0's checkpoint load (from its log)
 //   progress_lost      steps done at the kill minus the step resumed from (target <= --every)
 //
-//   bazel run -c opt //launcher:recovery_bench -- [--json] [--rounds 3]
+//   bazel run -c opt //launcher:recovery_bench -- [--json] [--rounds=3] [--quick]
 //
-// Each round is a fresh job; the table shows the median over rounds, --json the `targets` array.
+// Each round is a fresh job; one row per round, targets on the median (progress lost: the
+// maximum). All targets are absolute (no peer). --quick: one round of a shorter job.
 #include <signal.h>
 
 #include <algorithm>
@@ -22,14 +23,14 @@
 #include <regex>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/report.h"
+#include "runtime/base/flags.h"
 #include "runtime/daemon/process.h"
 #include "tests/e2e/cluster.h"
 #include "tests/recovery/harness.h"
 
-ABSL_FLAG(bool, json, false, "print {\"targets\": [...]} instead of the table");
 ABSL_FLAG(int, rounds, 3, "kills measured (a fresh job each)");
 ABSL_FLAG(int, steps, 60, "steps of the job");
 ABSL_FLAG(int, every, 10, "checkpoint interval (steps)");
@@ -54,11 +55,7 @@ struct Round {
   bool ok = false;
 };
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return -1;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
+using bench::Median;
 
 Round Measure(Client& c, int round) {
   Round out;
@@ -118,7 +115,13 @@ Round Measure(Client& c, int round) {
 }
 
 int Main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  bench::Report report("recovery_bench", argc, argv);
+  if (bench::Quick()) {
+    absl::SetFlag(&FLAGS_rounds, 1);
+    absl::SetFlag(&FLAGS_steps, 16);
+    absl::SetFlag(&FLAGS_every, 4);
+    absl::SetFlag(&FLAGS_kill_at, 6);
+  }
   e2e::ClusterOptions o;
   o.nodes = 2;
   o.slots = 2;
@@ -129,26 +132,28 @@ int Main(int argc, char** argv) {
                      "../..");
   }
   auto cluster = e2e::TestCluster::Start(o);
-  if (!cluster.ok()) {
-    std::fprintf(stderr, "cluster: %s\n", cluster.status().ToString().c_str());
-    return 1;
-  }
+  if (!cluster.ok()) return report.Fail(cluster.status());
   auto c = (*cluster)->Connect(0);
-  if (!c.ok()) return 1;
+  if (!c.ok()) return report.Fail(c.status());
+  const bench::LoadAverage load_begin = bench::ReadLoadAverage();
   WaitFor([&] { auto n = c->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5));
   std::vector<Round> rounds;
   for (int i = 0; i < absl::GetFlag(FLAGS_rounds); ++i) {
     Round r = Measure(*c, i);
     if (!r.ok) {
-      std::fprintf(stderr, "round %d failed\n", i);
-      return 1;
+      return report.Fail(absl::InternalError(absl::StrCat(
+          "round ", i, " failed (the job did not restart, resume or succeed; see stderr)")));
     }
     rounds.push_back(r);
   }
   std::vector<double> stopped, detect, first, load, lost;
-  std::string table = absl::StrFormat("%-6s %10s %14s %10s %13s %12s %14s\n", "round", "killed_at",
-                                      "others_stop_s", "detect_s", "first_step_s", "ckpt_load_s",
-                                      "progress_lost");
+  bench::Table& table = report.AddTable(
+      absl::StrFormat("kill -9 of rank 1 at step >= %d: 4 ranks on 2 daemons, checkpoint every "
+                      "%d steps",
+                      absl::GetFlag(FLAGS_kill_at), absl::GetFlag(FLAGS_every)),
+      {"round", "killed at step", "others stopped s", "detect s", "first step s (excl. load)",
+       "ckpt load s", "progress lost steps"});
+  table.SetLoad(load_begin, bench::ReadLoadAverage());
   for (size_t i = 0; i < rounds.size(); ++i) {
     const Round& r = rounds[i];
     stopped.push_back(r.others_stopped_s);
@@ -156,46 +161,28 @@ int Main(int argc, char** argv) {
     first.push_back(r.first_step_s);
     load.push_back(r.ckpt_load_s);
     lost.push_back(static_cast<double>(r.killed_at - r.resumed_from));
-    absl::StrAppendFormat(&table, "%-6d %10d %14.3f %10.3f %13.3f %12.4f %14d\n", i, r.killed_at,
-                          r.others_stopped_s, r.detect_s, r.first_step_s, r.ckpt_load_s,
-                          r.killed_at - r.resumed_from);
+    table.AddRow({static_cast<int>(i), r.killed_at, r.others_stopped_s, r.detect_s,
+                  r.first_step_s, r.ckpt_load_s, r.killed_at - r.resumed_from});
   }
-  struct Target {
-    std::string name;
-    double value, goal;
-    std::string unit;
-  };
+  table.AddRow({"median", bench::Cell(), Median(stopped), Median(detect), Median(first),
+                Median(load), *std::max_element(lost.begin(), lost.end())});
   const double every = absl::GetFlag(FLAGS_every);
-  const std::vector<Target> targets = {
-      {"kill9_to_others_stopped_s", Median(stopped), 5, "s"},
-      {"kill9_to_restarted_first_step_s_excl_ckpt_load", Median(first), 15, "s"},
-      {"progress_lost_steps", *std::max_element(lost.begin(), lost.end()), every, "steps"},
-  };
-  if (absl::GetFlag(FLAGS_json)) {
-    std::string out = "{\"benchmark\":\"recovery_bench\",\"targets\":[";
-    for (size_t i = 0; i < targets.size(); ++i) {
-      const Target& t = targets[i];
-      absl::StrAppendFormat(&out,
-                            "%s{\"name\":\"%s\",\"value\":%.6g,\"peer\":null,\"goal\":%g,"
-                            "\"higher_is_better\":false,\"unit\":\"%s\"}",
-                            i ? "," : "", t.name, t.value, t.goal, t.unit);
-    }
-    out += "]}";
-    std::printf("%s\n", out.c_str());
-    return 0;
-  }
-  std::printf("4 ranks on 2 daemons, checkpoint every %d steps, kill -9 of rank 1 at step >= %d\n%s",
-              absl::GetFlag(FLAGS_every), absl::GetFlag(FLAGS_kill_at), table.c_str());
-  std::printf("median: others stopped %.3f s, detect %.3f s, first step %.3f s (ckpt load %.4f s)\n",
-              Median(stopped), Median(detect), Median(first), Median(load));
-  for (const Target& t : targets) {
-    std::printf("target %-50s %.3f %s (goal <= %g) %s\n", t.name.c_str(), t.value, t.unit.c_str(),
-                t.goal, t.value <= t.goal ? "MET" : "MISSED");
-  }
-  return 0;
+  using bench::Target;
+  report.AddTarget(Target::Absolute("kill9_to_others_stopped_s", Median(stopped), 5,
+                                    bench::kLowerIsBetter, "s"));
+  report.AddTarget(Target::Absolute("kill9_to_restarted_first_step_s_excl_ckpt_load",
+                                    Median(first), 15, bench::kLowerIsBetter, "s",
+                                    "includes emberd's default 1 s restart backoff"));
+  report.AddTarget(Target::Absolute("progress_lost_steps",
+                                    *std::max_element(lost.begin(), lost.end()), every,
+                                    bench::kLowerIsBetter, "steps", "maximum over rounds"));
+  return report.Finish();
 }
 
 }  // namespace
 }  // namespace ember
 
-int main(int argc, char** argv) { return ember::Main(argc, argv); }
+int main(int argc, char** argv) {
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "recovery_bench");
+  return ember::Main(argc, argv);
+}

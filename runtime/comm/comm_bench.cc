@@ -1,13 +1,22 @@
 // comm_bench: nccl-tests-style benchmark of the cpu backend, with Gloo (torch.distributed) and
 // Open MPI measured in the same run on the same machine.
 //
-//   bazel run -c opt //runtime/comm:comm_bench -- --ranks=2,4 --json=/tmp/comm.json
+//   bazel run -c opt //runtime/comm:comm_bench -- --ranks=2,4 [--json [--allow-missing-peers]]
+//       [--rounds=3] [--quick]
 //
 // For every (ranks, transport shm|tcp, op, size) it prints time (us), algbw and busbw (GB/s) with
 // the nccl-tests factors (all_reduce 2(n-1)/n; all_gather, reduce_scatter (n-1)/n). Size is the
 // full buffer (all_reduce), the gathered output (all_gather) or the scattered input
-// (reduce_scatter), f32. Correctness is checked once per size outside the timed loop. Times are
-// the median of 3 timed loops, max across ranks. --json writes the rows plus a `targets` array.
+// (reduce_scatter), f32. Correctness is checked once per size outside the timed loop; a wrong
+// result or an error inside a timed loop fails the run. Each implementation's time is the median
+// of 3 timed loops, max across ranks; the whole sweep runs --rounds times with the implementations
+// interleaved (ember shm, ember tcp, gloo, mpi, ember shm, ...) and each cell is the median over
+// rounds. One table per (op, ranks), bench/report.h format.
+//
+// Like for like (issue 11): shm targets are against Open MPI (shared memory, vader); TCP targets
+// against Gloo (TCP). torch's Gloo has no reduce_scatter: its column there is an all_reduce of the
+// full buffer (about twice the traffic), shown as a labelled reference and never a target.
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,12 +31,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "bench/report.h"
+#include "runtime/base/flags.h"
 #include "runtime/comm/process_group.h"
 
 ABSL_FLAG(std::string, ranks, "2,4", "rank counts");
@@ -36,7 +46,8 @@ ABSL_FLAG(std::string, ops, "all_reduce,all_gather,reduce_scatter", "");
 ABSL_FLAG(int64_t, min_bytes, 4096, "");
 ABSL_FLAG(int64_t, max_bytes, 64 << 20, "");
 ABSL_FLAG(std::string, peers, "gloo,mpi", "peers to measure: gloo (torch), mpi (Open MPI)");
-ABSL_FLAG(std::string, json, "", "write results + targets here");
+ABSL_FLAG(double, loop_seconds, 0.15, "target length of one timed loop; --quick: 0.02");
+ABSL_FLAG(int, rounds, 3, "interleaved rounds of the whole sweep (median per cell); --quick: 1");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the Gloo peer");
 ABSL_FLAG(std::string, bench_dir, "runtime/comm/bench", "where gloo_peer.py and mpi_peer.c live");
 // Internal: worker mode.
@@ -99,29 +110,41 @@ int Worker() {
           break;
         }
       }
-      run().IgnoreError();
-      pg.Barrier()->Wait().IgnoreError();
+      // Any error from here on fails the run: a timed loop with a failed collective in it
+      // measures nothing.
+      auto must = [&](const absl::Status& s, const char* what) {
+        if (s.ok()) return;
+        std::fprintf(stderr, "rank %d %s %s %lld bytes: %s\n", rank, what, op.c_str(),
+                     static_cast<long long>(size), s.ToString().c_str());
+        std::_Exit(1);
+      };
+      must(run(), "warm-up");
+      must(pg.Barrier()->Wait(), "barrier");
       auto t0 = Clock::now();
-      run().IgnoreError();
+      must(run(), "probe");
       double one = std::chrono::duration<double>(Clock::now() - t0).count();
-      double it_d = std::clamp(0.15 / std::max(one, 1e-7), 3.0, 5000.0);
+      double it_d =
+          std::clamp(absl::GetFlag(FLAGS_loop_seconds) / std::max(one, 1e-7), 3.0, 5000.0);
       int64_t iters = static_cast<int64_t>(it_d);
-      pg.Broadcast(&iters, 1, DataType::kI64, 0)->Wait().IgnoreError();
+      must(pg.Broadcast(&iters, 1, DataType::kI64, 0)->Wait(), "broadcast");
       std::vector<double> reps;
       for (int k = 0; k < 3; ++k) {
-        pg.Barrier()->Wait().IgnoreError();
+        must(pg.Barrier()->Wait(), "barrier");
         auto t = Clock::now();
-        for (int64_t i = 0; i < iters; ++i) run().IgnoreError();
+        for (int64_t i = 0; i < iters; ++i) must(run(), "timed loop");
         reps.push_back(std::chrono::duration<double>(Clock::now() - t).count() / iters);
       }
       std::sort(reps.begin(), reps.end());
       double med = reps[1];
-      pg.AllReduce(&med, 1, DataType::kF64, ReduceOp::kMax)->Wait().IgnoreError();
+      must(pg.AllReduce(&med, 1, DataType::kF64, ReduceOp::kMax)->Wait(), "all_reduce of times");
       if (rank == 0) lines << op << " " << n << " " << size << " " << med * 1e6 << "\n";
     }
   }
   int32_t w = wrong;
-  pg.AllReduce(&w, 1, DataType::kI32, ReduceOp::kSum)->Wait().IgnoreError();
+  if (absl::Status st = pg.AllReduce(&w, 1, DataType::kI32, ReduceOp::kSum)->Wait(); !st.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, st.ToString().c_str());
+    return 1;
+  }
   if (rank == 0) {
     std::ofstream f(dir + "/out.txt");
     f << lines.str() << "wrong " << w << "\n";
@@ -129,202 +152,298 @@ int Worker() {
   return 0;
 }
 
-std::string Run(const std::string& cmd) {
-  std::string out;
+// Runs `cmd` through the shell; stdout in *out. Returns the wait status.
+int Run(const std::string& cmd, std::string* out) {
+  out->clear();
   FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return out;
+  if (!p) return -1;
   char buf[4096];
   size_t k;
-  while ((k = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, k);
-  pclose(p);
-  return out;
+  while ((k = fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, k);
+  return pclose(p);
 }
 
-struct Row {
-  std::string impl, op;
-  int n;
-  int64_t bytes;
-  double us;
-};
+std::string ReadTail(const std::string& path) {
+  std::ifstream f(path);
+  std::string s((std::istreambuf_iterator<char>(f)), {});
+  unlink(path.c_str());
+  return s.size() > 300 ? "..." + s.substr(s.size() - 300) : s;
+}
 
-// Parses "<impl> <op> <n> <bytes> <us>" lines.
-void ParseLines(const std::string& text, const std::string& impl_override, std::vector<Row>* rows) {
+// Cell key: impl ("ember-shm", "ember-tcp", "gloo", "mpi"), op, ranks, bytes.
+using Key = std::tuple<std::string, std::string, int, int64_t>;
+
+// Parses "<impl> <op> <n> <bytes> <us>" lines into `cells` (one sample each).
+void ParseLines(const std::string& text, const std::string& impl,
+                std::map<Key, std::vector<double>>* cells) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
     if (f.size() != 5) continue;
-    Row r;
-    r.impl = impl_override.empty() ? f[0] : impl_override;
-    r.op = f[1];
-    if (!absl::SimpleAtoi(f[2], &r.n) || !absl::SimpleAtoi(f[3], &r.bytes) || !absl::SimpleAtod(f[4], &r.us)) continue;
-    rows->push_back(r);
+    int n;
+    int64_t bytes;
+    double us;
+    if (!absl::SimpleAtoi(f[2], &n) || !absl::SimpleAtoi(f[3], &bytes) ||
+        !absl::SimpleAtod(f[4], &us)) {
+      continue;
+    }
+    (*cells)[{impl, f[1], n, bytes}].push_back(us);
   }
 }
 
-int Orchestrate(const char* self) {
-  std::vector<Row> rows;
+// One sweep of ours at `n` ranks over `tr`; appends samples. Any rank failing fails the run.
+absl::Status RunEmber(const char* self, int n, absl::string_view tr,
+                      std::map<Key, std::vector<double>>* cells, int* wrong_total) {
+  std::string dir = absl::StrCat("/tmp/ember_comm_bench_", getpid(), "_", n, "_", tr);
+  std::string ignored;
+  Run("rm -rf " + dir + " && mkdir -p " + dir, &ignored);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < n; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      if (tr == "tcp") setenv("EMBER_COMM_DISABLE_SHM", "1", 1);
+      std::vector<std::string> a = {self, absl::StrCat("--worker_rank=", r),
+                                    absl::StrCat("--worker_size=", n), "--worker_dir=" + dir,
+                                    "--ops=" + absl::GetFlag(FLAGS_ops),
+                                    absl::StrCat("--min_bytes=", absl::GetFlag(FLAGS_min_bytes)),
+                                    absl::StrCat("--max_bytes=", absl::GetFlag(FLAGS_max_bytes)),
+                                    absl::StrCat("--loop_seconds=", absl::GetFlag(FLAGS_loop_seconds)),
+                                    "--log_level=warn"};
+      std::vector<char*> argv;
+      for (auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
+      argv.push_back(nullptr);
+      execv(self, argv.data());
+      _exit(127);
+    }
+    pids.push_back(pid);
+  }
+  // A rank that fails leaves the others blocked in a collective: stop them.
+  int failed_status = 0;
+  for (size_t left = pids.size(); left > 0; --left) {
+    int st = 0;
+    pid_t p = wait(&st);
+    if (p < 0) break;
+    if ((!WIFEXITED(st) || WEXITSTATUS(st) != 0) && failed_status == 0) {
+      failed_status = st ? st : -1;
+      for (pid_t q : pids) kill(q, SIGKILL);
+    }
+  }
+  std::ifstream f(dir + "/out.txt");
+  std::stringstream ss;
+  ss << f.rdbuf();
+  std::string text = ss.str();
+  Run("rm -rf " + dir, &ignored);
+  if (failed_status != 0) {
+    return absl::InternalError(absl::StrCat("ember-", tr, " at ", n, " ranks: a rank failed (wait "
+                                            "status ", failed_status, "); see stderr"));
+  }
+  size_t w = text.find("wrong ");
+  if (w == std::string::npos) {
+    return absl::InternalError(absl::StrCat("ember-", tr, " at ", n, " ranks wrote no results"));
+  }
+  *wrong_total += std::atoi(text.c_str() + w + 6);
+  std::string prefixed;
+  for (absl::string_view line : absl::StrSplit(text, '\n'))
+    if (!line.empty() && !absl::StartsWith(line, "wrong")) absl::StrAppend(&prefixed, "x ", line, "\n");
+  ParseLines(prefixed, absl::StrCat("ember-", tr), cells);
+  return absl::OkStatus();
+}
+
+std::string SizeName(int64_t b) {
+  return b >= (1 << 20) ? absl::StrCat(b >> 20, "MiB") : absl::StrCat(b >> 10, "KiB");
+}
+
+int Orchestrate(int argc, char** argv, const char* self) {
+  bench::Report report("comm_bench", argc, argv);
+  if (bench::Quick()) {
+    absl::SetFlag(&FLAGS_ranks, "2");
+    absl::SetFlag(&FLAGS_loop_seconds, 0.02);
+    absl::SetFlag(&FLAGS_max_bytes, std::min<int64_t>(absl::GetFlag(FLAGS_max_bytes), 256 << 10));
+    absl::SetFlag(&FLAGS_min_bytes, std::min<int64_t>(absl::GetFlag(FLAGS_min_bytes), 4096));
+  }
+  const int rounds = bench::Quick() ? 1 : std::max(1, absl::GetFlag(FLAGS_rounds));
+  std::map<Key, std::vector<double>> cells;
   int wrong_total = 0;
   std::vector<int> rank_counts;
   for (absl::string_view s : absl::StrSplit(absl::GetFlag(FLAGS_ranks), ',')) {
     int n;
     if (absl::SimpleAtoi(s, &n)) rank_counts.push_back(n);
   }
+  const std::vector<std::string> transports = absl::StrSplit(absl::GetFlag(FLAGS_transports), ',');
+  const std::vector<std::string> ops = absl::StrSplit(absl::GetFlag(FLAGS_ops), ',');
   std::string sizes_csv = absl::StrJoin(Sizes(), ",");
-  std::string peers = absl::GetFlag(FLAGS_peers);
+  const std::string peers = absl::GetFlag(FLAGS_peers);
+  // Why a peer has no figures (per peer and rank count); empty while it works.
+  std::map<std::pair<std::string, int>, std::string> peer_error;
+  for (int n : rank_counts) {
+    if (peers.find("gloo") == std::string::npos) peer_error[{"gloo", n}] = "skipped (--peers)";
+    if (peers.find("mpi") == std::string::npos) peer_error[{"mpi", n}] = "skipped (--peers)";
+  }
   std::string mpi_bin;
   if (peers.find("mpi") != std::string::npos) {
     mpi_bin = absl::StrCat("/tmp/ember_mpi_peer_", getpid());
-    std::string cc = Run(absl::StrCat("mpicc -O2 -o ", mpi_bin, " ", absl::GetFlag(FLAGS_bench_dir),
-                                      "/mpi_peer.c 2>&1 && echo OK"));
-    if (cc.find("OK") == std::string::npos) {
+    std::string cc;
+    int st = Run(absl::StrCat("mpicc -O2 -o ", mpi_bin, " ", absl::GetFlag(FLAGS_bench_dir),
+                              "/mpi_peer.c 2>&1"), &cc);
+    if (st != 0) {
       std::fprintf(stderr, "mpi peer unavailable: %s\n", cc.c_str());
+      for (int n : rank_counts) peer_error[{"mpi", n}] = "mpicc failed: " + cc.substr(0, 200);
       mpi_bin.clear();
     }
   }
-  for (int n : rank_counts) {
-    for (absl::string_view tr : absl::StrSplit(absl::GetFlag(FLAGS_transports), ',')) {
-      std::string dir = absl::StrCat("/tmp/ember_comm_bench_", getpid(), "_", n, "_", tr);
-      Run("rm -rf " + dir + " && mkdir -p " + dir);
-      std::vector<pid_t> pids;
-      for (int r = 0; r < n; ++r) {
-        pid_t pid = fork();
-        if (pid == 0) {
-          if (tr == "tcp") setenv("EMBER_COMM_DISABLE_SHM", "1", 1);
-          std::vector<std::string> a = {self, absl::StrCat("--worker_rank=", r),
-                                        absl::StrCat("--worker_size=", n), "--worker_dir=" + dir,
-                                        "--ops=" + absl::GetFlag(FLAGS_ops),
-                                        absl::StrCat("--min_bytes=", absl::GetFlag(FLAGS_min_bytes)),
-                                        absl::StrCat("--max_bytes=", absl::GetFlag(FLAGS_max_bytes))};
-          std::vector<char*> argv;
-          for (auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
-          argv.push_back(nullptr);
-          execv(self, argv.data());
-          _exit(127);
+  const std::string err = absl::StrCat("/tmp/ember_comm_bench_peer_", getpid(), ".err");
+  const bench::LoadAverage load_begin = bench::ReadLoadAverage();
+  for (int round = 0; round < rounds; ++round) {
+    for (int n : rank_counts) {
+      for (const std::string& tr : transports) {
+        if (absl::Status s = RunEmber(self, n, tr, &cells, &wrong_total); !s.ok()) {
+          return report.Fail(s);
         }
-        pids.push_back(pid);
       }
-      for (pid_t p : pids) waitpid(p, nullptr, 0);
-      std::ifstream f(dir + "/out.txt");
-      std::stringstream ss;
-      ss << f.rdbuf();
-      std::string text = ss.str();
-      size_t w = text.find("wrong ");
-      if (w != std::string::npos) wrong_total += std::atoi(text.c_str() + w + 6);
-      std::string prefixed;
-      for (absl::string_view line : absl::StrSplit(text, '\n'))
-        if (!line.empty() && !absl::StartsWith(line, "wrong")) absl::StrAppend(&prefixed, "x ", line, "\n");
-      ParseLines(prefixed, absl::StrCat("ember-", tr), &rows);
-      Run("rm -rf " + dir);
-    }
-    if (peers.find("gloo") != std::string::npos) {
-      std::string out = Run(absl::StrCat("timeout 300 ", absl::GetFlag(FLAGS_python), " ",
-                                         absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n, " ",
-                                         sizes_csv, " ", absl::GetFlag(FLAGS_ops), " 2>/dev/null"));
-      ParseLines(out, "gloo", &rows);
-    }
-    if (!mpi_bin.empty()) {
-      std::string out = Run(absl::StrCat("timeout 300 mpirun --allow-run-as-root --oversubscribe -np ", n,
-                                         " --mca btl self,vader ", mpi_bin, " ",
-                                         absl::GetFlag(FLAGS_max_bytes), " ",
-                                         absl::GetFlag(FLAGS_min_bytes), " 2>/dev/null"));
-      ParseLines(out, "mpi", &rows);
+      if (peers.find("gloo") != std::string::npos) {
+        std::string out;
+        int st = Run(absl::StrCat("timeout 300 ", absl::GetFlag(FLAGS_python), " ",
+                                  absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n, " ",
+                                  sizes_csv, " ", absl::GetFlag(FLAGS_ops), " 2>", err),
+                     &out);
+        std::string tail = ReadTail(err);
+        if (st != 0) {
+          peer_error[{"gloo", n}] = absl::StrCat("gloo_peer.py at ", n, " ranks failed (wait status ",
+                                                 st, WEXITSTATUS(st) == 124 ? ", timed out" : "",
+                                                 "): ", tail);
+          std::fprintf(stderr, "%s\n", peer_error[{"gloo", n}].c_str());
+        } else {
+          ParseLines(out, "gloo", &cells);
+        }
+      }
+      if (!mpi_bin.empty()) {
+        std::string out;
+        int st = Run(absl::StrCat("timeout 300 mpirun --allow-run-as-root --oversubscribe -np ", n,
+                                  " --mca btl self,vader ", mpi_bin, " ",
+                                  absl::GetFlag(FLAGS_max_bytes), " ",
+                                  absl::GetFlag(FLAGS_min_bytes), " 2>", err),
+                     &out);
+        std::string tail = ReadTail(err);
+        if (st != 0) {
+          peer_error[{"mpi", n}] = absl::StrCat("mpirun at ", n, " ranks failed (wait status ", st,
+                                                WEXITSTATUS(st) == 124 ? ", timed out" : "", "): ",
+                                                tail);
+          std::fprintf(stderr, "%s\n", peer_error[{"mpi", n}].c_str());
+        } else {
+          ParseLines(out, "mpi", &cells);
+        }
+      }
     }
   }
   if (!mpi_bin.empty()) unlink(mpi_bin.c_str());
-
-  // Table.
-  std::map<std::tuple<std::string, std::string, int, int64_t>, double> t;
-  std::vector<std::string> impls;
-  for (const Row& r : rows) {
-    t[{r.impl, r.op, r.n, r.bytes}] = r.us;
-    if (std::find(impls.begin(), impls.end(), r.impl) == impls.end()) impls.push_back(r.impl);
+  const bench::LoadAverage load_end = bench::ReadLoadAverage();
+  if (wrong_total > 0) {
+    return report.Fail(absl::DataLossError(absl::StrCat(
+        wrong_total, " wrong collective results (checked outside the timed loops)")));
   }
-  auto bus = [&](const std::string& impl, const std::string& op, int n, int64_t b) -> double {
-    auto it = t.find({impl, op, n, b});
-    if (it == t.end()) return -1;
-    return b / (it->second * 1e-6) / 1e9 * BusFactor(op, n);
-  };
-  std::printf("# comm_bench: f32, sizes %s..%s bytes; time = median of 3 loops (max over ranks)\n",
-              absl::StrCat(absl::GetFlag(FLAGS_min_bytes)).c_str(), absl::StrCat(absl::GetFlag(FLAGS_max_bytes)).c_str());
-  std::printf("%-14s %-15s %5s %10s %11s %10s %10s\n", "impl", "op", "ranks", "size(B)", "time(us)",
-              "algbw(GB/s)", "busbw(GB/s)");
-  for (const Row& r : rows) {
-    double alg = r.bytes / (r.us * 1e-6) / 1e9;
-    std::printf("%-14s %-15s %5d %10lld %11.1f %10.2f %10.2f\n", r.impl.c_str(), r.op.c_str(), r.n,
-                static_cast<long long>(r.bytes), r.us, alg, alg * BusFactor(r.op, r.n));
-  }
-  std::printf("# wrong results: %d\n", wrong_total);
 
-  // Targets from the issue.
-  struct Target {
-    std::string name;
-    double value;
-    double peer;  // < 0: null
-    double goal;
-    bool higher;
-    std::string unit;
+  auto us = [&](const std::string& impl, const std::string& op, int n,
+                int64_t b) -> std::optional<double> {
+    auto it = cells.find({impl, op, n, b});
+    if (it == cells.end() || it->second.empty()) return std::nullopt;
+    return bench::Median(it->second);
   };
-  std::vector<Target> targets;
-  for (int n : rank_counts) {
-    for (const std::string op : {"all_reduce", "all_gather", "reduce_scatter"}) {
+  auto bus = [&](const std::string& impl, const std::string& op, int n,
+                 int64_t b) -> std::optional<double> {
+    auto t = us(impl, op, n, b);
+    if (!t) return std::nullopt;
+    return b / (*t * 1e-6) / 1e9 * BusFactor(op, n);
+  };
+  report.SetMeta("rounds", json::Value::Int(rounds));
+  report.SetMeta("dtype", json::Value::Str("f32"));
+  const std::vector<std::string> impls = {"ember-shm", "ember-tcp", "mpi", "gloo"};
+  for (const std::string& op : ops) {
+    for (int n : rank_counts) {
+      std::vector<std::string> cols = {"size(B)"};
+      for (const std::string& impl : impls) {
+        std::string label = impl == "gloo" && op == "reduce_scatter"
+                                ? "gloo all_reduce (reference)" : impl;
+        cols.push_back(label + " us");
+        cols.push_back(label + " busbw GB/s");
+      }
+      bench::Table& t = report.AddTable(
+          absl::StrCat(op, ", ", n, " ranks, f32: time = median over ", rounds,
+                       " interleaved rounds of (median of 3 loops, max over ranks)"),
+          cols);
+      t.SetLoad(load_begin, load_end);  // the whole interleaved sweep
+      t.AddNote(absl::StrCat("busbw = algbw x ", op == "all_reduce" ? "2(n-1)/n" : "(n-1)/n",
+                             "; ember-shm and mpi (vader) use shared memory, ember-tcp and gloo "
+                             "TCP loopback"));
+      if (op == "reduce_scatter") {
+        t.AddNote("torch's Gloo has no reduce_scatter: its columns are an all_reduce of the full "
+                  "buffer (about twice the traffic), a reference only, never a target");
+      }
       for (int64_t b : Sizes()) {
-        if (b < (256 << 10)) continue;
-        std::string sz = b >= (1 << 20) ? absl::StrCat(b >> 20, "MiB") : absl::StrCat(b >> 10, "KiB");
-        double shm = bus("ember-shm", op, n, b), tcp = bus("ember-tcp", op, n, b);
-        double gloo = bus("gloo", op, n, b), mpi = bus("mpi", op, n, b);
-        if (shm > 0 && gloo > 0)
-          targets.push_back({absl::StrCat(op, " busbw ", n, "r ", sz, " shm vs gloo"), shm, gloo, 2.0, true, "GB/s"});
-        if (shm > 0 && mpi > 0)
-          targets.push_back({absl::StrCat(op, " busbw ", n, "r ", sz, " shm vs mpi"), shm, mpi, 1.0, true, "GB/s"});
-        if (tcp > 0 && gloo > 0 && b >= (4 << 20))
-          targets.push_back({absl::StrCat(op, " busbw ", n, "r ", sz, " tcp vs gloo"), tcp, gloo, 2.0, true, "GB/s"});
+        std::vector<bench::Cell> row = {b};
+        for (const std::string& impl : impls) {
+          std::string src_op = op;
+          if (impl == "gloo" && op == "reduce_scatter") {
+            // gloo_peer.py times all_reduce of the full buffer for this row; busbw with the
+            // all_reduce factor, since that is the traffic it moved.
+            auto tm = us(impl, op, n, b);
+            row.push_back(tm);
+            std::optional<double> bw;
+            if (tm) bw = b / (*tm * 1e-6) / 1e9 * BusFactor("all_reduce", n);
+            row.push_back(bw);
+            continue;
+          }
+          row.push_back(us(impl, src_op, n, b));
+          row.push_back(bus(impl, src_op, n, b));
+        }
+        t.AddRow(std::move(row));
+      }
+      for (const char* peer : {"gloo", "mpi"}) {
+        auto e = peer_error.find({peer, n});
+        if (e != peer_error.end()) t.AddNote(absl::StrCat(peer, " not measured: ", e->second));
       }
     }
-    auto lat = t.find({"ember-shm", "all_reduce", n, 4096});
-    auto mlat = t.find({"mpi", "all_reduce", n, 4096});
-    if (lat != t.end() && mlat != t.end())
-      targets.push_back({absl::StrCat("all_reduce 4KiB latency ", n, "r shm vs mpi"), lat->second,
-                         mlat->second, 3.0, false, "us"});
   }
-  int met = 0;
-  for (const Target& g : targets) {
-    double ratio = g.value / g.peer;
-    bool ok = g.higher ? ratio >= g.goal : ratio <= g.goal;
-    met += ok;
-    std::printf("target %-45s %9.2f vs %9.2f %s (ratio %.2f, goal %s%.1f) %s\n", g.name.c_str(),
-                g.value, g.peer, g.unit.c_str(), ratio, g.higher ? ">=" : "<=", g.goal,
-                ok ? "MET" : "MISSED");
-  }
-  std::printf("# targets met: %d / %zu\n", met, targets.size());
-  if (!absl::GetFlag(FLAGS_json).empty()) {
-    std::string j = "{\n  \"benchmark\": \"comm_bench\",\n  \"wrong_results\": " + std::to_string(wrong_total) + ",\n  \"rows\": [";
-    for (size_t i = 0; i < rows.size(); ++i) {
-      const Row& r = rows[i];
-      double alg = r.bytes / (r.us * 1e-6) / 1e9;
-      absl::StrAppend(&j, i ? "," : "", "\n    {\"impl\": \"", r.impl, "\", \"op\": \"", r.op,
-                      "\", \"ranks\": ", r.n, ", \"bytes\": ", r.bytes, ", \"time_us\": ",
-                      absl::StrFormat("%.3f", r.us), ", \"algbw_gbps\": ", absl::StrFormat("%.4f", alg),
-                      ", \"busbw_gbps\": ", absl::StrFormat("%.4f", alg * BusFactor(r.op, r.n)), "}");
+
+  // Targets (issues 3 and 11), like for like: shm vs Open MPI (shared memory both), TCP vs Gloo
+  // (TCP both, no reduce_scatter: Gloo has none).
+  auto reason = [&](const char* peer, int n) {
+    auto e = peer_error.find({peer, n});
+    return e != peer_error.end() ? e->second
+                                 : absl::StrCat(peer, " printed no figure for this cell");
+  };
+  for (int n : rank_counts) {
+    for (const std::string& op : ops) {
+      for (int64_t b : Sizes()) {
+        if (b < (256 << 10)) continue;
+        std::string cell = absl::StrCat(op, " busbw ", n, "r ", SizeName(b));
+        if (auto shm = bus("ember-shm", op, n, b)) {
+          report.AddTarget(bench::Target::VsPeer(cell + " shm vs mpi", *shm, bus("mpi", op, n, b),
+                                                 1.0, bench::kHigherIsBetter, "GB/s",
+                                                 reason("mpi", n), "shared memory on both"));
+        }
+        if (op == "reduce_scatter") continue;
+        if (auto tcp = bus("ember-tcp", op, n, b)) {
+          report.AddTarget(bench::Target::VsPeer(cell + " tcp vs gloo", *tcp,
+                                                 bus("gloo", op, n, b), 2.0,
+                                                 bench::kHigherIsBetter, "GB/s",
+                                                 reason("gloo", n), "TCP loopback on both"));
+        }
+      }
     }
-    absl::StrAppend(&j, "\n  ],\n  \"targets\": [");
-    for (size_t i = 0; i < targets.size(); ++i) {
-      const Target& g = targets[i];
-      absl::StrAppend(&j, i ? "," : "", "\n    {\"name\": \"", g.name, "\", \"value\": ",
-                      absl::StrFormat("%.4f", g.value), ", \"peer\": ",
-                      g.peer < 0 ? std::string("null") : absl::StrFormat("%.4f", g.peer),
-                      ", \"goal\": ", g.goal, ", \"higher_is_better\": ", g.higher ? "true" : "false",
-                      ", \"unit\": \"", g.unit, "\"}");
+    if (auto lat = us("ember-shm", "all_reduce", n, 4096)) {
+      report.AddTarget(bench::Target::VsPeer(
+          absl::StrCat("all_reduce 4KiB latency ", n, "r shm vs mpi"), *lat,
+          us("mpi", "all_reduce", n, 4096), 3.0, bench::kLowerIsBetter, "us", reason("mpi", n),
+          "shared memory on both"));
     }
-    absl::StrAppend(&j, "\n  ]\n}\n");
-    std::ofstream(absl::GetFlag(FLAGS_json)) << j;
   }
-  return wrong_total ? 1 : 0;
+  return report.Finish();
 }
 
 }  // namespace
 }  // namespace ember::comm
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "comm_bench");
   if (absl::GetFlag(FLAGS_worker_rank) >= 0) return ember::comm::Worker();
-  return ember::comm::Orchestrate("/proc/self/exe");
+  return ember::comm::Orchestrate(argc, argv, "/proc/self/exe");
 }

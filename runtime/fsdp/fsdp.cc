@@ -199,7 +199,10 @@ void FsdpGpt::IssueGather(Unit& u) {
     }
     comm::OpOptions o;
     o.tag = absl::StrCat(u.name, ".all_gather");
+    // Issue time counts as comm wait: the group runs small collectives inline on this thread.
+    const absl::Time t0 = absl::Now();
     p.work = groups_.world->AllGatherSingle(p.send.raw(), p.recv.raw(), g.shard_numel, g.dt, o);
+    comm_wait_ += absl::Now() - t0;
     bytes_.all_gather[comm::DataTypeName(g.dt)] +=
         world_ * g.shard_numel * static_cast<int64_t>(comm::DataTypeSize(g.dt));
     u.ag_pending.push_back(std::move(p));
@@ -255,8 +258,10 @@ void FsdpGpt::IssueReduceScatter(Unit& u) {
     }
     comm::OpOptions o;
     o.tag = absl::StrCat(u.name, ".reduce_scatter");
+    const absl::Time t0 = absl::Now();  // inline collectives run inside the call (see above)
     p.work = pg->ReduceScatterSingle(p.send.raw(), p.recv.raw(), g.shard_numel, g.dt,
                                      comm::ReduceOp::kSum, o);
+    comm_wait_ += absl::Now() - t0;
     const int64_t bytes = world_ * g.shard_numel * static_cast<int64_t>(comm::DataTypeSize(g.dt));
     bytes_.reduce_scatter[comm::DataTypeName(g.dt)] += bytes;
     if (u.rs.size() == 1) bytes_.reduce_scatter_promoted += bytes;

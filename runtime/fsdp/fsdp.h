@@ -120,7 +120,9 @@ class FsdpGpt {
   int64_t state_bytes() const;
   const CommBytes& comm_bytes() const { return bytes_; }
   void ResetCommBytes() { bytes_ = CommBytes(); }
-  // Time the training thread spent blocked in Wait() on collectives since the last reset.
+  // Time the training thread spent in collectives since the last reset: issuing them (the group
+  // runs small ones, <= GroupOptions::inline_max_bytes, inline on this thread) plus blocked in
+  // Wait().
   absl::Duration comm_wait() const { return comm_wait_; }
   void ResetCommWait() { comm_wait_ = absl::ZeroDuration(); }
 

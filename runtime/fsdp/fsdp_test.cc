@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -321,6 +322,26 @@ TEST_CASE("bf16 policy with fp32 norms: bytes, tolerance, fp32 params never pass
     for (float x : qkv_red[r]) REQUIRE(comm::BF16ToFloat(comm::FloatToBF16(x)) == x);  // bf16 path
   }
   CHECK(red_non_bf16);
+}
+
+// Issue 11: collectives small enough to run inline on the caller's thread (<= 256 KiB, all of this
+// model's) block inside the issuing call, not in Wait(); comm_wait() must count that time. Rank 1
+// arrives 300 ms late, so rank 0's first all-gather blocks ~300 ms on the training thread.
+TEST_CASE("comm wait counts collectives that run inline on the caller's thread", "[fsdp]") {
+  std::vector<double> wait_s(2, 0);
+  auto errors = RunRanks(2, TinyConfig(), FsdpOptions(), false, [&](RankCtx rc) -> std::string {
+    std::vector<int32_t> tok, tgt;
+    auto gb = GlobalBatch(0, 4, 16, 67);
+    Slice(gb, 16, rc.rank * 2, 2, &tok, &tgt);
+    if (rc.rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    rc.model->ResetCommWait();
+    if (auto l = rc.model->ForwardBackward(*rc.ctx, tok.data(), tgt.data(), 2, 16, true); !l.ok())
+      return l.status().ToString();
+    wait_s[rc.rank] = absl::ToDoubleSeconds(rc.model->comm_wait());
+    return "";
+  });
+  for (const auto& e : errors) REQUIRE(e == "");
+  CHECK(wait_s[0] >= 0.25);
 }
 
 }  // namespace

@@ -1,12 +1,19 @@
 // store_bench: ember-store vs PyTorch's TCPStore, side by side in one run.
 //
-//   bazel run -c opt //runtime/store:store_bench -- [--json] [--seconds=1.5] [--quick]
+//   bazel run -c opt //runtime/store:store_bench -- [--json [--allow-missing-peers]] [--quick]
+//       [--seconds=1] [--rounds=3] [--no_peer]
 //
 // For 1, 4 and 16 client processes: set/get/add ops/s with p50/p99 latency (each client one op in
 // flight), plus pipelined acknowledged sets (a window of requests in flight per client). Then the
 // time for 256 processes (one connection each) to connect and pass a barrier (Add, then Wait), and
 // 1024 simulated ranks (64 processes x 16 connections). The TCPStore peer runs the same loops from
 // the same number of processes (tcpstore_peer.py under Debian's /usr/bin/python3).
+//
+// Like for like (issue 11): TCPStore speaks TCP, so every row that carries a TCPStore target runs
+// our client over TCP loopback; the abstract-Unix-socket fast path appears in Ember-only rows.
+// Each point runs --rounds times interleaved (ember tcp, tcpstore, ember unix, ember tcp, ...) and
+// reports the medians, so both sides see the same machine load. Round trips per op are stated per
+// row: TCPStore's get is wait + get (2), its barrier helper 4; `add` is one on both (the headline).
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -14,6 +21,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -24,14 +32,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/json.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
-ABSL_FLAG(bool, json, false, "print one JSON object (with a targets array) instead of the table");
-ABSL_FLAG(double, seconds, 1.5, "measurement window per (op, clients) point");
-ABSL_FLAG(bool, quick, false, "smoke run: short windows, 64-process barrier, no 1024 ranks");
+ABSL_FLAG(double, seconds, 1.0, "measurement window per (op, clients) point and round");
+ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --quick: 1");
 ABSL_FLAG(int, window, 64, "requests in flight per client for the pipelined set");
 ABSL_FLAG(std::string, peer_script, "", "path to tcpstore_peer.py (found in runfiles if empty)");
 ABSL_FLAG(bool, no_peer, false, "skip the TCPStore peer");
@@ -42,6 +51,7 @@ ABSL_FLAG(std::string, server, "", "benchmark this running ember-store (host:por
 ABSL_FLAG(std::string, role, "", "internal: ops | barrier");
 ABSL_FLAG(std::string, addr, "", "internal");
 ABSL_FLAG(std::string, op, "", "internal");
+ABSL_FLAG(std::string, transport, "tcp", "internal: tcp | unix (client fast-path socket)");
 ABSL_FLAG(int, rank, 0, "internal");
 ABSL_FLAG(int, world, 0, "internal");
 ABSL_FLAG(int, conns, 1, "internal: connections (simulated ranks) per process");
@@ -70,8 +80,14 @@ void Die(const absl::Status& s) {
 }
 
 // --- child: one client process running one op for a time window -------------------------------
+ClientOptions ChildClientOptions() {
+  ClientOptions o{.address = absl::GetFlag(FLAGS_addr)};
+  o.use_unix_socket = absl::GetFlag(FLAGS_transport) == "unix";
+  return o;
+}
+
 int ChildOps() {
-  auto c = Client::Connect({.address = absl::GetFlag(FLAGS_addr)});
+  auto c = Client::Connect(ChildClientOptions());
   if (!c.ok()) Die(c.status());
   int rank = absl::GetFlag(FLAGS_rank);
   std::string op = absl::GetFlag(FLAGS_op);
@@ -149,7 +165,7 @@ int ChildBarrier() {
   std::atomic<bool> failed{false};
   for (int i = 0; i < conns; ++i) {
     ts.emplace_back([&, i] {
-      ClientOptions o{.address = absl::GetFlag(FLAGS_addr)};
+      ClientOptions o = ChildClientOptions();
       o.connect_timeout = absl::Seconds(120);
       auto c = Client::Connect(o);
       if (!c.ok()) {
@@ -180,17 +196,16 @@ struct OpsResult {
 };
 struct BarrierResult {
   double connect_s = 0, barrier_s = 0;
+  double total() const { return connect_s + barrier_s; }
 };
 
 // Spawns `n` children of this binary with `args`; waits for all to be ready, releases them at once.
-// Returns the go time (monotonic ns) and the per-child output file paths.
-std::pair<int64_t, std::vector<std::string>> SpawnAndRun(int n, const std::vector<std::string>& args,
-                                                         const std::string& tmpdir) {
+// Returns the go time (monotonic ns) and the per-child output file paths. Any child failing fails
+// the call (an error inside a timed loop fails the run).
+absl::StatusOr<std::pair<int64_t, std::vector<std::string>>> SpawnAndRun(
+    int n, const std::vector<std::string>& args, const std::string& tmpdir) {
   int ready[2], go[2];
-  if (pipe(ready) != 0 || pipe(go) != 0) {
-    std::perror("pipe");
-    std::exit(1);
-  }
+  if (pipe(ready) != 0 || pipe(go) != 0) return absl::InternalError("pipe failed");
   std::vector<pid_t> pids;
   std::vector<std::string> outs;
   for (int r = 0; r < n; ++r) {
@@ -219,42 +234,49 @@ std::pair<int64_t, std::vector<std::string>> SpawnAndRun(int n, const std::vecto
   close(go[0]);
   int got = 0;
   char buf[1024];
+  bool died = false;
   while (got < n) {
     ssize_t k = read(ready[0], buf, std::min<int>(sizeof(buf), n - got));
     if (k <= 0) {
-      std::fprintf(stderr, "store_bench: a child died before it was ready\n");
-      std::exit(1);
+      died = true;
+      break;
     }
     got += static_cast<int>(k);
   }
   int64_t go_time = NowNs();
   close(go[1]);
+  int failed = 0, last_status = 0;
   for (pid_t p : pids) {
     int st = 0;
     waitpid(p, &st, 0);
     if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-      std::fprintf(stderr, "store_bench: a child failed (status %d)\n", st);
-      std::exit(1);
+      ++failed;
+      last_status = st;
     }
   }
   close(ready[0]);
-  return {go_time, outs};
+  if (died || failed > 0) {
+    return absl::InternalError(absl::StrCat(failed, " of ", n, " client processes failed (",
+                                            args[0], ", last wait status ", last_status,
+                                            "); their errors are on stderr"));
+  }
+  return std::make_pair(go_time, outs);
 }
 
-OpsResult RunEmberOps(const std::string& addr, const std::string& op, int clients,
-                      const std::string& tmpdir) {
-  auto [go, outs] = SpawnAndRun(
-      clients,
-      {"--role=ops", "--addr=" + addr, "--op=" + op,
-       absl::StrCat("--seconds=", absl::GetFlag(FLAGS_seconds)),
-       absl::StrCat("--window=", absl::GetFlag(FLAGS_window))},
-      tmpdir);
+absl::StatusOr<OpsResult> RunEmberOps(const std::string& addr, const std::string& transport,
+                                      const std::string& op, int clients,
+                                      const std::string& tmpdir) {
+  const std::vector<std::string> args = {
+      "--role=ops", "--addr=" + addr, "--op=" + op, "--transport=" + transport,
+      absl::StrCat("--seconds=", absl::GetFlag(FLAGS_seconds)),
+      absl::StrCat("--window=", absl::GetFlag(FLAGS_window))};
+  ASSIGN_OR_RETURN(auto run, SpawnAndRun(clients, args, tmpdir));
   int64_t ops = 0, start = INT64_MAX, end = 0;
   std::vector<int64_t> lats;
-  for (const auto& path : outs) {
+  for (const auto& path : run.second) {
     std::ifstream f(path);
     int64_t n, s, e, k;
-    f >> n >> s >> e >> k;
+    if (!(f >> n >> s >> e >> k)) return absl::InternalError("unreadable client output " + path);
     ops += n;
     start = std::min(start, s);
     end = std::max(end, e);
@@ -265,26 +287,25 @@ OpsResult RunEmberOps(const std::string& addr, const std::string& op, int client
   auto pct = [&](double q) {
     return lats.empty() ? 0.0 : lats[std::min(lats.size() - 1, size_t(q * lats.size()))] / 1e3;
   };
-  return {ops / ((end - start) / 1e9), pct(0.5), pct(0.99)};
+  return OpsResult{ops / ((end - start) / 1e9), pct(0.5), pct(0.99)};
 }
 
-BarrierResult RunEmberBarrier(const std::string& addr, int procs, int conns,
-                              const std::string& tmpdir) {
-  auto [go, outs] = SpawnAndRun(procs,
-                                {"--role=barrier", "--addr=" + addr,
-                                 absl::StrCat("--world=", procs * conns),
-                                 absl::StrCat("--conns=", conns)},
-                                tmpdir);
+absl::StatusOr<BarrierResult> RunEmberBarrier(const std::string& addr, int procs, int conns,
+                                              const std::string& tmpdir) {
+  const std::vector<std::string> args = {"--role=barrier", "--addr=" + addr, "--transport=tcp",
+                                         absl::StrCat("--world=", procs * conns),
+                                         absl::StrCat("--conns=", conns)};
+  ASSIGN_OR_RETURN(auto run, SpawnAndRun(procs, args, tmpdir));
   int64_t connect_end = 0, barrier_end = 0;
-  for (const auto& path : outs) {
+  for (const auto& path : run.second) {
     std::ifstream f(path);
     int64_t c, b;
-    f >> c >> b;
+    if (!(f >> c >> b)) return absl::InternalError("unreadable client output " + path);
     connect_end = std::max(connect_end, c);
     barrier_end = std::max(barrier_end, b);
     unlink(path.c_str());
   }
-  return {(connect_end - go) / 1e9, (barrier_end - connect_end) / 1e9};
+  return BarrierResult{(connect_end - run.first) / 1e9, (barrier_end - connect_end) / 1e9};
 }
 
 std::string PeerScript() {
@@ -304,137 +325,178 @@ std::string PeerScript() {
   return "";
 }
 
-// Runs the peer script; returns its JSON line ("" on failure).
-std::string RunPeer(const std::string& args) {
+// Runs the peer script; returns its JSON object, or why there is none.
+absl::StatusOr<json::Value> RunPeer(const std::string& args, const std::string& tmpdir) {
+  if (absl::GetFlag(FLAGS_no_peer)) return absl::UnavailableError("peer skipped (--no_peer)");
   std::string script = PeerScript();
-  if (script.empty() || absl::GetFlag(FLAGS_no_peer)) return "";
+  if (script.empty()) return absl::NotFoundError("tcpstore_peer.py not found (--peer_script)");
+  std::string err = tmpdir + "/peer.err";
   std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 timeout 300 /usr/bin/python3 ", script, " ",
-                                 args, " 2>/dev/null");
+                                 args, " 2>", err);
   FILE* p = popen(cmd.c_str(), "r");
-  if (!p) return "";
+  if (!p) return absl::InternalError("popen failed");
   std::string out;
   char buf[4096];
   while (fgets(buf, sizeof(buf), p)) out += buf;
-  pclose(p);
-  return out;
+  int st = pclose(p);
+  std::ifstream ef(err);
+  std::string err_text((std::istreambuf_iterator<char>(ef)), {});
+  unlink(err.c_str());
+  if (st != 0) {
+    if (err_text.size() > 300) err_text = "..." + err_text.substr(err_text.size() - 300);
+    return absl::UnavailableError(absl::StrCat("tcpstore_peer.py ", args, " failed (wait status ",
+                                               st, WEXITSTATUS(st) == 124 ? ", timed out" : "",
+                                               "): ", err_text));
+  }
+  return json::Parse(out);
 }
 
-// A number from the peer's JSON line; 0 when the peer did not run or the key is missing.
-double JsonNum(const std::string& text, const std::string& key) {
-  auto v = json::Parse(text);
-  if (!v.ok()) return 0;
-  const json::Value& f = v->Get(key);
-  return f.is_number() ? f.as_double() : 0;
+double Num(const json::Value& v, const char* key) {
+  const json::Value& f = v.Get(key);
+  return f.is_number() ? f.as_double() : std::nan("");
 }
 
-struct Target {
-  std::string name;
-  double value;
-  double peer;  // <= 0: null
-  double goal;
-  bool higher_is_better;
-  std::string unit;
-};
-
-int Parent() {
-  bool quick = absl::GetFlag(FLAGS_quick);
-  bool json = absl::GetFlag(FLAGS_json);
-  if (quick) absl::SetFlag(&FLAGS_seconds, std::min(absl::GetFlag(FLAGS_seconds), 0.5));
+int Parent(int argc, char** argv) {
+  bench::Report report("store_bench", argc, argv);
+  const bool quick = bench::Quick();
+  if (quick) absl::SetFlag(&FLAGS_seconds, std::min(absl::GetFlag(FLAGS_seconds), 0.2));
+  const int rounds = quick ? 1 : std::max(1, absl::GetFlag(FLAGS_rounds));
   char tmpl[] = "/tmp/store-bench-XXXXXX";
   std::string tmpdir = mkdtemp(tmpl);
   std::unique_ptr<StoreServer> server;
   std::string addr = absl::GetFlag(FLAGS_server);
   if (addr.empty()) {
     auto started = StoreServer::Start({.address = "127.0.0.1:0"});
-    if (!started.ok()) {
-      std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
-      return 1;
-    }
+    if (!started.ok()) return report.Fail(started.status());
     server = std::move(*started);
     addr = server->address();
   }
-  std::vector<Target> targets;
-  std::string table;
-  absl::StrAppendFormat(&table, "%-22s %8s | %12s %9s %9s | %12s %9s %9s | %7s\n", "op", "clients",
-                        "ember ops/s", "p50 us", "p99 us", "tcpstore/s", "p50 us", "p99 us",
-                        "ratio");
-  std::vector<int> client_counts = {1, 4, 16};
-  std::vector<std::string> ops = {"set", "get", "add", "set_pipelined"};
+  report.SetMeta("seconds_per_point", json::Value::Double(absl::GetFlag(FLAGS_seconds)));
+  report.SetMeta("rounds", json::Value::Int(rounds));
+  report.SetMeta("peer", json::Value::Str("PyTorch TCPStore (/usr/bin/python3 tcpstore_peer.py)"));
+
+  bench::Table& table = report.AddTable(
+      absl::StrCat("ops: ", absl::GetFlag(FLAGS_seconds), " s per point, median of ", rounds,
+                   " interleaved rounds (ember tcp, tcpstore, ember unix)"),
+      {"op", "transport", "clients", "RTT/op ember", "ember ops/s", "p50 us", "p99 us",
+       "RTT/op tcpstore", "tcpstore ops/s", "p50 us", "p99 us", "ratio"});
+  table.AddNote("transport: tcp = TCP loopback (the TCPStore comparison); unix = our abstract "
+                "Unix socket fast path (Ember only, no target)");
+  table.AddNote("RTT/op: round trips per call. TCPStore get = wait + get (2); its set is not "
+                "acknowledged (0: no reply awaited); add is 1 on both (the headline)");
+  table.AddNote("set (acked, pipelined): --window acknowledged sets in flight per client; its "
+                "tcpstore column is TCPStore's own (unacknowledged) set");
+  std::vector<int> client_counts = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 4, 16};
+  std::vector<std::string> ops = {"add", "get", "set", "set_pipelined"};
   if (absl::GetFlag(FLAGS_only) == "barrier") ops.clear();
+  auto rtt = [](const std::string& op, bool tcpstore) -> std::string {
+    if (op == "get") return tcpstore ? "2" : "1";
+    if (op == "set") return tcpstore ? "0 (no reply)" : "1";
+    if (op == "set_pipelined") return tcpstore ? "0 (no reply)" : "1, pipelined";
+    return "1";
+  };
   for (const std::string& op : ops) {
     for (int n : client_counts) {
-      OpsResult e = RunEmberOps(addr, op, n, tmpdir);
+      std::vector<OpsResult> tcp, uds, peer;
+      std::string peer_error;
       std::string peer_op = op == "set_pipelined" ? "set" : op;
-      std::string pj = RunPeer(absl::StrCat("ops --op ", peer_op, " --clients ", n, " --seconds ",
-                                            absl::GetFlag(FLAGS_seconds)));
-      OpsResult p{JsonNum(pj, "ops_per_s"), JsonNum(pj, "p50_us"), JsonNum(pj, "p99_us")};
-      double ratio = p.ops_per_s > 0 ? e.ops_per_s / p.ops_per_s : 0;
-      absl::StrAppendFormat(&table, "%-22s %8d | %12.0f %9.1f %9.1f | %12.0f %9.1f %9.1f | %6.2fx\n",
-                            op == "set_pipelined" ? "set (acked, pipelined)" : op, n, e.ops_per_s,
-                            e.p50_us, e.p99_us, p.ops_per_s, p.p50_us, p.p99_us, ratio);
-      if ((op == "get" || op == "add") && n >= 4) {
-        targets.push_back({absl::StrCat(op, "_ops_per_s_", n, "_clients"), e.ops_per_s,
-                           p.ops_per_s, 2.0, true, "ops/s"});
+      for (int r = 0; r < rounds; ++r) {
+        auto e = RunEmberOps(addr, "tcp", op, n, tmpdir);
+        if (!e.ok()) return report.Fail(e.status());
+        tcp.push_back(*e);
+        auto pj = RunPeer(absl::StrCat("ops --op ", peer_op, " --clients ", n, " --seconds ",
+                                       absl::GetFlag(FLAGS_seconds)),
+                          tmpdir);
+        if (pj.ok() && Num(*pj, "ops_per_s") > 0) {
+          peer.push_back({Num(*pj, "ops_per_s"), Num(*pj, "p50_us"), Num(*pj, "p99_us")});
+        } else {
+          peer_error = pj.ok() ? "peer printed no ops_per_s" : std::string(pj.status().message());
+          std::fprintf(stderr, "store_bench: %s\n", peer_error.c_str());
+        }
+        auto u = RunEmberOps(addr, "unix", op, n, tmpdir);
+        if (!u.ok()) return report.Fail(u.status());
+        uds.push_back(*u);
       }
-      if (op == "set_pipelined" && n == 16) {
-        targets.push_back({"acked_pipelined_set_vs_unacked_tcpstore_set_16_clients", e.ops_per_s,
-                           p.ops_per_s, 1.0, true, "ops/s"});
+      auto med = [](const std::vector<OpsResult>& v, double OpsResult::*f) -> std::optional<double> {
+        if (v.empty()) return std::nullopt;
+        std::vector<double> x;
+        for (const auto& r : v) x.push_back(r.*f);
+        return bench::Median(x);
+      };
+      const std::string label = op == "set_pipelined" ? "set (acked, pipelined)" : op;
+      std::optional<double> e_ops = med(tcp, &OpsResult::ops_per_s);
+      std::optional<double> p_ops = med(peer, &OpsResult::ops_per_s);
+      std::optional<double> ratio;
+      if (p_ops) ratio = *e_ops / *p_ops;
+      table.AddRow({label, "tcp", n, rtt(op, false), e_ops, med(tcp, &OpsResult::p50_us),
+                    med(tcp, &OpsResult::p99_us), rtt(op, true), p_ops,
+                    med(peer, &OpsResult::p50_us), med(peer, &OpsResult::p99_us), ratio});
+      table.AddRow({label, "unix", n, rtt(op, false), med(uds, &OpsResult::ops_per_s),
+                    med(uds, &OpsResult::p50_us), med(uds, &OpsResult::p99_us), bench::Cell(),
+                    bench::Cell(), bench::Cell(), bench::Cell(), bench::Cell()});
+      if ((op == "get" || op == "add") && n >= 4) {
+        report.AddTarget(bench::Target::VsPeer(
+            absl::StrCat(op, "_ops_per_s_", n, "_clients_tcp"), *e_ops, p_ops, 2.0,
+            bench::kHigherIsBetter, "ops/s", peer_error,
+            op == "add" ? "TCP loopback on both; 1 round trip per op on both (headline)"
+                        : "TCP loopback on both; ember get 1 round trip, TCPStore get 2 (wait + get)"));
+      }
+      if (op == "set_pipelined" && n == client_counts.back()) {
+        report.AddTarget(bench::Target::VsPeer(
+            absl::StrCat("acked_pipelined_set_vs_unacked_tcpstore_set_", n, "_clients_tcp"),
+            *e_ops, p_ops, 1.0, bench::kHigherIsBetter, "ops/s", peer_error,
+            "TCP loopback on both; ours acknowledged with a window in flight, TCPStore's set "
+            "awaits no reply"));
       }
     }
   }
-  int procs = quick ? 64 : 256;
-  if (absl::GetFlag(FLAGS_only) == "ops") procs = 0;
-  BarrierResult eb;
-  std::string pj;
-  if (procs > 0) {
-    eb = RunEmberBarrier(addr, procs, 1, tmpdir);
-    pj = RunPeer(absl::StrCat("barrier --clients ", procs));
-  }
-  BarrierResult pb{JsonNum(pj, "connect_s"), JsonNum(pj, "barrier_s")};
-  absl::StrAppendFormat(&table, "\n%-34s | %10s %10s %10s\n", "connect + barrier", "connect s",
-                        "barrier s", "total s");
-  absl::StrAppendFormat(&table, "%-34s | %10.3f %10.3f %10.3f\n",
-                        absl::StrCat("ember, ", procs, " processes"), eb.connect_s, eb.barrier_s,
-                        eb.connect_s + eb.barrier_s);
-  absl::StrAppendFormat(&table, "%-34s | %10.3f %10.3f %10.3f\n",
-                        absl::StrCat("tcpstore, ", procs, " processes"), pb.connect_s, pb.barrier_s,
-                        pb.connect_s + pb.barrier_s);
-  if (procs > 0) {
-    targets.push_back({absl::StrCat("connect_plus_barrier_", procs, "_processes"),
-                       eb.connect_s + eb.barrier_s, pb.connect_s + pb.barrier_s, 0.5, false, "s"});
-  }
-  if (!quick && procs > 0) {
-    BarrierResult e1k = RunEmberBarrier(addr, 64, 16, tmpdir);
-    absl::StrAppendFormat(&table, "%-34s | %10.3f %10.3f %10.3f\n",
-                          "ember, 1024 ranks (64 proc x 16)", e1k.connect_s, e1k.barrier_s,
-                          e1k.connect_s + e1k.barrier_s);
-    targets.push_back({"connect_plus_barrier_1024_simulated_ranks", e1k.connect_s + e1k.barrier_s,
-                       -1, 1.0, false, "s"});
+  int procs = quick ? 16 : 256;
+  if (absl::GetFlag(FLAGS_only) != "ops") {
+    bench::Table& bt = report.AddTable(
+        absl::StrCat("connect + barrier over TCP loopback: median of ", rounds,
+                     " interleaved rounds (ember, tcpstore)"),
+        {"who", "processes x connections", "RTT/barrier", "connect s", "barrier s", "total s"});
+    bt.AddNote("RTT/barrier: ember Barrier = add + wait (the last arrival adds a set); the "
+               "TCPStore helper (tcpstore_peer.py) = add + wait + add + wait (+ set)");
+    std::vector<double> ec, eb, pc, pbar;
+    std::string peer_error;
+    for (int r = 0; r < rounds; ++r) {
+      auto e = RunEmberBarrier(addr, procs, 1, tmpdir);
+      if (!e.ok()) return report.Fail(e.status());
+      ec.push_back(e->connect_s);
+      eb.push_back(e->barrier_s);
+      auto pj = RunPeer(absl::StrCat("barrier --clients ", procs), tmpdir);
+      if (pj.ok() && Num(*pj, "connect_s") > 0) {
+        pc.push_back(Num(*pj, "connect_s"));
+        pbar.push_back(Num(*pj, "barrier_s"));
+      } else {
+        peer_error = pj.ok() ? "peer printed no connect_s" : std::string(pj.status().message());
+        std::fprintf(stderr, "store_bench: %s\n", peer_error.c_str());
+      }
+    }
+    const double e_total = bench::Median(ec) + bench::Median(eb);
+    bt.AddRow({"ember", absl::StrCat(procs, " x 1"), "2 (+1 last)", bench::Median(ec),
+               bench::Median(eb), e_total});
+    std::optional<double> p_total;
+    if (!pc.empty()) p_total = bench::Median(pc) + bench::Median(pbar);
+    bt.AddRow({"tcpstore", absl::StrCat(procs, " x 1"), "4 (+1 last)",
+               pc.empty() ? bench::Cell() : bench::Cell(bench::Median(pc)),
+               pbar.empty() ? bench::Cell() : bench::Cell(bench::Median(pbar)), p_total});
+    report.AddTarget(bench::Target::VsPeer(
+        absl::StrCat("connect_plus_barrier_", procs, "_processes_tcp"), e_total, p_total, 0.5,
+        bench::kLowerIsBetter, "s", peer_error, "TCP loopback on both"));
+    if (!quick) {
+      auto e1k = RunEmberBarrier(addr, 64, 16, tmpdir);
+      if (!e1k.ok()) return report.Fail(e1k.status());
+      bt.AddRow({"ember", "64 x 16 (1024 ranks)", "2 (+1 last)", e1k->connect_s, e1k->barrier_s,
+                 e1k->total()});
+      report.AddTarget(bench::Target::Absolute("connect_plus_barrier_1024_simulated_ranks_tcp",
+                                               e1k->total(), 1.0, bench::kLowerIsBetter, "s",
+                                               "one run, TCP loopback"));
+    }
   }
   rmdir(tmpdir.c_str());
-  if (!json) {
-    std::printf("%s\n", table.c_str());
-    for (const auto& t : targets) {
-      bool met = t.peer > 0 ? (t.higher_is_better ? t.value / t.peer >= t.goal
-                                                  : t.value / t.peer <= t.goal)
-                            : (t.higher_is_better ? t.value >= t.goal : t.value <= t.goal);
-      std::printf("target %-58s %s\n", t.name.c_str(), met ? "MET" : "MISSED");
-    }
-    return 0;
-  }
-  std::string out = "{\"benchmark\":\"store_bench\",\"targets\":[";
-  for (size_t i = 0; i < targets.size(); ++i) {
-    const Target& t = targets[i];
-    absl::StrAppendFormat(&out,
-                          "%s{\"name\":\"%s\",\"value\":%.6g,\"peer\":%s,\"goal\":%g,"
-                          "\"higher_is_better\":%s,\"unit\":\"%s\"}",
-                          i ? "," : "", t.name, t.value,
-                          t.peer > 0 ? absl::StrFormat("%.6g", t.peer) : "null", t.goal,
-                          t.higher_is_better ? "true" : "false", t.unit);
-  }
-  out += "]}";
-  std::printf("%s\n", out.c_str());
-  return 0;
+  return report.Finish();
 }
 
 }  // namespace
@@ -446,5 +508,5 @@ int main(int argc, char** argv) {
   std::string role = absl::GetFlag(FLAGS_role);
   if (role == "ops") return ember::store::ChildOps();
   if (role == "barrier") return ember::store::ChildBarrier();
-  return ember::store::Parent();
+  return ember::store::Parent(argc, argv);
 }
