@@ -21,6 +21,7 @@
 #include <map>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "checkpoint/tools.h"
 #include "google/protobuf/util/json_util.h"
@@ -75,10 +77,13 @@ exit codes: 0 ok/SUCCEEDED, 1 FAILED, 2 usage or rejected request, 3 daemon unre
 
 const std::map<std::string, std::string>& CommandHelp() {
   static const auto* m = new std::map<std::string, std::string>{
-      {"run", "usage: emberctl run --standalone [--nproc N] [--work-root DIR] [--worker PATH] "
-              "JOB.yaml\n  Starts a store and a daemon inside emberctl with a one-time token, runs "
-              "the job on\n  this machine with a live progress line, and exits with the job's "
-              "result.\n  --nproc N       ranks (overrides parallelism.world_size)\n"
+      {"run", "usage: emberctl run --standalone [--nproc N] [--max-ranks N] [--work-root DIR] "
+              "[--worker PATH] JOB.yaml\n  Starts a store and a daemon inside emberctl with a "
+              "one-time token, runs the job on\n  this machine with a live progress line, and "
+              "exits with the job's result.\n  SIGINT, SIGTERM or SIGHUP cancel the job; the "
+              "workers die with emberctl even on kill -9.\n"
+              "  --nproc N       ranks (overrides parallelism.world_size)\n"
+              "  --max-ranks N   allow up to N CPU ranks (default 4 x the online cores)\n"
               "  --work-root DIR job directories (default ./ember-jobs)\n"
               "  --worker PATH   the worker binary ($EMBER_WORKER; default: next to emberctl)\n"},
       {"submit", "usage: emberctl submit JOB.yaml [--follow] [--id SUBMISSION_ID]\n"
@@ -123,8 +128,8 @@ struct Args {
 bool TakesValue(const std::string& k) {
   static const char* kValued[] = {"--address", "--token-file", "--tls-ca", "--tls-cert",
                                   "--tls-key", "--output", "--nproc", "--work-root", "--worker",
-                                  "--rank", "--tail", "--id", "--limit", "--timeout",
-                                  "--max-shard-bytes"};
+                                  "--max-ranks", "--rank", "--tail", "--id", "--limit",
+                                  "--timeout", "--max-shard-bytes"};
   for (const char* v : kValued)
     if (k == v) return true;
   return false;
@@ -537,6 +542,17 @@ class Ctl {
     so.worker_binary = a_.Get("--worker");
     so.argv0 = argv0_;
     so.ranks = nproc;
+    if (a_.Has("--max-ranks") &&
+        (!absl::SimpleAtoi(a_.Get("--max-ranks"), &so.max_ranks) || so.max_ranks < 1)) {
+      std::cerr << "emberctl: --max-ranks needs a positive number\n";
+      return kUsage;
+    }
+    // SIGTERM and SIGHUP clean up like Ctrl-C: cancel the job, stop the workers, exit.
+    for (int sig : {SIGTERM, SIGHUP}) {
+      struct sigaction sa = {};
+      sa.sa_handler = OnInterrupt;
+      sigaction(sig, &sa, nullptr);
+    }
     auto cluster = ember::StandaloneCluster::Start(so, yaml);
     if (!cluster.ok()) return Fail(cluster.status());
     auto c = (*cluster)->Connect();
@@ -547,8 +563,24 @@ class Ctl {
       std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
                 << " ranks, logs in " << r->job().job_dir() << "/logs)\n";
     }
-    return Follow(*c, r->job().id());
+    // Follow notices a signal only when a progress update arrives; a job that makes none (still
+    // starting, or hung) is cancelled from here, which ends the stream.
+    absl::Notification followed;
+    std::thread watch([&] {
+      while (!followed.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+        if (interrupted_) {
+          (void)c->Cancel(r->job().id());
+          return;
+        }
+      }
+    });
+    int rc = Follow(*c, r->job().id());
+    followed.Notify();
+    watch.join();
+    return rc;
   }
+
+  static void OnInterrupt(int) { interrupted_ = true; }
 
   static std::atomic<bool> interrupted_;
   std::string argv0_;
@@ -566,7 +598,7 @@ int main(int argc, char** argv) {
   spdlog::set_level(getenv("EMBER_DEBUG") ? spdlog::level::info : spdlog::level::warn);
   signal(SIGPIPE, SIG_IGN);
   struct sigaction sa = {};
-  sa.sa_handler = [](int) { Ctl::interrupted_ = true; };
+  sa.sa_handler = Ctl::OnInterrupt;
   sigaction(SIGINT, &sa, nullptr);
   Args a;
   std::string err;

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
@@ -57,8 +58,22 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());
   bool cuda = spec.resources().device_type() == "cuda" ||
               spec.parallelism().backend().rfind("nccl", 0) == 0;
+  if (!cuda) {
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const long limit = options.max_ranks > 0 ? options.max_ranks : kRanksPerCore * cores;
+    if (ranks > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallelism.world_size: ", ranks, " CPU ranks is more than a standalone run starts on "
+          "this machine (at most ", limit,
+          options.max_ranks > 0 ? " from --max-ranks"
+                                : absl::StrCat(" = ", kRanksPerCore, " x ", cores, " cores"),
+          "); lower world_size or --nproc, pass --max-ranks N to allow more, or submit to a "
+          "cluster"));
+    }
+  }
   o.inventory.cpu_slots = cuda ? 0 : ranks;
   o.inventory.cuda_devices = cuda ? -1 : 0;
+  o.workers_die_with_daemon = true;  // a killed launcher leaves no worker behind
   o.state_dir = absl::StrCat(options.work_root, "/.emberd/standalone-", getpid());
   auto cluster = std::unique_ptr<StandaloneCluster>(new StandaloneCluster());
   cluster->token_ = daemon::GenerateToken();

@@ -23,7 +23,12 @@ struct StandaloneOptions {
   std::string worker_binary;  // "" = FindWorkerBinary(argv0)
   std::string argv0;          // to find the worker next to the calling binary
   int ranks = 0;              // CPU slots to offer; 0 = the spec's world size (at least 1)
+  // Refuse more CPU ranks than this before any worker is forked; 0 = kRanksPerCore x the online
+  // cores (one machine cannot usefully run more, and each rank is a process with its own memory).
+  int max_ranks = 0;
 };
+
+inline constexpr int kRanksPerCore = 4;
 
 // The ember-worker to run: $EMBER_WORKER, then Bazel runfiles / bazel-bin next to argv0, then
 // /usr/local/bin. NOT_FOUND listing where it looked.
@@ -32,6 +37,8 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0);
 class StandaloneCluster {
  public:
   // `spec_yaml` sizes the node (world size, cpu or cuda); it is not submitted here.
+  // INVALID_ARGUMENT naming parallelism.world_size when it asks for more CPU ranks than
+  // max_ranks. Every worker gets SIGKILL when the cluster's process dies, whatever kills it.
   static absl::StatusOr<std::unique_ptr<StandaloneCluster>> Start(StandaloneOptions options,
                                                                    const std::string& spec_yaml);
   ~StandaloneCluster();

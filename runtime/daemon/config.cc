@@ -43,7 +43,13 @@ absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg) {
       else if (key == "cpu_slots") cfg->cpu_slots = v.as<int>();
       else if (key == "cuda_devices") cfg->cuda_devices = v.as<int>();
       else if (key == "data_root") cfg->data_roots = v.as<std::vector<std::string>>();
-      else if (key == "cgroup_root") s(&cfg->cgroup_root);
+      else if (key == "keep_finished_jobs") cfg->keep_finished_jobs = v.as<int>();
+      else if (key == "finished_job_ttl_h") cfg->finished_job_ttl_h = v.as<double>();
+      else if (key == "cgroup_root") {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config ", path, ": cgroup_root was removed: it never set CPU or memory limits "
+            "(per-job cgroup limits are not implemented); delete the key"));
+      }
       else if (key == "scheduler") cfg->scheduler = v.as<bool>();
       else if (key == "lease_ttl_s") cfg->lease_ttl_s = v.as<double>();
       else if (key == "poll_s") cfg->poll_s = v.as<double>();
@@ -74,7 +80,11 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.inventory.cpu_slots = cfg.cpu_slots;
   o.inventory.cuda_devices = cfg.cuda_devices;
   o.data_roots = cfg.data_roots;
-  o.cgroup_root = cfg.cgroup_root;
+  if (cfg.keep_finished_jobs < 0 || cfg.finished_job_ttl_h < 0) {
+    return absl::InvalidArgumentError("keep_finished_jobs and finished_job_ttl_h must be >= 0");
+  }
+  o.keep_finished_jobs = cfg.keep_finished_jobs;
+  o.finished_job_ttl = absl::Seconds(cfg.finished_job_ttl_h * 3600);
   o.scheduler = cfg.scheduler;
   if (cfg.lease_ttl_s < 0.5 || cfg.poll_s <= 0 || cfg.poll_s > 10 || cfg.restart_backoff_s < 0) {
     return absl::InvalidArgumentError(

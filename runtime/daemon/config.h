@@ -35,7 +35,8 @@ struct EmberdConfig {
   int cpu_slots = -1;
   int cuda_devices = -1;
   std::vector<std::string> data_roots;
-  std::string cgroup_root;
+  int keep_finished_jobs = 100;    // retention of finished jobs in the store (0 = no count limit)
+  double finished_job_ttl_h = 168; // and their age in hours (0 = no age limit)
   bool scheduler = true;
   double lease_ttl_s = 6;          // node lease; a node silent this long is lost
   double poll_s = 0.1;             // supervision / scheduling period

@@ -67,6 +67,24 @@ absl::Duration RestartBackoff(int next_attempt, absl::Duration initial, absl::Du
   return std::min(d, max);
 }
 
+std::vector<std::string> JobsToForget(const std::vector<Job>& finished, int keep,
+                                      absl::Duration ttl, int64_t now_ms) {
+  auto end = [](const Job& j) { return j.end_unix_ms() > 0 ? j.end_unix_ms() : j.submit_unix_ms(); };
+  std::vector<const Job*> order;
+  for (const Job& j : finished) order.push_back(&j);
+  std::sort(order.begin(), order.end(), [&](const Job* a, const Job* b) {
+    return end(*a) != end(*b) ? end(*a) > end(*b) : a->id() > b->id();
+  });
+  std::vector<std::string> out;
+  const int64_t ttl_ms = absl::ToInt64Milliseconds(ttl);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const bool too_many = keep > 0 && i >= static_cast<size_t>(keep);
+    const bool too_old = ttl_ms > 0 && now_ms - end(*order[i]) > ttl_ms;
+    if (too_many || too_old) out.push_back(order[i]->id());
+  }
+  return out;
+}
+
 std::string DescribeExit(const RankExit& e) {
   std::string where = absl::StrCat("rank ", e.rank(), e.node().empty() ? "" : " on ", e.node());
   if (e.signal() != 0) {
@@ -293,11 +311,32 @@ bool DeviceOfKind(const std::string& id, const std::string& kind) {
 
 }  // namespace
 
+std::vector<NodeDevices> Snapshot(const std::vector<jobs::v1::Node>& nodes,
+                                  const std::map<std::string, std::string>& allocs) {
+  std::vector<NodeDevices> out;
+  for (const auto& n : nodes) {
+    NodeDevices nd;
+    nd.name = n.name();
+    nd.address = n.address();
+    nd.draining = n.draining();
+    for (const auto& d : n.devices()) {
+      nd.devices.push_back(d.id());
+      if (allocs.count(absl::StrCat(n.name(), "/", d.id()))) nd.busy.insert(d.id());
+    }
+    out.push_back(std::move(nd));
+  }
+  return out;
+}
+
+GangRequest RequestOf(const Job& job) {
+  return GangRequest{job.world_size(), job.spec().resources().nodes(),
+                     job.spec().resources().devices_per_node()};
+}
+
 void Daemon::Impl::Schedule() {
   auto active = store->ListKeys("active/");
   if (!active.ok()) return;
   std::vector<Job> jobs;
-  std::map<std::string, std::string> raw;
   for (const std::string& k : *active) {
     auto rec = ReadRecord(k.substr(strlen("active/")));
     if (rec.ok()) jobs.push_back(rec->first);
@@ -313,77 +352,112 @@ void Daemon::Impl::Schedule() {
   for (const auto& n : *nodes) alive.insert(n.name());
   std::set<std::string> jobs_holding;
   for (const auto& [dev, job] : *allocs) jobs_holding.insert(job);
-  bool blocked = false;  // strict FIFO: a pending job that does not fit blocks later ones
 
+  // Running and finished jobs first; the queue (PENDING, RESTARTING) in FIFO order after.
+  std::vector<QueuedJob> queue;
+  std::map<std::string, const Job*> queued;
   for (const Job& job : jobs) {
     const std::string& id = job.id();
     if (job.state() == jobs::v1::PENDING || job.state() == jobs::v1::RESTARTING) {
-      if (blocked) continue;
-      if (jobs_holding.count(id)) continue;  // previous attempt's devices not yet released
-      if (job.state() == jobs::v1::RESTARTING && job.attempts_size() > 0 &&
-          NowMs() < job.attempts(job.attempts_size() - 1).restart_unix_ms()) {
-        blocked = true;  // backing off; keeps its place in the FIFO
-        continue;
-      }
-      std::vector<NodeCapacity> caps;
-      for (const auto& n : *nodes) {
-        if (n.draining()) continue;
-        NodeCapacity c{n.name(), n.address(), {}};
-        for (const auto& d : n.devices()) {
-          if (DeviceOfKind(d.id(), job.device_type()) &&
-              !allocs->count(absl::StrCat(n.name(), "/", d.id()))) {
-            c.free.push_back(d.id());
-          }
-        }
-        caps.push_back(std::move(c));
-      }
-      GangRequest req{job.world_size(), job.spec().resources().nodes(),
-                      job.spec().resources().devices_per_node()};
-      auto placed = PlaceGang(req, caps);
-      if (!placed) {
-        blocked = true;
-        continue;
-      }
-      // Claim the devices under each node's lease (they vanish with a lost node), then flip the
-      // record; on a lost race give them back.
-      std::vector<std::string> claimed;
-      bool ok = true;
-      for (const auto& na : placed->nodes()) {
-        int64_t node_lease = 0;
-        for (const auto& n : *nodes)
-          if (n.name() == na.node()) node_lease = n.lease_id();
-        for (const auto& d : na.devices()) {
-          std::string key = keys::Alloc(na.node(), d);
-          ok = ok && store->SetWithLease(key, id, node_lease).ok();
-          claimed.push_back(key);
-          (*allocs)[absl::StrCat(na.node(), "/", d)] = id;
-        }
-      }
-      int next_attempt = job.attempts_size();
-      auto updated = ok ? UpdateRecord(id, [&](Job* j) {
-        if (j->state() != jobs::v1::PENDING && j->state() != jobs::v1::RESTARTING) return false;
-        j->set_state(jobs::v1::RUNNING);
-        j->set_reason("");
-        jobs::v1::Attempt* a = j->add_attempts();
-        a->set_number(next_attempt);
-        *a->mutable_assignment() = *placed;
-        a->set_start_unix_ms(NowMs());
-        return true;
-      }) : absl::StatusOr<Job>(absl::UnavailableError("alloc failed"));
-      if (!updated.ok() || updated->state() != jobs::v1::RUNNING) {
-        for (const auto& k : claimed) (void)store->Delete(k);
-        continue;
-      }
-      std::vector<std::string> where;
-      for (const auto& na : placed->nodes())
-        where.push_back(absl::StrCat(na.node(), "[", absl::StrJoin(na.devices(), ","), "]"));
-      spdlog::info("placed {} attempt {}: {}", id, next_attempt, absl::StrJoin(where, " "));
-      jobs_holding.insert(id);
+      QueuedJob q{id, job.device_type(), RequestOf(job)};
+      // Not yet: the previous attempt's devices are not released, or the restart backs off.
+      // Either way the job keeps its place (and its reservation) in the queue.
+      q.startable = !jobs_holding.count(id) &&
+                    !(job.state() == jobs::v1::RESTARTING && job.attempts_size() > 0 &&
+                      NowMs() < job.attempts(job.attempts_size() - 1).restart_unix_ms());
+      queue.push_back(std::move(q));
+      queued[id] = &job;
     } else if (job.state() == jobs::v1::RUNNING) {
       CheckAttempt(job, alive);
     } else if (IsTerminal(job.state()) && !jobs_holding.count(id)) {
       (void)store->Delete(keys::Active(id));  // finished and every device given back
     }
+  }
+
+  for (const QueueDecision& d : PlanQueue(queue, Snapshot(*nodes, *allocs))) {
+    const std::string& id = d.id;
+    const Job& job = *queued[id];
+    if (!d.placement) {
+      // Say why it waits (PENDING only: a RESTARTING job keeps its failure and restart reason).
+      if (job.state() == jobs::v1::PENDING && !d.waiting.empty() && job.reason() != d.waiting) {
+        (void)UpdateRecord(id, [&](Job* j) {
+          if (j->state() != jobs::v1::PENDING || j->reason() == d.waiting) return false;
+          j->set_reason(d.waiting);
+          return true;
+        });
+      }
+      continue;
+    }
+    const jobs::v1::Assignment& placed = *d.placement;
+    // Claim the devices under each node's lease (they vanish with a lost node), then flip the
+    // record; on a lost race give them back.
+    std::vector<std::string> claimed;
+    bool ok = true;
+    for (const auto& na : placed.nodes()) {
+      int64_t node_lease = 0;
+      for (const auto& n : *nodes)
+        if (n.name() == na.node()) node_lease = n.lease_id();
+      for (const auto& dev : na.devices()) {
+        std::string key = keys::Alloc(na.node(), dev);
+        ok = ok && store->SetWithLease(key, id, node_lease).ok();
+        claimed.push_back(key);
+      }
+    }
+    int next_attempt = job.attempts_size();
+    auto updated = ok ? UpdateRecord(id, [&](Job* j) {
+      if (j->state() != jobs::v1::PENDING && j->state() != jobs::v1::RESTARTING) return false;
+      j->set_state(jobs::v1::RUNNING);
+      j->set_reason("");
+      jobs::v1::Attempt* a = j->add_attempts();
+      a->set_number(next_attempt);
+      *a->mutable_assignment() = placed;
+      a->set_start_unix_ms(NowMs());
+      return true;
+    }) : absl::StatusOr<Job>(absl::UnavailableError("alloc failed"));
+    if (!updated.ok() || updated->state() != jobs::v1::RUNNING) {
+      for (const auto& k : claimed) (void)store->Delete(k);
+      continue;
+    }
+    std::vector<std::string> where;
+    for (const auto& na : placed.nodes())
+      where.push_back(absl::StrCat(na.node(), "[", absl::StrJoin(na.devices(), ","), "]"));
+    spdlog::info("placed {} attempt {}: {}", id, next_attempt, absl::StrJoin(where, " "));
+  }
+  ForgetFinished();
+}
+
+void Daemon::Impl::ForgetFinished() {
+  if (opts.keep_finished_jobs <= 0 && opts.finished_job_ttl <= absl::ZeroDuration()) return;
+  if (absl::Now() - last_retention < absl::Seconds(2)) return;
+  last_retention = absl::Now();
+  auto listed = store->ListKeys("joblist/");
+  auto active = store->ListKeys("active/");
+  if (!listed.ok() || !active.ok()) return;
+  std::set<std::string> running;
+  for (const std::string& k : *active) running.insert(k.substr(strlen("active/")));
+  std::vector<std::string> record_keys;
+  for (const std::string& k : *listed) {
+    std::string id = k.substr(strlen("joblist/"));
+    if (!running.count(id)) record_keys.push_back(keys::Record(id));
+  }
+  auto records = store->MultiGet(record_keys);
+  if (!records.ok()) return;
+  std::vector<Job> finished;
+  for (const auto& v : *records) {
+    Job j;
+    if (v && j.ParseFromString(*v) && IsTerminal(j.state())) finished.push_back(std::move(j));
+  }
+  const std::vector<std::string> forget =
+      JobsToForget(finished, opts.keep_finished_jobs, opts.finished_job_ttl, NowMs());
+  for (const std::string& id : forget) {
+    for (const Job& j : finished) {
+      if (j.id() == id && !j.submission_id().empty()) {
+        (void)store->Delete(keys::Submission(j.submission_id()));
+      }
+    }
+    (void)store->Delete(keys::JobList(id));  // first: a listing never shows a half-deleted job
+    auto n = store->DeletePrefix(absl::StrCat("jobs/", id, "/"));
+    spdlog::info("retention: forgot finished job {} ({} store keys)", id, n.ok() ? *n : -1);
   }
 }
 
@@ -548,11 +622,6 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
       }
     }
   }
-  std::string cgroup;
-  if (!opts.cgroup_root.empty()) {
-    cgroup = absl::StrCat(opts.cgroup_root, "/ember-", job.id(), "-", at.number());
-    if (!fs::create_directories(cgroup, ec) && ec) cgroup.clear();
-  }
   const int local_world = mine->devices_size();
   for (int i = 0; i < local_world; ++i) {
     LocalWorker w;
@@ -564,7 +633,7 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
     so.argv = {opts.worker_binary};
     so.cwd = dir;
     so.log_path = w.log_path;
-    so.cgroup_dir = cgroup;
+    so.die_with_parent = opts.workers_die_with_daemon;  // forked on the control thread
     so.header = absl::StrCat("=== ember: attempt ", at.number(), " rank ", w.rank, " on ",
                              opts.node_name, " device ", w.device, " ===");
     std::string dev = DeviceOfKind(w.device, "cuda") ? w.device : "cpu";
@@ -786,9 +855,6 @@ void Daemon::Impl::Supervise() {
       // Sweep stragglers of the groups (a worker's own children), then give the devices back.
       for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
       for (const auto& d : a.devices) (void)store->Delete(keys::Alloc(opts.node_name, d));
-      if (!opts.cgroup_root.empty()) {
-        ::rmdir(absl::StrCat(opts.cgroup_root, "/ember-", a.job, "-", a.attempt).c_str());
-      }
       a.released = true;
       changed = true;
       spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);

@@ -60,7 +60,6 @@ struct DaemonOptions {
   InventoryOptions inventory;
   bool scheduler = true;                 // take part in the scheduler election
   std::vector<std::string> data_roots;   // absolute paths specs may read from
-  std::string cgroup_root;               // "" = no cgroups; else a delegated cgroup v2 directory
   absl::Duration lease_ttl = absl::Seconds(6);
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration poll = absl::Milliseconds(100);
@@ -82,6 +81,17 @@ struct DaemonOptions {
   // Extra environment for every worker (after the contract variables), e.g. NCCL_* knobs or the
   // test-only EMBER_WORKER_FAULT.
   std::vector<std::pair<std::string, std::string>> worker_env;
+  // Workers get SIGKILL when this daemon's control thread (which forks them) ends, including when
+  // the process is killed (PR_SET_PDEATHSIG). For `emberctl run --standalone`, where the launcher
+  // is the daemon; never for emberd, whose workers outlive a restart (Detach).
+  bool workers_die_with_daemon = false;
+  // Retention of finished jobs (SUCCEEDED, FAILED, CANCELLED, devices released) in the store: the
+  // scheduler forgets all but the newest keep_finished_jobs, and any that ended longer than
+  // finished_job_ttl ago; forgetting deletes the record, the spec, the uploaded files and every
+  // attempt key (jobs/<job>/...), the job's index and submission keys. The job directory on disk
+  // (logs, checkpoints, metrics) stays. 0 / a zero duration = no limit of that kind.
+  int keep_finished_jobs = 100;
+  absl::Duration finished_job_ttl = absl::Hours(7 * 24);
 };
 
 class Daemon {
@@ -130,6 +140,12 @@ std::string NoRetryReason(const jobs::v1::Job& job);
 
 // Backoff before attempt `next_attempt` (>= 1): initial * 2^(next_attempt-1), at most max.
 absl::Duration RestartBackoff(int next_attempt, absl::Duration initial, absl::Duration max);
+
+// Which finished jobs retention forgets now (see DaemonOptions::keep_finished_jobs): every job
+// beyond the newest `keep` by end time (ties by id), and every job that ended more than `ttl`
+// before `now_ms`. A job's end time is its end_unix_ms, else its submit time.
+std::vector<std::string> JobsToForget(const std::vector<jobs::v1::Job>& finished, int keep,
+                                      absl::Duration ttl, int64_t now_ms);
 
 // "rank 1 on node-a exited with code 3" / "rank 0 on node-a was killed by signal 9 (SIGKILL)".
 std::string DescribeExit(const jobs::v1::RankExit& e);

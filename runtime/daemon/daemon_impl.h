@@ -20,6 +20,7 @@
 #include "proto/jobs.grpc.pb.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/placement.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -83,6 +84,7 @@ class Daemon::Impl {
 
   // ---- Control thread only (Schedule): when the leader first saw each failed attempt.
   std::map<std::string, absl::Time> failing_since;
+  absl::Time last_retention = absl::InfinitePast();
 
   // daemon.cc
   absl::Status Init();
@@ -103,6 +105,9 @@ class Daemon::Impl {
   bool Reap(const LocalAttempt& a, LocalWorker* w, std::string* note);
   // The scheduler's handling of a RUNNING job's current attempt (failure, success).
   void CheckAttempt(const Job& job, const std::set<std::string>& alive);
+  // Retention (leader, at most every 2 s): forgets finished jobs per keep_finished_jobs and
+  // finished_job_ttl (JobsToForget).
+  void ForgetFinished();
   void DrainNow();
   void DetachNow();
   std::string JobDir(const std::string& job) const;
@@ -119,6 +124,13 @@ class Daemon::Impl {
 
 int64_t NowMs();
 bool IsTerminal(JobState s);
+
+// The scheduler's view of the registered nodes: every device, and those a job holds (`allocs`:
+// "node/device" -> job, from ReadAllocs).
+std::vector<NodeDevices> Snapshot(const std::vector<jobs::v1::Node>& nodes,
+                                  const std::map<std::string, std::string>& allocs);
+// The gang a job asks for (world size, resources.nodes, resources.devices_per_node).
+GangRequest RequestOf(const Job& job);
 
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);

@@ -3,7 +3,9 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
@@ -51,7 +53,14 @@ TEST_CASE("spec paths and upload names stay inside the job directory") {
   REQUIRE(CheckSpecPaths(s, {}).ok());
   s.mutable_data()->set_path("/datasets/x.bin");
   REQUIRE(absl::IsPermissionDenied(CheckSpecPaths(s, {})));
+  REQUIRE(absl::StrContains(CheckSpecPaths(s, {}).message(), "none configured"));
   REQUIRE(CheckSpecPaths(s, {"/datasets"}).ok());
+  REQUIRE(CheckSpecPaths(s, {"/datasets/"}).ok());
+  absl::Status outside = CheckSpecPaths(s, {"/data", "/mnt/corpora"});
+  REQUIRE(absl::IsPermissionDenied(outside));
+  REQUIRE(absl::StrContains(outside.message(), "the data roots (/data, /mnt/corpora)"));
+  s.mutable_data()->set_path("/datasets-evil/x.bin");  // a prefix of a root's name is not under it
+  REQUIRE(absl::IsPermissionDenied(CheckSpecPaths(s, {"/datasets"})));
   s.mutable_data()->set_path("a/../../x");
   REQUIRE(absl::IsPermissionDenied(CheckSpecPaths(s, {"/datasets"})));
   REQUIRE(absl::StrContains(CheckSpecPaths(s, {}).message(), "data.path"));
@@ -88,6 +97,64 @@ TEST_CASE("a spawned worker runs in its own process group and is killed with it"
   REQUIRE(lines.size() == 2);
   REQUIRE(lines[0] == "=== header ===");
   REQUIRE(lines[1] == "hello");
+}
+
+TEST_CASE("die_with_parent: the worker is killed when the thread that forked it ends") {
+  for (bool die : {true, false}) {
+    SpawnOptions o;
+    o.argv = {"/bin/sleep", "30"};
+    o.env = {{"PATH", "/usr/bin:/bin"}};
+    o.log_path = Tmp("pdeath.log");
+    o.die_with_parent = die;
+    absl::StatusOr<pid_t> pid;
+    std::thread forker([&] {
+      pid = SpawnWorker(o);
+      absl::SleepFor(absl::Milliseconds(300));  // the child has run prctl by now; then end
+    });
+    forker.join();
+    REQUIRE(pid.ok());
+    int code = 0, sig = 0;
+    bool ended = false;
+    for (int i = 0; i < 100 && !(ended = TryReap(*pid, &code, &sig)); ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    INFO("die_with_parent " << die);
+    REQUIRE(ended == die);
+    if (die) REQUIRE(sig == SIGKILL);
+    if (!die) {
+      REQUIRE(SignalGroup(*pid, SIGKILL));
+      for (int i = 0; i < 100 && !TryReap(*pid, &code, &sig); ++i) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+    }
+  }
+}
+
+TEST_CASE("retention forgets finished jobs beyond the newest N and older than the TTL") {
+  auto job = [](const std::string& id, int64_t end_ms) {
+    jobs::v1::Job j;
+    j.set_id(id);
+    j.set_submit_unix_ms(end_ms - 10);
+    j.set_end_unix_ms(end_ms);
+    return j;
+  };
+  const int64_t now = 1'000'000'000;
+  std::vector<jobs::v1::Job> done = {job("a", now - 5000), job("b", now - 1000),
+                                     job("c", now - 3000), job("d", now - 100)};
+  auto f = JobsToForget(done, 2, absl::ZeroDuration(), now);  // keeps d, b
+  std::sort(f.begin(), f.end());
+  REQUIRE(f == std::vector<std::string>{"a", "c"});
+  f = JobsToForget(done, 0, absl::Seconds(2), now);  // ended more than 2 s ago
+  std::sort(f.begin(), f.end());
+  REQUIRE(f == std::vector<std::string>{"a", "c"});
+  f = JobsToForget(done, 3, absl::Milliseconds(500), now);
+  std::sort(f.begin(), f.end());
+  REQUIRE(f == std::vector<std::string>{"a", "b", "c"});
+  REQUIRE(JobsToForget(done, 0, absl::ZeroDuration(), now).empty());  // no limits
+  jobs::v1::Job never_started;  // cancelled while pending: no end time, the submit time counts
+  never_started.set_id("p");
+  never_started.set_submit_unix_ms(now - 10'000);
+  REQUIRE(JobsToForget({never_started}, 0, absl::Seconds(5), now) == std::vector<std::string>{"p"});
 }
 
 TEST_CASE("exit codes are reported and an exec failure is 127") {
@@ -137,6 +204,19 @@ TEST_CASE("config: unknown keys and missing tokens are named") {
   o = ToDaemonOptions(cfg);
   REQUIRE(o.ok());
   REQUIRE(o->auth_token.size() == 64);
+  REQUIRE(o->keep_finished_jobs == 100);
+  REQUIRE(o->finished_job_ttl == absl::Hours(168));
+  { std::ofstream(path) << "keep_finished_jobs: 5\nfinished_job_ttl_h: 0.5\n"; }
+  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
+  o = ToDaemonOptions(cfg);
+  REQUIRE(o.ok());
+  REQUIRE(o->keep_finished_jobs == 5);
+  REQUIRE(o->finished_job_ttl == absl::Minutes(30));
+  // The cgroup flag is gone (it never set limits): an old config says so instead of lying.
+  { std::ofstream(path) << "cgroup_root: /sys/fs/cgroup/ember\n"; }
+  s = LoadEmberdConfig(path, &cfg);
+  REQUIRE(absl::IsInvalidArgument(s));
+  REQUIRE(absl::StrContains(s.message(), "cgroup_root was removed"));
   { std::ofstream(tok) << "short\n"; }
   REQUIRE(absl::IsInvalidArgument(ReadTokenFile(tok).status()));
 }

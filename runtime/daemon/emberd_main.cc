@@ -51,7 +51,8 @@ ABSL_FLAG(std::string, worker_binary, "", "the ember-worker executable");
 ABSL_FLAG(int, cpu_slots, -2, "CPU ranks offered (-1 = online cores)");
 ABSL_FLAG(int, cuda_devices, -2, "CUDA devices offered (-1 = detect)");
 ABSL_FLAG(std::string, data_root, "", "comma-separated absolute dirs specs may read data from");
-ABSL_FLAG(std::string, cgroup_root, "", "delegated cgroup v2 dir for per-job cgroups");
+ABSL_FLAG(int, keep_finished_jobs, -1, "finished jobs kept in the store (default 100; 0 = no count limit)");
+ABSL_FLAG(double, finished_job_ttl_h, -1, "hours a finished job stays in the store (default 168; 0 = no age limit)");
 ABSL_FLAG(bool, no_scheduler, false, "never act as the scheduler");
 ABSL_FLAG(double, lease_ttl_s, -1, "node lease TTL in seconds (default 6)");
 ABSL_FLAG(double, poll_s, -1, "supervision period in seconds (default 0.1)");
@@ -91,7 +92,12 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_data_root).empty()) {
     cfg.data_roots = absl::StrSplit(absl::GetFlag(FLAGS_data_root), ',', absl::SkipEmpty());
   }
-  str(absl::GetFlag(FLAGS_cgroup_root), &cfg.cgroup_root);
+  if (absl::GetFlag(FLAGS_keep_finished_jobs) >= 0) {
+    cfg.keep_finished_jobs = absl::GetFlag(FLAGS_keep_finished_jobs);
+  }
+  if (absl::GetFlag(FLAGS_finished_job_ttl_h) >= 0) {
+    cfg.finished_job_ttl_h = absl::GetFlag(FLAGS_finished_job_ttl_h);
+  }
   if (absl::GetFlag(FLAGS_no_scheduler)) cfg.scheduler = false;
   if (absl::GetFlag(FLAGS_lease_ttl_s) >= 0) cfg.lease_ttl_s = absl::GetFlag(FLAGS_lease_ttl_s);
   if (absl::GetFlag(FLAGS_poll_s) >= 0) cfg.poll_s = absl::GetFlag(FLAGS_poll_s);

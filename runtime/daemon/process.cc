@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -28,7 +29,6 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
   for (auto& e : env_strings) envp.push_back(e.data());
   envp.push_back(nullptr);
   std::string header = o.header.empty() ? "" : o.header + "\n";
-  std::string procs = o.cgroup_dir.empty() ? "" : o.cgroup_dir + "/cgroup.procs";
   static const char kExecFailed[] = "ember: exec of the worker failed: ";
 
   int log_fd = ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
@@ -36,6 +36,7 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
     return absl::InternalError(absl::StrCat("cannot open log ", o.log_path, ": ", strerror(errno)));
   }
   if (!header.empty()) (void)!::write(log_fd, header.data(), header.size());
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
     int err = errno;
@@ -44,17 +45,14 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
   }
   if (pid == 0) {
     ::setsid();
+    if (o.die_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) _exit(127);  // the parent died before prctl took effect
+    }
     sigset_t all;
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);  // the daemon blocks SIGTERM; workers must not
     signal(SIGPIPE, SIG_DFL);
-    if (!procs.empty()) {
-      int cg = ::open(procs.c_str(), O_WRONLY);
-      if (cg >= 0) {
-        (void)!::write(cg, "0", 1);
-        ::close(cg);
-      }
-    }
     int null_fd = ::open("/dev/null", O_RDONLY);
     if (null_fd >= 0) ::dup2(null_fd, 0);
     ::dup2(log_fd, 1);

@@ -24,7 +24,11 @@ struct SpawnOptions {
   std::string cwd;
   std::string log_path;      // stdout+stderr, appended
   std::string header;        // written to the log before exec (one line)
-  std::string cgroup_dir;    // optional: the child joins it (best effort)
+  // The child gets SIGKILL when the forking *thread* ends (prctl PR_SET_PDEATHSIG), so a worker
+  // never outlives a launcher killed by any signal. Fork from a thread that lives as long as the
+  // workers should (emberd's control thread). For `run --standalone` only: emberd's workers must
+  // survive a daemon restart.
+  bool die_with_parent = false;
 };
 
 // fork+exec in a new session: pid == pgid. Errors: INTERNAL naming the executable when fork fails;

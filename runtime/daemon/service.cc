@@ -335,6 +335,11 @@ class JobsService final : public v1::Jobs::Service {
       world = std::max(world, 1);
     }
     job.set_world_size(world);
+    // Refuse what no set of the registered nodes could ever hold: it would wait forever.
+    {
+      ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());
+      RETURN_IF_ERROR(CheckEverPlaceable(RequestOf(job), type, Snapshot(nodes, {})));
+    }
 
     // Idempotency: the first submission with this id wins; later ones get its job back.
     ASSIGN_OR_RETURN(store::CompareSetResult cas,

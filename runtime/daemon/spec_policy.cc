@@ -2,6 +2,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace ember::daemon {
@@ -26,10 +27,15 @@ absl::Status CheckPath(const char* field, const std::string& path,
     std::string r = absl::EndsWith(root, "/") ? root : root + "/";
     if (absl::StartsWith(path, r)) return absl::OkStatus();
   }
+  if (roots.empty()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ": '", path,
+        "' is outside the job directory and no data root allows it (none configured); use a "
+        "relative path (uploaded with the spec), or ask the operator for emberd --data-root"));
+  }
   return absl::PermissionDeniedError(absl::StrCat(
-      field, ": '", path,
-      "' is outside the job directory; use a relative path, or a data root the operator allowed "
-      "with emberd --data-root"));
+      field, ": '", path, "' is outside the job directory and the data roots (",
+      absl::StrJoin(roots, ", "), "); use a path under one of them, or a relative path"));
 }
 
 }  // namespace

@@ -3,10 +3,13 @@
 //
 // Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
 // 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h).
+#include <signal.h>
+
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
 #include "runtime/base/flags.h"
+#include "runtime/flight/recorder.h"
 #include "runtime/worker/env.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/trainer.h"
@@ -17,6 +20,9 @@ ABSL_FLAG(std::string, spec, "", "job spec (YAML/JSON); default $EMBER_JOB_SPEC 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-worker");
   ember::worker::InstallStopSignalHandler();  // SIGTERM: dump the flight recorder, exit 75
+  // SIGUSR1: dump the flight recorder and keep training (the process groups' watchdogs poll the
+  // counter the handler bumps; docs/flight-recorder.md). Without it SIGUSR1 would kill the rank.
+  ember::flight::InstallDumpSignalHandler(SIGUSR1);
   auto env = ember::worker::ReadWorkerEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) {
     spdlog::error("bad environment: {}", env.status().ToString());

@@ -42,6 +42,8 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(ClusterOptions o
     d.failure_settle = absl::Seconds(3);
     d.analyze_flight = FlightVerdict;
     d.worker_env = o.worker_env;
+    d.data_roots = o.data_roots;
+    d.keep_finished_jobs = o.keep_finished_jobs;
     ASSIGN_OR_RETURN(auto daemon, daemon::Daemon::Start(d));
     c->daemons_.push_back(std::move(daemon));
   }

@@ -22,6 +22,8 @@ struct ClusterOptions {
   std::string worker;         // "" = tests/e2e/test_worker from the runfiles
   std::vector<std::pair<std::string, std::string>> worker_env;  // DaemonOptions::worker_env
   absl::Duration restart_backoff = absl::Milliseconds(200);     // emberd's default is 1 s
+  std::vector<std::string> data_roots;                          // DaemonOptions::data_roots
+  int keep_finished_jobs = 100;                                 // DaemonOptions retention
 };
 
 class TestCluster {

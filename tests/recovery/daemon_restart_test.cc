@@ -1,7 +1,8 @@
 // Daemon failures end to end: emberd processes (kill -9 is real) over a store in this process,
-// running //tests/e2e:test_worker.
+// running //tests/e2e:test_worker (and the real ember-worker where said).
 //   * kill -9 and restart of the daemon that runs a job -> the new daemon re-attaches to the
-//     workers from <state_dir>/workers.state, the job keeps its attempt and SUCCEEDS;
+//     workers from <state_dir>/workers.state, the job keeps its attempt and SUCCEEDS (with the
+//     stand-in and with the real ember-worker);
 //   * kill -9 of that daemon for good -> "node lost: <node>" within the lease timeout, the job
 //     restarts on the other node and SUCCEEDS; the lost node's workers stop on the stop key.
 // No process is left behind (/proc scan); the store lives here, so workers of a crashed test exit.
@@ -73,6 +74,9 @@ struct Cluster {
   }
 };
 
+// Long enough for a kill -9 and a daemon restart while the real worker trains.
+constexpr int kRealSteps = 1500;
+
 std::string Holder(const v1::Job& j) {
   if (j.attempts_size() == 0) return "";
   const auto& a = j.attempts(j.attempts_size() - 1).assignment();
@@ -84,14 +88,15 @@ std::string Holder(const v1::Job& j) {
 struct RunningJob {
   std::string id, holder, other;
 };
-RunningJob StartTwoNodesAndJob(Cluster& c, const std::string& spec) {
+RunningJob StartTwoNodesAndJob(Cluster& c, const std::string& spec,
+                                const std::map<std::string, std::string>& files = {}) {
   RunningJob out;
   REQUIRE(c.StartDaemon("node-a", 0).ok());
   REQUIRE(c.StartDaemon("node-b", 0).ok());
   auto cl = c.Connect("node-a");
   REQUIRE(cl.ok());
   REQUIRE(WaitFor([&] { auto n = cl->Nodes(); return n.ok() && n->size() == 2; }, absl::Seconds(5)));
-  auto r = cl->Submit(spec);
+  auto r = cl->Submit(spec, "", files);
   REQUIRE(r.ok());
   out.id = r->job().id();
   REQUIRE(WaitFor([&] {
@@ -124,6 +129,31 @@ TEST_CASE("kill -9 and restart of a daemon: the job keeps running and finishes")
   REQUIRE(done->state() == v1::SUCCEEDED);
   REQUIRE(done->attempts_size() == 1);  // never restarted: re-attached
   REQUIRE(absl::StrContains(ReadFile(c->daemons[holder]->log()), "re-attached to 2 running"));
+  REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
+}
+
+TEST_CASE("kill -9 and restart of a daemon running the real ember-worker: re-attached, finishes") {
+  auto c = Cluster::Start();
+  REQUIRE(c);
+  c->base.worker = fs::absolute("runtime/worker/ember-worker").string();
+  const RunningJob job = StartTwoNodesAndJob(
+      *c, TinySpec("rec-reattach-real", 2, kRealSteps, kRealSteps), {{"data/tiny_corpus.txt", Corpus()}});
+  const std::string& id = job.id;
+  const std::string& holder = job.holder;
+  REQUIRE(FindJobProcesses(id).size() == 2);
+  c->daemons[holder]->Kill9();
+  REQUIRE(FindJobProcesses(id).size() == 2);  // the workers outlive their daemon
+  REQUIRE(c->StartDaemon(holder, 1).ok());
+  auto other = c->Connect(job.other);
+  REQUIRE(other.ok());
+  auto done = other->Wait(id, absl::Seconds(90));
+  REQUIRE(done.ok());
+  INFO(done->reason());
+  REQUIRE(absl::StrContains(ReadFile(c->daemons[holder]->log()), "re-attached to 2 running"));
+  REQUIRE(done->state() == v1::SUCCEEDED);
+  REQUIRE(done->attempts_size() == 1);  // never restarted: re-attached
+  REQUIRE(done->progress().step() == kRealSteps);
+  // The exit status of a non-child came from the worker's own worker_exit key: 0 for both ranks.
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }
 
