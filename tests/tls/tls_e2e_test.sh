@@ -5,7 +5,9 @@
 # only, once with client certificates required (mTLS). Also: ember-store refuses to start without
 # a token; a plaintext store client (emberd) against the TLS store and a plaintext emberctl
 # against the TLS emberd fail naming TLS; without (or with a foreign) client certificate the mTLS
-# emberd refuses emberctl. Loopback only; every wait bounded; every process killed on exit.
+# emberd refuses emberctl. In the mTLS run the job spans two daemons (one CPU slot each), so
+# emberctl logs of the remote rank goes daemon to daemon over mTLS. Loopback only; every wait
+# bounded; every process killed on exit.
 set -uo pipefail
 STORE="$1"; EMBERD="$2"; EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"
 T="${TEST_TMPDIR:-$(mktemp -d)}/tls"
@@ -56,12 +58,12 @@ start_store() {  # NAME ARGS...: sets STORE_ADDR
   STORE_ADDR="127.0.0.1:$(cat "$T/$name.port")"
 }
 
-API=""; DPID=""
+API=""; DPID=""; SLOTS=2
 start_emberd() {  # NAME ARGS...: sets API and DPID; returns 1 if emberd exited instead
   local name=$1; shift
   "$EMBERD" --listen=127.0.0.1:0 --store="$STORE_ADDR" --node-name="$name" \
-    --auth-token-file="$T/token" --work-root="$T/$name-jobs" --worker-binary="$WORKER" \
-    --cpu-slots=2 --cuda-devices=0 "$@" > "$T/$name-emberd.log" 2>&1 &
+    --auth-token-file="$T/token" --work-root="${WORK:-$T/$name-jobs}" --worker-binary="$WORKER" \
+    --cpu-slots="$SLOTS" --cuda-devices=0 "$@" > "$T/$name-emberd.log" 2>&1 &
   DPID=$!
   PIDS+=($DPID)
   API=""
@@ -81,7 +83,11 @@ run_job() {  # NAME EMBERCTL-TLS-ARGS...: submit --follow must end SUCCEEDED
   grep -q SUCCEEDED "$T/$name-follow.log" || fail "$name: job did not succeed"
   local job
   job=$(head -1 "$T/$name-follow.log")
-  [ -s "$T/$name-jobs/$job/logs/rank-1.log" ] || fail "$name: no log of rank 1 ($job)"
+  for r in 0 1; do
+    timeout 30 "$EMBERCTL" --address "$API" "$@" logs "$job" --rank $r > "$T/$name-rank$r.out" 2>&1 ||
+      fail "$name: emberctl logs --rank $r"
+    grep -q "ember: attempt 0 rank $r" "$T/$name-rank$r.out" || fail "$name: log of rank $r"
+  done
 }
 
 stop() { kill -INT "$1" 2>/dev/null; for _ in $(seq 100); do kill -0 "$1" 2>/dev/null || return 0; sleep 0.1; done; kill -KILL "$1"; }
@@ -108,6 +114,11 @@ stop "$DPID"
 # --- mTLS (client certificates required) ----------------------------------------------------------
 start_store mtls --tls-cert="$P/node.crt" --tls-key="$P/node.key" --tls-ca="$P/ca.crt"
 grep -q "tls: mutual" "$T/mtls-store.log" || fail "ember-store logs tls: mutual"
+SLOTS=1
+WORK="$T/mtls-jobs"  # shared, as multi-node jobs need (every rank writes the final checkpoint)
+start_emberd mtls-b --tls-cert="$P/node.crt" --tls-key="$P/node.key" --tls-ca="$P/ca.crt" ||
+  fail "second mTLS emberd did not start"
+BPID=$DPID
 start_emberd mtls --tls-cert="$P/node.crt" --tls-key="$P/node.key" --tls-ca="$P/ca.crt" ||
   fail "mTLS emberd did not start"
 
@@ -121,5 +132,8 @@ done
 
 # The certificate paths from the environment, as a user's shell profile would set them.
 EMBER_TLS_CA="$P/ca.crt" EMBER_TLS_CERT="$P/client.crt" EMBER_TLS_KEY="$P/client.key" run_job mtls
+grep -q "Nodes\|rank" "$T/mtls-follow.log" || true
+grep -q "started ranks 1..1 on mtls-b" "$T/mtls-b-emberd.log" || fail "mtls: rank 1 did not run on mtls-b"
 stop "$DPID"
+stop "$BPID"
 echo PASS
