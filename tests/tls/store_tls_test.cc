@@ -145,6 +145,13 @@ TEST_CASE("mTLS store: accepts the CA's client certificates, refuses none or ano
   REQUIRE(Dial(*relaxed, true).ok());
 }
 
+TEST_CASE("the wire probe cannot tell without a server: no mismatch is claimed") {
+  CHECK(base::ProbeWireProtocol("127.0.0.1:1") == base::WireProtocol::kUnknown);  // refused
+  CHECK(base::ProbeWireProtocol("unix:/tmp/x") == base::WireProtocol::kUnknown);
+  CHECK(!base::DiagnoseTls(base::WireProtocol::kUnknown, true).mismatch);
+  CHECK(base::DiagnoseTls(base::WireProtocol::kUnknown, false).text.empty());
+}
+
 TEST_CASE("TLS options are checked: a certificate needs its key, a server needs a certificate") {
   daemon::TlsOptions only_ca;
   only_ca.ca_file = Pem("ca.crt");

@@ -5,8 +5,9 @@
 # only, once with client certificates required (mTLS). Also: ember-store refuses to start without
 # a token; a plaintext store client (emberd) against the TLS store and a plaintext emberctl
 # against the TLS emberd fail naming TLS; without (or with a foreign) client certificate the mTLS
-# emberd refuses emberctl. In the mTLS run the job spans two daemons (one CPU slot each), so
-# emberctl logs of the remote rank goes daemon to daemon over mTLS. Loopback only; every wait
+# emberd refuses emberctl; a TLS emberctl against a plaintext server fails naming it. In the mTLS
+# run the job spans two daemons (one CPU slot each), so emberctl logs of the remote rank goes daemon
+# to daemon over mTLS; a last run uses the store hosted by emberd. Loopback only; every wait
 # bounded; every process killed on exit.
 set -uo pipefail
 STORE="$1"; EMBERD="$2"; EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"
@@ -48,9 +49,11 @@ log_every: 1
 YAML
 
 STORE_ADDR=""
-start_store() {  # NAME ARGS...: sets STORE_ADDR
+start_store() {  # NAME ARGS...: sets STORE_ADDR (the token comes first: --insecure-no-auth drops it)
   local name=$1; shift
-  "$STORE" --listen=127.0.0.1:0 --port-file="$T/$name.port" --auth-token-file="$T/token" "$@" \
+  local auth=(--auth-token-file="$T/token")
+  [ "${1:-}" = --insecure-no-auth ] && auth=()
+  "$STORE" --listen=127.0.0.1:0 --port-file="$T/$name.port" "${auth[@]}" "$@" \
     > "$T/$name-store.log" 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do [ -s "$T/$name.port" ] && break; sleep 0.1; done
@@ -61,7 +64,9 @@ start_store() {  # NAME ARGS...: sets STORE_ADDR
 API=""; DPID=""; SLOTS=2
 start_emberd() {  # NAME ARGS...: sets API and DPID; returns 1 if emberd exited instead
   local name=$1; shift
-  "$EMBERD" --listen=127.0.0.1:0 --store="$STORE_ADDR" --node-name="$name" \
+  local store=()
+  [ -n "$STORE_ADDR" ] && store=(--store="$STORE_ADDR")
+  "$EMBERD" --listen=127.0.0.1:0 "${store[@]}" --node-name="$name" \
     --auth-token-file="$T/token" --work-root="${WORK:-$T/$name-jobs}" --worker-binary="$WORKER" \
     --cpu-slots="$SLOTS" --cuda-devices=0 "$@" > "$T/$name-emberd.log" 2>&1 &
   DPID=$!
@@ -136,4 +141,18 @@ grep -q "Nodes\|rank" "$T/mtls-follow.log" || true
 grep -q "started ranks 1..1 on mtls-b" "$T/mtls-b-emberd.log" || fail "mtls: rank 1 did not run on mtls-b"
 stop "$DPID"
 stop "$BPID"
+
+# --- mTLS with the store hosted by emberd (host_store: true) ---------------------------------------
+SLOTS=2; WORK=""; STORE_ADDR=""
+start_emberd hosted --host-store --store-listen=127.0.0.1:0 --tls-cert="$P/node.crt" \
+  --tls-key="$P/node.key" --tls-ca="$P/ca.crt" || fail "emberd --host-store with mTLS did not start"
+run_job hosted --tls-ca "$P/ca.crt" --tls-cert "$P/client.crt" --tls-key "$P/client.key"
+stop "$DPID"
+
+# --- a TLS client against a plaintext server ------------------------------------------------------
+start_store plain --insecure-no-auth
+out=$("$EMBERCTL" --address "$STORE_ADDR" --tls-ca "$P/ca.crt" nodes 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "TLS emberctl against a plaintext server: rc=$rc, want 2 ($out)"
+echo "$out" | grep -q "serves plaintext (no TLS) but this client connects with TLS" ||
+  fail "TLS emberctl against a plaintext server: unclear error: $out"
 echo PASS
