@@ -10,8 +10,8 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev catch2 libopenblas-dev libsystemd-dev libyaml-cpp-dev libzstd-dev
   libxxhash-dev libssl-dev
-  # benchmark peers and test tools
-  python3-torch procps openmpi-bin libopenmpi-dev
+  # benchmark peers and test tools (openssl: the TLS tests make their certificates with it)
+  python3-torch procps openmpi-bin libopenmpi-dev openssl
 )
 
 missing=()

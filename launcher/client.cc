@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/wire_probe.h"
 
 namespace ember {
 
@@ -24,6 +25,18 @@ absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(options.address, creds, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options.connect_timeout))) {
+    // A TLS/plaintext mismatch or a refused handshake never connects: say so rather than only
+    // "is it running?".
+    base::TlsDiagnosis d =
+        base::DiagnoseTls(base::ProbeWireProtocol(options.address), options.tls.enabled());
+    if (d.mismatch) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("emberd at ", options.address, ": ", d.text));
+    }
+    if (!d.text.empty()) {
+      return absl::UnavailableError(absl::StrCat("cannot connect to emberd at ", options.address,
+                                                 ": ", d.text));
+    }
     return absl::UnavailableError(absl::StrCat(
         "cannot reach emberd at ", options.address, " within ",
         absl::FormatDuration(options.connect_timeout),

@@ -6,6 +6,7 @@
 //   ASSIGN_OR_RETURN(auto done, c.Wait(job.id(), absl::Minutes(10)));
 //
 // Errors: UNAVAILABLE ("cannot reach emberd at ADDR ...") when the daemon is not answering;
+// FAILED_PRECONDITION when it serves TLS and this client does not, or the reverse;
 // UNAUTHENTICATED when the token is wrong or missing; the daemon's own codes otherwise
 // (INVALID_ARGUMENT naming a spec field, PERMISSION_DENIED for paths, NOT_FOUND for a job).
 // Copyable and thread-safe (a gRPC channel underneath).

@@ -67,7 +67,8 @@ commands:
 global options (also from the environment):
   --address HOST:PORT   emberd to talk to ($EMBER_ADDRESS, default 127.0.0.1:29400)
   --token-file FILE     cluster token ($EMBER_TOKEN_FILE, default /etc/ember/token if readable)
-  --tls-ca FILE         trust this CA (TLS); --tls-cert/--tls-key for mTLS
+  --tls-ca FILE         talk TLS, trusting this CA ($EMBER_TLS_CA)
+  --tls-cert/--tls-key  client certificate and key for mTLS ($EMBER_TLS_CERT, $EMBER_TLS_KEY)
   --output text|json    machine-readable output with json
   --help                this text; `emberctl COMMAND --help` for a command
 
@@ -219,9 +220,10 @@ class Ctl {
       if (!t.ok()) return t.status();
       o.token = *t;
     }
-    o.tls.ca_file = a_.Get("--tls-ca");
-    o.tls.cert_file = a_.Get("--tls-cert");
-    o.tls.key_file = a_.Get("--tls-key");
+    auto env_or = [](const char* name) { const char* v = getenv(name); return v ? v : ""; };
+    o.tls.ca_file = a_.Get("--tls-ca", env_or("EMBER_TLS_CA"));
+    o.tls.cert_file = a_.Get("--tls-cert", env_or("EMBER_TLS_CERT"));
+    o.tls.key_file = a_.Get("--tls-key", env_or("EMBER_TLS_KEY"));
     return ember::Client::Connect(o);
   }
 

@@ -93,14 +93,15 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsOptions& tls) {
   if (!tls.enabled()) return grpc::InsecureServerCredentials();
   if (tls.cert_file.empty() || tls.key_file.empty()) {
-    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+    return absl::InvalidArgumentError(
+        "serving TLS needs both --tls-cert and --tls-key (a CA alone only verifies peers)");
   }
   grpc::SslServerCredentialsOptions opts(GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   ASSIGN_OR_RETURN(pair.private_key, ReadFile(tls.key_file, "TLS key"));
   ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(tls.cert_file, "TLS certificate"));
   opts.pem_key_cert_pairs.push_back(pair);
-  if (!tls.ca_file.empty()) {
+  if (tls.mutual()) {
     ASSIGN_OR_RETURN(opts.pem_root_certs, ReadFile(tls.ca_file, "TLS CA"));
     opts.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -113,6 +114,11 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   grpc::SslCredentialsOptions opts;
   if (!tls.ca_file.empty()) {
     ASSIGN_OR_RETURN(opts.pem_root_certs, ReadFile(tls.ca_file, "TLS CA"));
+  }
+  if (tls.cert_file.empty() != tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "a TLS client certificate needs its key and the key its certificate (--tls-cert with "
+        "--tls-key)");
   }
   if (!tls.cert_file.empty()) {
     ASSIGN_OR_RETURN(opts.pem_cert_chain, ReadFile(tls.cert_file, "TLS certificate"));

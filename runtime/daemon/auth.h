@@ -1,7 +1,11 @@
 // Authentication and transport security shared by emberd, the store it hosts and ember::Client.
 //
 // Tokens are bearer secrets carried as "authorization: Bearer <token>" metadata; comparisons are
-// constant-time. TLS: a server with a CA file requires and verifies client certificates (mTLS).
+// constant-time. TLS (docs/operations.md "TLS"): a server serves its certificate; with a CA file
+// it also requires and verifies client certificates (mTLS) unless verify_clients is false. A client
+// verifies the server against the CA file (the system roots without one) and presents its own
+// certificate when it has one. Files are named by path; key material never travels in the
+// environment.
 // Thread-safe (pure functions, except CheckToken's logging).
 #ifndef EMBER_RUNTIME_DAEMON_AUTH_H_
 #define EMBER_RUNTIME_DAEMON_AUTH_H_
@@ -16,10 +20,14 @@
 namespace ember::daemon {
 
 struct TlsOptions {
-  std::string cert_file;  // PEM certificate chain (server: its own; client: for mTLS)
-  std::string key_file;   // PEM private key
-  std::string ca_file;    // server: verify client certs against it (mTLS); client: trust roots
+  std::string cert_file;  // PEM certificate chain (server: its own; client: presented for mTLS)
+  std::string key_file;   // PEM private key of cert_file
+  std::string ca_file;    // client: trust roots for the server; server: verifies client certs
+  // Server with ca_file: require and verify client certificates (mTLS). false = TLS only; the CA
+  // then only verifies the servers this process dials (a daemon dialing the store).
+  bool verify_clients = true;
   bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
+  bool mutual() const { return enabled() && !ca_file.empty() && verify_clients; }
 };
 
 // Reads a token file (whitespace stripped). NotFound/PermissionDenied name the path;
@@ -37,7 +45,8 @@ absl::Status WriteTokenFile(const std::string& path, const std::string& token);
 grpc::Status CheckToken(grpc::ServerContext* ctx, const std::string& expected,
                         const char* method);
 
-// Credentials from TlsOptions; insecure ones when !tls.enabled().
+// Credentials from TlsOptions; insecure ones when !tls.enabled(). INVALID_ARGUMENT when a
+// certificate comes without its key (or a server has no certificate); the file errors name the path.
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
     const TlsOptions& tls);
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(

@@ -37,6 +37,7 @@ absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg) {
       else if (key == "tls_cert") s(&cfg->tls.cert_file);
       else if (key == "tls_key") s(&cfg->tls.key_file);
       else if (key == "tls_ca") s(&cfg->tls.ca_file);
+      else if (key == "tls_verify_clients") cfg->tls.verify_clients = v.as<bool>();
       else if (key == "work_root") s(&cfg->work_root);
       else if (key == "state_dir") s(&cfg->state_dir);
       else if (key == "worker_binary") s(&cfg->worker_binary);
@@ -100,6 +101,10 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
     return absl::InvalidArgumentError(
         "auth_token_file: required (authentication is on by default; --insecure-no-auth turns it "
         "off for testing)");
+  }
+  if (o.tls.enabled()) {  // bad TLS files are a configuration error (exit 2), named here
+    RETURN_IF_ERROR(MakeServerCredentials(o.tls).status());
+    RETURN_IF_ERROR(MakeChannelCredentials(o.tls).status());
   }
   if (!o.host_store && o.store_address.empty()) {
     return absl::InvalidArgumentError("store: give --store=HOST:PORT or --host-store");

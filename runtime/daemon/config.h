@@ -47,7 +47,8 @@ struct EmberdConfig {
 // INVALID_ARGUMENT naming the key for unknown keys or wrong types; NOT_FOUND naming the file.
 absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg);
 
-// Reads the token file; INVALID_ARGUMENT when no token is configured and insecure_no_auth is off.
+// Reads the token file and the TLS files; INVALID_ARGUMENT when no token is configured and
+// insecure_no_auth is off, or TLS is half configured; file errors name the file.
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg);
 
 }  // namespace ember::daemon

@@ -182,14 +182,18 @@ absl::Status Daemon::Impl::Init() {
 
   inventory = std::make_unique<Inventory>(opts.inventory);
 
+  // Workers start in their job directory: hand them absolute paths.
+  for (std::string* f : {&opts.tls.cert_file, &opts.tls.key_file, &opts.tls.ca_file}) {
+    if (!f->empty()) *f = fs::absolute(*f).string();
+  }
   ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(opts.tls));
+  ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(opts.tls));
   if (opts.host_store) {
     store::StoreServerOptions so;
     so.address = opts.store_listen;
     so.auth_token = opts.auth_token;
-    ASSIGN_OR_RETURN(so.credentials, MakeServerCredentials(opts.tls));
-    if (opts.tls.enabled()) so.credentials = *MakeServerCredentials(opts.tls);
-    else so.credentials = nullptr;
+    // TLS turns the store's plaintext fast path off (server.h).
+    so.credentials = opts.tls.enabled() ? server_creds : nullptr;
     so.backend.data_dir = opts.store_data_dir;
     ASSIGN_OR_RETURN(hosted_store, store::StoreServer::Start(so));
     store_addr = hosted_store->address();
@@ -218,7 +222,6 @@ absl::Status Daemon::Impl::Init() {
   nodes_service = MakeNodesService(this);
   base::GrpcServerOptions go;
   go.address = opts.listen;
-  ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(opts.tls));
   go.credentials = server_creds;
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
   advertise = opts.advertise.empty() ? server.address : opts.advertise;
@@ -652,6 +655,13 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
         {"EMBER_FR_DUMP_DIR", fr_dir},
     };
     if (!opts.auth_token.empty()) so.env.push_back({"EMBER_AUTH_TOKEN_FILE", token_file});
+    // Workers dial the store as this daemon does: its CA, and its certificate for mTLS (paths
+    // only; the key stays in its file).
+    if (!opts.tls.ca_file.empty()) so.env.push_back({"EMBER_TLS_CA", opts.tls.ca_file});
+    if (!opts.tls.cert_file.empty()) {
+      so.env.push_back({"EMBER_TLS_CERT", opts.tls.cert_file});
+      so.env.push_back({"EMBER_TLS_KEY", opts.tls.key_file});
+    }
     for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
       if (const char* v = getenv(pass)) so.env.push_back({pass, v});
     }

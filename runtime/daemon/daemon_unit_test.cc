@@ -217,6 +217,18 @@ TEST_CASE("config: unknown keys and missing tokens are named") {
   s = LoadEmberdConfig(path, &cfg);
   REQUIRE(absl::IsInvalidArgument(s));
   REQUIRE(absl::StrContains(s.message(), "cgroup_root was removed"));
+  // TLS: a CA without a certificate cannot serve; a missing key file is named; the flag parses.
+  { std::ofstream(path) << "host_store: true\ntls_ca: " << tok << "\ntls_verify_clients: false\n"; }
+  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
+  REQUIRE(!cfg.tls.verify_clients);
+  o = ToDaemonOptions(cfg);
+  REQUIRE(absl::IsInvalidArgument(o.status()));
+  REQUIRE(absl::StrContains(o.status().message(), "--tls-cert and --tls-key"));
+  cfg.tls.cert_file = tok;
+  cfg.tls.key_file = Tmp("no-such.key");
+  o = ToDaemonOptions(cfg);
+  REQUIRE(!o.ok());
+  REQUIRE(absl::StrContains(o.status().message(), "no-such.key"));
   { std::ofstream(tok) << "short\n"; }
   REQUIRE(absl::IsInvalidArgument(ReadTokenFile(tok).status()));
 }

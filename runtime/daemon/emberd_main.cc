@@ -42,9 +42,14 @@ ABSL_FLAG(std::string, store_data_dir, "", "hosted store durability directory");
 ABSL_FLAG(std::string, store, "", "address of the store to join (without --host-store)");
 ABSL_FLAG(std::string, auth_token_file, "", "file with the cluster token (required)");
 ABSL_FLAG(bool, insecure_no_auth, false, "run WITHOUT authentication (testing only)");
-ABSL_FLAG(std::string, tls_cert, "", "PEM certificate for TLS");
-ABSL_FLAG(std::string, tls_key, "", "PEM key for TLS");
-ABSL_FLAG(std::string, tls_ca, "", "CA: require and verify client certificates (mTLS)");
+ABSL_FLAG(std::string, tls_cert, "",
+          "PEM certificate: serve TLS (API and hosted store); also presented when dialing (mTLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA: verifies the store and daemons this one dials; as a server, requires and "
+          "verifies client certificates (mTLS) unless --tls-verify-clients=false");
+ABSL_FLAG(bool, tls_verify_clients, true,
+          "with --tls-ca: require client certificates (mTLS); false = TLS without client certs");
 ABSL_FLAG(std::string, work_root, "", "job directories (default /var/lib/ember/jobs)");
 ABSL_FLAG(std::string, state_dir, "", "persisted worker state (default <work-root>/.emberd/<node>)");
 ABSL_FLAG(std::string, worker_binary, "", "the ember-worker executable");
@@ -84,6 +89,7 @@ int main(int argc, char** argv) {
   str(absl::GetFlag(FLAGS_tls_cert), &cfg.tls.cert_file);
   str(absl::GetFlag(FLAGS_tls_key), &cfg.tls.key_file);
   str(absl::GetFlag(FLAGS_tls_ca), &cfg.tls.ca_file);
+  if (!absl::GetFlag(FLAGS_tls_verify_clients)) cfg.tls.verify_clients = false;
   str(absl::GetFlag(FLAGS_work_root), &cfg.work_root);
   str(absl::GetFlag(FLAGS_state_dir), &cfg.state_dir);
   str(absl::GetFlag(FLAGS_worker_binary), &cfg.worker_binary);

@@ -24,6 +24,7 @@
 #include "proto/store.grpc.pb.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/wire_probe.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -73,7 +74,8 @@ class Connection {
   using Done = std::function<void(Response)>;
 
   explicit Connection(ClientOptions options) : options_(std::move(options)) {
-    grpc_only_ = !options_.use_fast_path;
+    // The fast path is plaintext: a client with credentials (TLS) never uses it.
+    grpc_only_ = !options_.use_fast_path || options_.credentials != nullptr;
     timer_ = std::thread([this] { TimerLoop(); });
   }
 
@@ -172,7 +174,7 @@ class Connection {
     }
     void OnReadDone(bool ok) override {
       if (!ok) {
-        RemoveHold();
+        if (conn->ReadEnded(this)) RemoveHold();
         return;
       }
       conn->Deliver(&in);
@@ -188,8 +190,21 @@ class Connection {
     grpc::ClientContext ctx;
     v1::RequestBatch out;
     v1::ResponseBatch in;
-    bool writing = false;  // guarded by conn->mu_
+    bool writing = false;     // guarded by conn->mu_
+    bool read_ended = false;  // guarded by conn->mu_: no more writes may start
+    bool hold_after_write = false;  // guarded by conn->mu_: WriteDone releases the read hold
   };
+
+  // The read side of `s` ended. Returns whether the caller releases the stream's hold now; while a
+  // write is being started or is in flight, WriteDone releases it instead, so the stream (deleted
+  // in OnDone, which the hold defers) outlives Flush's StartWrite.
+  bool ReadEnded(Stream* s) {
+    absl::MutexLock l(&mu_);
+    s->read_ended = true;
+    if (!s->writing) return true;
+    s->hold_after_write = true;
+    return false;
+  }
 
   void Flush() {
     if (FastFlush()) return;
@@ -197,7 +212,7 @@ class Connection {
     {
       absl::MutexLock l(&mu_);
       s = stream_;
-      if (s == nullptr || s->writing || unsent_.empty()) return;
+      if (s == nullptr || s->writing || s->read_ended || unsent_.empty()) return;
       s->out.Clear();
       while (!unsent_.empty()) {
         uint64_t id = unsent_.front();
@@ -214,12 +229,16 @@ class Connection {
   }
 
   void WriteDone(Stream* s, bool ok) {
+    bool release = false;
     {
       absl::MutexLock l(&mu_);
       s->writing = false;
-      if (!ok || stream_ != s) return;
+      release = s->hold_after_write;
+      s->hold_after_write = false;
+      ok = ok && !release && stream_ == s;
     }
-    Flush();
+    if (release) s->RemoveHold();  // the stream may be deleted from here on
+    if (ok) Flush();
   }
 
   void Deliver(v1::ResponseBatch* batch) {
@@ -253,7 +272,8 @@ class Connection {
               std::vector<std::pair<Done, Response>>* fail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     bool permanent = code == absl::StatusCode::kUnauthenticated ||
                      code == absl::StatusCode::kPermissionDenied ||
-                     code == absl::StatusCode::kUnimplemented;
+                     code == absl::StatusCode::kUnimplemented ||
+                     code == absl::StatusCode::kFailedPrecondition;  // TLS mismatch
     if (!stop_) {
       ++failures_;
       last_error_ = message;
@@ -573,6 +593,10 @@ class Connection {
   // else the gRPC Session stream.
   void ConnectOnce() {
     std::vector<std::pair<Done, Response>> fail;
+    if (TlsMismatch(&fail)) {
+      for (auto& [d, r] : fail) d(std::move(r));
+      return;
+    }
     if (!grpc_only_ && !guessed_) {
       guessed_ = true;  // only once: later reconnects ask Info (the port may have moved)
       int grpc_port = std::atoi(options_.address.substr(options_.address.rfind(':') + 1).c_str());
@@ -632,6 +656,26 @@ class Connection {
     Flush();
   }
 
+  // After failed attempts 1, 2, 4, 8, ...: a server whose TLS setting differs from this client's
+  // never answers, so ask it what it speaks (base/wire_probe.h) and, on a mismatch, fail every
+  // pending call with FAILED_PRECONDITION saying so instead of retrying until the deadline.
+  bool TlsMismatch(std::vector<std::pair<Done, Response>>* fail) {
+    {
+      absl::MutexLock l(&mu_);
+      if (failures_ == 0 || (failures_ & (failures_ - 1)) != 0) return false;
+    }
+    base::TlsDiagnosis d = base::DiagnoseTls(base::ProbeWireProtocol(options_.address),
+                                             options_.credentials != nullptr);
+    absl::MutexLock l(&mu_);
+    if (!d.mismatch) {
+      tls_hint_ = d.text.empty() ? "" : absl::StrCat("; ", d.text);
+      return false;
+    }
+    connecting_ = false;
+    Broken(absl::StatusCode::kFailedPrecondition, d.text, fail);
+    return true;
+  }
+
   absl::Duration Backoff() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     absl::Duration b = options_.initial_backoff;
     for (int i = 1; i < failures_ && b < options_.max_backoff; ++i) b *= 2;
@@ -674,7 +718,8 @@ class Connection {
                                      options_.address, " before its deadline")
                       : absl::StrCat("store at ", options_.address, " unreachable; ",
                                      Describe(it->second.req), " gave up at its deadline (last "
-                                     "error: ", last_error_, "); is ember-store running?"));
+                                     "error: ", last_error_, tls_hint_,
+                                     "); is ember-store running?"));
           expired.emplace_back(std::move(it->second.done), std::move(r));
           it = pending_.erase(it);
         }
@@ -703,6 +748,7 @@ class Connection {
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   int failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);
+  std::string tls_hint_ ABSL_GUARDED_BY(mu_);  // what the TLS probe adds to last_error_
   absl::Time next_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   std::mt19937 rng_ ABSL_GUARDED_BY(mu_){std::random_device{}()};
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -13,7 +13,8 @@
 // Errors: UNAVAILABLE when the server cannot be reached before the call's deadline (the client
 // reconnects with jittered exponential backoff until then); DEADLINE_EXCEEDED naming the keys when a
 // blocking call times out; INVALID_ARGUMENT naming the limit when a key or value is too large;
-// UNAUTHENTICATED when the token is wrong. Retries: requests not yet sent, and idempotent requests
+// UNAUTHENTICATED when the token is wrong; FAILED_PRECONDITION when the server speaks TLS and this
+// client does not, or the reverse (checked after failed attempts; not retried). Retries: requests not yet sent, and idempotent requests
 // (Set, Get, Wait, Check, Delete, MultiGet, MultiSet, ListKeys, NumKeys, lease refresh), are re-sent
 // after a reconnect. A non-idempotent request (Add, Append, CompareSet, DeletePrefix, lease grant)
 // that was in flight when the connection broke fails with UNAVAILABLE "outcome unknown" instead of
@@ -42,7 +43,9 @@ namespace ember::store {
 struct ClientOptions {
   std::string address;                        // host:port of ember-store (or a daemon hosting it)
   std::string auth_token;                     // sent as "authorization: Bearer <token>" if set
-  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null = insecure (loopback default)
+  // null = plaintext (loopback default). Set (TLS: daemon::MakeChannelCredentials): gRPC with
+  // these credentials only, never the plaintext fast path.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration default_timeout = absl::Seconds(300);     // per call, unless CallOptions says
   absl::Duration connect_timeout = absl::Seconds(30);      // Connect() gives up after this
   absl::Duration initial_backoff = absl::Milliseconds(20);

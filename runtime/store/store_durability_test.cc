@@ -32,7 +32,7 @@ pid_t StartStore(const std::string& listen, const std::string& dir, const std::s
   unlink(port_file.c_str());
   std::vector<std::string> args = {StoreBinary(), "--listen=" + listen, "--data-dir=" + dir,
                                    "--port-file=" + port_file, "--compact_after_bytes=300000",
-                                   "--log_level=warn"};
+                                   "--log_level=warn", "--insecure-no-auth"};
   args.insert(args.end(), extra.begin(), extra.end());
   pid_t pid = fork();
   REQUIRE(pid >= 0);

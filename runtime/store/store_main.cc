@@ -1,20 +1,24 @@
 // ember-store: the rendezvous store as a standalone server.
 //
-//   ember-store --listen=127.0.0.1:29500 [--data-dir=/var/lib/ember/store] [--auth-token-file=F]
+//   ember-store --listen=127.0.0.1:29500 --auth-token-file=F [--data-dir=/var/lib/ember/store]
+//               [--tls-cert=C --tls-key=K [--tls-ca=CA]]
 //
+// Authentication is on by default: without --auth-token-file it refuses to start (exit 2) unless
+// given --insecure-no-auth (tests only), as emberd does. TLS: --tls-cert/--tls-key serve TLS (the
+// plaintext fast path is then off); --tls-ca also requires client certificates (mTLS) unless
+// --tls-verify-clients=false. Exit codes: 0 clean shutdown, 1 start-up failure, 2 bad flags.
 // Prints "ember-store listening on HOST:PORT" once the port is bound (port 0 picks one), and with
 // --port-file writes the port there (atomically) for scripts and tests.
 #include <csignal>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/grpc_server.h"
+#include "runtime/daemon/auth.h"
 #include "runtime/store/server.h"
 #include "spdlog/spdlog.h"
 
@@ -23,7 +27,13 @@ ABSL_FLAG(std::string, data_dir, "", "directory for the write-ahead log; empty =
 ABSL_FLAG(std::string, fsync, "never",
           "durable mode: 'never' (write() before ack; survives kill -9) or 'always' (fdatasync "
           "before ack, group-committed; survives power loss)");
-ABSL_FLAG(std::string, auth_token_file, "", "file holding the token every client must present");
+ABSL_FLAG(std::string, auth_token_file, "", "file holding the token every client must present (required)");
+ABSL_FLAG(bool, insecure_no_auth, false, "run WITHOUT authentication (testing only)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate: serve TLS (turns the plaintext fast path off)");
+ABSL_FLAG(std::string, tls_key, "", "PEM key of --tls-cert");
+ABSL_FLAG(std::string, tls_ca, "",
+          "PEM CA: require and verify client certificates (mTLS) unless --tls-verify-clients=false");
+ABSL_FLAG(bool, tls_verify_clients, true, "with --tls-ca: require client certificates (mTLS)");
 ABSL_FLAG(int64_t, max_key_bytes, 4096, "largest key accepted");
 ABSL_FLAG(int64_t, max_value_bytes, 16 << 20, "largest value accepted");
 ABSL_FLAG(int64_t, max_response_bytes, 64 << 20,
@@ -60,24 +70,42 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    std::ifstream f(absl::GetFlag(FLAGS_auth_token_file));
-    std::stringstream ss;
-    ss << f.rdbuf();
-    opts.auth_token = std::string(absl::StripAsciiWhitespace(ss.str()));
-    if (!f || opts.auth_token.empty()) {
-      spdlog::error("cannot read a token from --auth-token-file={}", absl::GetFlag(FLAGS_auth_token_file));
+    auto token = ember::daemon::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!token.ok()) {
+      spdlog::error("--auth-token-file: {}", std::string(token.status().message()));
       return 2;
     }
+    opts.auth_token = *token;
+  } else if (!absl::GetFlag(FLAGS_insecure_no_auth)) {
+    spdlog::error("--auth-token-file: required (authentication is on by default; "
+                  "--insecure-no-auth turns it off for testing)");
+    return 2;
+  }
+  ember::daemon::TlsOptions tls;
+  tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
+  tls.key_file = absl::GetFlag(FLAGS_tls_key);
+  tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
+  tls.verify_clients = absl::GetFlag(FLAGS_tls_verify_clients);
+  if (tls.enabled()) {
+    auto creds = ember::daemon::MakeServerCredentials(tls);
+    if (!creds.ok()) {
+      spdlog::error("TLS: {}", std::string(creds.status().message()));
+      return 2;
+    }
+    opts.credentials = *creds;  // also turns the plaintext fast path off
   }
   auto server = ember::store::StoreServer::Start(opts);
   if (!server.ok()) {
     spdlog::error("ember-store failed to start: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {}, open files: {})",
+  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {}, tls: {}, open files: {})",
                (*server)->address(),
                opts.backend.data_dir.empty() ? "none, in-memory" : opts.backend.data_dir,
-               opts.auth_token.empty() ? "off" : "token", nofile);
+               opts.auth_token.empty() ? "OFF" : "token",
+               tls.mutual() ? "mutual (client certificates required)"
+                            : (tls.enabled() ? "on" : "off"),
+               nofile);
   std::printf("ember-store listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
   if (!absl::GetFlag(FLAGS_port_file).empty()) {

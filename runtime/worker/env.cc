@@ -55,6 +55,13 @@ absl::StatusOr<WorkerEnv> ReadWorkerEnv(const std::function<const char*(const ch
   RETURN_IF_ERROR(str("EMBER_FR_DUMP_DIR", false, &e.fr_dump_dir));
   if (e.fr_dump_dir.empty()) e.fr_dump_dir = absl::StrCat(e.job_dir, "/flight");
   RETURN_IF_ERROR(str("EMBER_WORKER_FAULT", false, &e.fault));
+  RETURN_IF_ERROR(str("EMBER_TLS_CA", false, &e.tls.ca_file));
+  RETURN_IF_ERROR(str("EMBER_TLS_CERT", false, &e.tls.cert_file));
+  RETURN_IF_ERROR(str("EMBER_TLS_KEY", false, &e.tls.key_file));
+  if (e.tls.cert_file.empty() != e.tls.key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "EMBER_TLS_CERT and EMBER_TLS_KEY go together (a client certificate and its key)");
+  }
   return e;
 }
 

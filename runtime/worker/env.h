@@ -12,6 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "runtime/daemon/auth.h"
 
 namespace ember::worker {
 
@@ -29,6 +30,9 @@ struct WorkerEnv {
   std::string auth_token_file;  // EMBER_AUTH_TOKEN_FILE (optional)
   std::string job_spec;         // EMBER_JOB_SPEC (optional; default <job_dir>/job.yaml)
   std::string fr_dump_dir;      // EMBER_FR_DUMP_DIR (optional; default <job_dir>/flight)
+  // EMBER_TLS_CA, EMBER_TLS_CERT, EMBER_TLS_KEY (optional paths): dial the store with TLS when
+  // either of the first two is set, presenting the certificate (mTLS) when given.
+  daemon::TlsOptions tls;
   // EMBER_WORKER_FAULT (tests only): "hang:rank=R,step=S[,attempt=A]" makes rank R stop making
   // progress at step S (alive, never joining the next collective) in attempt A (default 0).
   std::string fault;

@@ -37,6 +37,22 @@ TEST_CASE("worker environment: required variables, ranges, prefix", "[worker]") 
   bad("EMBER_WORLD_SIZE", "zero", "EMBER_WORLD_SIZE");
   bad("EMBER_DEVICE", "tpu", "EMBER_DEVICE");
   bad("EMBER_JOB_ID", "a/b", "EMBER_JOB_ID");
+  CHECK(!e->tls.enabled());
+
+  auto t = m;
+  t["EMBER_TLS_CA"] = "/etc/ember/tls/ca.crt";
+  e = Read(t);
+  REQUIRE(e.ok());
+  CHECK(e->tls.enabled());
+  CHECK(e->tls.ca_file == "/etc/ember/tls/ca.crt");
+  t["EMBER_TLS_CERT"] = "/etc/ember/tls/node.crt";
+  e = Read(t);
+  REQUIRE(!e.ok());  // a certificate without its key
+  CHECK(std::string(e.status().message()).find("EMBER_TLS_KEY") != std::string::npos);
+  t["EMBER_TLS_KEY"] = "/etc/ember/tls/node.key";
+  e = Read(t);
+  REQUIRE(e.ok());
+  CHECK(e->tls.key_file == "/etc/ember/tls/node.key");
 }
 
 TEST_CASE("learning-rate schedule: warmup, constant, cosine floor", "[worker]") {
