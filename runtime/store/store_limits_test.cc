@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -292,11 +293,27 @@ TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serv
   std::string dir = mkdtemp(tmpl);
   std::string port_file = dir + "/port", token_file = dir + "/token";
   std::ofstream(token_file) << kToken << "\n";
+  // Stands in for systemd: ember-store reports READY=1 / WATCHDOG=1 here.
+  std::string notify_path = dir + "/notify";
+  int notify = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+  sockaddr_un na{};
+  na.sun_family = AF_UNIX;
+  std::snprintf(na.sun_path, sizeof(na.sun_path), "%s", notify_path.c_str());
+  REQUIRE(bind(notify, reinterpret_cast<sockaddr*>(&na), sizeof(na)) == 0);
+  auto drain_notify = [&] {
+    std::string all;
+    char buf[4096];
+    ssize_t k;
+    while ((k = recv(notify, buf, sizeof(buf), 0)) > 0) all.append(buf, k).append("\n");
+    return all;
+  };
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
     rlimit small{256, 256};  // soft = hard: raising to the hard limit does not help
     setrlimit(RLIMIT_NOFILE, &small);
+    setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
+    setenv("WATCHDOG_USEC", "900000", 1);  // a probe every 300 ms
     std::string bin = StoreBinary();
     std::string a1 = "--port-file=" + port_file, a2 = "--auth-token-file=" + token_file;
     execl(bin.c_str(), bin.c_str(), "--listen=127.0.0.1:0", a1.c_str(), a2.c_str(),
@@ -318,12 +335,18 @@ TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serv
     fast_port = port + 1;  // (the server prefers the gRPC port + 1; checked below)
   }
 
+  absl::SleepFor(absl::Milliseconds(400));
+  CHECK(drain_notify().find("READY=1") != std::string::npos);
   std::vector<int> flood;
   for (int i = 0; i < per_port; ++i) {
     flood.push_back(RawConnect(port));
     flood.push_back(RawConnect(fast_port));
   }
   absl::SleepFor(absl::Milliseconds(1500));  // let the store accept (or refuse) all of them
+  drain_notify();
+  absl::SleepFor(absl::Milliseconds(700));
+  // Its watchdog probe (a new connection and a read, through each listener) still succeeds.
+  CHECK(drain_notify().find("WATCHDOG=1") != std::string::npos);
   // Both listeners still serve a client with the token, over gRPC and over the fast path.
   {
     Client g = Connect(addr, false);
@@ -344,6 +367,7 @@ TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serv
   int status = 0;
   waitpid(pid, &status, 0);
   CHECK(WIFEXITED(status));
+  close(notify);
   std::system(("rm -rf " + dir).c_str());
 }
 
