@@ -29,7 +29,6 @@ install -d "$DESTDIR$PREFIX/bin" "$DESTDIR$PREFIX/lib/ember" "$DESTDIR$PREFIX/sh
   "$DESTDIR/etc/ember" "$DESTDIR/etc/systemd/system"
 install -m 0755 "$BIN/runtime/daemon/emberd" "$BIN/launcher/emberctl" \
   "$BIN/runtime/store/ember-store" "$BIN/runtime/worker/ember-worker" "$DESTDIR$PREFIX/bin/"
-install -m 0755 deploy/ember-store-notify "$DESTDIR$PREFIX/lib/ember/"
 install -m 0644 docs/operations.md "$DESTDIR$PREFIX/share/doc/ember/"
 for u in emberd.service ember-store.service; do
   sed "s|/usr/local|$PREFIX|g" "deploy/systemd/$u" > "$DESTDIR/etc/systemd/system/$u"

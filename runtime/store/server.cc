@@ -139,7 +139,10 @@ class SessionReactor : public grpc::ServerBidiReactor<v1::RequestBatch, v1::Resp
     grpc::Status status;
     {
       absl::MutexLock l(&st->mu);
-      if (st->reactor == nullptr || st->finished || st->writing) return;
+      if (st->reactor == nullptr || st->finished) return;
+      // Overflow finishes even while a write is stuck: the client that stopped reading gets the
+      // status after the answers already in flight, and nothing more is buffered for it.
+      if (!st->overflow && st->writing) return;
       if (st->broken) st->queue.clear();
       if (st->overflow) {
         r = st->reactor;
@@ -267,7 +270,8 @@ class WatchReactor : public grpc::ServerWriteReactor<v1::WatchResponse> {
     bool finish = false;
     {
       absl::MutexLock l(&st->mu);
-      if (st->reactor == nullptr || st->finished || st->writing) return;
+      if (st->reactor == nullptr || st->finished) return;
+      if (!st->overflow && st->writing) return;  // (as in SessionReactor::Flush)
       r = st->reactor;
       if (st->cancelled || st->overflow) {
         finish = true;

@@ -9,6 +9,12 @@
 // --tls-verify-clients=false. Exit codes: 0 clean shutdown, 1 start-up failure, 2 bad flags.
 // Prints "ember-store listening on HOST:PORT" once the port is bound (port 0 picks one), and with
 // --port-file writes the port there (atomically) for scripts and tests.
+//
+// Under systemd (Type=notify) it sends READY=1 and then WATCHDOG=1 only after a real read through
+// a fresh connection to each of its listeners (gRPC and fast path) succeeded: a process whose
+// listener stopped accepting is not healthy, however alive it is.
+#include <systemd/sd-daemon.h>
+
 #include <csignal>
 #include <cstdio>
 #include <fstream>
@@ -19,6 +25,7 @@
 #include "runtime/base/flags.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/daemon/auth.h"
+#include "runtime/store/client.h"
 #include "runtime/store/server.h"
 #include "spdlog/spdlog.h"
 
@@ -48,6 +55,30 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once li
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
+
+// A client's view of health: a new connection through each listener, then a real read.
+// Under TLS only gRPC listens, and the probe dials it with the store's own certificate, key and CA
+// (a node certificate is valid for serverAuth and clientAuth and names 127.0.0.1; docs/operations.md).
+absl::Status ProbeOwnApi(int port, const std::string& token,
+                         const std::shared_ptr<grpc::ChannelCredentials>& tls_credentials) {
+  for (bool fast : {false, true}) {
+    if (fast && tls_credentials != nullptr) continue;  // the fast path is off under TLS
+    ember::store::ClientOptions co;
+    co.credentials = tls_credentials;
+    co.address = absl::StrCat("127.0.0.1:", port);
+    co.auth_token = token;
+    co.use_fast_path = fast;
+    co.use_unix_socket = false;
+    co.connect_timeout = absl::Seconds(5);
+    co.default_timeout = absl::Seconds(5);
+    auto c = ember::store::Client::Connect(co);
+    absl::Status s = c.ok() ? c->NumKeys("\x01ember-store-probe/").status() : c.status();
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(fast ? "fast path" : "gRPC", ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,7 +149,41 @@ int main(int argc, char** argv) {
   }
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
-  while (!g_stop) absl::SleepFor(absl::Milliseconds(100));
+  uint64_t watchdog_usec = 0;
+  const bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
+  const absl::Duration every =
+      watchdog ? absl::Microseconds(watchdog_usec / 3) : absl::Seconds(10);
+  std::shared_ptr<grpc::ChannelCredentials> probe_credentials;
+  if (tls.enabled()) {
+    ember::daemon::TlsOptions self = tls;
+    if (!tls.mutual()) self.cert_file = self.key_file = "";  // no client certificate needed
+    auto creds = ember::daemon::MakeChannelCredentials(self);
+    if (!creds.ok()) {
+      spdlog::error("TLS (health probe): {}", std::string(creds.status().message()));
+      return 2;
+    }
+    probe_credentials = *creds;
+  }
+  bool ready = false, healthy = true;
+  absl::Time next_probe = absl::Now();  // (the listeners (the ports) are bound: probe at once)
+  while (!g_stop) {
+    if (absl::Now() >= next_probe) {
+      absl::Status s = ProbeOwnApi(server.value()->port(), opts.auth_token, probe_credentials);
+      if (s.ok()) {
+        sd_notifyf(0, "%s%sSTATUS=serving on %s", ready ? "" : "READY=1\n",
+                   watchdog ? "WATCHDOG=1\n" : "", server.value()->address().c_str());
+        if (!healthy) spdlog::info("ember-store: serving again through its listeners");
+        ready = healthy = true;
+      } else {
+        spdlog::error("ember-store: its own API does not answer through a new connection ({}); "
+                      "not telling the watchdog it is alive", s.ToString());
+        sd_notifyf(0, "STATUS=unhealthy: %s", std::string(s.message()).c_str());
+        healthy = false;
+      }
+      next_probe = absl::Now() + every;
+    }
+    absl::SleepFor(absl::Milliseconds(100));
+  }
   spdlog::info("ember-store: shutting down");
   (*server)->Shutdown();
   return 0;
