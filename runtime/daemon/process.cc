@@ -48,6 +48,7 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);  // the daemon blocks SIGTERM; workers must not
     signal(SIGPIPE, SIG_DFL);
+    ::umask(027);  // what workers create (metrics, checkpoints) is 0640/0750 at most
     if (!procs.empty()) {
       int cg = ::open(procs.c_str(), O_WRONLY);
       if (cg >= 0) {

@@ -29,6 +29,9 @@ struct WorkerEnv {
   std::string auth_token_file;  // EMBER_AUTH_TOKEN_FILE (optional)
   std::string job_spec;         // EMBER_JOB_SPEC (optional; default <job_dir>/job.yaml)
   std::string fr_dump_dir;      // EMBER_FR_DUMP_DIR (optional; default <job_dir>/flight)
+  // EMBER_UPLOAD_DIR (optional; default <job_dir>): relative data paths (data.path,
+  // data.text_path, checkpoint.init_from_safetensors) resolve here; emberd sets <job_dir>/uploads.
+  std::string upload_dir;
   // EMBER_WORKER_FAULT (tests only): "hang:rank=R,step=S[,attempt=A]" makes rank R stop making
   // progress at step S (alive, never joining the next collective) in attempt A (default 0).
   std::string fault;
