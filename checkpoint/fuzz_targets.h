@@ -1,5 +1,5 @@
-// Fuzz entry points, shared by fuzz_test (bounded, seeded mutations in CI) and a libFuzzer build
-// (docs/checkpoint-format.md, "Fuzzing"). Each returns 0 and must never crash or over-read,
+// Fuzz entry points, shared by the Bazel tests' seeded mutations (tag [fuzz]) and the libFuzzer
+// targets in tests/fuzz/ (tools/fuzz.sh, docs/fuzzing.md). Each returns 0 and must never crash or over-read,
 // whatever the input.
 #ifndef EMBER_CHECKPOINT_FUZZ_TARGETS_H_
 #define EMBER_CHECKPOINT_FUZZ_TARGETS_H_

@@ -1,4 +1,8 @@
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <vector>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -6,6 +10,7 @@
 #include "runtime/base/clock.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace ember::base {
 namespace {
@@ -52,6 +57,23 @@ TEST_CASE("json escape handles control characters and quotes") {
   REQUIRE(ParseLogFormat("json", &f).ok());
   REQUIRE(f == LogFormat::kJson);
   REQUIRE(ParseLogFormat("xml", &f).code() == absl::StatusCode::kInvalidArgument);
+}
+
+// Issue 12: a job name with a newline forged a whole daemon log line.
+TEST_CASE("human log lines escape control characters; one message is one line") {
+  REQUIRE(EscapeControl("a\nb\r\t\x01\x7f\\ok") == "a\\nb\\r\\t\\x01\\x7f\\ok");
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/human.log";
+  std::remove(path.c_str());
+  REQUIRE(InitLogging({.format = LogFormat::kHuman, .file = path}).ok());
+  spdlog::info("job {} submitted", "evil\n2026-12-01 00:00:00.000 I ember[1] job root-owned submitted");
+  spdlog::default_logger()->flush();
+  std::ifstream f(path);
+  std::vector<std::string> lines;
+  for (std::string l; std::getline(f, l);) lines.push_back(l);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].find("job evil\\n2026-12-01 00:00:00.000 I ember[1] job root-owned submitted") !=
+        std::string::npos);
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("off"));  // release the file
 }
 
 }  // namespace

@@ -34,7 +34,46 @@ class JsonFormatter : public spdlog::formatter {
   }
 };
 
+// %* in the human pattern: the message with control characters escaped, so text that came from
+// outside (a job name, a path, a peer's error) can never end the line and forge another one.
+class EscapedPayload : public spdlog::custom_flag_formatter {
+ public:
+  void format(const spdlog::details::log_msg& msg, const std::tm&, spdlog::memory_buf_t& dest) override {
+    absl::string_view p(msg.payload.data(), msg.payload.size());
+    bool clean = true;
+    for (unsigned char c : p) clean = clean && c >= 0x20 && c != 0x7f;
+    if (clean) {
+      dest.append(p.data(), p.data() + p.size());
+      return;
+    }
+    std::string e = EscapeControl(p);
+    dest.append(e.data(), e.data() + e.size());
+  }
+  std::unique_ptr<custom_flag_formatter> clone() const override {
+    return std::make_unique<EscapedPayload>();
+  }
+};
+
 }  // namespace
+
+std::string EscapeControl(absl::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 8);
+  for (unsigned char c : s) {
+    switch (c) {
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7f) {
+          out += absl::StrFormat("\\x%02x", c);
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out;
+}
 
 std::string JsonEscape(absl::string_view s) {
   std::string out;
@@ -85,7 +124,9 @@ absl::Status InitLogging(const LogOptions& options) {
   if (options.format == LogFormat::kJson) {
     logger->set_formatter(std::make_unique<JsonFormatter>());
   } else {
-    logger->set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ %n[%P] %v");
+    auto formatter = std::make_unique<spdlog::pattern_formatter>();
+    formatter->add_flag<EscapedPayload>('*').set_pattern("%Y-%m-%d %H:%M:%S.%e %^%L%$ %n[%P] %*");
+    logger->set_formatter(std::move(formatter));
   }
   logger->set_level(level);
   logger->flush_on(spdlog::level::warn);

@@ -28,6 +28,13 @@ absl::Status ParseLogFormat(absl::string_view text, LogFormat* out);
 // Installs the default spdlog logger. InvalidArgument on an unknown level.
 absl::Status InitLogging(const LogOptions& options);
 
+// Human-format log lines escape control characters in the message (EscapeControl): a newline
+// in text from outside (a job name, a path) can never forge a log line.
+//
+// Returns `s` with \n, \r, \t as two-character escapes and other control bytes (< 0x20, 0x7f)
+// as \xNN; everything else unchanged.
+std::string EscapeControl(absl::string_view s);
+
 // Escapes `s` for inclusion inside a JSON string literal (quotes not added).
 std::string JsonEscape(absl::string_view s);
 

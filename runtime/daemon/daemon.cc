@@ -1,5 +1,6 @@
 #include "runtime/daemon/daemon.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -95,6 +96,37 @@ std::string DescribeExit(const RankExit& e) {
   if (e.exit_code() == 75) return absl::StrCat(where, " stopped on request (exit code 75)");
   return absl::StrCat(where, " exited with code ", e.exit_code());
 }
+
+namespace {
+
+// A job directory (0750 whatever the umask). Failures surface when the worker uses it.
+void MakeJobDir(const std::string& d) {
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  ::chmod(d.c_str(), 0750);
+}
+
+// A file of the job directory, 0640; never follows a symlink at `path`.
+void WriteJobFile(const std::string& path, const std::string& data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+  if (fd < 0) {
+    spdlog::error("cannot write {}: {}", path, strerror(errno));
+    return;
+  }
+  ::fchmod(fd, 0640);
+  for (size_t off = 0; off < data.size();) {
+    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      spdlog::error("cannot write {}: {}", path, strerror(errno));
+      break;
+    }
+    off += static_cast<size_t>(w);
+  }
+  ::close(fd);
+}
+
+}  // namespace
 
 std::string Daemon::Impl::JobDir(const std::string& job) const {
   return absl::StrCat(opts.work_root, "/", job);
@@ -607,21 +639,27 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
   std::string key = absl::StrCat(job.id(), "#", at.number());
 
   std::string dir = JobDir(job.id());
-  std::error_code ec;
-  fs::create_directories(dir + "/logs", ec);
-  fs::create_directories(dir + "/checkpoints", ec);
+  // Files the daemon writes (job.yaml) and the user's uploads live apart: uploads go under
+  // uploads/, so no upload can replace the validated spec. Directories 0750, files 0640
+  // (docs/operations.md, "File permissions").
+  const std::string uploads = dir + "/uploads";
   std::string fr_dir = absl::StrCat(dir, "/flight/attempt-", at.number());
-  fs::create_directories(fr_dir, ec);
+  for (const std::string& d : {dir, dir + "/logs", dir + "/checkpoints", dir + "/flight", fr_dir, uploads}) {
+    MakeJobDir(d);
+  }
   if (!fs::exists(dir + "/job.yaml")) {
     auto spec = store->Get(keys::SpecYaml(job.id()));
-    if (spec.ok()) std::ofstream(dir + "/job.yaml") << *spec;
-    auto names = store->ListKeys(absl::StrCat("jobs/", job.id(), "/files/"));
+    if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
+    const std::string prefix = absl::StrCat("jobs/", job.id(), "/files/");
+    auto names = store->ListKeys(prefix);
     if (names.ok()) {
       for (const std::string& k : *names) {
         auto v = store->Get(k);
-        std::string rel = k.substr(absl::StrCat("jobs/", job.id(), "/files/").size());
-        fs::create_directories(fs::path(dir + "/" + rel).parent_path(), ec);
-        if (v.ok()) std::ofstream(dir + "/" + rel, std::ios::binary) << *v;
+        const std::string rel = k.substr(prefix.size());  // CheckUploadName: no "..", no leading "/"
+        for (size_t i = rel.find('/'); i != std::string::npos; i = rel.find('/', i + 1)) {
+          MakeJobDir(absl::StrCat(uploads, "/", rel.substr(0, i)));
+        }
+        if (v.ok()) WriteJobFile(absl::StrCat(uploads, "/", rel), *v);
       }
     }
   }
@@ -653,6 +691,7 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
         {"EMBER_DEVICE", dev},
         {"EMBER_JOB_DIR", dir},
         {"EMBER_FR_DUMP_DIR", fr_dir},
+        {"EMBER_UPLOAD_DIR", uploads},
     };
     if (!opts.auth_token.empty()) so.env.push_back({"EMBER_AUTH_TOKEN_FILE", token_file});
     // Workers dial the store as this daemon does: its CA, and its certificate for mTLS (paths

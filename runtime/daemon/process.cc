@@ -53,6 +53,7 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
     sigemptyset(&all);
     sigprocmask(SIG_SETMASK, &all, nullptr);  // the daemon blocks SIGTERM; workers must not
     signal(SIGPIPE, SIG_DFL);
+    ::umask(027);  // what workers create (metrics, checkpoints) is 0640/0750 at most
     int null_fd = ::open("/dev/null", O_RDONLY);
     if (null_fd >= 0) ::dup2(null_fd, 0);
     ::dup2(log_fd, 1);

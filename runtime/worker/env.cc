@@ -54,6 +54,8 @@ absl::StatusOr<WorkerEnv> ReadWorkerEnv(const std::function<const char*(const ch
   RETURN_IF_ERROR(str("EMBER_JOB_SPEC", false, &e.job_spec));
   RETURN_IF_ERROR(str("EMBER_FR_DUMP_DIR", false, &e.fr_dump_dir));
   if (e.fr_dump_dir.empty()) e.fr_dump_dir = absl::StrCat(e.job_dir, "/flight");
+  RETURN_IF_ERROR(str("EMBER_UPLOAD_DIR", false, &e.upload_dir));
+  if (e.upload_dir.empty()) e.upload_dir = e.job_dir;
   RETURN_IF_ERROR(str("EMBER_WORKER_FAULT", false, &e.fault));
   RETURN_IF_ERROR(str("EMBER_TLS_CA", false, &e.tls.ca_file));
   RETURN_IF_ERROR(str("EMBER_TLS_CERT", false, &e.tls.cert_file));

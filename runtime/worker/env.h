@@ -33,6 +33,9 @@ struct WorkerEnv {
   // EMBER_TLS_CA, EMBER_TLS_CERT, EMBER_TLS_KEY (optional paths): dial the store with TLS when
   // either of the first two is set, presenting the certificate (mTLS) when given.
   daemon::TlsOptions tls;
+  // EMBER_UPLOAD_DIR (optional; default <job_dir>): relative data paths (data.path,
+  // data.text_path, checkpoint.init_from_safetensors) resolve here; emberd sets <job_dir>/uploads.
+  std::string upload_dir;
   // EMBER_WORKER_FAULT (tests only): "hang:rank=R,step=S[,attempt=A]" makes rank R stop making
   // progress at step S (alive, never joining the next collective) in attempt A (default 0).
   std::string fault;

@@ -182,11 +182,11 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   }
   if (!d.path().empty()) {
     ASSIGN_OR_RETURN(data::TokenDtype dt, data::ParseTokenDtype(d.token_dtype()));
-    auto f = data::TokenFile::Open(Resolve(env.job_dir, d.path()), dt);
+    auto f = data::TokenFile::Open(Resolve(env.upload_dir, d.path()), dt);
     if (!f.ok()) return base::Annotate(f.status(), "data.path");
     p.tokens = *f;
   } else {
-    auto f = data::TokenFile::Open(Resolve(env.job_dir, d.text_path()), data::TokenDtype::kU8);
+    auto f = data::TokenFile::Open(Resolve(env.upload_dir, d.text_path()), data::TokenDtype::kU8);
     if (!f.ok()) return base::Annotate(f.status(), "data.text_path");
     p.tokens = *f;
   }
@@ -201,7 +201,7 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   p.checkpoint_root = Resolve(env.job_dir, s.checkpoint().dir().empty() ? "checkpoints" : s.checkpoint().dir());
   p.metrics_path = absl::StrCat(env.job_dir, "/metrics/rank-", env.rank, ".jsonl");
   if (!s.checkpoint().init_from_safetensors().empty()) {
-    p.init_safetensors = Resolve(env.job_dir, s.checkpoint().init_from_safetensors());
+    p.init_safetensors = Resolve(env.upload_dir, s.checkpoint().init_from_safetensors());
   }
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   p.threads = s.threads() > 0 ? s.threads() : std::max(1, hw / env.local_world_size);
