@@ -247,7 +247,7 @@ double ProcessCpuSeconds() {
 // --profile_steps: our training step alone. CPU seconds per step are less sensitive to other load
 // than wall seconds (they still include cache and memory-bandwidth interference).
 int ProfileSteps(const ExecContext& ctx, int steps) {
-  model::GptConfig c;
+  const model::GptConfig c = model::BenchmarkConfig();
   const int64_t B = 8;
   auto m = *model::Gpt::Create(c, 1);
   model::AdamW opt(AdamWOptions{1e-4f}, m->num_params());
@@ -305,7 +305,7 @@ int Main() {
 
 void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out) {
   std::vector<Target>& t = *out;
-  model::GptConfig c;  // vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP
+  const model::GptConfig c = model::BenchmarkConfig();  // vocab 8192, context 256, 4x4 heads, width 256
   const int64_t B = quick ? 2 : 8;
   const int steps = quick ? 2 : 6;
   // Rounds interleave ours (default and deterministic mode), PyTorch and the sgemm ceiling, so a

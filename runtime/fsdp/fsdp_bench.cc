@@ -53,7 +53,7 @@ double Median(std::vector<double> v) {
 }
 
 model::GptConfig BenchModel() {
-  model::GptConfig c;
+  model::GptConfig c = model::BenchmarkConfig();
   c.n_layer = absl::GetFlag(FLAGS_layers);
   return c;
 }
