@@ -41,8 +41,8 @@
 
 namespace ember::model {
 
-// Defaults are the job spec's defaults (runtime/spec ApplyDefaults; worker_test checks that they
-// agree), listed once in docs/model.md.
+// Defaults are the job spec's defaults (runtime/spec ApplyDefaults; runtime/worker:env_test
+// checks that they agree), listed once in docs/model.md.
 struct GptConfig {
   enum class Mlp { kGelu, kSwiGlu, kMoe };
   int64_t vocab_size = 256;
