@@ -250,7 +250,7 @@ double ProcessCpuSeconds() {
 // --profile_steps: our training step alone. CPU seconds per step are less sensitive to other load
 // than wall seconds (they still include cache and memory-bandwidth interference).
 int ProfileSteps(const ExecContext& ctx, int steps) {
-  model::GptConfig c;
+  const model::GptConfig c = model::BenchmarkConfig();
   const int64_t B = 8;
   auto m = *model::Gpt::Create(c, 1);
   model::AdamW opt(AdamWOptions{1e-4f}, m->num_params());
@@ -311,8 +311,8 @@ int Main(int argc, char** argv) {
 
 void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out) {
   std::vector<Target>& t = *out;
-  model::GptConfig c;  // vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP
-  if (quick) {          // a smoke run: same code paths, a small model
+  model::GptConfig c = model::BenchmarkConfig();  // vocab 8192, context 256, 4x4 heads, width 256
+  if (quick) {  // a smoke run: same code paths, a small model
     c.vocab_size = 1024;
     c.context = 64;
     c.n_layer = 1;

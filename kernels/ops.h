@@ -60,12 +60,14 @@ void SoftmaxBackward(const ExecContext& ctx, const float* y, const float* dy, in
 void Add(const ExecContext& ctx, const float* a, const float* b, float* out, int64_t n);
 void AddInPlace(const ExecContext& ctx, const float* x, float* y, int64_t n);
 
+// Defaults are the job spec's optimizer defaults (docs/model.md), not torch.optim.AdamW's
+// (beta2 0.999, weight_decay 0.01).
 struct AdamWOptions {
   float lr = 1e-3f;
   float beta1 = 0.9f;
-  float beta2 = 0.999f;
+  float beta2 = 0.95f;
   float eps = 1e-8f;
-  float weight_decay = 0.01f;
+  float weight_decay = 0.0f;
 };
 // One AdamW step (PyTorch semantics): p -= lr*wd*p; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2;
 // p -= lr * (m / (1-b1^step)) / (sqrt(v / (1-b2^step)) + eps). step counts from 1.

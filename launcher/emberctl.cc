@@ -3,16 +3,19 @@
 // Exit codes (stable, for scripts):
 //   0  success (with --follow / run: the job SUCCEEDED)
 //   1  the job FAILED
-//   2  usage error, or the daemon rejected the request (bad spec: INVALID_ARGUMENT names the
+//   2  usage error (an unknown option or a bad option value, for every command; a missing
+//      argument), or the daemon rejected the request (bad spec: INVALID_ARGUMENT names the
 //      field; PERMISSION_DENIED for a path outside the job directory)
 //   3  the daemon is unreachable
-//   4  authentication failed (missing or wrong token)
+//   4  authentication failed (missing or wrong token, or a token file that is missing, unreadable
+//      or holds no token)
 //   5  no such job
 //   6  the job was CANCELLED
 //   7  any other error
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <filesystem>
@@ -73,7 +76,7 @@ global options (also from the environment):
   --help                this text; `emberctl COMMAND --help` for a command
 
 exit codes: 0 ok/SUCCEEDED, 1 FAILED, 2 usage or rejected request, 3 daemon unreachable,
-            4 bad token, 5 no such job, 6 CANCELLED, 7 other error
+            4 bad or missing token (or token file), 5 no such job, 6 CANCELLED, 7 other error
 )";
 
 const std::map<std::string, std::string>& CommandHelp() {
@@ -130,10 +133,43 @@ bool TakesValue(const std::string& k) {
   static const char* kValued[] = {"--address", "--token-file", "--tls-ca", "--tls-cert",
                                   "--tls-key", "--output", "--nproc", "--work-root", "--worker",
                                   "--max-ranks", "--rank", "--tail", "--id", "--limit",
-                                  "--timeout", "--max-shard-bytes"};
+                                  "--max-shard-bytes"};
   for (const char* v : kValued)
     if (k == v) return true;
   return false;
+}
+
+// The options each command accepts besides the global ones; anything else is a usage error
+// (exit 2), never silently ignored.
+const std::vector<std::string>& CommandOptions(const std::string& cmd) {
+  static const auto* m = new std::map<std::string, std::vector<std::string>>{
+      {"run", {"--standalone", "--nproc", "--max-ranks", "--work-root", "--worker"}},
+      {"submit", {"--follow", "--id"}},
+      {"status", {}},
+      {"list", {"--all", "--limit"}},
+      {"logs", {"--follow", "--rank", "--tail"}},
+      {"cancel", {}},
+      {"nodes", {}},
+      {"dump", {}},
+      {"fr", {"--json"}},
+      {"ckpt", {"--verify", "--include-optimizer", "--max-shard-bytes"}},
+  };
+  static const std::vector<std::string> kNone;
+  auto it = m->find(cmd);
+  return it == m->end() ? kNone : it->second;
+}
+
+// "" when every option given is global or belongs to `cmd`; else the first one that does not.
+std::string UnknownOption(const std::string& cmd, const std::map<std::string, std::string>& opts) {
+  static const char* kGlobal[] = {"--address", "--token-file", "--tls-ca", "--tls-cert",
+                                  "--tls-key", "--output", "--help"};
+  const std::vector<std::string>& own = CommandOptions(cmd);
+  for (const auto& [k, v] : opts) {
+    bool ok = std::find(own.begin(), own.end(), k) != own.end();
+    for (const char* g : kGlobal) ok = ok || k == g;
+    if (!ok) return k;
+  }
+  return "";
 }
 
 bool Parse(int argc, char** argv, Args* a, std::string* err) {
@@ -216,8 +252,13 @@ class Ctl {
     std::string token_file = a_.Get("--token-file", env_tok ? env_tok : "");
     if (token_file.empty() && access("/etc/ember/token", R_OK) == 0) token_file = "/etc/ember/token";
     if (!token_file.empty()) {
+      // A missing, unreadable or empty token file is a token problem (exit 4), like a wrong
+      // token, not "no such job" (NOT_FOUND, exit 5) or a bad request.
       auto t = ember::daemon::ReadTokenFile(token_file);
-      if (!t.ok()) return t.status();
+      if (!t.ok()) {
+        return absl::UnauthenticatedError(absl::StrCat(
+            t.status().message(), "; pass --token-file FILE or set $EMBER_TOKEN_FILE"));
+      }
       o.token = *t;
     }
     auto env_or = [](const char* name) { const char* v = getenv(name); return v ? v : ""; };
@@ -364,6 +405,12 @@ class Ctl {
       return kOk;
     }
     const auto& p = a_.positional;
+    if (const std::string bad = UnknownOption(cmd, a_.opts); !bad.empty()) {
+      auto it = CommandHelp().find(cmd);
+      std::cerr << "emberctl: unknown option '" << bad << "' for '" << cmd << "'\n"
+                << (it == CommandHelp().end() ? kTopHelp : it->second);
+      return kUsage;
+    }
     auto need = [&](size_t n) {
       if (p.size() >= n) return true;
       auto it = CommandHelp().find(cmd);
@@ -421,7 +468,16 @@ class Ctl {
     if ((cmd == "submit" || cmd == "logs" || cmd == "cancel" || cmd == "dump") && !need(2)) {
       return kUsage;
     }
-    // Validate what is local before dialing (a bad spec path fails fast).
+    // Validate what is local before dialing (a bad option value or spec path fails fast).
+    int limit = 0, tail = 0, rank = -1;
+    for (auto [flag, out] : {std::pair<const char*, int*>{"--limit", &limit}, {"--tail", &tail},
+                             {"--rank", &rank}}) {
+      if (a_.Has(flag) && (!absl::SimpleAtoi(a_.Get(flag), out) || *out < 0)) {
+        std::cerr << "emberctl: " << flag << " needs a number >= 0, not '" << a_.Get(flag)
+                  << "'\n";
+        return kUsage;
+      }
+    }
     std::string yaml;
     std::map<std::string, std::string> files;
     if (cmd == "submit") {
@@ -445,8 +501,6 @@ class Ctl {
       return kOk;
     }
     if (cmd == "status" || cmd == "list") {
-      int limit = 0;
-      (void)absl::SimpleAtoi(a_.Get("--limit", "0"), &limit);
       auto jobs = c->List(cmd == "status", limit);
       if (!jobs.ok()) return Fail(jobs.status());
       if (json_) {
@@ -460,12 +514,6 @@ class Ctl {
       return kOk;
     }
     if (cmd == "logs") {
-      int rank = -1, tail = 0;
-      if (a_.Has("--rank") && !absl::SimpleAtoi(a_.Get("--rank"), &rank)) {
-        std::cerr << "emberctl: --rank needs a number\n";
-        return kUsage;
-      }
-      (void)absl::SimpleAtoi(a_.Get("--tail", "0"), &tail);
       absl::Status s = c->StreamLogs(p[1], rank, a_.Has("--follow"), tail,
                                      [&](const v1::LogLine& l) {
         if (json_) std::cout << ToJson(l) << "\n";

@@ -11,7 +11,10 @@
 namespace ember {
 
 // "" when `dir` has no dumps or the analyzer found no problem. At most three findings, the most
-// telling first (never joined, mismatch, stuck, failed, missing dumps), joined by "; ".
+// telling first (never joined, mismatch, stuck, failed, missing dumps), joined by "; ". A hang
+// finding reads "rank R never joined OP seq S of group 'G'" ("ranks R1, R2 never joined ...");
+// the daemon relies on that phrase to lead a failure's reason with the hung ranks
+// (DaemonOptions::analyze_flight).
 std::string FlightVerdict(const std::string& dir);
 
 }  // namespace ember

@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/base/utf8.h"
 
 namespace ember::json {
 namespace {
@@ -180,25 +181,10 @@ class Parser {
 
   // Validates one UTF-8 sequence starting at pos_ (first byte >= 0x80) and appends it.
   absl::Status ParseUtf8(std::string* out) {
-    unsigned char c = static_cast<unsigned char>(s_[pos_]);
-    int n;
-    uint32_t cp;
-    if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
-    else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
-    else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
-    else return Error("invalid UTF-8");
-    if (s_.size() - pos_ <= static_cast<size_t>(n)) return Error("truncated UTF-8");
-    for (int i = 1; i <= n; ++i) {
-      unsigned char cc = static_cast<unsigned char>(s_[pos_ + i]);
-      if ((cc & 0xC0) != 0x80) return Error("invalid UTF-8");
-      cp = (cp << 6) | (cc & 0x3F);
-    }
-    if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) ||
-        (cp >= 0xD800 && cp <= 0xDFFF)) {
-      return Error("invalid UTF-8");
-    }
-    out->append(s_.data() + pos_, n + 1);
-    pos_ += n + 1;
+    const int n = base::Utf8SequenceLength(s_, pos_);
+    if (n == 0) return Error("invalid UTF-8");
+    out->append(s_.data() + pos_, n);
+    pos_ += n;
     return absl::OkStatus();
   }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
@@ -124,6 +125,22 @@ void WriteJobFile(const std::string& path, const std::string& data) {
     off += static_cast<size_t>(w);
   }
   ::close(fd);
+}
+
+// A hang is noticed by a healthy rank whose collective timed out, so the first failure names that
+// rank, not the one that hung. True when the analyzer's first finding is that other ranks (not
+// `failed_rank`) never joined the op: that finding is the root cause and leads the reason.
+bool NamesHungRanks(const std::string& verdict, int failed_rank) {
+  const std::string first = verdict.substr(0, verdict.find("; "));
+  const size_t at = first.find(" never joined ");
+  if (at == std::string::npos) return false;
+  absl::string_view who(first.data(), at);  // "rank 1" or "ranks 1, 3"
+  if (!absl::ConsumePrefix(&who, "ranks ") && !absl::ConsumePrefix(&who, "rank ")) return false;
+  for (absl::string_view r : absl::StrSplit(who, ", ")) {
+    int v = -1;
+    if (!absl::SimpleAtoi(r, &v) || v == failed_rank) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -583,7 +600,10 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
     po.ignore_unknown_fields = true;
     if (google::protobuf::util::JsonStringToMessage(*v, &p, po).ok()) last_step = p.step();
   }
-  std::string full = verdict.empty() ? reason : absl::StrCat(reason, "; flight recorder: ", verdict);
+  const bool hang = NamesHungRanks(verdict, has_cause ? cause.rank() : -1);
+  std::string full = verdict.empty() ? reason
+                     : hang ? absl::StrCat(verdict, " (flight recorder; noticed first: ", reason, ")")
+                            : absl::StrCat(reason, "; flight recorder: ", verdict);
   auto r = UpdateRecord(id, [&](Job* j) {
     if (j->state() != jobs::v1::RUNNING || j->attempts_size() != job.attempts_size()) return false;
     auto* a = j->mutable_attempts(j->attempts_size() - 1);

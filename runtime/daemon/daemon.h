@@ -76,7 +76,9 @@ struct DaemonOptions {
   absl::Duration failure_settle = absl::Seconds(5);
   // Verdict over a directory of flight-recorder dumps ("" = no problem found / no dumps). emberd
   // wires launcher/fr's analyzer here (//launcher:verdict); null = no analysis. Called on the
-  // scheduler's thread; must not block for long.
+  // scheduler's thread; must not block for long. When the verdict's first finding is that other
+  // ranks than the first to fail hung ("rank R never joined ..."), it leads the failure reason:
+  // the rank whose watchdog fired first is only where the hang was noticed.
   std::function<std::string(const std::string& dir)> analyze_flight;
   // Extra environment for every worker (after the contract variables), e.g. NCCL_* knobs or the
   // test-only EMBER_WORKER_FAULT.

@@ -57,7 +57,7 @@ struct Result {
 using bench::Median;
 
 model::GptConfig BenchModel() {
-  model::GptConfig c;
+  model::GptConfig c = model::BenchmarkConfig();
   c.n_layer = absl::GetFlag(FLAGS_layers);
   if (bench::Quick()) {  // a smoke run: same code paths, a small model
     c.vocab_size = 1024;

@@ -39,6 +39,16 @@ enum BlockParam { kLn1 = 0, kQkv, kProj, kLn2, kFc1, kFc2, kGate = 4 };
 
 }  // namespace
 
+GptConfig BenchmarkConfig() {
+  GptConfig c;
+  c.vocab_size = 8192;
+  c.context = 256;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.d_model = 256;
+  return c;
+}
+
 int64_t GptConfig::ff() const {
   if (d_ff > 0) return d_ff;
   if (mlp == Mlp::kSwiGlu) return (8 * d_model / 3 + 15) / 16 * 16;

@@ -17,7 +17,8 @@
 // Thread safety: Gpt and Block are thread-compatible: one step at a time per instance; kernels
 // inside use the ExecContext's pool.
 //
-//   GptConfig cfg;  // defaults: vocab 8192, context 256, 4 layers, 4 heads, width 256
+//   GptConfig cfg;  // defaults: the job spec's (docs/job-spec.md): vocab 256, context 128, 2
+//                   // layers, 4 heads, width 128, GELU
 //   ASSIGN_OR_RETURN(auto model, Gpt::Create(cfg, /*seed=*/1));
 //   model->ZeroGrad();
 //   ASSIGN_OR_RETURN(float loss, model->ForwardBackward(ctx, tokens, targets, B, T));
@@ -40,13 +41,15 @@
 
 namespace ember::model {
 
+// Defaults are the job spec's defaults (runtime/spec ApplyDefaults; runtime/worker:env_test
+// checks that they agree), listed once in docs/model.md.
 struct GptConfig {
   enum class Mlp { kGelu, kSwiGlu, kMoe };
-  int64_t vocab_size = 8192;
-  int64_t context = 256;  // maximum T (rows of wpe)
-  int64_t n_layer = 4;
+  int64_t vocab_size = 256;
+  int64_t context = 128;  // maximum T (rows of wpe)
+  int64_t n_layer = 2;
   int64_t n_head = 4;
-  int64_t d_model = 256;
+  int64_t d_model = 128;
   Mlp mlp = Mlp::kGelu;
   int64_t d_ff = 0;       // hidden width; 0: 4*d_model (GELU, MoE experts) or 8/3*d_model rounded
                           // up to a multiple of 16 (SwiGLU)
@@ -62,6 +65,10 @@ struct GptConfig {
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
 };
+
+// The 5.3M-parameter model of the benchmarks (kernel_bench, fsdp_bench; docs/benchmarks.md):
+// vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP, other fields default.
+GptConfig BenchmarkConfig();
 
 // One parameter: hierarchical name (e.g. "blocks.3.attn.qkv.weight"), shape, and init rule:
 // normal(0, init_std) elementwise, or all ones when init_std == 0 (norm weights).

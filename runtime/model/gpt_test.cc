@@ -42,7 +42,7 @@ void Data(const GptConfig& c, int64_t B, int64_t T, uint64_t seed, std::vector<i
 }
 
 TEST_CASE("Parameter names, shapes and init") {
-  GptConfig c;
+  GptConfig c = BenchmarkConfig();
   auto specs = ParamSpecs(c);
   CHECK(specs.front().name == "wte.weight");
   CHECK(specs[2].name == "blocks.0.ln1.weight");

@@ -1,9 +1,12 @@
 #include "runtime/spec/spec.h"
 
+#include <cmath>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -35,6 +38,12 @@ std::string Allowed(const google::protobuf::Descriptor* d) {
   return absl::StrJoin(names, ", ");
 }
 
+// NaN and infinities (YAML .nan, .inf; or a float literal beyond the float range) are refused in
+// every float field.
+absl::Status NotFinite(const std::string& path, const std::string& text) {
+  return Bad(path, absl::StrCat("'", text, "' is not a finite number"));
+}
+
 absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* f, Message* msg,
                        const std::string& path, bool repeated) {
   if (!node.IsScalar()) return Bad(path, "expected a single value, got a list or mapping");
@@ -62,11 +71,13 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* f, Message
       }
       case FieldDescriptor::CPPTYPE_FLOAT: {
         float v = node.as<float>();
+        if (!std::isfinite(v)) return NotFinite(path, text);
         repeated ? r->AddFloat(msg, f, v) : r->SetFloat(msg, f, v);
         return absl::OkStatus();
       }
       case FieldDescriptor::CPPTYPE_DOUBLE: {
         double v = node.as<double>();
+        if (!std::isfinite(v)) return NotFinite(path, text);
         repeated ? r->AddDouble(msg, f, v) : r->SetDouble(msg, f, v);
         return absl::OkStatus();
       }
@@ -85,10 +96,17 @@ absl::Status FillMessage(const YAML::Node& node, Message* msg, const std::string
   if (!node.IsMap()) return Bad(path, "expected a mapping of field: value");
   const auto* desc = msg->GetDescriptor();
   const Reflection* r = msg->GetReflection();
+  std::set<std::string> seen;
   for (const auto& kv : node) {
     if (!kv.first.IsScalar()) return Bad(path, "keys must be plain names");
     std::string key = kv.first.Scalar();
     std::string fpath = Join(path, key);
+    // yaml-cpp keeps every entry of a mapping, so without this check the last of two equal keys
+    // would silently win.
+    if (!seen.insert(key).second) {
+      return Bad(fpath, absl::StrCat("duplicate key on line ", kv.first.Mark().line + 1,
+                                     "; each field may appear once"));
+    }
     const FieldDescriptor* f = desc->FindFieldByName(key);
     if (f == nullptr) {
       return Bad(fpath, absl::StrCat("unknown field; allowed here: ", Allowed(desc)));
@@ -124,8 +142,9 @@ absl::Status OneOf(const std::string& path, const std::string& value,
                                 absl::StrJoin(allowed, ", ")));
 }
 
+// Also refuses NaN (every comparison with NaN is false).
 absl::Status Range(const std::string& path, double v, double lo, double hi) {
-  if (v < lo || v > hi) {
+  if (!(v >= lo && v <= hi)) {
     return Bad(path, absl::StrCat(v, " is out of range; allowed ", lo, " to ", hi));
   }
   return absl::OkStatus();
@@ -135,33 +154,37 @@ const std::vector<std::string> kDtypes = {"f32", "bf16", "f16"};
 
 }  // namespace
 
+// Defaults apply to unset fields only: an explicit value, 0 included, is kept and validated.
 void ApplyDefaults(JobSpec* s) {
   if (s->name().empty()) s->set_name("job");
   auto* m = s->mutable_model();
-  if (m->vocab_size() == 0) m->set_vocab_size(256);
-  if (m->context_length() == 0) m->set_context_length(128);
-  if (m->n_layers() == 0) m->set_n_layers(2);
-  if (m->n_heads() == 0) m->set_n_heads(4);
-  if (m->d_model() == 0) m->set_d_model(128);
+  if (!m->has_vocab_size()) m->set_vocab_size(256);
+  if (!m->has_context_length()) m->set_context_length(128);
+  if (!m->has_n_layers()) m->set_n_layers(2);
+  if (!m->has_n_heads()) m->set_n_heads(4);
+  if (!m->has_d_model()) m->set_d_model(128);
   if (m->mlp().empty()) m->set_mlp("gelu");
   if (m->mlp() == "moe") {
-    if (m->moe_experts() == 0) m->set_moe_experts(4);
-    if (m->moe_top_k() == 0) m->set_moe_top_k(2);
+    if (!m->has_moe_experts()) m->set_moe_experts(4);
+    if (!m->has_moe_top_k()) m->set_moe_top_k(2);
   }
-  if (m->init_std() == 0) m->set_init_std(0.02f);
+  if (!m->has_init_std()) m->set_init_std(0.02f);
+  if (!m->has_norm_eps()) m->set_norm_eps(1e-5f);
+  auto* l = s->mutable_loss();
+  if (!l->has_ignore_index()) l->set_ignore_index(-100);
   auto* d = s->mutable_data();
   if (d->token_dtype().empty()) d->set_token_dtype("uint16");
   auto* o = s->mutable_optimizer();
   if (o->name().empty()) o->set_name("adamw");
-  if (o->lr() == 0) o->set_lr(1e-3f);
-  if (o->beta1() == 0) o->set_beta1(0.9f);
-  if (o->beta2() == 0) o->set_beta2(0.95f);
-  if (o->eps() == 0) o->set_eps(1e-8f);
+  if (!o->has_lr()) o->set_lr(1e-3f);
+  if (!o->has_beta1()) o->set_beta1(0.9f);
+  if (!o->has_beta2()) o->set_beta2(0.95f);
+  if (!o->has_eps()) o->set_eps(1e-8f);
   if (o->schedule().empty()) o->set_schedule("constant");
-  if (o->min_lr_ratio() == 0) o->set_min_lr_ratio(0.1f);
+  if (!o->has_min_lr_ratio()) o->set_min_lr_ratio(0.1f);
   auto* p = s->mutable_parallelism();
   if (p->strategy().empty()) p->set_strategy("fsdp");
-  if (p->micro_batches() == 0) p->set_micro_batches(1);
+  if (!p->has_micro_batches()) p->set_micro_batches(1);
   if (!p->has_reshard_after_forward()) p->set_reshard_after_forward(true);
   if (!p->has_prefetch()) p->set_prefetch(true);
   if (!p->has_separate_reduce_scatter()) p->set_separate_reduce_scatter(true);
@@ -169,13 +192,26 @@ void ApplyDefaults(JobSpec* s) {
   if (pr->param_dtype().empty()) pr->set_param_dtype("f32");
   if (pr->output_dtype().empty()) pr->set_output_dtype(pr->param_dtype());
   auto* c = s->mutable_checkpoint();
-  if (c->keep_last() == 0) c->set_keep_last(3);
+  if (!c->has_keep_last()) c->set_keep_last(3);
   auto* r = s->mutable_resources();
   if (r->device_type().empty()) r->set_device_type("cpu");
-  if (s->steps() == 0) s->set_steps(100);
-  if (s->batch_size() == 0) s->set_batch_size(4);
-  if (s->log_every() == 0) s->set_log_every(1);
-  if (s->collective_timeout_s() == 0) s->set_collective_timeout_s(600);
+  if (!s->has_steps()) s->set_steps(100);
+  if (!s->has_batch_size()) s->set_batch_size(4);
+  if (!s->has_log_every()) s->set_log_every(1);
+  if (!s->has_collective_timeout_s()) s->set_collective_timeout_s(600);
+}
+
+absl::Status ValidateJobName(const std::string& name) {
+  auto ascii_alnum = [](char ch) {
+    return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+  };
+  bool ok = !name.empty() && name.size() <= kMaxJobNameBytes && ascii_alnum(name[0]);
+  for (char ch : name) ok = ok && (ascii_alnum(ch) || ch == '.' || ch == '_' || ch == '-');
+  if (ok) return absl::OkStatus();
+  return Bad("name", absl::StrCat("'", absl::CHexEscape(name.substr(0, 80)),
+                                  name.size() > 80 ? "...'" : "'",
+                                  " is not a job name: 1-63 characters of [A-Za-z0-9._-] starting "
+                                  "with a letter or digit"));
 }
 
 absl::Status ValidateJobSpec(const JobSpec& s) {
@@ -197,6 +233,16 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     RETURN_IF_ERROR(Range("model.moe_top_k", m.moe_top_k(), 1, m.moe_experts()));
   }
   RETURN_IF_ERROR(Range("model.init_std", m.init_std(), 1e-6, 10));
+  RETURN_IF_ERROR(Range("model.norm_eps", m.norm_eps(), 1e-12, 1));
+  const auto& l = s.loss();
+  RETURN_IF_ERROR(Range("loss.label_smoothing", l.label_smoothing(), 0, 0.999));
+  RETURN_IF_ERROR(Range("loss.z_loss", l.z_loss(), 0, 10));
+  if (l.ignore_index() >= m.vocab_size() || l.ignore_index() < INT32_MIN) {
+    return Bad("loss.ignore_index",
+               absl::StrCat(l.ignore_index(), " can never match a target token (model.vocab_size ",
+                            m.vocab_size(), "); use a token id below vocab_size to skip it, or a "
+                            "negative value (default -100) to skip none"));
+  }
   const auto& d = s.data();
   RETURN_IF_ERROR(OneOf("data.token_dtype", d.token_dtype(), {"uint16", "uint32"}));
   // Absolute data paths are allowed here: the daemon accepts them only under an operator's data
@@ -219,6 +265,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("optimizer.grad_clip", o.grad_clip(), 0, 1e6));
   RETURN_IF_ERROR(OneOf("optimizer.schedule", o.schedule(), {"constant", "cosine"}));
   RETURN_IF_ERROR(Range("optimizer.warmup_steps", o.warmup_steps(), 0, 1e9));
+  RETURN_IF_ERROR(Range("optimizer.min_lr_ratio", o.min_lr_ratio(), 0, 1));
   const auto& p = s.parallelism();
   RETURN_IF_ERROR(OneOf("parallelism.strategy", p.strategy(), {"fsdp", "pipeline", "none"}));
   RETURN_IF_ERROR(Range("parallelism.world_size", p.world_size(), 0, 1 << 16));
@@ -260,13 +307,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("log_every", s.log_every(), 1, 1 << 30));
   RETURN_IF_ERROR(Range("max_restarts", s.max_restarts(), 0, 1000));
   RETURN_IF_ERROR(Range("collective_timeout_s", s.collective_timeout_s(), 1, 86400));
-  for (char ch : s.name()) {
-    if (!(isalnum(static_cast<unsigned char>(ch)) || ch == '-' || ch == '_' || ch == '.')) {
-      return Bad("name", absl::StrCat("'", s.name(), "' may only contain letters, digits, '-', '_' and '.'"));
-    }
-  }
-  if (s.name().size() > 64) return Bad("name", "longer than 64 characters");
-  return absl::OkStatus();
+  return ValidateJobName(s.name());
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
@@ -279,6 +320,10 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
     root = YAML::Load(text);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("spec is not valid YAML/JSON: ", e.what()));
+  }
+  if (root.IsNull() || (root.IsMap() && root.size() == 0)) {
+    return absl::InvalidArgumentError(
+        "spec: empty; a job needs at least data.path or data.text_path (docs/job-spec.md)");
   }
   JobSpec spec;
   RETURN_IF_ERROR(FillMessage(root, &spec, "", 0));

@@ -17,18 +17,27 @@ namespace ember::spec {
 
 using JobSpec = ::ember::spec::v1::JobSpec;
 
-// Parses YAML (JSON is valid YAML), rejects unknown keys and wrong types, applies defaults and
-// validates. Inputs larger than 1 MiB are rejected.
+// Parses YAML (JSON is valid YAML), rejects unknown keys, duplicate keys (naming the line), wrong
+// types, non-finite floats and an empty spec, applies defaults to unset fields and validates.
+// Inputs larger than 1 MiB are rejected.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text);
 
 // Reads and parses a file (NotFound / PermissionDenied name the path).
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 
-// Fills unset fields with documented defaults (idempotent).
+// Fills unset fields with documented defaults (idempotent). An explicitly set 0 is kept for the
+// fields whose default is not 0 (they are `optional` in the proto), so ValidateJobSpec sees it.
 void ApplyDefaults(JobSpec* spec);
 
 // Checks ranges and allowed values; assumes defaults were applied.
 absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// Job names: 1 to kMaxJobNameBytes characters of [A-Za-z0-9._-], the first a letter or digit
+// (regex [A-Za-z0-9][A-Za-z0-9._-]{0,62}). So a name, and the job id derived from it, is never
+// ".", "..", an option ("-x") or a path, and never carries a control character into a log line.
+// INVALID_ARGUMENT shows the name C-escaped.
+inline constexpr size_t kMaxJobNameBytes = 63;
+absl::Status ValidateJobName(const std::string& name);
 
 // Human-readable one-line summary ("tiny-gpt: 4 layers x 128, fsdp on 4 cpu ranks, 200 steps").
 std::string Summarize(const JobSpec& spec);

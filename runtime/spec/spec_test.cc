@@ -1,4 +1,6 @@
 #include <random>
+#include <string>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -59,6 +61,84 @@ TEST_CASE("errors name the field and the allowed values") {
   REQUIRE(s.status().message().find("model: expected a mapping") == 0);
   s = ParseJobSpec("{unclosed");
   REQUIRE(absl::IsInvalidArgument(s.status()));
+}
+
+TEST_CASE("non-finite floats, an empty spec, an explicit 0 and duplicate keys are refused") {
+  for (const char* t : {"optimizer: {lr: .nan}", "optimizer: {lr: .inf}", "optimizer: {lr: -.inf}",
+                        "optimizer: {beta1: .NaN}", "optimizer: {min_lr_ratio: .nan}",
+                        "model: {init_std: .inf}", "model: {norm_eps: .nan}",
+                        "loss: {z_loss: .inf}"}) {
+    auto s = ParseJobSpec(t);
+    INFO(t << " -> " << s.status());
+    REQUIRE(absl::IsInvalidArgument(s.status()));
+    REQUIRE(s.status().message().find("is not a finite number") != std::string::npos);
+  }
+  REQUIRE(absl::IsInvalidArgument(ParseJobSpec("optimizer: {grad_clip: 1e39}").status()));
+  for (const char* t : {"", "# only a comment\n", "{}", "\n\n"}) {
+    auto s = ParseJobSpec(t);
+    INFO("'" << t << "' -> " << s.status());
+    REQUIRE(absl::IsInvalidArgument(s.status()));
+    REQUIRE(s.status().message().find("spec: empty") == 0);
+  }
+  // An explicit 0 is validated, not replaced by the default (steps: 0 used to run 100 steps).
+  auto s = ParseJobSpec("name: j\nsteps: 0\n");
+  REQUIRE(s.status().message() == "steps: 0 is out of range; allowed 1 to 1e+12");
+  s = ParseJobSpec("name: j\nbatch_size: 0\n");
+  REQUIRE(s.status().message().find("batch_size: 0 is out of range") == 0);
+  s = ParseJobSpec("model: {n_layers: 0}");
+  REQUIRE(s.status().message().find("model.n_layers: 0 is out of range") == 0);
+  // ... and where 0 is a legal value it is kept (cosine down to 0; no momentum).
+  s = ParseJobSpec("optimizer: {min_lr_ratio: 0, beta1: 0}");
+  REQUIRE(s.ok());
+  REQUIRE(s->optimizer().min_lr_ratio() == 0.0f);
+  REQUIRE(s->optimizer().beta1() == 0.0f);
+  REQUIRE(ParseJobSpec("name: j")->steps() == 100);
+  // Duplicate keys name the key and the line, at every level and in JSON.
+  s = ParseJobSpec("name: j\nsteps: 3\nsteps: 5\n");
+  REQUIRE(s.status().message() == "steps: duplicate key on line 3; each field may appear once");
+  s = ParseJobSpec("name: j\nmodel:\n  n_layers: 1\n  d_model: 64\n  n_layers: 2\n");
+  REQUIRE(s.status().message().find("model.n_layers: duplicate key on line 5") == 0);
+  s = ParseJobSpec(R"({"name": "j", "optimizer": {"lr": 0.1, "lr": 0.2}})");
+  REQUIRE(s.status().message().find("optimizer.lr: duplicate key on line 1") == 0);
+}
+
+TEST_CASE("job names: [A-Za-z0-9][A-Za-z0-9._-]{0,62}") {
+  for (const char* ok : {"a", "tiny-gpt", "Run_2.b", "0", "a-"}) {
+    INFO(ok);
+    REQUIRE(ValidateJobName(ok).ok());
+    REQUIRE(ParseJobSpec(std::string("name: \"") + ok + "\"").ok());
+  }
+  REQUIRE(ValidateJobName(std::string(63, 'x')).ok());
+  for (const std::string& bad : std::vector<std::string>{".", "..", "-x", "--help", "_a", ".hidden", "a b", "a/b", "a\nb",
+                                "a\rb", "\xc3\xa9", std::string(64, 'x')}) {
+    INFO(bad);
+    REQUIRE(absl::IsInvalidArgument(ValidateJobName(bad)));
+  }
+  // Through the parser: the message names the field and never carries the raw newline.
+  auto s = ParseJobSpec("name: \"x\\n[info] job forged\"");
+  REQUIRE(absl::IsInvalidArgument(s.status()));
+  REQUIRE(s.status().message().find("name: 'x\\n[info] job forged' is not a job name") == 0);
+  REQUIRE(s.status().message().find('\n') == std::string::npos);
+  REQUIRE(ParseJobSpec("name: \"..\"").status().message().find("name: '..'") == 0);
+  REQUIRE(ParseJobSpec("name: -x").status().message().find("name: '-x'") == 0);
+}
+
+TEST_CASE("loss and norm settings: defaults, ranges") {
+  auto s = ParseJobSpec("name: j");
+  REQUIRE(s->model().norm_eps() == 1e-5f);
+  REQUIRE(s->loss().ignore_index() == -100);
+  REQUIRE(s->loss().label_smoothing() == 0.0f);
+  REQUIRE(s->loss().z_loss() == 0.0f);
+  s = ParseJobSpec("model: {norm_eps: 1e-6}\nloss: {label_smoothing: 0.1, z_loss: 1e-4, ignore_index: 0}");
+  REQUIRE(s.ok());
+  REQUIRE(s->model().norm_eps() == 1e-6f);
+  REQUIRE(s->loss().ignore_index() == 0);  // 0 is a token id, not "unset"
+  REQUIRE(s->loss().label_smoothing() == 0.1f);
+  REQUIRE(ParseJobSpec("loss: {label_smoothing: 1}").status().message().find("loss.label_smoothing") == 0);
+  REQUIRE(ParseJobSpec("loss: {z_loss: -1}").status().message().find("loss.z_loss") == 0);
+  REQUIRE(ParseJobSpec("model: {norm_eps: 0}").status().message().find("model.norm_eps") == 0);
+  REQUIRE(ParseJobSpec("loss: {ignore_index: 256}").status().message().find(
+              "loss.ignore_index: 256 can never match") == 0);
 }
 
 TEST_CASE("a fuzzed corpus never crashes and never yields an invalid spec") {

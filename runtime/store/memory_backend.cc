@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <limits>
 #include <map>
 #include <thread>
 #include <utility>
@@ -12,6 +13,7 @@
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -19,6 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "proto/store_wal.pb.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/utf8.h"
 #include "runtime/store/backend.h"
 #include "runtime/store/wal.h"
 #include "spdlog/spdlog.h"
@@ -222,6 +225,15 @@ class MemoryBackend : public Backend {
       SetError(r, absl::StatusCode::kInvalidArgument,
                absl::StrCat("key of ", key.size(), " bytes exceeds the limit max_key_bytes=",
                             options_.max_key_bytes, " (ember-store --max-key-bytes)"));
+      return false;
+    }
+    // Keys are UTF-8 text (proto/store.proto); the wire type is bytes so that a bad key reaches
+    // this check instead of failing the whole message's parse.
+    if (const size_t bad = base::FirstInvalidUtf8(key); bad != absl::string_view::npos) {
+      SetError(r, absl::StatusCode::kInvalidArgument,
+               absl::StrCat("key '", absl::CHexEscape(key.substr(0, 64)),
+                            key.size() > 64 ? "..." : "", "' is not valid UTF-8 at byte ", bad,
+                            "; keys must be UTF-8 text"));
       return false;
     }
     return true;
@@ -446,7 +458,15 @@ class MemoryBackend : public Backend {
                                 it->second.value.size(), " bytes)"));
           return false;
         }
-        int64_t next = cur + q.delta();
+        int64_t next = 0;
+        if (__builtin_add_overflow(cur, q.delta(), &next)) {
+          SetError(r, absl::StatusCode::kOutOfRange,
+                   absl::StrCat("Add on key '", absl::CHexEscape(q.key()), "': ", cur, " + ",
+                                q.delta(), " is outside the int64 range [",
+                                std::numeric_limits<int64_t>::min(), ", ",
+                                std::numeric_limits<int64_t>::max(), "]; the value is unchanged"));
+          return false;
+        }
         Put(q.key(), absl::StrCat(next), it != kv_.end() ? it->second.lease : 0, fired);
         r->mutable_add()->set_value(next);
         return false;

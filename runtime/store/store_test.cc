@@ -6,6 +6,8 @@
 
 #include <atomic>
 #include <fstream>
+#include <limits>
+#include <string>
 #include <random>
 #include <thread>
 
@@ -246,6 +248,52 @@ TEST_CASE("key and value size limits give INVALID_ARGUMENT naming the limit") {
   REQUIRE(s.message().find("max_value_bytes=1024") != std::string::npos);
   REQUIRE(f.client->Set("k", std::string(1024, 'v')).ok());
   REQUIRE(absl::IsInvalidArgument(f.client->Append("k", "x").status()));
+}
+
+TEST_CASE("a key that is not UTF-8 is INVALID_ARGUMENT naming the byte, on every transport") {
+  for (int transport : {0, 1, 2}) {
+    INFO("transport " << transport);
+    Fixture f({}, transport);
+    const std::string bad = std::string("jobs/a\xff\xfe/x");
+    for (absl::Status s : {f.client->Set(bad, "v"), f.client->Add(bad, 1).status(),
+                           f.client->Get(bad).status(), f.client->Delete(bad).status()}) {
+      INFO(s);
+      REQUIRE(absl::IsInvalidArgument(s));
+      REQUIRE(s.message().find("not valid UTF-8") != std::string::npos);
+      REQUIRE(s.message().find("byte 6") != std::string::npos);
+    }
+    // A truncated multi-byte sequence and an overlong encoding are refused too; valid UTF-8
+    // (multi-byte included) is a key like any other.
+    REQUIRE(absl::IsInvalidArgument(f.client->Set("k\xc3", "v")));
+    REQUIRE(absl::IsInvalidArgument(f.client->Set("k\xc0\xaf", "v")));
+    REQUIRE(f.client->Set("caf\xc3\xa9/\xe2\x82\xac", "v").ok());
+    REQUIRE(*f.client->Get("caf\xc3\xa9/\xe2\x82\xac") == "v");
+    // The server is still serving.
+    REQUIRE(f.client->Set("k", "v").ok());
+  }
+}
+
+TEST_CASE("Add past INT64_MAX or below INT64_MIN is OUT_OF_RANGE and leaves the value") {
+  for (int transport : {0, 2}) {
+    INFO("transport " << transport);
+    Fixture f({}, transport);
+    const int64_t max = std::numeric_limits<int64_t>::max();
+    const int64_t min = std::numeric_limits<int64_t>::min();
+    REQUIRE(*f.client->Add("c", max - 1) == max - 1);
+    REQUIRE(*f.client->Add("c", 1) == max);
+    auto r = f.client->Add("c", 1);
+    INFO(r.status());
+    REQUIRE(absl::IsOutOfRange(r.status()));
+    REQUIRE(r.status().message().find("'c'") != std::string::npos);
+    REQUIRE(r.status().message().find("9223372036854775807 + 1") != std::string::npos);
+    REQUIRE(*f.client->Get("c") == std::to_string(max));  // unchanged, not wrapped
+    REQUIRE(absl::IsOutOfRange(f.client->Add("c", max).status()));
+    REQUIRE(*f.client->Add("d", min) == min);
+    r = f.client->Add("d", -1);
+    REQUIRE(absl::IsOutOfRange(r.status()));
+    REQUIRE(r.status().message().find("-9223372036854775808 + -1") != std::string::npos);
+    REQUIRE(*f.client->Add("d", max) == -1);  // in range: fine
+  }
 }
 
 TEST_CASE("a wrong token is rejected with UNAUTHENTICATED and changes nothing") {

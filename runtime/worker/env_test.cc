@@ -55,6 +55,43 @@ TEST_CASE("worker environment: required variables, ranges, prefix", "[worker]") 
   CHECK(e->tls.key_file == "/etc/ember/tls/node.key");
 }
 
+// One table of defaults (docs/model.md): what an empty spec trains is exactly the code's
+// defaults, GptConfig{}, AdamWOptions{} and LceOptions{}.
+TEST_CASE("the job spec's defaults are the model's, the loss's and the optimizer's", "[worker]") {
+  spec::JobSpec s;
+  s.set_name("d");
+  spec::ApplyDefaults(&s);
+  REQUIRE(spec::ValidateJobSpec(s).ok());
+  auto c = ModelConfig(s);
+  REQUIRE(c.ok());
+  const model::GptConfig g;
+  CHECK(c->vocab_size == g.vocab_size);
+  CHECK(c->context == g.context);
+  CHECK(c->n_layer == g.n_layer);
+  CHECK(c->n_head == g.n_head);
+  CHECK(c->d_model == g.d_model);
+  CHECK(c->mlp == g.mlp);
+  CHECK(c->d_ff == g.d_ff);
+  CHECK(c->window == g.window);
+  CHECK(c->init_std == g.init_std);
+  CHECK(c->norm_eps == g.norm_eps);
+  CHECK(c->loss.label_smoothing == g.loss.label_smoothing);
+  CHECK(c->loss.z_loss == g.loss.z_loss);
+  CHECK(c->loss.ignore_index == g.loss.ignore_index);
+  s.mutable_model()->set_mlp("moe");
+  spec::ApplyDefaults(&s);
+  c = ModelConfig(s);
+  REQUIRE(c.ok());
+  CHECK(c->n_expert == g.n_expert);
+  CHECK(c->top_k == g.top_k);
+  const kernels::AdamWOptions a = AdamWOptionsFor(s), k;
+  CHECK(a.lr == k.lr);
+  CHECK(a.beta1 == k.beta1);
+  CHECK(a.beta2 == k.beta2);
+  CHECK(a.eps == k.eps);
+  CHECK(a.weight_decay == k.weight_decay);
+}
+
 TEST_CASE("learning-rate schedule: warmup, constant, cosine floor", "[worker]") {
   spec::JobSpec s;
   s.set_steps(100);

@@ -68,6 +68,8 @@ std::string Num(double v) {
   return b;
 }
 
+}  // namespace
+
 absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
   const auto& m = s.model();
   model::GptConfig c;
@@ -86,9 +88,26 @@ absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
   }
   c.window = m.attention_window();
   c.init_std = m.init_std();
+  c.norm_eps = m.norm_eps();
+  c.loss.label_smoothing = s.loss().label_smoothing();
+  c.loss.z_loss = s.loss().z_loss();
+  c.loss.ignore_index = s.loss().ignore_index();
   if (absl::Status st = c.Validate(); !st.ok()) return base::Annotate(st, "model");
   return c;
 }
+
+kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& s) {
+  const auto& o = s.optimizer();
+  kernels::AdamWOptions a;
+  a.lr = o.lr();
+  a.beta1 = o.beta1();
+  a.beta2 = o.beta2();
+  a.eps = o.eps();
+  a.weight_decay = o.weight_decay();
+  return a;
+}
+
+namespace {
 
 absl::StatusOr<fsdp::MixedPrecisionPolicy> Policy(const spec::v1::PrecisionPolicy& p) {
   fsdp::MixedPrecisionPolicy mp;
@@ -167,13 +186,8 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   p.fsdp.reshard_after_forward = !par.has_reshard_after_forward() || par.reshard_after_forward();
   p.fsdp.prefetch = !par.has_prefetch() || par.prefetch();
   p.separate_reduce_scatter = !par.has_separate_reduce_scatter() || par.separate_reduce_scatter();
-  const auto& o = s.optimizer();
-  p.fsdp.adamw.lr = o.lr();
-  p.fsdp.adamw.beta1 = o.beta1();
-  p.fsdp.adamw.beta2 = o.beta2();
-  p.fsdp.adamw.eps = o.eps();
-  p.fsdp.adamw.weight_decay = o.weight_decay();
-  p.fsdp.clip_norm = o.grad_clip();
+  p.fsdp.adamw = AdamWOptionsFor(s);
+  p.fsdp.clip_norm = s.optimizer().grad_clip();
   p.fsdp.seed = static_cast<uint64_t>(s.seed());
 
   const auto& d = s.data();

@@ -42,6 +42,11 @@ struct Plan {
 // its token range. INVALID_ARGUMENT / NOT_FOUND name the field, variable or path.
 absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path);
 
+// The model and optimizer settings of a (defaulted, validated) spec. ModelConfig is
+// INVALID_ARGUMENT naming the field when GptConfig::Validate refuses it.
+absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& spec);
+kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
+
 // Learning rate at optimizer step `step` (1-based): linear warmup, then constant or cosine down to
 // min_lr_ratio * lr at the last step.
 float LearningRate(const spec::JobSpec& spec, int64_t step);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -18,6 +19,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tools.h"
+#include "runtime/model/gpt.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -264,6 +266,98 @@ TEST_CASE("checkpoint.init_from_safetensors loads the weights before the first s
   std::vector<int> codes = RunJob(addr, "init-m", m, 1, 0);
   REQUIRE(codes.size() == 1);
   CHECK(codes[0] != 0);
+}
+
+}  // namespace
+}  // namespace ember::worker
+
+namespace ember::worker {
+namespace {
+
+// loss.label_smoothing, loss.z_loss, loss.ignore_index and model.norm_eps take effect in the real
+// worker. The weights make the loss computable by hand: every block weight is 0 (attention and MLP
+// add nothing), wpe = 0, norms = 1 and wte row j = a_j * (1, ..., 1). So the final hidden state of
+// token t is s_t * (1, ..., 1) with s_t = a_t / sqrt(a_t^2 + norm_eps), the logits are
+// z_j = C * a_j * s_t, and (docs/model.md, kernels/cross_entropy.h)
+//   loss = lse - (1 - eps) z_y - (eps / V) sum_j z_j + zc * lse^2,  lse = log sum_j exp z_j.
+// The corpus alternates 'a' and 'b', so with an even T every sequence has T/2 (a -> b) and T/2
+// (b -> a) pairs whatever its offset, and the mean loss is their average; with ignore_index 'b'
+// only the (b -> a) pairs count.
+TEST_CASE("loss and norm settings of the spec change the first loss as the formula says", "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const int64_t V = 256, C = 32, T = 32;
+  model::GptConfig cfg;
+  cfg.vocab_size = V;
+  cfg.context = T;
+  cfg.n_layer = 1;
+  cfg.n_head = 2;
+  cfg.d_model = C;
+  std::vector<double> a(V);
+  for (int64_t j = 0; j < V; ++j) a[j] = 0.05 * std::sin(0.7 * j + 0.3);
+  a['a'] = 0.004;  // a^2 = 1.6e-5: norm_eps 1e-5 vs 1e-3 matters
+  a['b'] = -0.03;
+  std::vector<ckpt::TensorSpec> specs;
+  std::vector<std::string> bytes;
+  for (const model::ParamSpec& p : model::ParamSpecs(cfg)) {
+    std::vector<float> w(p.numel(), 0.0f);
+    if (p.init_std == 0) std::fill(w.begin(), w.end(), 1.0f);  // the norms
+    if (p.name == "wte.weight")
+      for (int64_t j = 0; j < V; ++j) std::fill(w.begin() + j * C, w.begin() + (j + 1) * C, float(a[j]));
+    specs.push_back({p.name, ckpt::DType::kF32, p.shape});
+    bytes.emplace_back(reinterpret_cast<const char*>(w.data()), w.size() * 4);
+  }
+  std::vector<absl::string_view> views(bytes.begin(), bytes.end());
+
+  // Reference loss of the pair (t -> y).
+  auto pair_loss = [&](int t, int y, double eps_ls, double zc, double norm_eps) {
+    const double s = float(a[t]) / std::sqrt(double(float(a[t])) * float(a[t]) + norm_eps);
+    std::vector<double> z(V);
+    double mx = -1e300, sum = 0;
+    for (int64_t j = 0; j < V; ++j) mx = std::max(mx, z[j] = C * double(float(a[j])) * s);
+    double se = 0;
+    for (int64_t j = 0; j < V; ++j) se += std::exp(z[j] - mx), sum += z[j];
+    const double lse = mx + std::log(se);
+    return lse - (1 - eps_ls) * z[y] - eps_ls / V * sum + zc * lse * lse;
+  };
+  struct Case {
+    std::string yaml;
+    double want;
+  };
+  const double n5 = 1e-5;
+  const Case cases[] = {
+      {"", (pair_loss('a', 'b', 0, 0, n5) + pair_loss('b', 'a', 0, 0, n5)) / 2},
+      {"loss: {label_smoothing: 0.2}\n",
+       (pair_loss('a', 'b', 0.2, 0, n5) + pair_loss('b', 'a', 0.2, 0, n5)) / 2},
+      {"loss: {z_loss: 0.01}\n",
+       (pair_loss('a', 'b', 0, 0.01, n5) + pair_loss('b', 'a', 0, 0.01, n5)) / 2},
+      {"loss: {ignore_index: 98}\n", pair_loss('b', 'a', 0, 0, n5)},
+      {"model: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32, "
+       "norm_eps: 0.001}\n",
+       (pair_loss('a', 'b', 0, 0, 1e-3) + pair_loss('b', 'a', 0, 0, 1e-3)) / 2},
+  };
+  int i = 0;
+  for (const Case& k : cases) {
+    const std::string dir = NewJobDir(absl::StrCat("lossopt", i));
+    std::string corpus;
+    for (int n = 0; n < 4096; ++n) corpus += "ab";
+    std::ofstream(dir + "/corpus.txt") << corpus;
+    REQUIRE(ckpt::WriteSafetensors(dir + "/w.safetensors", specs, views).ok());
+    const bool own_model = k.yaml.rfind("model:", 0) == 0;
+    std::ofstream(dir + "/job.yaml")
+        << "name: t\n"
+        << (own_model ? k.yaml
+                      : "model: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\n" + k.yaml)
+        << "data: {text_path: corpus.txt}\n"
+           "checkpoint: {init_from_safetensors: w.safetensors}\n"
+           "steps: 1\nbatch_size: 2\nseed: 3\ndeterministic: true\nthreads: 1\n";
+    REQUIRE(RunJob((*server)->address(), absl::StrCat("lossopt", i), dir, 1, 0) == std::vector<int>{0});
+    const double got = Losses(dir).at(1);
+    INFO(k.yaml << "loss " << got << ", formula " << k.want);
+    CHECK(std::abs(got - k.want) <= 2e-6 * k.want);
+    if (i > 0) CHECK(std::abs(k.want - cases[0].want) > 1e-3);  // the setting matters here
+    ++i;
+  }
 }
 
 }  // namespace

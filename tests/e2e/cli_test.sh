@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # emberd and emberctl as binaries: start-up, --help, exit codes (unreachable 3, bad token 4, bad
-# spec 2, no such job 5), submit --follow to SUCCEEDED, cancel, JSON output, SIGTERM drain.
+# spec or unknown option 2, no such job 5), submit --follow to SUCCEEDED, cancel, JSON output, SIGTERM drain.
 # Loopback only; every step bounded; the daemon is killed on any exit.
 set -uo pipefail
 EMBERD="$1"; EMBERCTL="$2"; WORKER="$3"
@@ -19,6 +19,25 @@ for c in run submit status list logs cancel nodes dump fr ckpt; do
   "$EMBERCTL" "$c" --help >/dev/null || fail "$c --help"
 done
 "$EMBERCTL" bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command must exit 2"
+# Unknown options are usage errors (exit 2, with the command's usage), for every command, before
+# anything is read or dialed; an option of another command is unknown too.
+for args in "run --standalone --bogus x.yaml" "submit x.yaml --folow" "status --bogus" \
+            "list --bogus" "logs j --bogus" "cancel j --force" "nodes --bogus" "dump j --bogus" \
+            "fr analyze d --bogus" "ckpt inspect p --bogus" "ckpt export c o --bogus" \
+            "list --follow" "submit x.yaml --verify" "--bogus nodes"; do
+  out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" $args 2>&1); rc=$?
+  [ $rc -eq 2 ] || fail "'$args': unknown option must exit 2, got $rc ($out)"
+  echo "$out" | grep -q "unknown option '--" || fail "'$args' names the option: $out"
+  echo "$out" | grep -q "usage:" || fail "'$args' prints the usage: $out"
+done
+for args in "list --limit lots" "logs j --tail -3" "logs j --rank x"; do
+  out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" $args 2>&1); rc=$?
+  [ $rc -eq 2 ] || fail "'$args': a bad option value must exit 2, got $rc ($out)"
+done
+# A token file that does not exist is a token problem: exit 4, naming the file.
+out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" --token-file "$T/no-such-token" nodes 2>&1); rc=$?
+[ $rc -eq 4 ] || fail "missing token file must exit 4, got $rc ($out)"
+echo "$out" | grep -q "no-such-token" || fail "missing token file is named: $out"
 "$EMBERD" --work-root="$T/jobs" --worker-binary="$WORKER" --host-store >/dev/null 2>&1
 [ $? -eq 2 ] || fail "emberd without a token must refuse (exit 2)"
 

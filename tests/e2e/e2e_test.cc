@@ -206,6 +206,21 @@ TEST_CASE("malformed specs are INVALID_ARGUMENT naming the field; the daemon sta
        absl::StatusCode::kInvalidArgument},
       {"name: x\nparallelism: {world_size: lots}\n", "parallelism.world_size",
        absl::StatusCode::kInvalidArgument},
+      // Submit-time validation (issue 13): non-finite floats, an empty spec, an explicit 0,
+      // duplicate keys, and job names that would be taken as options, paths or forged log lines.
+      {"name: x\noptimizer: {lr: .nan}\n", "optimizer.lr: '.nan' is not a finite number",
+       absl::StatusCode::kInvalidArgument},
+      {"name: x\noptimizer: {lr: .inf}\n", "optimizer.lr", absl::StatusCode::kInvalidArgument},
+      {"", "spec: empty", absl::StatusCode::kInvalidArgument},
+      {"# nothing but a comment\n", "spec: empty", absl::StatusCode::kInvalidArgument},
+      {"name: x\nsteps: 0\n", "steps: 0 is out of range", absl::StatusCode::kInvalidArgument},
+      {"name: x\nsteps: 3\nsteps: 4\n", "steps: duplicate key on line 3",
+       absl::StatusCode::kInvalidArgument},
+      {"name: .\n", "name: '.'", absl::StatusCode::kInvalidArgument},
+      {"name: ..\n", "name: '..'", absl::StatusCode::kInvalidArgument},
+      {"name: -x\n", "name: '-x'", absl::StatusCode::kInvalidArgument},
+      {"name: \"x\\n[info] forged\"\n", "name: 'x\\n[info] forged'",
+       absl::StatusCode::kInvalidArgument},
   };
   for (const Case& k : cases) {
     auto r = c->Submit(k.yaml);

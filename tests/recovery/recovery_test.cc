@@ -3,7 +3,7 @@
 //     restarts from the last checkpoint and ends SUCCEEDED with exactly the loss of an
 //     uninterrupted run (deterministic mode);
 //   * a rank that hangs in a collective -> the watchdog fires, every rank dumps, the job's reason
-//     carries the analyzer's verdict naming that rank and the op;
+//     leads with the analyzer's verdict naming that rank and the op;
 //   * a worker that always fails -> FAILED, not retried forever, the reason says why.
 // Every test bounds its waits and ends with no worker process left (/proc scan).
 #include <signal.h>
@@ -84,6 +84,8 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
   INFO(failed.reason());
   REQUIRE(absl::StrContains(failed.reason(), "rank 1"));
   REQUIRE(absl::StrContains(failed.reason(), "signal 9"));
+  // The killed rank leads the reason, not the survivors the analyzer finds stuck waiting for it.
+  REQUIRE(absl::StartsWith(failed.reason(), "rank 1 on "));
   REQUIRE(failed.root_cause().signal() == SIGKILL);
   // Every surviving rank of the failed attempt dumped its flight recorder into the job directory.
   for (int rank : {0, 2, 3}) {
@@ -119,6 +121,10 @@ TEST_CASE("a hung rank: the watchdog fires, every rank dumps, the reason names r
                         absl::StrContains(at.verdict(), "all_reduce");
   REQUIRE(names_op);
   REQUIRE(absl::StrContains(done->reason(), at.verdict()));
+  // The headline names the hung rank (the analyzer's verdict), not rank 0, whose watchdog fired.
+  REQUIRE(absl::StartsWith(done->reason(), "rank 1 never joined"));
+  REQUIRE(absl::StartsWith(at.reason(), "rank 1 never joined"));
+  REQUIRE(absl::StrContains(done->reason(), "noticed first: rank 0"));
   for (int rank : {0, 1}) {
     REQUIRE(fs::exists(absl::StrCat(done->job_dir(), "/flight/attempt-0/rank-", rank, ".json")));
   }
