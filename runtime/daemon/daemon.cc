@@ -809,8 +809,8 @@ void Daemon::Impl::Supervise() {
   if (oom_kills_seen >= 0 && oom_now > oom_kills_seen) last_oom_kill = absl::Now();
   oom_kills_seen = oom_now;
   // An OOM victim may take a while to exit (its memory is torn down first), so a SIGKILL reaped
-  // within a few seconds of a rise of the count is taken as that kill.
-  const bool oom_recent = absl::Now() - last_oom_kill < absl::Seconds(3);
+  // within a second of a rise of the count is taken as that kill.
+  const bool oom_recent = absl::Now() - last_oom_kill < absl::Seconds(1);
   bool changed = false;
   for (auto& [key, a] : local) {
     if (a.released) continue;
@@ -827,7 +827,7 @@ void Daemon::Impl::Supervise() {
       e.set_signal(w.signal);
       e.set_pid(w.pid);
       e.set_unix_ms(NowMs());
-      // Another process OOM-killed within those seconds would be mistaken for this kill.
+      // Another process OOM-killed within that second would be mistaken for this kill.
       e.set_oom_killed(w.signal == SIGKILL && !a.stopping && oom_recent);
       bool failed = w.exit_code != 0 || w.signal != 0;
       if (failed) {
