@@ -15,13 +15,9 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; true; }
 trap cleanup EXIT
 
-# pids of live processes whose environment has EMBER_JOB_ID=$1
+# pids of live processes whose environment has EMBER_JOB_ID=$1 (environ is NUL-separated)
 job_pids() {
-  local f pid
-  for f in /proc/[0-9]*/environ; do
-    pid="${f#/proc/}"; pid="${pid%/environ}"
-    { tr '\0' '\n' < "$f"; } 2>/dev/null | grep -qx "EMBER_JOB_ID=$1" && echo "$pid"
-  done
+  grep -lxzF "EMBER_JOB_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
 }
 
 cp "$CORPUS" "$T/tiny_corpus.txt"
@@ -64,7 +60,8 @@ for sig in TERM HUP KILL; do
   done
   kill -"$sig" "$CPID"
   gone=""
-  for _ in $(seq 100); do
+  end=$((SECONDS + 10))
+  while [ $SECONDS -lt $end ]; do
     if [ -z "$(job_pids "$JOB")" ]; then gone=1; break; fi
     sleep 0.1
   done
