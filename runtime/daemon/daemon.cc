@@ -307,14 +307,6 @@ void Daemon::Impl::Tick() {
 // ------------------------------------------------------------------------------------------------
 // Scheduling (leader only)
 
-namespace {
-
-bool DeviceOfKind(const std::string& id, const std::string& kind) {
-  return id.rfind(kind + ":", 0) == 0;
-}
-
-}  // namespace
-
 std::vector<NodeDevices> Snapshot(const std::vector<jobs::v1::Node>& nodes,
                                   const std::map<std::string, std::string>& allocs) {
   std::vector<NodeDevices> out;

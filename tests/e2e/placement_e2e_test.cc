@@ -11,21 +11,14 @@
 #include "runtime/daemon/process.h"
 #include "runtime/store/client.h"
 #include "tests/e2e/cluster.h"
+#include "tests/recovery/harness.h"
 
 namespace ember::e2e {
 namespace {
 
 namespace v1 = jobs::v1;
 
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return cond();
-}
+using recovery::WaitFor;
 
 TEST_CASE("what no node set could ever hold is refused at submit, naming the largest") {
   auto cluster = TestCluster::Start();
