@@ -58,11 +58,12 @@ for sig in TERM HUP KILL; do
     grep -q "step" "$T/w-$sig/$JOB/logs/rank-0.log" 2>/dev/null && break
     sleep 0.1
   done
+  t0=$(date +%s%N)
   kill -"$sig" "$CPID"
   gone=""
   end=$((SECONDS + 10))
   while [ $SECONDS -lt $end ]; do
-    if [ -z "$(job_pids "$JOB")" ]; then gone=1; break; fi
+    if [ -z "$(job_pids "$JOB")" ]; then gone=$(( ($(date +%s%N) - t0) / 1000000 )); break; fi
     sleep 0.1
   done
   [ -n "$gone" ] || fail "SIG$sig: workers still running 10 s after emberctl got the signal: $(job_pids "$JOB")"
@@ -72,6 +73,6 @@ for sig in TERM HUP KILL; do
   if [ "$sig" != KILL ]; then
     [ $rc -eq 6 ] || { cat "$T/$sig.err"; fail "SIG$sig: emberctl exit $rc (want 6, cancelled)"; }
   fi
-  echo "SIG$sig: no worker left"
+  echo "SIG$sig: no worker left ${gone} ms after the signal"
 done
 echo PASS
