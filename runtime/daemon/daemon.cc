@@ -89,6 +89,10 @@ std::vector<std::string> JobsToForget(const std::vector<Job>& finished, int keep
 
 std::string DescribeExit(const RankExit& e) {
   std::string where = absl::StrCat("rank ", e.rank(), e.node().empty() ? "" : " on ", e.node());
+  if (e.oom_killed()) {
+    return absl::StrCat(where, " ran out of memory: killed by the kernel's OOM killer (signal ",
+                        e.signal(), "); lower batch_size, the model size or ranks per node");
+  }
   if (e.signal() != 0) {
     const char* name = sigabbrev_np(e.signal());
     return absl::StrCat(where, " was killed by signal ", e.signal(),
@@ -354,14 +358,6 @@ void Daemon::Impl::Tick() {
 
 // ------------------------------------------------------------------------------------------------
 // Scheduling (leader only)
-
-namespace {
-
-bool DeviceOfKind(const std::string& id, const std::string& kind) {
-  return id.rfind(kind + ":", 0) == 0;
-}
-
-}  // namespace
 
 std::vector<NodeDevices> Snapshot(const std::vector<jobs::v1::Node>& nodes,
                                   const std::map<std::string, std::string>& allocs) {
@@ -870,6 +866,12 @@ void Daemon::Impl::Supervise() {
     SpawnAttempt(job);
   }
   // 2. Reap, report, stop.
+  const int64_t oom_now = ReadOomKillCount();
+  if (oom_kills_seen >= 0 && oom_now > oom_kills_seen) last_oom_kill = absl::Now();
+  oom_kills_seen = oom_now;
+  // An OOM victim may take a while to exit (its memory is torn down first), so a SIGKILL reaped
+  // within a second of a rise of the count is taken as that kill.
+  const bool oom_recent = absl::Now() - last_oom_kill < absl::Seconds(1);
   bool changed = false;
   for (auto& [key, a] : local) {
     if (a.released) continue;
@@ -886,6 +888,8 @@ void Daemon::Impl::Supervise() {
       e.set_signal(w.signal);
       e.set_pid(w.pid);
       e.set_unix_ms(NowMs());
+      // Another process OOM-killed within that second would be mistaken for this kill.
+      e.set_oom_killed(w.signal == SIGKILL && !a.stopping && oom_recent);
       bool failed = w.exit_code != 0 || w.signal != 0;
       if (failed) {
         for (auto& line : TailLines(w.log_path, opts.last_log_lines)) e.add_last_log_lines(line);

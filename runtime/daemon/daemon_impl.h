@@ -85,6 +85,10 @@ class Daemon::Impl {
   // ---- Control thread only (Schedule): when the leader first saw each failed attempt.
   std::map<std::string, absl::Time> failing_since;
   absl::Time last_retention = absl::InfinitePast();
+  // The kernel's OOM-kill count at the previous Supervise pass (-1 = not read yet), and when it
+  // last rose: a worker reaped with SIGKILL soon after was killed by the OOM killer.
+  int64_t oom_kills_seen = -1;
+  absl::Time last_oom_kill = absl::InfinitePast();
 
   // daemon.cc
   absl::Status Init();

@@ -9,10 +9,6 @@
 namespace ember::daemon {
 namespace {
 
-bool OfKind(const std::string& id, const std::string& kind) {
-  return id.size() > kind.size() && id.compare(0, kind.size(), kind) == 0 && id[kind.size()] == ':';
-}
-
 // PlaceGang without the sort: nodes are used in the order given.
 std::optional<jobs::v1::Assignment> PlaceInOrder(const GangRequest& request,
                                                  const std::vector<NodeCapacity>& nodes) {
@@ -60,6 +56,10 @@ std::string Need(const GangRequest& r, const std::string& kind) {
 
 }  // namespace
 
+bool DeviceOfKind(const std::string& id, const std::string& kind) {
+  return id.size() > kind.size() && id.compare(0, kind.size(), kind) == 0 && id[kind.size()] == ':';
+}
+
 std::optional<jobs::v1::Assignment> PlaceGang(const GangRequest& request,
                                               std::vector<NodeCapacity> nodes) {
   std::stable_sort(nodes.begin(), nodes.end(), [](const NodeCapacity& a, const NodeCapacity& b) {
@@ -77,7 +77,7 @@ absl::Status CheckEverPlaceable(const GangRequest& request, const std::string& k
   for (const NodeDevices& n : nodes) {
     NodeCapacity c{n.name, n.address, {}};
     for (const std::string& d : n.devices)
-      if (OfKind(d, kind)) c.free.push_back(d);
+      if (DeviceOfKind(d, kind)) c.free.push_back(d);
     if (c.free.empty()) continue;
     total += c.free.size();
     widest = std::max<int>(widest, c.free.size());
@@ -132,7 +132,7 @@ std::vector<QueueDecision> PlanQueue(const std::vector<QueuedJob>& fifo,
       if (n.draining) continue;
       NodeCapacity c{n.name, n.address, {}};
       for (const std::string& d : n.devices) {
-        if (!OfKind(d, job.kind) || n.busy.count(d)) continue;
+        if (!DeviceOfKind(d, job.kind) || n.busy.count(d)) continue;
         ++free_total;
         if (reserved.count(key(n, d))) {
           ++free_reserved;
@@ -161,7 +161,7 @@ std::vector<QueueDecision> PlanQueue(const std::vector<QueuedJob>& fifo,
       NodeCapacity c{n.name, n.address, {}};
       std::vector<std::string> free_here;
       for (const std::string& d : n.devices) {
-        if (!OfKind(d, job.kind) || reserved.count(key(n, d))) continue;
+        if (!DeviceOfKind(d, job.kind) || reserved.count(key(n, d))) continue;
         (n.busy.count(d) ? c.free : free_here).push_back(d);
       }
       const int busy_here = c.free.size();

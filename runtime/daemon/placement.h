@@ -36,6 +36,9 @@ struct GangRequest {
 std::optional<jobs::v1::Assignment> PlaceGang(const GangRequest& request,
                                               std::vector<NodeCapacity> nodes);
 
+// True when device id `id` ("cuda:1") is of `kind` ("cuda").
+bool DeviceOfKind(const std::string& id, const std::string& kind);
+
 // One registered node as the scheduler sees it.
 struct NodeDevices {
   std::string name;

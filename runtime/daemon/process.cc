@@ -204,4 +204,14 @@ std::vector<pid_t> FindJobProcesses(const std::string& job_id) {
   return out;
 }
 
+int64_t ReadOomKillCount() {
+  std::ifstream f("/proc/vmstat");
+  std::string name;
+  int64_t value = 0;
+  while (f >> name >> value) {
+    if (name == "oom_kill") return value;
+  }
+  return -1;
+}
+
 }  // namespace ember::daemon

@@ -66,6 +66,10 @@ std::vector<std::string> TailLines(const std::string& path, int n);
 // truncates it in place. Returns true when it rotated.
 bool RotateIfLarger(const std::string& path, int64_t max_bytes, int keep);
 
+// How many processes the kernel's OOM killer has killed since boot (/proc/vmstat oom_kill; every
+// memory cgroup's kills count too). -1 when unreadable (kernels before 4.13).
+int64_t ReadOomKillCount();
+
 // Processes whose environment has EMBER_JOB_ID=<job_id> (scans /proc; for tests and `nodes`).
 std::vector<pid_t> FindJobProcesses(const std::string& job_id);
 

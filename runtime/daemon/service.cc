@@ -13,6 +13,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
+#include "runtime/daemon/memory_estimate.h"
 #include "runtime/daemon/spec_policy.h"
 #include "runtime/spec/spec.h"
 #include "spdlog/spdlog.h"
@@ -339,6 +340,8 @@ class JobsService final : public v1::Jobs::Service {
     {
       ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());
       RETURN_IF_ERROR(CheckEverPlaceable(RequestOf(job), type, Snapshot(nodes, {})));
+      // And a model and batch that cannot fit a node's memory (an estimate, memory_estimate.h).
+      RETURN_IF_ERROR(CheckMemoryFits(spec, world, type, nodes));
     }
 
     // Idempotency: the first submission with this id wins; later ones get its job back.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # emberd and emberctl as binaries: start-up, --help, exit codes (unreachable 3, bad token 4, bad
-# spec or unknown option 2, no such job 5), submit --follow to SUCCEEDED, cancel, JSON output, SIGTERM drain.
+# spec or unknown option 2, no such job 5), submit --follow to SUCCEEDED, a waiting job's reason,
+# cancel, JSON output, SIGTERM drain.
 # Loopback only; every step bounded; the daemon is killed on any exit.
 set -uo pipefail
 EMBERD="$1"; EMBERCTL="$2"; WORKER="$3"
@@ -86,6 +87,11 @@ HJOB=$("$EMBERCTL" submit "$T/hang.yaml" --id cli-hang-1) || fail "submit hang"
 HJOB2=$("$EMBERCTL" submit "$T/hang.yaml" --id cli-hang-1) || fail "resubmit"
 [ "${HJOB2%% *}" = "$HJOB" ] || fail "idempotent submit: $HJOB vs $HJOB2"
 for _ in $(seq 100); do "$EMBERCTL" status "$HJOB" | grep -q "step" && break; sleep 0.1; done
+# A job that cannot start now says why in `status`.
+WJOB=$("$EMBERCTL" submit "$T/ok.yaml") || fail "submit a waiting job"
+for _ in $(seq 50); do "$EMBERCTL" status "$WJOB" | grep -q "waiting: needs 2 cpu devices, 0 free" && break; sleep 0.1; done
+"$EMBERCTL" status "$WJOB" | grep -q "PENDING.*(waiting: needs 2 cpu devices, 0 free)" || fail "status shows why a job waits: $("$EMBERCTL" status "$WJOB")"
+"$EMBERCTL" cancel "$WJOB" >/dev/null || fail "cancel the waiting job"
 "$EMBERCTL" cancel "$HJOB" | grep -q CANCELLED || fail "cancel"
 
 # SIGINT drains and exits 0 (SIGTERM detaches: tests/recovery).

@@ -11,21 +11,14 @@
 #include "runtime/daemon/process.h"
 #include "runtime/store/client.h"
 #include "tests/e2e/cluster.h"
+#include "tests/recovery/harness.h"
 
 namespace ember::e2e {
 namespace {
 
 namespace v1 = jobs::v1;
 
-template <typename F>
-bool WaitFor(F cond, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (cond()) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return cond();
-}
+using recovery::WaitFor;
 
 TEST_CASE("what no node set could ever hold is refused at submit, naming the largest") {
   auto cluster = TestCluster::Start();
@@ -43,6 +36,13 @@ TEST_CASE("what no node set could ever hold is refused at submit, naming the lar
   INFO(cuda.status());
   REQUIRE(absl::IsFailedPrecondition(cuda.status()));
   REQUIRE(absl::StrContains(cuda.status().message(), "no registered node has cuda devices"));
+  // A model whose parameters, optimizer state and activations cannot fit any node's memory.
+  auto mem = c->Submit("name: place-mem\nmodel: {n_layers: 256, d_model: 16384, n_heads: 64}\n"
+                       "parallelism: {strategy: fsdp, world_size: 2}\nsteps: 5\n");
+  INFO(mem.status());
+  REQUIRE(absl::IsFailedPrecondition(mem.status()));
+  REQUIRE(absl::StrContains(mem.status().message(), "GiB per rank"));
+  REQUIRE(absl::StrContains(mem.status().message(), "the largest node has"));
   auto list = c->List();
   REQUIRE(list.ok());
   REQUIRE(list->empty());  // nothing was queued

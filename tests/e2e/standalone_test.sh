@@ -15,13 +15,9 @@ PIDS=()
 cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; true; }
 trap cleanup EXIT
 
-# pids of live processes whose environment has EMBER_JOB_ID=$1
+# pids of live processes whose environment has EMBER_JOB_ID=$1 (environ is NUL-separated)
 job_pids() {
-  local f pid
-  for f in /proc/[0-9]*/environ; do
-    pid="${f#/proc/}"; pid="${pid%/environ}"
-    { tr '\0' '\n' < "$f"; } 2>/dev/null | grep -qx "EMBER_JOB_ID=$1" && echo "$pid"
-  done
+  grep -lxzF "EMBER_JOB_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3
 }
 
 cp "$CORPUS" "$T/tiny_corpus.txt"
@@ -62,10 +58,12 @@ for sig in TERM HUP KILL; do
     grep -q "step" "$T/w-$sig/$JOB/logs/rank-0.log" 2>/dev/null && break
     sleep 0.1
   done
+  t0=$(date +%s%N)
   kill -"$sig" "$CPID"
   gone=""
-  for _ in $(seq 100); do
-    if [ -z "$(job_pids "$JOB")" ]; then gone=1; break; fi
+  end=$((SECONDS + 10))
+  while [ $SECONDS -lt $end ]; do
+    if [ -z "$(job_pids "$JOB")" ]; then gone=$(( ($(date +%s%N) - t0) / 1000000 )); break; fi
     sleep 0.1
   done
   [ -n "$gone" ] || fail "SIG$sig: workers still running 10 s after emberctl got the signal: $(job_pids "$JOB")"
@@ -75,6 +73,6 @@ for sig in TERM HUP KILL; do
   if [ "$sig" != KILL ]; then
     [ $rc -eq 6 ] || { cat "$T/$sig.err"; fail "SIG$sig: emberctl exit $rc (want 6, cancelled)"; }
   fi
-  echo "SIG$sig: no worker left"
+  echo "SIG$sig: no worker left ${gone} ms after the signal"
 done
 echo PASS
