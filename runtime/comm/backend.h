@@ -67,7 +67,8 @@ class Backend {
   virtual std::string Describe() const = 0;
 };
 
-// "cpu": shared memory between ranks with the same boot id, TCP otherwise.
+// "cpu": shared memory between ranks with the same boot id, TCP otherwise. When every peer is on
+// shared memory, collectives read peers' staged data in place (docs/comm.md).
 std::unique_ptr<Backend> MakeCpuBackend(BackendOptions options);
 
 }  // namespace ember::comm

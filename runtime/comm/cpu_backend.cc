@@ -2,10 +2,10 @@
 // the collective algorithms and the asynchronous tagged p2p engine.
 //
 // Two families of collectives:
-// - Direct (every peer on shared memory and cross-process reads allowed): each rank reads its
-//   peers' buffers in place, from the shm staging area (small messages) or with
-//   process_vm_readv (large ones, a single copy), and a rank reduces all N inputs of its slice at
-//   once (16-bit floats in f32, one rounding). See "Direct shared-memory collectives" below.
+// - Direct (every peer on shared memory): each rank copies its input into a staging slot of its
+//   own shm segment, and every rank reads its peers' slots in place; a rank reduces all N inputs
+//   of its slice at once (16-bit floats in f32, one rounding). Large messages stream through the
+//   slots chunk by chunk. See "Direct shared-memory collectives" below.
 // - Channel (TCP, or mixed groups): byte streams over rings/sockets; ring for large messages,
 //   recursive doubling, binomial tree and pairwise exchange for small ones.
 #include <fcntl.h>
@@ -13,7 +13,6 @@
 #include <poll.h>
 #include <sched.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -156,29 +155,33 @@ struct Hello {
 };
 
 // Direct shared-memory collectives: the control block at the start of every rank's segment extra
-// area, followed by two staging slots. Peers read it; only the owner writes.
+// area, followed by three staging slots. Peers read both; only the owner writes.
 //
 // `sync` counts the syncs a rank has entered; a sync waits until every peer's count reaches ours.
-// The slot of sync v (v & 1) holds the op header and buffer addresses published before entering v;
-// its owner rewrites it only for sync v + 2, i.e. after every peer entered v + 1, so after it was
-// read. The same holds for the staging slot (small ops copy their input there before entering).
+// The header slot of sync v (v % 2) holds the op header published before entering v; it is read
+// between passing v and entering v + 1, and rewritten for v + 2 only after every peer entered v + 1.
+// Staging slot v % 3 holds data published before entering v; readers finish with it before they
+// enter v + 2, and its owner rewrites it (for v + 3) only after passing v + 2.
 struct alignas(64) DirectSlot {
   OpHeader hdr;
-  uint64_t in_addr = 0, out_addr = 0;  // the owner's buffers (peers read them with process_vm_readv)
 };
 struct DirectCtl {
   alignas(64) std::atomic<uint64_t> sync{0};
-  alignas(64) std::atomic<uint64_t> reduced{0};  // sync number of the op whose slice is reduced
-  alignas(64) int32_t pid = 0;
-  uint64_t probe_addr = 0, probe_value = 0;      // a word in the owner's memory, and its value
   DirectSlot slot[2];
 };
 constexpr size_t kDirectCtlBytes = (sizeof(DirectCtl) + 63) / 64 * 64;
-// Reduce step of the large path: bytes per source (N of them stay in L2 while reduced).
-constexpr size_t kDirectChunk = 64 << 10;
+constexpr int kDirectStages = 3;
 
+// Bytes per staging slot: the chunk a large op streams per sync (512 KiB by default, at least
+// small_bytes). EMBER_COMM_DIRECT_STAGE_BYTES overrides it (same value on every rank, else the
+// segments do not match and the group falls back to TCP).
 size_t DirectStageBytes(const BackendOptions& o) {
-  return (std::min<size_t>(o.small_bytes, 1 << 20) + 63) / 64 * 64;
+  size_t v = std::max<size_t>(o.small_bytes, 512 << 10);
+  if (const char* e = getenv("EMBER_COMM_DIRECT_STAGE_BYTES")) {
+    size_t x;
+    if (absl::SimpleAtoi(e, &x) && x >= 4096) v = x;
+  }
+  return (std::min<size_t>(v, 64 << 20) + 63) / 64 * 64;
 }
 
 bool DirectAllowedByEnv() {
@@ -382,20 +385,20 @@ class CpuBackend : public Backend {
   DirectCtl* ctl(int r) const {
     return reinterpret_cast<DirectCtl*>((r == o_.rank ? my_seg_ : peer_segs_[r])->extra());
   }
-  char* stage(int r, uint64_t sync) const {
+  // Rank r's staging slot for sync v.
+  char* stage(int r, uint64_t v) const {
     return (r == o_.rank ? my_seg_ : peer_segs_[r])->extra() + kDirectCtlBytes +
-           (sync & 1) * DirectStageBytes(o_);
+           (v % kDirectStages) * DirectStageBytes(o_);
   }
-  // Publishes hdr_ and the buffers, enters the next sync and waits until every peer entered it;
-  // then checks every peer's header against ours.
-  absl::Status DirectSync(const void* in, const void* out);
-  // Waits until peer `only` (or every peer, -1) has `reduced` (else `sync`) >= v.
-  absl::Status DirectWait(bool reduced, uint64_t v, int only);
-  // process_vm_readv of `bytes` at `addr` in rank p's memory.
-  absl::Status PeerRead(int p, uint64_t addr, void* dst, size_t bytes);
-  // dst[0..count) = reduction over ranks of their buffer at remote[p] (own: `own`).
-  absl::Status DirectReduce(char* dst, const char* own, const std::vector<uint64_t>& remote,
-                            size_t count);
+  // Publishes hdr_, enters the next sync and waits until every peer entered it; then checks every
+  // peer's header against ours. Returns the sync's number through *v (may be null).
+  absl::Status DirectSync(uint64_t* v = nullptr);
+  absl::Status DirectWait(uint64_t v);
+  absl::Status DirectAllReduce(char* buf, size_t count);
+  absl::Status DirectReduceScatter(const char* in, char* out, size_t count);
+  // all_gather (root < 0) or broadcast from root: every rank's `in` (bytes) lands at
+  // out + rank * bytes (all_gather) or at out on every rank (broadcast).
+  absl::Status DirectGather(const char* in, char* out, size_t bytes, int root);
   absl::Status RunDirect(const OpDesc& op);
 
   // Algorithms. `buf` is bytes; counts are elements.
@@ -417,10 +420,7 @@ class CpuBackend : public Backend {
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
   SpinBudget coll_spin_, p2p_spin_;  // executor thread / p2p thread
   bool direct_ = false;              // constant after Connect
-  std::vector<pid_t> peer_pid_;
-  uint64_t probe_word_ = 0;          // read by peers during Connect (process_vm_readv probe)
   uint64_t direct_sync_ = 0;         // syncs entered (executor thread only)
-  std::vector<char> direct_tmp_;
   std::atomic<bool> abort_{false};
   absl::Mutex abort_mu_;
   absl::Status abort_status_ ABSL_GUARDED_BY(abort_mu_);
@@ -450,14 +450,10 @@ absl::Status CpuBackend::Connect() {
     std::random_device rd;
     shm_name = absl::StrCat("/ember-", getpid(), "-", absl::Hex(rd()), absl::Hex(rd()));
     auto seg = ShmSegment::Create(shm_name, 2 * size, ring,
-                                  kDirectCtlBytes + 2 * DirectStageBytes(o_));
+                                  kDirectCtlBytes + kDirectStages * DirectStageBytes(o_));
     if (seg.ok()) {
       my_seg_ = std::move(*seg);
-      DirectCtl* c = new (my_seg_->extra()) DirectCtl();
-      probe_word_ = (uint64_t{rd()} << 32) | rd() | 1;
-      c->pid = getpid();
-      c->probe_addr = reinterpret_cast<uintptr_t>(&probe_word_);
-      c->probe_value = probe_word_;
+      new (my_seg_->extra()) DirectCtl();
     } else {
       shm_name = "-";  // fall back to TCP
     }
@@ -516,7 +512,7 @@ absl::Status CpuBackend::Connect() {
     if (r == rank) continue;
     if (my_seg_ && info[r].shm != "-" && info[r].boot == boot) {
       auto seg = ShmSegment::Open(info[r].shm, 2 * size, ring,
-                                  kDirectCtlBytes + 2 * DirectStageBytes(o_));
+                                  kDirectCtlBytes + kDirectStages * DirectStageBytes(o_));
       if (seg.ok()) {
         peer_segs_[r] = std::move(*seg);
         peers_[r].shm = true;
@@ -536,23 +532,12 @@ absl::Status CpuBackend::Connect() {
     bool both = peers_[r].shm && c == '1';
     if (!both) peers_[r].shm = false;
   }
-  // Direct collectives need every peer on shm and able to read every peer's memory
-  // (process_vm_readv: same user, ptrace allowed). Each rank probes its peers, then all ranks
-  // exchange the verdict, so they all choose the same algorithms.
+  // Direct collectives need every peer on shm. A rank's view of that can differ from a peer's
+  // (another pair may have fallen back to TCP), so all ranks exchange their verdict and use direct
+  // collectives only if every rank can.
   bool can_direct = my_seg_ != nullptr && DirectAllowedByEnv();
-  peer_pid_.assign(size, 0);
-  for (int r = 0; r < size && can_direct; ++r) {
-    if (r == rank) continue;
-    if (!peers_[r].shm) {
-      can_direct = false;
-      break;
-    }
-    const DirectCtl* c = ctl(r);
-    peer_pid_[r] = c->pid;
-    uint64_t got = 0;
-    if (!PeerRead(r, c->probe_addr, &got, sizeof(got)).ok() || got != c->probe_value)
-      can_direct = false;
-  }
+  for (int r = 0; r < size; ++r)
+    if (r != rank && !peers_[r].shm) can_direct = false;
   for (int r = 0; r < size; ++r) {
     if (r == rank) continue;
     char c = can_direct ? '1' : '0';
@@ -1034,30 +1019,34 @@ absl::Status CpuBackend::AllToAll(const char* in, char* out, size_t count) {
 // ---------------------------------------------------------------------------------------------
 // Direct shared-memory collectives
 //
-// Every op starts with a sync (all ranks published their header and buffers) and is checked
-// against every peer's header there, so a mismatch fails on every rank before any data moves.
-// - Small (the staged input fits a staging slot): copy the input to the slot, sync, read every
-//   peer's slot in place. One sync per op (the slot alternates with the sync's parity).
-// - Large: sync; read peers' buffers with process_vm_readv (one copy); sync again before
-//   returning, since peers read our buffers until then. all_reduce / reduce_scatter: rank r
-//   reduces slice r from all N inputs at once (ReduceMany, in rank order, one rounding);
-//   all_reduce then publishes `reduced` and pulls the other slices from their owners.
+// Every op starts with a sync at which all ranks publish their op header and check every peer's,
+// so a mismatch fails on every rank before any data moves. Data moves in chunks of at most one
+// staging slot per rank: the owner copies its chunk into its slot before entering a sync, and after
+// the sync every rank reads the slots it needs in place (a peer's slot is in our address space).
+// - all_gather / broadcast: copy in, sync, copy every rank's (the root's) slot out. One sync per
+//   chunk.
+// - reduce_scatter: each rank stages the matching piece of all N blocks; rank r then reduces
+//   piece r of every rank's slot into its output (ReduceMany: all N inputs at once, rank order,
+//   16-bit floats in f32 with one rounding). One sync per chunk.
+// - all_reduce: small (at most small_bytes and one slot): every rank reduces the whole buffer from
+//   all slots, one sync. Large: rank r reduces slice r of the chunk in place in its own slot, stages
+//   the next chunk, syncs, and copies the N reduced slices out: one sync per chunk, plus one.
+// - Beyond one slot per rank, all_reduce of wider types, all_gather, broadcast and all_to_all run
+//   the channel algorithms after the header sync (see RunDirect).
 // Waits use the collective doorbell and check abort and peer liveness like the channel path.
 
-absl::Status CpuBackend::DirectWait(bool reduced, uint64_t v, int only) {
+absl::Status CpuBackend::DirectWait(uint64_t v) {
   const int n = o_.size, r = o_.rank;
   ShmWaiter waiter(bell(0), &coll_spin_);
   while (true) {
     if (aborted()) return AbortStatus();
     int lag = -1;
-    for (int p = 0; p < n && lag < 0; ++p) {
-      if (p == r || (only >= 0 && p != only)) continue;
-      const DirectCtl* c = ctl(p);
-      if ((reduced ? c->reduced : c->sync).load(std::memory_order_acquire) < v) lag = p;
-    }
+    for (int p = 0; p < n && lag < 0; ++p)
+      if (p != r && ctl(p)->sync.load(std::memory_order_acquire) < v) lag = p;
     if (lag < 0) return absl::OkStatus();
-    // Nothing is ever written to the collective channel in direct mode: Peek only checks that the
-    // peer is alive and has not shut the channel down (aborted).
+    // Direct collectives write nothing to the collective channel (the channel algorithms that
+    // large ops use consume all they receive before they return): Peek only checks that the peer
+    // is alive and has not shut the channel down (aborted).
     absl::StatusOr<ReadSpan> s = peers_[lag].coll->Peek(0);
     if (!s.ok()) {
       if (aborted()) return AbortStatus();
@@ -1069,166 +1058,139 @@ absl::Status CpuBackend::DirectWait(bool reduced, uint64_t v, int only) {
   }
 }
 
-absl::Status CpuBackend::DirectSync(const void* in, const void* out) {
+absl::Status CpuBackend::DirectSync(uint64_t* entered) {
   const int n = o_.size, r = o_.rank;
   const uint64_t v = ++direct_sync_;
+  if (entered) *entered = v;
   DirectCtl* mine = ctl(r);
-  DirectSlot& s = mine->slot[v & 1];
-  s.hdr = hdr_;
-  s.in_addr = reinterpret_cast<uintptr_t>(in);
-  s.out_addr = reinterpret_cast<uintptr_t>(out);
+  mine->slot[v & 1].hdr = hdr_;
   mine->sync.store(v, std::memory_order_release);
   for (int p = 0; p < n; ++p)
     if (p != r) RingDoorbell(peer_segs_[p]->doorbell(0));
-  RETURN_IF_ERROR(DirectWait(false, v, -1));
+  RETURN_IF_ERROR(DirectWait(v));
   for (int p = 0; p < n; ++p)
     if (p != r) RETURN_IF_ERROR(CheckHeader(p, ctl(p)->slot[v & 1].hdr));
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::PeerRead(int p, uint64_t addr, void* dst, size_t bytes) {
-  char* d = static_cast<char*>(dst);
-  while (bytes > 0) {
-    iovec local{d, bytes}, remote{reinterpret_cast<void*>(addr), bytes};
-    ssize_t k = process_vm_readv(peer_pid_[p], &local, 1, &remote, 1, 0);
-    if (k < 0 && errno == EINTR) continue;
-    if (k <= 0) {
-      int err = k < 0 ? errno : EFAULT;
-      std::string what = absl::StrCat("group '", o_.group_name, "' rank ", o_.rank,
-                                      ": reading rank ", p, "'s buffer (process_vm_readv of ",
-                                      bytes, " bytes)");
-      if (err == ESRCH) return absl::UnavailableError(absl::StrCat(what, ": the process is gone"));
-      return base::ErrnoToStatus(err, what);
+absl::Status CpuBackend::DirectGather(const char* in, char* out, size_t bytes, int root) {
+  const int n = o_.size, r = o_.rank;
+  const size_t step = DirectStageBytes(o_);
+  for (size_t off = 0;; off += step) {
+    const size_t m = std::min(step, bytes - off);
+    const uint64_t v = direct_sync_ + 1;
+    if (m && (root < 0 || r == root)) std::memcpy(stage(r, v), in + off, m);
+    RETURN_IF_ERROR(DirectSync());
+    for (int p = 0; p < n && m; ++p) {
+      if (root >= 0 && (p != root || r == root)) continue;
+      std::memcpy(out + (root < 0 ? p * bytes : 0) + off, stage(p, v), m);
     }
-    d += k;
-    addr += k;
-    bytes -= k;
+    if (off + m >= bytes) return absl::OkStatus();
   }
-  return absl::OkStatus();
 }
 
-absl::Status CpuBackend::DirectReduce(char* dst, const char* own,
-                                      const std::vector<uint64_t>& remote, size_t count) {
+absl::Status CpuBackend::DirectReduceScatter(const char* in, char* out, size_t count) {
   const int n = o_.size, r = o_.rank;
   const int avg = reduce_ == ReduceOp::kAvg ? n : 0;
-  const size_t step = kDirectChunk / esize_;
-  direct_tmp_.resize(n * kDirectChunk);
+  const size_t step = std::max<size_t>(1, DirectStageBytes(o_) / (n * esize_));
   std::vector<const void*> srcs(n);
-  for (size_t off = 0; off < count; off += step) {
-    if (aborted()) return AbortStatus();
+  for (size_t off = 0;; off += step) {
     const size_t m = std::min(step, count - off);
-    for (int p = 0; p < n; ++p) {
-      if (p == r) {
-        srcs[p] = own + off * esize_;
-        continue;
-      }
-      char* t = direct_tmp_.data() + p * kDirectChunk;
-      RETURN_IF_ERROR(PeerRead(p, remote[p] + off * esize_, t, m * esize_));
-      srcs[p] = t;
-    }
-    ReduceMany(dst + off * esize_, srcs.data(), n, m, dtype_, reduce_, avg);
+    const uint64_t v = direct_sync_ + 1;
+    // Slot layout: piece p (m elements of block p) at p * m.
+    for (int p = 0; p < n && m; ++p)
+      std::memcpy(stage(r, v) + p * m * esize_, in + (p * count + off) * esize_, m * esize_);
+    RETURN_IF_ERROR(DirectSync());
+    for (int p = 0; p < n; ++p) srcs[p] = stage(p, v) + r * m * esize_;
+    ReduceMany(out + off * esize_, srcs.data(), n, m, dtype_, reduce_, avg);
+    if (off + m >= count) return absl::OkStatus();
   }
-  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DirectAllReduce(char* buf, size_t count) {
+  const int n = o_.size, r = o_.rank;
+  const int avg = reduce_ == ReduceOp::kAvg ? n : 0;
+  const size_t step = DirectStageBytes(o_) / esize_;
+  std::vector<const void*> srcs(n);
+  uint64_t v = direct_sync_ + 1;
+  if (count * esize_ <= std::min(DirectStageBytes(o_), o_.small_bytes)) {
+    if (count) std::memcpy(stage(r, v), buf, count * esize_);
+    RETURN_IF_ERROR(DirectSync());
+    for (int p = 0; p < n; ++p) srcs[p] = stage(p, v);
+    ReduceMany(buf, srcs.data(), n, count, dtype_, reduce_, avg);
+    return absl::OkStatus();
+  }
+  // Large: chunk k's inputs are in the slots of sync v; its reduced slices are published with
+  // the sync that also publishes chunk k + 1's inputs.
+  std::memcpy(stage(r, v), buf, std::min(step, count) * esize_);
+  RETURN_IF_ERROR(DirectSync(&v));
+  for (size_t off = 0;;) {
+    const size_t m = std::min(step, count - off);
+    const size_t lo = ChunkOff(m, n, r), hi = ChunkOff(m, n, r + 1);
+    for (int p = 0; p < n; ++p) srcs[p] = stage(p, v) + lo * esize_;
+    ReduceMany(stage(r, v) + lo * esize_, srcs.data(), n, hi - lo, dtype_, reduce_, avg);
+    const size_t next = off + m, next_m = std::min(step, count - next);
+    if (next_m) std::memcpy(stage(r, v + 1), buf + next * esize_, next_m * esize_);
+    RETURN_IF_ERROR(DirectSync());
+    for (int p = 0; p < n; ++p) {
+      const size_t plo = ChunkOff(m, n, p), phi = ChunkOff(m, n, p + 1);
+      std::memcpy(buf + (off + plo) * esize_, stage(p, v) + plo * esize_, (phi - plo) * esize_);
+    }
+    if (!next_m) return absl::OkStatus();
+    off = next;
+    ++v;
+  }
 }
 
 absl::Status CpuBackend::RunDirect(const OpDesc& op) {
-  const int n = o_.size, r = o_.rank;
+  const int n = o_.size;
   const size_t count = op.count, bytes = count * esize_;
-  const size_t cap = DirectStageBytes(o_);
-  const int avg = reduce_ == ReduceOp::kAvg ? n : 0;
   char* out = static_cast<char*>(op.out);
   const char* in = static_cast<const char*>(op.in);
-  const uint64_t next = direct_sync_ + 1;  // the op's first sync
-  auto slot = [&](int p) -> const DirectSlot& { return ctl(p)->slot[next & 1]; };
-  std::vector<const void*> srcs(n);
+  // Beyond one staging slot per rank, moving data through the rings copies less than staging
+  // (ring all_reduce: 2(N-1)/N copies of the buffer; staged: about 3), so large all_reduce (except
+  // of 16-bit floats, which need the one rounding), all_gather and broadcast use the channel
+  // algorithms after the header sync. docs/comm.md has the measurements.
+  const bool wide = bytes > DirectStageBytes(o_);
+  const bool half = dtype_ == DataType::kBF16 || dtype_ == DataType::kF16;
   switch (op.type) {
     case OpType::kBarrier:
     case OpType::kGroupCreate:
-      return DirectSync(nullptr, nullptr);
-    case OpType::kAllReduce: {
-      if (bytes <= cap) {
-        if (bytes) std::memcpy(stage(r, next), out, bytes);
-        RETURN_IF_ERROR(DirectSync(nullptr, out));
-        for (int p = 0; p < n; ++p) srcs[p] = stage(p, next);
-        ReduceMany(out, srcs.data(), n, count, dtype_, reduce_, avg);
+      return DirectSync();
+    case OpType::kAllReduce:
+      if (wide && !half) {
+        RETURN_IF_ERROR(DirectSync());
+        RETURN_IF_ERROR(RingAllReduce(out, count));
+        if (reduce_ == ReduceOp::kAvg) FinishAvg(out, count, dtype_, n);
         return absl::OkStatus();
       }
-      RETURN_IF_ERROR(DirectSync(out, out));
-      std::vector<uint64_t> remote(n);
-      for (int p = 0; p < n; ++p) remote[p] = slot(p).out_addr;
-      const size_t lo = ChunkOff(count, n, r);
-      for (int p = 0; p < n; ++p) remote[p] += lo * esize_;
-      RETURN_IF_ERROR(DirectReduce(out + lo * esize_, out + lo * esize_, remote,
-                                   ChunkOff(count, n, r + 1) - lo));
-      ctl(r)->reduced.store(next, std::memory_order_release);
-      for (int p = 0; p < n; ++p)
-        if (p != r) RingDoorbell(peer_segs_[p]->doorbell(0));
-      // Pull the other slices from their owners once reduced (the owner has then also read our
-      // copy of its slice, so overwriting it is safe).
-      for (int k = 1; k < n; ++k) {
-        const int p = Mod(r + k, n);
-        RETURN_IF_ERROR(DirectWait(true, next, p));
-        const size_t plo = ChunkOff(count, n, p), phi = ChunkOff(count, n, p + 1);
-        RETURN_IF_ERROR(PeerRead(p, slot(p).out_addr + plo * esize_, out + plo * esize_,
-                                 (phi - plo) * esize_));
+      return DirectAllReduce(out, count);
+    case OpType::kReduceScatter:
+      return DirectReduceScatter(in, out, count);
+    case OpType::kAllGather:
+      if (wide) {
+        RETURN_IF_ERROR(DirectSync());
+        return AllGather(in, out, count);
       }
-      return DirectSync(out, out);
-    }
-    case OpType::kReduceScatter: {
-      if (bytes * n <= cap) {
-        if (bytes) std::memcpy(stage(r, next), in, bytes * n);
-        RETURN_IF_ERROR(DirectSync(in, out));
-        for (int p = 0; p < n; ++p) srcs[p] = stage(p, next) + r * bytes;
-        ReduceMany(out, srcs.data(), n, count, dtype_, reduce_, avg);
-        return absl::OkStatus();
+      return DirectGather(in, out, bytes, -1);
+    case OpType::kBroadcast:
+      if (wide) {
+        RETURN_IF_ERROR(DirectSync());
+        return Broadcast(out, count, op.root);
       }
-      RETURN_IF_ERROR(DirectSync(in, out));
-      std::vector<uint64_t> remote(n);
-      for (int p = 0; p < n; ++p) remote[p] = slot(p).in_addr + r * bytes;
-      RETURN_IF_ERROR(DirectReduce(out, in + r * bytes, remote, count));
-      return DirectSync(in, out);
-    }
-    case OpType::kAllGather: {
-      if (bytes <= cap) {
-        if (bytes) std::memcpy(stage(r, next), in, bytes);
-        RETURN_IF_ERROR(DirectSync(in, out));
-        for (int p = 0; p < n && bytes; ++p) std::memcpy(out + p * bytes, stage(p, next), bytes);
-        return absl::OkStatus();
-      }
-      RETURN_IF_ERROR(DirectSync(in, out));
-      if (out + r * bytes != in) std::memmove(out + r * bytes, in, bytes);
-      for (int k = 1; k < n; ++k) {
-        const int p = Mod(r + k, n);
-        RETURN_IF_ERROR(PeerRead(p, slot(p).in_addr, out + p * bytes, bytes));
-      }
-      return DirectSync(in, out);
-    }
-    case OpType::kBroadcast: {
-      if (bytes <= cap) {
-        if (r == op.root && bytes) std::memcpy(stage(r, next), out, bytes);
-        RETURN_IF_ERROR(DirectSync(nullptr, out));
-        if (r != op.root && bytes) std::memcpy(out, stage(op.root, next), bytes);
-        return absl::OkStatus();
-      }
-      RETURN_IF_ERROR(DirectSync(nullptr, out));
-      if (r != op.root) RETURN_IF_ERROR(PeerRead(op.root, slot(op.root).out_addr, out, bytes));
-      return DirectSync(nullptr, out);
-    }
+      return DirectGather(out, out, bytes, op.root);
     case OpType::kAllToAll: {
-      if (bytes * n <= cap) {
-        if (bytes) std::memcpy(stage(r, next), in, bytes * n);
-        RETURN_IF_ERROR(DirectSync(in, out));
+      const uint64_t v = direct_sync_ + 1;
+      if (bytes * n <= DirectStageBytes(o_)) {
+        if (bytes) std::memcpy(stage(o_.rank, v), in, bytes * n);
+        RETURN_IF_ERROR(DirectSync());
         for (int p = 0; p < n && bytes; ++p)
-          std::memcpy(out + p * bytes, stage(p, next) + r * bytes, bytes);
+          std::memcpy(out + p * bytes, stage(p, v) + o_.rank * bytes, bytes);
         return absl::OkStatus();
       }
-      RETURN_IF_ERROR(DirectSync(in, out));
-      std::memcpy(out + r * bytes, in + r * bytes, bytes);
-      for (int k = 1; k < n; ++k) {
-        const int p = Mod(r + k, n);
-        RETURN_IF_ERROR(PeerRead(p, slot(p).in_addr + r * bytes, out + p * bytes, bytes));
-      }
-      return DirectSync(in, out);
+      // Large: headers checked at the sync, then the pairwise exchange over the channels.
+      RETURN_IF_ERROR(DirectSync());
+      return AllToAll(in, out, count);
     }
     default:
       return absl::InvalidArgumentError("not a collective");
