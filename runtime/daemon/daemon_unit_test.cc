@@ -85,7 +85,11 @@ TEST_CASE("a spawned worker runs in its own process group and is killed with it"
   absl::SleepFor(absl::Milliseconds(200));  // the child has run setsid() by now
   REQUIRE(getpgid(*pid) == *pid);
   REQUIRE_FALSE(TryReap(*pid, &code, &sig));
-  REQUIRE(FindJobProcesses(job).size() == 2);  // the shell and its sleep
+  // The shell and its sleep (under load the fork of `sleep` can take a while: wait up to 10 s).
+  for (int i = 0; i < 1000 && FindJobProcesses(job).size() < 2; ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(FindJobProcesses(job).size() == 2);
   REQUIRE(SignalGroup(*pid, SIGKILL));
   for (int i = 0; i < 100 && !TryReap(*pid, &code, &sig); ++i) absl::SleepFor(absl::Milliseconds(10));
   REQUIRE(sig == SIGKILL);
