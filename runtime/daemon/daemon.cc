@@ -200,6 +200,7 @@ absl::Status Daemon::Impl::Init() {
   nodes_service = MakeNodesService(this);
   base::GrpcServerOptions go;
   go.address = opts.listen;
+  go.auth_token = opts.auth_token;  // calls with it protect their connection (base/grpc_server.h)
   ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(opts.tls));
   go.credentials = server_creds;
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
