@@ -153,6 +153,80 @@ TEST_CASE("fast path: connections are bounded; the oldest unauthenticated one ma
   close(extra);
 }
 
+TEST_CASE("fast path: partial requests buffered across connections are bounded") {
+  StoreServerOptions o;
+  o.fast_path_limits.max_buffered_input_bytes = 8 << 20;
+  auto server = StartServer(o);
+  int fd = RawConnect(server->fast_port());
+  REQUIRE(FastHandshake(fd, kToken));
+  std::string frame;
+  base::AppendU32LE(200u << 20, &frame);  // a token holder announces a 200 MiB frame
+  frame += std::string(32 << 20, 'x');    // and sends 32 MiB of it
+  int64_t sent = 0;
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (sent < static_cast<int64_t>(frame.size()) && absl::Now() < deadline) {
+    ssize_t k = send(fd, frame.data() + sent, frame.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (k > 0) {
+      sent += k;
+    } else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 50);
+    } else {
+      break;  // closed by the server
+    }
+  }
+  INFO("sent " << sent << " bytes");
+  CHECK(ClosedByServer(fd, absl::Seconds(3)));
+  close(fd);
+  // Others are unaffected.
+  Client c = Connect(server->address(), true);
+  CHECK(c.Set("k", "v").ok());
+}
+
+TEST_CASE("fast path: a client that stops reading is closed at max_unsent_output_bytes") {
+  StoreServerOptions o;
+  o.backend.max_value_bytes = 1 << 20;
+  o.backend.max_response_bytes = 4 << 20;
+  o.fast_path_limits.max_unsent_output_bytes = 8 << 20;
+  auto server = StartServer(o);
+  Client c = Connect(server->address(), true);
+  REQUIRE(c.Set("big", std::string(1 << 20, 'z')).ok());
+  int fd = RawConnect(server->fast_port());
+  REQUIRE(FastHandshake(fd, kToken));
+  v1::RequestBatch batch;
+  for (int i = 0; i < 64; ++i) {  // 64 MiB of answers, never read
+    auto* r = batch.add_requests();
+    r->set_id(i + 1);
+    r->mutable_get()->set_key("big");
+  }
+  std::string payload = batch.SerializeAsString(), frame;
+  base::AppendU32LE(static_cast<uint32_t>(payload.size()), &frame);
+  frame += payload;
+  REQUIRE(send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(frame.size()));
+  absl::SleepFor(absl::Milliseconds(500));
+  timeval tv{0, 200000};  // a recv that waits for nothing more must not hang the test
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  // Reading now drains what was in flight, then finds the connection closed.
+  int64_t drained = 0;
+  bool closed = false;
+  char buf[1 << 16];
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    ssize_t k = recv(fd, buf, sizeof(buf), 0);
+    if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
+    if (k <= 0) {
+      closed = true;
+      break;
+    }
+    drained += k;
+  }
+  INFO("read " << drained << " bytes before the end");
+  CHECK(closed);
+  CHECK(drained < (40 << 20));
+  close(fd);
+  CHECK(c.Get("big").ok());
+}
+
 TEST_CASE("gRPC: connections are bounded; a client gets in past a flood of silent ones") {
   StoreServerOptions o;
   o.fast_path = false;
