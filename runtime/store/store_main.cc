@@ -47,10 +47,12 @@ volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
 // A client's view of health: a new connection through each listener, then a real read.
-absl::Status ProbeOwnApi(int port, const std::string& token) {
+absl::Status ProbeOwnApi(const std::string& bound, const std::string& token) {
+  std::string host = bound.substr(0, bound.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
   for (bool fast : {false, true}) {
     ember::store::ClientOptions co;
-    co.address = absl::StrCat("127.0.0.1:", port);
+    co.address = absl::StrCat(host, bound.substr(bound.rfind(':')));
     co.auth_token = token;
     co.use_fast_path = fast;
     co.use_unix_socket = false;
@@ -124,7 +126,7 @@ int main(int argc, char** argv) {
   absl::Time next_probe = absl::Now();  // (the listeners (the ports) are bound: probe at once)
   while (!g_stop) {
     if (absl::Now() >= next_probe) {
-      absl::Status s = ProbeOwnApi(server.value()->port(), opts.auth_token);
+      absl::Status s = ProbeOwnApi(server.value()->address(), opts.auth_token);
       if (s.ok()) {
         sd_notifyf(0, "%s%sSTATUS=serving on %s", ready ? "" : "READY=1\n",
                    watchdog ? "WATCHDOG=1\n" : "", server.value()->address().c_str());
