@@ -275,6 +275,7 @@ absl::Status Daemon::Impl::Init() {
   nodes_service = MakeNodesService(this);
   base::GrpcServerOptions go;
   go.address = opts.listen;
+  go.auth_token = opts.auth_token;  // calls with it protect their connection (base/grpc_server.h)
   go.credentials = server_creds;
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
   advertise = opts.advertise.empty() ? server.address : opts.advertise;

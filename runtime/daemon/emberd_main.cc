@@ -20,14 +20,20 @@
 #include <systemd/sd-daemon.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <iostream>
 #include <thread>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "launcher/verdict.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/jobs.grpc.pb.h"
 #include "runtime/base/flags.h"
+#include "runtime/base/grpc_server.h"
+#include "runtime/daemon/auth.h"
 #include "runtime/daemon/config.h"
 #include "runtime/daemon/daemon.h"
 #include "spdlog/spdlog.h"
@@ -64,8 +70,32 @@ ABSL_FLAG(double, poll_s, -1, "supervision period in seconds (default 0.1)");
 ABSL_FLAG(double, restart_backoff_s, -1, "first restart delay in seconds (default 1)");
 ABSL_FLAG(bool, drain_on_sigterm, false, "SIGTERM drains (stops workers) instead of detaching");
 
+// Liveness as a client sees it: a new connection to the API (its own subchannel, never a cached
+// one) and a real call. A daemon whose listener stopped accepting is not alive, however busy its
+// control loop is.
+absl::Status ProbeApi(const ember::daemon::DaemonOptions& o, std::string address) {
+  for (const char* any : {"0.0.0.0:", "[::]:"}) {
+    if (absl::StartsWith(address, any)) address = "127.0.0.1:" + address.substr(strlen(any));
+  }
+  std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
+  if (o.tls.enabled()) {
+    auto c = ember::daemon::MakeChannelCredentials(o.tls);
+    if (!c.ok()) return c.status();
+    creds = *c;
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  auto stub = ember::jobs::v1::Nodes::NewStub(grpc::CreateCustomChannel(address, creds, args));
+  grpc::ClientContext ctx;
+  if (!o.auth_token.empty()) ctx.AddMetadata("authorization", "Bearer " + o.auth_token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ember::jobs::v1::ListNodesResponse resp;
+  return ember::base::FromGrpcStatus(stub->List(&ctx, {}, &resp));
+}
+
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "emberd");
+  ember::base::RaiseOpenFileLimit();  // connection limits are sized from it
   ember::daemon::EmberdConfig cfg;
   if (!absl::GetFlag(FLAGS_config).empty()) {
     absl::Status s = ember::daemon::LoadEmberdConfig(absl::GetFlag(FLAGS_config), &cfg);
@@ -146,7 +176,13 @@ int main(int argc, char** argv) {
       absl::Time until = absl::Now() + every;
       while (!done && absl::Now() < until) absl::SleepFor(absl::Milliseconds(50));
       if (done) break;
-      if ((*daemon)->Healthy()) {
+      absl::Status api = ProbeApi(*opts, (*daemon)->address());
+      if (!api.ok()) {
+        spdlog::warn("liveness check failed: the API does not answer a new connection ({})",
+                     api.ToString());
+        sd_notifyf(0, "STATUS=unhealthy: API does not answer: %s",
+                   std::string(api.message()).c_str());
+      } else if ((*daemon)->Healthy()) {
         sd_notifyf(0, "%sSTATUS=%s", enabled ? "WATCHDOG=1\n" : "",
                    (*daemon)->StatusLine().c_str());
       } else {

@@ -470,17 +470,7 @@ class FastPathServer::Impl {
   void WriteLocked(Conn* c, std::string data) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
     if (c->fd < 0 || c->overflow) return;
     if (!c->out.empty()) {
-      if (static_cast<int64_t>(c->out.size() + data.size()) > limits_.max_unsent_output_bytes) {
-        // The peer stopped reading: drop it rather than buffer without limit. The I/O thread sees
-        // the shutdown and closes the connection (cancelling its waiters).
-        spdlog::warn("store fast path: closing connection {}: {} bytes of answers unsent, above "
-                     "max_unsent_output_bytes={} (the client stopped reading)",
-                     c->id, c->out.size() + data.size(), limits_.max_unsent_output_bytes);
-        c->overflow = true;
-        std::string().swap(c->out);
-        shutdown(c->fd, SHUT_RDWR);
-        return;
-      }
+      if (!CheckUnsentLocked(c, c->out.size() + data.size())) return;
       c->out += data;
       return;
     }
@@ -496,12 +486,27 @@ class FastPathServer::Impl {
       return;  // broken: the read side will notice and close
     }
     if (off < data.size()) {
+      if (!CheckUnsentLocked(c, data.size() - off)) return;
       c->out = data.substr(off);
       epoll_event ev{};
       ev.events = EPOLLIN | EPOLLOUT;
       ev.data.u64 = c->id;
       epoll_ctl(epfd_, EPOLL_CTL_MOD, c->fd, &ev);
     }
+  }
+
+  // REQUIRES c->mu. False (and the connection is being closed) if `unsent` bytes would wait for a
+  // peer beyond the limit: it stopped reading, or asked for more at once than the limit allows.
+  // The I/O thread sees the shutdown and closes the connection (cancelling its waiters).
+  bool CheckUnsentLocked(Conn* c, size_t unsent) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+    if (static_cast<int64_t>(unsent) <= limits_.max_unsent_output_bytes) return true;
+    spdlog::warn("store fast path: closing connection {}: {} bytes of answers unsent, above "
+                 "max_unsent_output_bytes={} (the client stopped reading)",
+                 c->id, unsent, limits_.max_unsent_output_bytes);
+    c->overflow = true;
+    std::string().swap(c->out);
+    shutdown(c->fd, SHUT_RDWR);
+    return false;
   }
 
   bool WritePending(const std::shared_ptr<Conn>& c) {

@@ -58,14 +58,16 @@ void OnSignal(int) { g_stop = 1; }
 
 // A client's view of health: a new connection through each listener, then a real read.
 // Under TLS only gRPC listens, and the probe dials it with the store's own certificate, key and CA
-// (a node certificate is valid for serverAuth and clientAuth and names 127.0.0.1; docs/operations.md).
-absl::Status ProbeOwnApi(int port, const std::string& token,
+// (a node certificate is valid for serverAuth and clientAuth and names the address; docs/operations.md).
+absl::Status ProbeOwnApi(const std::string& bound, const std::string& token,
                          const std::shared_ptr<grpc::ChannelCredentials>& tls_credentials) {
+  std::string host = bound.substr(0, bound.rfind(':'));
+  if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
   for (bool fast : {false, true}) {
     if (fast && tls_credentials != nullptr) continue;  // the fast path is off under TLS
     ember::store::ClientOptions co;
     co.credentials = tls_credentials;
-    co.address = absl::StrCat("127.0.0.1:", port);
+    co.address = absl::StrCat(host, bound.substr(bound.rfind(':')));
     co.auth_token = token;
     co.use_fast_path = fast;
     co.use_unix_socket = false;
@@ -168,7 +170,7 @@ int main(int argc, char** argv) {
   absl::Time next_probe = absl::Now();  // (the listeners (the ports) are bound: probe at once)
   while (!g_stop) {
     if (absl::Now() >= next_probe) {
-      absl::Status s = ProbeOwnApi(server.value()->port(), opts.auth_token, probe_credentials);
+      absl::Status s = ProbeOwnApi(server.value()->address(), opts.auth_token, probe_credentials);
       if (s.ok()) {
         sd_notifyf(0, "%s%sSTATUS=serving on %s", ready ? "" : "READY=1\n",
                    watchdog ? "WATCHDOG=1\n" : "", server.value()->address().c_str());
