@@ -245,6 +245,28 @@ TEST_CASE("keep the last K; latest moves only on commit; a failing rank fails ev
   CHECK((*CheckpointReader::Open(root))->metadata().world_size == 1);
 }
 
+// Issue 12: checkpoints were 0644 (any local user could read the weights). Modes must not depend
+// on the umask: with umask 0 the old code made 0666 files and 0777 directories.
+TEST_CASE("checkpoint files are 0640 and directories 0750 whatever the umask", "[checkpoint]") {
+  const mode_t old = ::umask(0);
+  std::string root = TmpDir("modes") + "/nested/ckpts";
+  RequireAllOk(SaveWorld(root, MakeModel(2), 2, 2));
+  ::umask(old);
+  auto mode = [](const std::string& p) {
+    struct stat st;
+    REQUIRE(::stat(p.c_str(), &st) == 0);
+    return static_cast<int>(st.st_mode & 07777);
+  };
+  CHECK(mode(root) == 0750);
+  CHECK(mode(root + "/step-2") == 0750);
+  for (const char* f : {"metadata.json", "rank-00000.safetensors", "rank-00001.safetensors",
+                        "rank-00000.manifest.json"}) {
+    INFO(f);
+    CHECK(mode(root + "/step-2/" + f) == 0640);
+  }
+  CHECK(mode(root + "/latest") == 0640);
+}
+
 TEST_CASE("async save: host copy, one in flight, failures reported", "[checkpoint]") {
   std::string root = TmpDir("async");
   auto model = MakeModel(10);
