@@ -26,7 +26,9 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -47,6 +49,8 @@ ABSL_FLAG(int, add_window, 16, "adds in flight per client for add_pipelined (sto
 ABSL_FLAG(std::string, peer_script, "", "path to tcpstore_peer.py (found in runfiles if empty)");
 ABSL_FLAG(bool, no_peer, false, "skip the TCPStore peer");
 ABSL_FLAG(std::string, only, "", "run one part: 'ops' or 'barrier' (default: both)");
+ABSL_FLAG(std::vector<std::string>, ops, {},
+          "ops rows to run (default all): add,add_pipelined,get,set,set_pipelined");
 ABSL_FLAG(std::string, server, "", "benchmark this running ember-store (host:port) instead of an "
           "in-process one");
 // Internal: child roles.
@@ -412,6 +416,15 @@ int Parent(int argc, char** argv) {
                 "tcpstore column is TCPStore's own (unacknowledged) set");
   std::vector<int> client_counts = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 4, 16};
   std::vector<std::string> ops = {"add", "add_pipelined", "get", "set", "set_pipelined"};
+  if (!absl::GetFlag(FLAGS_ops).empty()) {
+    for (const std::string& op : absl::GetFlag(FLAGS_ops)) {
+      if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
+        return report.Fail(absl::InvalidArgumentError(absl::StrCat(
+            "--ops: unknown op '", op, "'; choose from add,add_pipelined,get,set,set_pipelined")));
+      }
+    }
+    ops = absl::GetFlag(FLAGS_ops);
+  }
   if (absl::GetFlag(FLAGS_only) == "barrier") ops.clear();
   auto rtt = [](const std::string& op, bool tcpstore) -> std::string {
     if (op == "add_pipelined") {

@@ -189,6 +189,9 @@ TEST_CASE("a server killed mid-pipeline fails the in-flight adds 'outcome unknow
   // Stopped, the server takes nothing off the socket: what the pipeline sends now is in flight and
   // can never be applied by this process, which is then killed.
   REQUIRE(kill(pid, SIGSTOP) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, WUNTRACED) == pid);  // kill() returns before the stop takes hold
+  REQUIRE(WIFSTOPPED(status));
   std::vector<absl::Status> add_status(8);
   absl::Status set_status = absl::UnknownError("not called");
   for (int i = 0; i < 8; ++i) {
@@ -198,7 +201,6 @@ TEST_CASE("a server killed mid-pipeline fails the in-flight adds 'outcome unknow
   p.Flush();
   absl::SleepFor(absl::Milliseconds(200));
   REQUIRE(kill(pid, SIGKILL) == 0);
-  int status = 0;
   waitpid(pid, &status, 0);
   // The adds fail as soon as the client sees the connection close; the Set is re-sent to the
   // restarted server and succeeds. Drain returns once all nine have finished (bounded by their
@@ -208,13 +210,13 @@ TEST_CASE("a server killed mid-pipeline fails the in-flight adds 'outcome unknow
   absl::Time t0 = absl::Now();
   absl::Status first = p.Drain();
   INFO("drain took " << absl::FormatDuration(absl::Now() - t0));
-  REQUIRE(absl::IsUnavailable(first));
   for (int i = 0; i < 8; ++i) {
     INFO("add " << i << ": " << add_status[i]);
     REQUIRE(absl::IsUnavailable(add_status[i]));
     REQUIRE(add_status[i].message().find("outcome unknown") != std::string::npos);
     REQUIRE(add_status[i].message().find("Add('adds')") != std::string::npos);
   }
+  REQUIRE(absl::IsUnavailable(first));
   REQUIRE(set_status.ok());
   REQUIRE(*client->Get("idempotent") == "yes");
   // The 100 acknowledged adds survived; none of the 8 was applied, and none was re-sent.
