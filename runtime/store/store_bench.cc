@@ -409,9 +409,10 @@ int Parent(int argc, char** argv) {
                 "acknowledged (0: no reply awaited); add is 1 on both (the headline)");
   table.AddNote(absl::StrCat(
       "add (pipelined): the same adds over TCP, ", absl::GetFlag(FLAGS_add_window),
-      " in flight per client (store::Pipeline, --add_window; sent in frames of up to that many); "
-      "its tcpstore column is TCPStore's one-at-a-time add, because TCPStore's client cannot "
-      "pipeline (it waits for each answer)"));
+      " in flight per client (store::Pipeline, --add_window; sent in frames of up to that many; "
+      "p50/p99 from Add() to its answer, time queued in the window included); its tcpstore "
+      "column is TCPStore's one-at-a-time add, because TCPStore's client cannot pipeline (it "
+      "waits for each answer)"));
   table.AddNote("set (acked, pipelined): --window acknowledged sets in flight per client; its "
                 "tcpstore column is TCPStore's own (unacknowledged) set");
   std::vector<int> client_counts = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 4, 16};
