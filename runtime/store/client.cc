@@ -10,11 +10,13 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <map>
 #include <random>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -68,6 +70,12 @@ absl::Status ToStatus(const Response& r) {
 
 }  // namespace
 
+// A Pipeline's requests in flight; guarded by the mutex of the Connection they run on.
+struct Pipeline::Group {
+  int in_flight = 0;
+  absl::Status first_error;
+};
+
 // The shared connection: a queue of pending requests and the current stream.
 class Connection {
  public:
@@ -105,6 +113,7 @@ class Connection {
         fail.emplace_back(std::move(p.done), std::move(r));
       }
       pending_.clear();
+      owned_ = 0;
     }
     for (auto& [d, r] : fail) d(std::move(r));
   }
@@ -134,9 +143,12 @@ class Connection {
     return stub_.get();
   }
 
-  // Queues `req` (its id is assigned here); `done` runs exactly once on an internal thread (or
-  // inline for an immediate failure).
-  void Call(Request req, absl::Duration timeout, Done done) {
+  // Queues `req` (its id is assigned here); `done` runs exactly once, never with mu_ held, on an
+  // internal thread or on a caller waiting in AwaitReading. `caller_reads`: the caller will wait in
+  // AwaitReading for the answer, so the background reader need not. `send`: send now (else it
+  // waits in the queue for the next Flush).
+  void Call(Request req, absl::Duration timeout, Done done, bool caller_reads = false,
+            bool send = true) {
     bool kick_stream = false;
     {
       absl::MutexLock l(&mu_);
@@ -146,13 +158,32 @@ class Connection {
       p.req = std::move(req);
       p.done = std::move(done);
       p.deadline = absl::Now() + timeout;
+      p.caller_reads = caller_reads;
+      if (caller_reads) ++owned_;
       if (p.deadline < timer_wake_at_) kick_ = true;  // the timer sleeps past this deadline
       unsent_.push_back(id);
       kick_stream = stream_ != nullptr || fast_fd_ >= 0;
       if (!kick_stream) kick_ = true;  // wake the timer thread to connect now
     }
-    if (kick_stream) Flush();
+    if (kick_stream && send) Flush();
   }
+
+  // Sends every queued request (no-op while disconnected: they go once connected).
+  void Flush() {
+    if (FastFlush()) return;
+    GrpcFlush();
+  }
+
+  // --- caller-driven groups of requests (Pipeline) ----------------------------------------------
+  // Queues `req` in group `g` without sending it; `done` runs, then the group's count drops.
+  void CallInGroup(const std::shared_ptr<Pipeline::Group>& g, Request req, absl::Duration timeout,
+                   std::function<absl::Status(Response)> done);
+  // Returns once fewer than `window` of the group's requests are in flight (flushing first if
+  // not): the caller reads answers itself meanwhile.
+  void AwaitRoom(Pipeline::Group* g, int window);
+  // Flushes, waits until none of the group's requests is in flight; returns and clears its first
+  // error.
+  absl::Status DrainGroup(Pipeline::Group* g);
 
  private:
   struct Pending {
@@ -160,7 +191,15 @@ class Connection {
     Done done;
     absl::Time deadline;
     bool sent = false;
+    bool caller_reads = false;  // counted in owned_
   };
+
+  // Removes a pending entry (keeping owned_ in step); returns the next one.
+  std::map<uint64_t, Pending>::iterator Erase(std::map<uint64_t, Pending>::iterator it)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (it->second.caller_reads) --owned_;
+    return pending_.erase(it);
+  }
 
   struct Stream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::ResponseBatch> {
     explicit Stream(Connection* c) : conn(c) {
@@ -206,8 +245,7 @@ class Connection {
     return false;
   }
 
-  void Flush() {
-    if (FastFlush()) return;
+  void GrpcFlush() {
     Stream* s = nullptr;
     {
       absl::MutexLock l(&mu_);
@@ -250,7 +288,7 @@ class Connection {
         auto it = pending_.find(r.id());
         if (it == pending_.end()) continue;  // already timed out locally
         ready.emplace_back(std::move(it->second.done), std::move(r));
-        pending_.erase(it);
+        Erase(it);
       }
     }
     for (auto& [d, r] : ready) d(std::move(r));
@@ -305,7 +343,7 @@ class Connection {
                                    "not idempotent)"));
       }
       fail->emplace_back(std::move(p.done), std::move(r));
-      it = pending_.erase(it);
+      it = Erase(it);
     }
     // Re-sent requests go first, in their original order.
     for (auto it = resend.rbegin(); it != resend.rend(); ++it) unsent_.push_front(*it);
@@ -461,7 +499,7 @@ class Connection {
         absl::MutexLock l(&mu_);
         auto runnable = [this, fd]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
           return stop_ || fast_fd_ != fd ||
-                 (!reader_busy_ && static_cast<int>(pending_.size()) > sync_waiters_);
+                 (!reader_busy_ && static_cast<int>(pending_.size()) > owned_);
         };
         mu_.Await(absl::Condition(&runnable));
         if (stop_ || fast_fd_ != fd) return;
@@ -479,17 +517,22 @@ class Connection {
       Response resp;
     };
     auto slot = std::make_shared<Slot>();
-    {
-      absl::MutexLock l(&mu_);
-      ++sync_waiters_;
-    }
     Call(std::move(req), timeout, [this, slot](Response r) {
       absl::MutexLock l(&mu_);
       slot->resp = std::move(r);
       slot->done = true;
-    });
+    }, /*caller_reads=*/true);
     absl::MutexLock l(&mu_);
-    while (!slot->done) {
+    AwaitReading([&slot] { return slot->done; });
+    return std::move(slot->resp);
+  }
+
+  // Blocks until `done()` (evaluated with mu_ held) is true. While the reader role is free the
+  // calling thread reads the fast socket itself: no hand-off to the background reader on the hot
+  // path. Callbacks of answers read here run on this thread.
+  template <typename F>
+  void AwaitReading(F done) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    while (!done()) {
       if (fast_fd_ >= 0 && !reader_busy_) {
         reader_busy_ = true;
         int fd = fast_fd_;
@@ -498,13 +541,11 @@ class Connection {
         mu_.Lock();
         continue;
       }
-      auto ready = [this, &slot]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return slot->done || (fast_fd_ >= 0 && !reader_busy_);
+      auto ready = [this, &done]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return done() || (fast_fd_ >= 0 && !reader_busy_);
       };
       mu_.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
     }
-    --sync_waiters_;
-    return std::move(slot->resp);
   }
 
  private:
@@ -721,7 +762,7 @@ class Connection {
                                      "error: ", last_error_, tls_hint_,
                                      "); is ember-store running?"));
           expired.emplace_back(std::move(it->second.done), std::move(r));
-          it = pending_.erase(it);
+          it = Erase(it);
         }
         if (stream_ == nullptr && fast_fd_ < 0 && !connecting_ && !pending_.empty() &&
             now >= next_attempt_) {
@@ -760,13 +801,67 @@ class Connection {
   bool grpc_only_ = false;  // timer thread only
   bool guessed_ = false;    // timer thread only: tried the gRPC port + 1 already
   bool reader_busy_ ABSL_GUARDED_BY(mu_) = false;  // someone holds the reader role
-  int sync_waiters_ ABSL_GUARDED_BY(mu_) = 0;       // callers inside CallSync
+  int owned_ ABSL_GUARDED_BY(mu_) = 0;  // pending requests whose caller reads the answer itself
   int old_fd_ ABSL_GUARDED_BY(mu_) = -1;            // last fast socket, closed on replacement
   std::string rbuf_;  // bytes read but not yet parsed; only the reader-role holder touches it
   std::thread reader_;      // timer thread starts it; joined there or in the destructor
 };
 
+void Connection::CallInGroup(const std::shared_ptr<Pipeline::Group>& g, Request req,
+                             absl::Duration timeout, std::function<absl::Status(Response)> done) {
+  {
+    absl::MutexLock l(&mu_);
+    ++g->in_flight;
+  }
+  Call(std::move(req), timeout,
+       [this, g, done = std::move(done)](Response r) {
+         absl::Status s = done(std::move(r));
+         absl::MutexLock l(&mu_);
+         if (!s.ok() && g->first_error.ok()) g->first_error = std::move(s);
+         --g->in_flight;
+       },
+       /*caller_reads=*/true, /*send=*/false);
+}
+
+void Connection::AwaitRoom(Pipeline::Group* g, int window) {
+  {
+    absl::MutexLock l(&mu_);
+    if (g->in_flight < window) return;
+  }
+  Flush();
+  absl::MutexLock l(&mu_);
+  AwaitReading([g, window] { return g->in_flight < window; });
+}
+
+absl::Status Connection::DrainGroup(Pipeline::Group* g) {
+  Flush();
+  absl::MutexLock l(&mu_);
+  AwaitReading([g] { return g->in_flight == 0; });
+  return std::exchange(g->first_error, absl::OkStatus());
+}
+
 namespace {
+
+// Request builders and answer readers shared by the blocking, async and pipelined calls.
+Request AddRequest(std::string full_key, int64_t delta) {
+  Request req;
+  req.mutable_add()->set_key(std::move(full_key));
+  req.mutable_add()->set_delta(delta);
+  return req;
+}
+
+absl::StatusOr<int64_t> AddAnswer(const Response& r) {
+  RETURN_IF_ERROR(ToStatus(r));
+  return r.add().value();
+}
+
+Request SetRequest(std::string full_key, absl::string_view value, int64_t lease) {
+  Request req;
+  req.mutable_set()->set_key(std::move(full_key));
+  req.mutable_set()->set_value(std::string(value));
+  req.mutable_set()->set_lease_id(lease);
+  return req;
+}
 
 // Runs one request synchronously.
 absl::StatusOr<Response> RunSync(Connection* conn, Request req, absl::Duration timeout) {
@@ -888,11 +983,7 @@ absl::Status Client::Set(absl::string_view key, absl::string_view value, CallOpt
 
 absl::Status Client::SetWithLease(absl::string_view key, absl::string_view value, int64_t lease,
                                   CallOptions opts) {
-  Request req;
-  req.mutable_set()->set_key(Full(key));
-  req.mutable_set()->set_value(std::string(value));
-  req.mutable_set()->set_lease_id(lease);
-  return RunSync(conn_.get(), std::move(req), Timeout(opts)).status();
+  return RunSync(conn_.get(), SetRequest(Full(key), value, lease), Timeout(opts)).status();
 }
 
 absl::StatusOr<std::string> Client::Get(absl::string_view key, CallOptions opts) {
@@ -907,11 +998,7 @@ absl::StatusOr<std::string> Client::Get(absl::string_view key, CallOptions opts)
 }
 
 absl::StatusOr<int64_t> Client::Add(absl::string_view key, int64_t delta, CallOptions opts) {
-  Request req;
-  req.mutable_add()->set_key(Full(key));
-  req.mutable_add()->set_delta(delta);
-  ASSIGN_OR_RETURN(Response r, RunSync(conn_.get(), std::move(req), Timeout(opts)));
-  return r.add().value();
+  return AddAnswer(conn_->CallSync(AddRequest(Full(key), delta), Timeout(opts)));
 }
 
 absl::StatusOr<CompareSetResult> Client::CompareSet(absl::string_view key,
@@ -1058,10 +1145,7 @@ absl::Status Client::Barrier(absl::string_view key, int n, absl::Duration timeou
 
 void Client::SetAsync(absl::string_view key, absl::string_view value,
                       std::function<void(absl::Status)> done, CallOptions opts) {
-  Request req;
-  req.mutable_set()->set_key(Full(key));
-  req.mutable_set()->set_value(std::string(value));
-  conn_->Call(std::move(req), Timeout(opts),
+  conn_->Call(SetRequest(Full(key), value, 0), Timeout(opts),
               [done = std::move(done)](Response r) { done(ToStatus(r)); });
 }
 
@@ -1080,5 +1164,45 @@ void Client::GetAsync(absl::string_view key,
     done(std::move(*r.mutable_get()->mutable_value()));
   });
 }
+
+void Client::AddAsync(absl::string_view key, int64_t delta,
+                      std::function<void(absl::StatusOr<int64_t>)> done, CallOptions opts) {
+  conn_->Call(AddRequest(Full(key), delta), Timeout(opts),
+              [done = std::move(done)](Response r) { done(AddAnswer(r)); });
+}
+
+Pipeline::Pipeline(const Client& client, int window)
+    : client_(client), window_(std::max(1, window)), group_(std::make_shared<Group>()) {}
+
+Pipeline::~Pipeline() { Drain().IgnoreError(); }
+
+void Pipeline::Add(absl::string_view key, int64_t delta,
+                   std::function<void(absl::StatusOr<int64_t>)> done, CallOptions opts) {
+  Connection* conn = client_.conn_.get();
+  conn->AwaitRoom(group_.get(), window_);
+  conn->CallInGroup(group_, AddRequest(client_.Full(key), delta), client_.Timeout(opts),
+                    [done = std::move(done)](Response r) {
+                      absl::StatusOr<int64_t> v = AddAnswer(r);
+                      absl::Status s = v.status();
+                      if (done) done(std::move(v));
+                      return s;
+                    });
+}
+
+void Pipeline::Set(absl::string_view key, absl::string_view value,
+                   std::function<void(absl::Status)> done, CallOptions opts) {
+  Connection* conn = client_.conn_.get();
+  conn->AwaitRoom(group_.get(), window_);
+  conn->CallInGroup(group_, SetRequest(client_.Full(key), value, 0), client_.Timeout(opts),
+                    [done = std::move(done)](Response r) {
+                      absl::Status s = ToStatus(r);
+                      if (done) done(s);
+                      return s;
+                    });
+}
+
+void Pipeline::Flush() { client_.conn_->Flush(); }
+
+absl::Status Pipeline::Drain() { return client_.conn_->DrainGroup(group_.get()); }
 
 }  // namespace ember::store

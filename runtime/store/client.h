@@ -149,13 +149,19 @@ class Client {
   // The barrier is single-use per key.
   absl::Status Barrier(absl::string_view key, int n, absl::Duration timeout);
 
-  // Pipelining without blocking: starts a Set and returns; `done` runs on an internal thread.
+  // Pipelining without blocking: starts a call and returns; `done` runs once, on an internal
+  // thread (it must not block on this client). Same retry rules as the blocking calls: an
+  // AddAsync in flight when the connection breaks fails "outcome unknown", never re-sent. For a
+  // bounded window of calls driven by one thread, Pipeline (below) is cheaper.
   void SetAsync(absl::string_view key, absl::string_view value,
                 std::function<void(absl::Status)> done, CallOptions opts = {});
   void GetAsync(absl::string_view key, std::function<void(absl::StatusOr<std::string>)> done,
                 CallOptions opts = {});
+  void AddAsync(absl::string_view key, int64_t delta,
+                std::function<void(absl::StatusOr<int64_t>)> done, CallOptions opts = {});
 
  private:
+  friend class Pipeline;
   Client(std::shared_ptr<Connection> conn, std::string prefix)
       : conn_(std::move(conn)), prefix_(std::move(prefix)) {}
   std::string Full(absl::string_view key) const;
@@ -163,6 +169,54 @@ class Client {
 
   std::shared_ptr<Connection> conn_;
   std::string prefix_;
+};
+
+// Pipeline: up to `window` requests in flight on one Client's connection, driven by the thread
+// that owns the Pipeline. A one-op-at-a-time caller pays a full round trip per op; a Pipeline
+// keeps the connection busy instead (TCPStore's client cannot: it waits for each answer).
+//
+//   Pipeline p(client, /*window=*/16);
+//   for (int i = 0; i < n; ++i) p.Add("counter", 1);          // blocks only while 16 are in flight
+//   RETURN_IF_ERROR(p.Drain());                               // first error of any op, else OK
+//
+// Requests are queued and sent together when the window fills, on Flush(), or on Drain(): each
+// frame on the wire carries up to `window` requests. The server executes a connection's requests
+// in order, so answers (and `done` callbacks) come in the order the calls were made. Each op fails
+// on its own (an Add on a non-integer value fails that op only). Retry rules are the Client's: a
+// queued request not yet sent, or a sent idempotent one (Set), goes again after a reconnect; a sent
+// Add whose connection breaks fails UNAVAILABLE "outcome unknown" and is never re-sent. Every op
+// finishes by its deadline (CallOptions.timeout, else the client's default), so Drain cannot hang
+// longer than that.
+//
+// `done` callbacks run on the thread that reads the answer: usually the owner inside Add/Set/
+// Drain, sometimes another thread using the same connection. They must not block on the store.
+// Thread-safety: one thread uses a Pipeline at a time; pipelines and other callers may share a
+// Client. The Pipeline keeps the connection alive; its destructor drains.
+class Pipeline {
+ public:
+  // window >= 1 (smaller values are raised to 1).
+  Pipeline(const Client& client, int window);
+  ~Pipeline();
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  void Add(absl::string_view key, int64_t delta,
+           std::function<void(absl::StatusOr<int64_t>)> done = nullptr, CallOptions opts = {});
+  void Set(absl::string_view key, absl::string_view value,
+           std::function<void(absl::Status)> done = nullptr, CallOptions opts = {});
+  // Sends what is queued without waiting.
+  void Flush();
+  // Sends what is queued and waits until every op has finished (its `done` has returned).
+  // Returns the first error of an op since the last Drain, or OK.
+  absl::Status Drain();
+  int window() const { return window_; }
+
+  struct Group;  // internal (client.cc)
+
+ private:
+  Client client_;
+  const int window_;
+  std::shared_ptr<Group> group_;
 };
 
 }  // namespace ember::store

@@ -4,7 +4,8 @@
 //       [--seconds=1] [--rounds=3] [--no_peer]
 //
 // For 1, 4 and 16 client processes: set/get/add ops/s with p50/p99 latency (each client one op in
-// flight), plus pipelined acknowledged sets (a window of requests in flight per client). Then the
+// flight), plus pipelined adds (store::Pipeline, --add_window in flight per client, compared with
+// TCPStore's one-at-a-time add: its client cannot pipeline) and pipelined acknowledged sets. Then the
 // time for 256 processes (one connection each) to connect and pass a barrier (Add, then Wait), and
 // 1024 simulated ranks (64 processes x 16 connections). The TCPStore peer runs the same loops from
 // the same number of processes (tcpstore_peer.py under Debian's /usr/bin/python3).
@@ -25,7 +26,9 @@
 #include <cstdio>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -42,9 +45,12 @@
 ABSL_FLAG(double, seconds, 1.0, "measurement window per (op, clients) point and round");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --quick: 1");
 ABSL_FLAG(int, window, 64, "requests in flight per client for the pipelined set");
+ABSL_FLAG(int, add_window, 16, "adds in flight per client for add_pipelined (store::Pipeline)");
 ABSL_FLAG(std::string, peer_script, "", "path to tcpstore_peer.py (found in runfiles if empty)");
 ABSL_FLAG(bool, no_peer, false, "skip the TCPStore peer");
 ABSL_FLAG(std::string, only, "", "run one part: 'ops' or 'barrier' (default: both)");
+ABSL_FLAG(std::vector<std::string>, ops, {},
+          "ops rows to run (default all): add,add_pipelined,get,set,set_pipelined");
 ABSL_FLAG(std::string, server, "", "benchmark this running ember-store (host:port) instead of an "
           "in-process one");
 // Internal: child roles.
@@ -102,7 +108,24 @@ int ChildOps() {
   int64_t n = 0;
   int64_t start = NowNs();
   int64_t end_at = start + static_cast<int64_t>(absl::GetFlag(FLAGS_seconds) * 1e9);
-  if (op == "set_pipelined") {
+  if (op == "add_pipelined") {
+    // The same adds as `add`, --add_window of them in flight on the client's one connection.
+    absl::Mutex mu;  // callbacks normally run on this thread, but may run on the client's own
+    Pipeline p(*c, absl::GetFlag(FLAGS_add_window));
+    const std::string key = absl::StrCat("bench/add/", rank);
+    while (true) {
+      int64_t t0 = NowNs();
+      if (t0 >= end_at) break;
+      p.Add(key, 1, [&, t0](const absl::StatusOr<int64_t>&) {
+        int64_t t1 = NowNs();
+        absl::MutexLock l(&mu);
+        if (lats.size() < 200000) lats.push_back(t1 - t0);
+      });
+      ++n;
+    }
+    absl::Status s = p.Drain();  // every started add has finished: n counts completed ops
+    if (!s.ok()) Die(s);
+  } else if (op == "set_pipelined") {
     const int window = absl::GetFlag(FLAGS_window);
     absl::Mutex mu;
     int inflight = 0;
@@ -384,12 +407,31 @@ int Parent(int argc, char** argv) {
                 "Unix socket fast path (Ember only, no target)");
   table.AddNote("RTT/op: round trips per call. TCPStore get = wait + get (2); its set is not "
                 "acknowledged (0: no reply awaited); add is 1 on both (the headline)");
+  table.AddNote(absl::StrCat(
+      "add (pipelined): the same adds over TCP, ", absl::GetFlag(FLAGS_add_window),
+      " in flight per client (store::Pipeline, --add_window; sent in frames of up to that many; "
+      "p50/p99 from Add() to its answer, time queued in the window included); its tcpstore "
+      "column is TCPStore's one-at-a-time add, because TCPStore's client cannot pipeline (it "
+      "waits for each answer)"));
   table.AddNote("set (acked, pipelined): --window acknowledged sets in flight per client; its "
                 "tcpstore column is TCPStore's own (unacknowledged) set");
   std::vector<int> client_counts = quick ? std::vector<int>{1, 4} : std::vector<int>{1, 4, 16};
-  std::vector<std::string> ops = {"add", "get", "set", "set_pipelined"};
+  std::vector<std::string> ops = {"add", "add_pipelined", "get", "set", "set_pipelined"};
+  if (!absl::GetFlag(FLAGS_ops).empty()) {
+    for (const std::string& op : absl::GetFlag(FLAGS_ops)) {
+      if (std::find(ops.begin(), ops.end(), op) == ops.end()) {
+        return report.Fail(absl::InvalidArgumentError(absl::StrCat(
+            "--ops: unknown op '", op, "'; choose from add,add_pipelined,get,set,set_pipelined")));
+      }
+    }
+    ops = absl::GetFlag(FLAGS_ops);
+  }
   if (absl::GetFlag(FLAGS_only) == "barrier") ops.clear();
   auto rtt = [](const std::string& op, bool tcpstore) -> std::string {
+    if (op == "add_pipelined") {
+      return tcpstore ? "1" : absl::StrCat("1, pipelined (", absl::GetFlag(FLAGS_add_window),
+                                           " in flight)");
+    }
     if (op == "get") return tcpstore ? "2" : "1";
     if (op == "set") return tcpstore ? "0 (no reply)" : "1";
     if (op == "set_pipelined") return tcpstore ? "0 (no reply)" : "1, pipelined";
@@ -399,7 +441,7 @@ int Parent(int argc, char** argv) {
     for (int n : client_counts) {
       std::vector<OpsResult> tcp, uds, peer;
       std::string peer_error;
-      std::string peer_op = op == "set_pipelined" ? "set" : op;
+      std::string peer_op = op == "set_pipelined" ? "set" : op == "add_pipelined" ? "add" : op;
       for (int r = 0; r < rounds; ++r) {
         auto e = RunEmberOps(addr, "tcp", op, n, tmpdir);
         if (!e.ok()) return report.Fail(e.status());
@@ -423,7 +465,9 @@ int Parent(int argc, char** argv) {
         for (const auto& r : v) x.push_back(r.*f);
         return bench::Median(x);
       };
-      const std::string label = op == "set_pipelined" ? "set (acked, pipelined)" : op;
+      const std::string label = op == "set_pipelined"   ? "set (acked, pipelined)"
+                                : op == "add_pipelined" ? "add (pipelined)"
+                                                        : op;
       std::optional<double> e_ops = med(tcp, &OpsResult::ops_per_s);
       std::optional<double> p_ops = med(peer, &OpsResult::ops_per_s);
       std::optional<double> ratio;
@@ -438,8 +482,16 @@ int Parent(int argc, char** argv) {
         report.AddTarget(bench::Target::VsPeer(
             absl::StrCat(op, "_ops_per_s_", n, "_clients_tcp"), *e_ops, p_ops, 2.0,
             bench::kHigherIsBetter, "ops/s", peer_error,
-            op == "add" ? "TCP loopback on both; 1 round trip per op on both (headline)"
+            op == "add" ? "TCP loopback on both; 1 round trip per op and one op in flight on both"
                         : "TCP loopback on both; ember get 1 round trip, TCPStore get 2 (wait + get)"));
+      }
+      if (op == "add_pipelined" && n >= 4) {
+        report.AddTarget(bench::Target::VsPeer(
+            absl::StrCat("add_pipelined_ops_per_s_", n, "_clients_tcp"), *e_ops, p_ops, 2.0,
+            bench::kHigherIsBetter, "ops/s", peer_error,
+            absl::StrCat("headline: the same adds over TCP loopback on both; ember pipelined (",
+                         absl::GetFlag(FLAGS_add_window), " in flight per client), TCPStore one "
+                         "at a time because its client cannot pipeline")));
       }
       if (op == "set_pipelined" && n == client_counts.back()) {
         report.AddTarget(bench::Target::VsPeer(

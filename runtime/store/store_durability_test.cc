@@ -168,6 +168,64 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
   std::system(("rm -rf " + dir).c_str());
 }
 
+TEST_CASE("a server killed mid-pipeline fails the in-flight adds 'outcome unknown', never re-sent") {
+  char tmpl[] = "/tmp/ember-store-pipeline-XXXXXX";
+  std::string dir = mkdtemp(tmpl);
+  std::string port_file = dir + "/port";
+  std::string data = dir + "/data";
+  pid_t pid = StartStore("127.0.0.1:0", data, port_file);
+  int port = WaitPort(port_file);
+  std::string addr = absl::StrCat("127.0.0.1:", port);
+  ClientOptions co{.address = addr};
+  co.use_unix_socket = false;  // TCP loopback, like a remote rank
+  co.default_timeout = absl::Seconds(30);
+  auto client = Client::Connect(co);
+  REQUIRE(client.ok());
+
+  Pipeline p(*client, 16);
+  for (int i = 0; i < 100; ++i) p.Add("adds", 1);
+  REQUIRE(p.Drain().ok());
+
+  // Stopped, the server takes nothing off the socket: what the pipeline sends now is in flight and
+  // can never be applied by this process, which is then killed.
+  REQUIRE(kill(pid, SIGSTOP) == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, WUNTRACED) == pid);  // kill() returns before the stop takes hold
+  REQUIRE(WIFSTOPPED(status));
+  std::vector<absl::Status> add_status(8);
+  absl::Status set_status = absl::UnknownError("not called");
+  for (int i = 0; i < 8; ++i) {
+    p.Add("adds", 1, [&, i](absl::StatusOr<int64_t> v) { add_status[i] = v.status(); });
+  }
+  p.Set("idempotent", "yes", [&](absl::Status s) { set_status = s; });
+  p.Flush();
+  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(kill(pid, SIGKILL) == 0);
+  waitpid(pid, &status, 0);
+  // The adds fail as soon as the client sees the connection close; the Set is re-sent to the
+  // restarted server and succeeds. Drain returns once all nine have finished (bounded by their
+  // 30 s deadline, far beyond what this takes).
+  pid = StartStore(addr, data, port_file);
+  REQUIRE(WaitPort(port_file) == port);
+  absl::Time t0 = absl::Now();
+  absl::Status first = p.Drain();
+  INFO("drain took " << absl::FormatDuration(absl::Now() - t0));
+  for (int i = 0; i < 8; ++i) {
+    INFO("add " << i << ": " << add_status[i]);
+    REQUIRE(absl::IsUnavailable(add_status[i]));
+    REQUIRE(add_status[i].message().find("outcome unknown") != std::string::npos);
+    REQUIRE(add_status[i].message().find("Add('adds')") != std::string::npos);
+  }
+  REQUIRE(absl::IsUnavailable(first));
+  REQUIRE(set_status.ok());
+  REQUIRE(*client->Get("idempotent") == "yes");
+  // The 100 acknowledged adds survived; none of the 8 was applied, and none was re-sent.
+  REQUIRE(*client->Get("adds") == "100");
+  kill(pid, SIGTERM);
+  REQUIRE(WaitExit(pid, absl::Seconds(10)) == 0);
+  std::system(("rm -rf " + dir).c_str());
+}
+
 // Writes `n` keys to a fresh store in `data` and stops it cleanly; returns the store's address.
 std::string FillAndStop(const std::string& data, const std::string& port_file, int n) {
   pid_t pid = StartStore("127.0.0.1:0", data, port_file, {"--compact_after_bytes=1000000000"});

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <limits>
@@ -13,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "runtime/base/clock.h"
@@ -27,16 +29,20 @@ struct Fixture {
     auto s = StoreServer::Start(std::move(opts));
     REQUIRE(s.ok());
     server = std::move(*s);
-    ClientOptions co;
-    co.address = server->address();
-    co.auth_token = token;
-    co.use_fast_path = transport != 2;    // 0: fast path over Unix socket, 1: over TCP, 2: gRPC
-    co.use_unix_socket = transport == 0;
-    auto c = Client::Connect(co);
+    options.address = server->address();
+    options.auth_token = token;
+    options.use_fast_path = transport != 2;    // 0: fast path over Unix socket, 1: over TCP, 2: gRPC
+    options.use_unix_socket = transport == 0;
+    client = std::make_unique<Client>(Connect());
+  }
+  // A new client with its own connection, same transport.
+  Client Connect() {
+    auto c = Client::Connect(options);
     REQUIRE(c.ok());
-    client = std::make_unique<Client>(*c);
+    return *c;
   }
   std::string token;
+  ClientOptions options;
   std::unique_ptr<StoreServer> server;
   std::unique_ptr<Client> client;
 };
@@ -102,6 +108,102 @@ TEST_CASE("64 threads x 1000 Add give the exact total") {
   REQUIRE(*f.client->Get("counter") == "64000");
   REQUIRE(f.client->Set("text", "abc").ok());
   REQUIRE(absl::IsInvalidArgument(f.client->Add("text", 1).status()));
+}
+
+TEST_CASE("pipelined adds: 8 connections x 5000 adds, 16 in flight each, give the exact total") {
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
+  constexpr int kThreads = 8, kAdds = 5000, kWindow = 16;
+  std::vector<std::thread> ts;
+  std::atomic<int> errors{0}, answered{0}, out_of_order{0};
+  for (int i = 0; i < kThreads; ++i) {
+    // Threads 0-5 each have their own connection; 6 and 7 share the fixture's (two pipelines and
+    // their callbacks on one connection).
+    Client c = i < 6 ? f.Connect() : *f.client;
+    ts.emplace_back([&, c] {
+      Pipeline p(c, kWindow);
+      int64_t last = 0;  // this pipeline's answers are in its own order: each total is higher
+      for (int j = 0; j < kAdds; ++j) {
+        p.Add("counter", 1, [&](absl::StatusOr<int64_t> v) {
+          if (!v.ok()) return (void)++errors;
+          if (*v <= last) ++out_of_order;
+          last = *v;
+          ++answered;
+        });
+      }
+      if (!p.Drain().ok()) ++errors;
+    });
+  }
+  for (auto& t : ts) t.join();
+  REQUIRE(errors == 0);
+  REQUIRE(out_of_order == 0);
+  REQUIRE(answered == kThreads * kAdds);
+  REQUIRE(*f.client->Get("counter") == std::to_string(kThreads * kAdds));
+}
+
+TEST_CASE("a pipeline answers in request order, each op on its own") {
+  const int transport = GENERATE(0, 1, 2);
+  INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
+  Fixture f({}, transport);
+  Client& c = *f.client;
+  REQUIRE(c.Set("text", "abc").ok());
+  // Calls 0..1999 on one pipeline, window 16: adds on "n", except every 100th is a Set of its
+  // own key and every 100th + 50 is an Add on the non-integer "text" (INVALID_ARGUMENT).
+  std::vector<int> order;  // call index, in the order the callbacks ran
+  std::vector<int64_t> totals;
+  std::vector<absl::Status> status(2000);
+  {
+    Pipeline p(c, 16);
+    for (int i = 0; i < 2000; ++i) {
+      if (i % 100 == 0) {
+        p.Set(absl::StrCat("s/", i), absl::StrCat(i), [&, i](absl::Status s) {
+          order.push_back(i);
+          status[i] = s;
+        });
+      } else {
+        p.Add(i % 100 == 50 ? "text" : "n", 1, [&, i](absl::StatusOr<int64_t> v) {
+          order.push_back(i);
+          status[i] = v.status();
+          if (v.ok()) totals.push_back(*v);
+        });
+      }
+    }
+    absl::Status first = p.Drain();
+    REQUIRE(absl::IsInvalidArgument(first));  // the first failed op's error
+    REQUIRE(first.message().find("text") != std::string::npos);
+    REQUIRE(p.Drain().ok());  // reported once
+  }
+  REQUIRE(order.size() == 2000);
+  for (int i = 0; i < 2000; ++i) {
+    INFO("call " << i);
+    REQUIRE(order[i] == i);
+    REQUIRE(absl::IsInvalidArgument(status[i]) == (i % 100 == 50));
+  }
+  REQUIRE(totals.size() == 2000 - 20 - 20);
+  for (size_t k = 0; k < totals.size(); ++k) REQUIRE(totals[k] == static_cast<int64_t>(k) + 1);
+  REQUIRE(*c.Get("text") == "abc");
+  REQUIRE(*c.Get("s/1900") == "1900");
+  REQUIRE(*c.NumKeys("s/") == 20);
+
+  // AddAsync: several in flight without a Pipeline; answers come on an internal thread.
+  absl::Mutex mu;
+  int done = 0;
+  std::vector<int64_t> async_totals;
+  for (int i = 0; i < 500; ++i) {
+    c.AddAsync("async", 2, [&](absl::StatusOr<int64_t> v) {
+      absl::MutexLock l(&mu);
+      async_totals.push_back(v.ok() ? *v : -1);
+      ++done;
+    });
+  }
+  {
+    absl::MutexLock l(&mu);
+    auto all = [&] { return done == 500; };
+    REQUIRE(mu.AwaitWithTimeout(absl::Condition(&all), absl::Seconds(60)));
+  }
+  std::sort(async_totals.begin(), async_totals.end());
+  for (int i = 0; i < 500; ++i) REQUIRE(async_totals[i] == 2 * (i + 1));
 }
 
 TEST_CASE("compare-set swaps only on a match") {
