@@ -172,7 +172,16 @@ class Connection {
     }
     void OnReadDone(bool ok) override {
       if (!ok) {
-        RemoveHold();
+        // OnDone (which deletes this) may run as soon as the hold goes: release it only when no
+        // write is in flight or about to start (Flush checks read_done under the same lock).
+        bool release;
+        {
+          absl::MutexLock l(&conn->mu_);
+          read_done = true;
+          release = !writing && !hold_released;
+          hold_released |= release;
+        }
+        if (release) RemoveHold();
         return;
       }
       conn->Deliver(&in);
@@ -188,7 +197,9 @@ class Connection {
     grpc::ClientContext ctx;
     v1::RequestBatch out;
     v1::ResponseBatch in;
-    bool writing = false;  // guarded by conn->mu_
+    bool writing = false;        // guarded by conn->mu_
+    bool read_done = false;      // guarded by conn->mu_: reads ended, no new writes
+    bool hold_released = false;  // guarded by conn->mu_
   };
 
   void Flush() {
@@ -197,7 +208,7 @@ class Connection {
     {
       absl::MutexLock l(&mu_);
       s = stream_;
-      if (s == nullptr || s->writing || unsent_.empty()) return;
+      if (s == nullptr || s->writing || s->read_done || unsent_.empty()) return;
       s->out.Clear();
       while (!unsent_.empty()) {
         uint64_t id = unsent_.front();
@@ -214,12 +225,15 @@ class Connection {
   }
 
   void WriteDone(Stream* s, bool ok) {
+    bool release = false, flush;
     {
       absl::MutexLock l(&mu_);
       s->writing = false;
-      if (!ok || stream_ != s) return;
+      if (s->read_done && !s->hold_released) release = s->hold_released = true;
+      flush = ok && stream_ == s && !release;
     }
-    Flush();
+    if (release) s->RemoveHold();  // (s may be deleted from here on)
+    if (flush) Flush();
   }
 
   void Deliver(v1::ResponseBatch* batch) {
