@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -392,6 +393,7 @@ TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serv
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that died
     rlimit small{256, 256};  // soft = hard: raising to the hard limit does not help
     setrlimit(RLIMIT_NOFILE, &small);
     setenv("NOTIFY_SOCKET", notify_path.c_str(), 1);
@@ -481,6 +483,7 @@ TEST_CASE("unauthenticated 60 MB calls are refused and the store keeps serving (
     pid_t pid = fork();
     REQUIRE(pid >= 0);
     if (pid == 0) {
+      prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that died
       std::string bin = StoreBinary();
       std::string a1 = "--port-file=" + port_file, a2 = "--auth-token-file=" + token_file;
       execl(bin.c_str(), bin.c_str(), "--listen=127.0.0.1:0", a1.c_str(), a2.c_str(), limits,
