@@ -76,7 +76,6 @@ class GateState {
                                           : reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port);
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
     wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
     epoll_event ev{};
     ev.events = EPOLLIN;
     ev.data.fd = listen_fd_;
@@ -100,7 +99,7 @@ class GateState {
     for (auto& [fd, c] : conns_) close(fd);
     conns_.clear();
     by_peer_.clear();
-    for (int fd : {listen_fd_, epfd_, wake_fd_, reserve_fd_}) {
+    for (int fd : {listen_fd_, epfd_, wake_fd_}) {
       if (fd >= 0) close(fd);
     }
   }
@@ -168,14 +167,7 @@ class GateState {
   }
 
   void LogRefusal(const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::Time now = absl::Now();
-    if (now - last_log_ < absl::Seconds(1)) {
-      ++unlogged_;
-      return;
-    }
-    spdlog::warn("gRPC server: {} ({} similar refusals not logged)", what, unlogged_);
-    last_log_ = now;
-    unlogged_ = 0;
+    refusals_.Refused(what);
   }
 
   bool Admit(const std::string& ip) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -263,16 +255,11 @@ class GateState {
     }
   }
 
-  // Out of descriptors: the pending connection would keep the listener readable forever. Free
-  // the spare descriptor to accept and close it, then take the spare back.
   void Shed() {
     absl::MutexLock l(&mu_);
     LogRefusal("out of file descriptors; closing a pending connection (raise LimitNOFILE)");
     CloseOldestUnauthenticated("");
-    if (reserve_fd_ >= 0) close(reserve_fd_);
-    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) close(fd);
-    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    spare_.Shed(listen_fd_);
   }
 
  public:
@@ -282,7 +269,8 @@ class GateState {
   const int max_conns_;
   const int per_peer_limit_;
   const absl::Duration grace_;
-  int listen_fd_ = -1, epfd_ = -1, wake_fd_ = -1, reserve_fd_ = -1;
+  int listen_fd_ = -1, epfd_ = -1, wake_fd_ = -1;
+  SpareDescriptor spare_;
   std::atomic<bool> stopped_{false};
   std::thread thread_;
   std::unique_ptr<grpc::experimental::ExternalConnectionAcceptor> acceptor_;
@@ -292,8 +280,7 @@ class GateState {
   std::map<std::string, int> by_peer_ ABSL_GUARDED_BY(mu_);     // gRPC peer name -> dup fd
   std::map<std::string, int> per_ip_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Time last_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  int64_t unlogged_ ABSL_GUARDED_BY(mu_) = 0;
+  RefusalLog refusals_ ABSL_GUARDED_BY(mu_){"gRPC server"};
 };
 
 // The owner handle kept in StartedServer: stops the accept loop when the server goes away. The
@@ -309,13 +296,6 @@ class ConnectionGate {
 
 namespace {
 
-bool TokenMatches(const std::string& want, grpc::string_ref got) {
-  if (got.size() != want.size()) return false;
-  unsigned char d = 0;
-  for (size_t i = 0; i < want.size(); ++i) d |= want[i] ^ got.data()[i];
-  return d == 0;
-}
-
 // Marks the connection of every call that carries the token as authenticated.
 class AuthMarker : public grpc::experimental::Interceptor {
  public:
@@ -326,7 +306,7 @@ class AuthMarker : public grpc::experimental::Interceptor {
             grpc::experimental::InterceptionHookPoints::POST_RECV_INITIAL_METADATA)) {
       auto* md = m->GetRecvInitialMetadata();
       auto it = md->find("authorization");
-      if (it != md->end() && TokenMatches(*bearer_, it->second)) {
+      if (it != md->end() && ConstantTimeEquals(*bearer_, absl::string_view(it->second.data(), it->second.size()))) {
         gate_->MarkAuthenticated(info_->server_context()->peer());
       }
     }
@@ -354,6 +334,35 @@ class AuthMarkerFactory : public grpc::experimental::ServerInterceptorFactoryInt
 };
 
 }  // namespace
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char d = 0;
+  for (size_t i = 0; i < a.size(); ++i) d |= a[i] ^ b[i];
+  return d == 0;
+}
+
+void RefusalLog::Refused(const std::string& what) {
+  absl::Time now = absl::Now();
+  if (now - last_ < absl::Seconds(1)) {
+    ++unlogged_;
+    return;
+  }
+  spdlog::warn("{}: {} ({} similar refusals not logged)", who_, what, unlogged_);
+  last_ = now;
+  unlogged_ = 0;
+}
+
+SpareDescriptor::SpareDescriptor() : fd_(open("/dev/null", O_RDONLY | O_CLOEXEC)) {}
+SpareDescriptor::~SpareDescriptor() {
+  if (fd_ >= 0) close(fd_);
+}
+void SpareDescriptor::Shed(int listen_fd) {
+  if (fd_ >= 0) close(fd_);
+  int fd = accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+  if (fd >= 0) close(fd);
+  fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
 
 int64_t RaiseOpenFileLimit() {
   rlimit rl{};

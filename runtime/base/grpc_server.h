@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
@@ -64,6 +65,40 @@ int64_t RaiseOpenFileLimit();
 // 1/`parts` of the descriptors a process may spend on connections: the soft RLIMIT_NOFILE less a
 // headroom (64 + 1/8) for logs, the WAL, gRPC's own descriptors and checkpoints. At least 1.
 int ConnectionShare(int parts);
+
+// --- Shared by the accept loops (the gate here, the store's fast path) ---------------------------
+
+// Compares secrets in a time that does not depend on where they differ.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// Warnings about refused connections, at most one line a second with the count of those not
+// logged: a flood must not flood the log. Not thread-safe.
+class RefusalLog {
+ public:
+  explicit RefusalLog(std::string who) : who_(std::move(who)) {}
+  void Refused(const std::string& what);
+
+ private:
+  const std::string who_;
+  absl::Time last_ = absl::InfinitePast();
+  int64_t unlogged_ = 0;
+};
+
+// A spare descriptor for an accept loop. When accept() fails with EMFILE/ENFILE the pending
+// connection keeps the listener readable forever (a busy loop, or gRPC's listener stopping for
+// good); Shed() gives up the spare to accept that connection and close it, then takes the spare
+// back. Not thread-safe.
+class SpareDescriptor {
+ public:
+  SpareDescriptor();
+  ~SpareDescriptor();
+  SpareDescriptor(const SpareDescriptor&) = delete;
+  SpareDescriptor& operator=(const SpareDescriptor&) = delete;
+  void Shed(int listen_fd);
+
+ private:
+  int fd_;
+};
 
 // Maps between absl::Status and grpc::Status (codes are numerically identical).
 grpc::Status ToGrpcStatus(const absl::Status& s);

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -53,6 +54,7 @@ pid_t Flood(int port, int n) {
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid != 0) return pid;
+  prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that died
   rlimit rl{4096, 4096};
   setrlimit(RLIMIT_NOFILE, &rl);  // (fails harmlessly if the hard limit is lower)
   std::vector<int> fds;

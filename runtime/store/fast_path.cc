@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "runtime/base/grpc_server.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
@@ -36,12 +37,6 @@ int64_t MonoNs() {
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
 }
 
-bool TokenEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char d = 0;
-  for (size_t i = 0; i < a.size(); ++i) d |= a[i] ^ b[i];
-  return d == 0;
-}
 
 }  // namespace
 
@@ -116,7 +111,6 @@ class FastPathServer::Impl {
     }
     ev.data.u64 = 1;  // wake
     epoll_ctl(epfd_, EPOLL_CTL_ADD, wake_fd_, &ev);
-    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);  // see ShedOneConnection
     loop_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -131,7 +125,6 @@ class FastPathServer::Impl {
     if (unix_fd_ >= 0) close(unix_fd_);
     if (epfd_ >= 0) close(epfd_);
     if (wake_fd_ >= 0) close(wake_fd_);
-    if (reserve_fd_ >= 0) close(reserve_fd_);
   }
 
   int port() const { return port_; }
@@ -209,17 +202,7 @@ class FastPathServer::Impl {
     return false;
   }
 
-  // Refusals are logged at most once a second, with how many were not logged.
-  void LogRefusal(const std::string& what) {
-    absl::Time now = absl::Now();
-    if (now - last_refusal_log_ < absl::Seconds(1)) {
-      ++unlogged_refusals_;
-      return;
-    }
-    spdlog::warn("store fast path: {} ({} similar refusals not logged)", what, unlogged_refusals_);
-    last_refusal_log_ = now;
-    unlogged_refusals_ = 0;
-  }
+  void LogRefusal(const std::string& what) { refusals_.Refused(what); }
 
   // Whether a new connection from `peer` fits the limits, after closing the oldest
   // unauthenticated connection (of that peer, then of anyone) to make room.
@@ -241,16 +224,12 @@ class FastPathServer::Impl {
     return true;
   }
 
-  // accept() failed with EMFILE/ENFILE: the pending connection would keep the listener readable
-  // forever. Give up the spare descriptor to accept it and close it at once, then take the spare
-  // back; also close the oldest unauthenticated connection.
+  // accept() failed with EMFILE/ENFILE: close the pending connection and the oldest
+  // unauthenticated one.
   void ShedOneConnection(int listener) {
     LogRefusal("out of file descriptors; closing a pending connection (raise LimitNOFILE)");
     DropOldestUnauthenticated("");
-    if (reserve_fd_ >= 0) close(reserve_fd_);
-    int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd >= 0) close(fd);
-    reserve_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
+    spare_.Shed(listener);
   }
 
   static std::string PeerKey(int fd, const sockaddr_storage& ss) {
@@ -387,7 +366,7 @@ class FastPathServer::Impl {
   bool Handle(const std::shared_ptr<Conn>& c, const v1::RequestBatch& batch) {
     if (!c->authed) {
       v1::ResponseBatch hello;
-      if (!token_.empty() && !TokenEquals(token_, batch.auth_token())) {
+      if (!token_.empty() && !base::ConstantTimeEquals(token_, batch.auth_token())) {
         spdlog::warn("store fast path: rejected a connection with a missing or wrong auth token");
         auto* r = hello.add_responses();
         r->set_code(static_cast<int>(absl::StatusCode::kUnauthenticated));
@@ -541,7 +520,7 @@ class FastPathServer::Impl {
   Backend* const backend_;
   const std::string token_;
   const FastPathLimits limits_;
-  int reserve_fd_ = -1;  // a spare descriptor, given up to shed a connection when out of them
+  base::SpareDescriptor spare_;  // given up to shed a connection when out of descriptors
   int listen_fd_ = -1, unix_fd_ = -1, epfd_ = -1, wake_fd_ = -1, port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread loop_;
@@ -552,8 +531,7 @@ class FastPathServer::Impl {
   ConnMap conns_;                        // by id = age (oldest first)
   std::map<std::string, int> per_peer_;  // open connections per peer
   int64_t buffered_in_ = 0;              // sum of conns_' `in`
-  absl::Time last_refusal_log_ = absl::InfinitePast();
-  int64_t unlogged_refusals_ = 0;
+  base::RefusalLog refusals_{"store fast path"};
 };
 
 absl::StatusOr<std::unique_ptr<FastPathServer>> FastPathServer::Start(const std::string& host,

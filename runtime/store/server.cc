@@ -28,11 +28,8 @@ grpc::Status ResponseStatus(const Response& r) {
 
 // Constant-time comparison of the presented token with the expected one.
 bool TokenMatches(const std::string& expected, grpc::string_ref presented) {
-  std::string want = "Bearer " + expected;
-  if (presented.size() != want.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < want.size(); ++i) diff |= want[i] ^ presented.data()[i];
-  return diff == 0;
+  return base::ConstantTimeEquals("Bearer " + expected,
+                                  absl::string_view(presented.data(), presented.size()));
 }
 
 // ---------------------------------------------------------------------------------------------

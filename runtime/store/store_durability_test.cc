@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <thread>
 
@@ -37,6 +38,7 @@ pid_t StartStore(const std::string& listen, const std::string& dir, const std::s
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that died
     if (!log.empty()) freopen(log.c_str(), "w", stderr);
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());

@@ -13,7 +13,10 @@
 // Under systemd (Type=notify) it sends READY=1 and then WATCHDOG=1 only after a real read through
 // a fresh connection to each of its listeners (gRPC and fast path) succeeded: a process whose
 // listener stopped accepting is not healthy, however alive it is.
+#include <netdb.h>
+#include <sys/socket.h>
 #include <systemd/sd-daemon.h>
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -22,10 +25,14 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/store.grpc.pb.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/daemon/auth.h"
-#include "runtime/store/client.h"
+#include "runtime/base/little_endian.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/store/fast_path_protocol.h"
 #include "runtime/store/server.h"
 #include "spdlog/spdlog.h"
 
@@ -56,28 +63,86 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 void OnSignal(int) { g_stop = 1; }
 
+// The probes below are deliberately minimal (no retries, no reconnects): one new connection, one
+// read, a 5 s limit.
+constexpr int kProbeTimeoutS = 5;
+
+absl::Status ProbeGrpc(const std::string& target, const std::string& token,
+                       std::shared_ptr<grpc::ChannelCredentials> credentials) {
+  if (credentials == nullptr) credentials = grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a new connection, not a cached one
+  auto stub = ember::store::v1::Store::NewStub(
+      grpc::CreateCustomChannel(target, credentials, args));
+  grpc::ClientContext ctx;
+  if (!token.empty()) ctx.AddMetadata("authorization", "Bearer " + token);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(kProbeTimeoutS));
+  ember::store::v1::NumKeysRequest req;
+  req.set_prefix("\x01ember-store-probe/");
+  ember::store::v1::NumKeysResponse resp;
+  return ember::base::FromGrpcStatus(stub->NumKeys(&ctx, req, &resp));
+}
+
+// Sends `batch` as one fast-path frame and reads one answer frame into *out.
+bool FastRoundTrip(int fd, const ember::store::v1::RequestBatch& batch,
+                   ember::store::v1::ResponseBatch* out) {
+  std::string frame;
+  ember::base::AppendU32LE(static_cast<uint32_t>(batch.ByteSizeLong()), &frame);
+  batch.AppendToString(&frame);
+  if (send(fd, frame.data(), frame.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(frame.size())) {
+    return false;
+  }
+  char hdr[4];
+  if (recv(fd, hdr, 4, MSG_WAITALL) != 4) return false;
+  uint32_t len = ember::base::LoadU32LE(hdr);
+  if (len > (1u << 20)) return false;
+  std::string payload(len, '\0');
+  if (len > 0 && recv(fd, payload.data(), len, MSG_WAITALL) != static_cast<ssize_t>(len)) return false;
+  return out->ParseFromString(payload) && out->responses_size() == 1;
+}
+
+absl::Status ProbeFastPath(const std::string& host, int port, const std::string& token) {
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_socktype = SOCK_STREAM;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+    return absl::UnavailableError(absl::StrCat("fast path: cannot resolve ", host));
+  }
+  int fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  timeval tv{kProbeTimeoutS, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  bool connected = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+  freeaddrinfo(res);
+  ember::store::v1::RequestBatch hello, read;
+  hello.set_auth_token(token);
+  auto* r = read.add_requests();
+  r->set_id(1);
+  r->mutable_num_keys()->set_prefix("\x01ember-store-probe/");
+  ember::store::v1::ResponseBatch a, b;
+  bool ok = connected && FastRoundTrip(fd, hello, &a) &&
+            a.responses(0).message() == ember::store::kFastPathHello && FastRoundTrip(fd, read, &b) &&
+            b.responses(0).code() == 0;
+  if (fd >= 0) close(fd);
+  if (!ok) {
+    return absl::UnavailableError(absl::StrCat("fast path ", host, ":", port,
+                                               ": no answer through a new connection"));
+  }
+  return absl::OkStatus();
+}
+
 // A client's view of health: a new connection through each listener, then a real read.
 // Under TLS only gRPC listens, and the probe dials it with the store's own certificate, key and CA
 // (a node certificate is valid for serverAuth and clientAuth and names the address; docs/operations.md).
-absl::Status ProbeOwnApi(const std::string& bound, const std::string& token,
+absl::Status ProbeOwnApi(const ember::store::StoreServer& server, const std::string& token,
                          const std::shared_ptr<grpc::ChannelCredentials>& tls_credentials) {
+  std::string bound = server.address();
   std::string host = bound.substr(0, bound.rfind(':'));
   if (host.empty() || host == "0.0.0.0" || host == "[::]") host = "127.0.0.1";
-  for (bool fast : {false, true}) {
-    if (fast && tls_credentials != nullptr) continue;  // the fast path is off under TLS
-    ember::store::ClientOptions co;
-    co.credentials = tls_credentials;
-    co.address = absl::StrCat(host, bound.substr(bound.rfind(':')));
-    co.auth_token = token;
-    co.use_fast_path = fast;
-    co.use_unix_socket = false;
-    co.connect_timeout = absl::Seconds(5);
-    co.default_timeout = absl::Seconds(5);
-    auto c = ember::store::Client::Connect(co);
-    absl::Status s = c.ok() ? c->NumKeys("\x01ember-store-probe/").status() : c.status();
-    if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat(fast ? "fast path" : "gRPC", ": ", s.message()));
-    }
+  absl::Status s = ProbeGrpc(absl::StrCat(host, ":", server.port()), token, tls_credentials);
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("gRPC: ", s.message()));
+  if (server.fast_port() != 0) {
+    std::string h = host.front() == '[' ? host.substr(1, host.size() - 2) : host;
+    RETURN_IF_ERROR(ProbeFastPath(h, server.fast_port(), token));
   }
   return absl::OkStatus();
 }
@@ -170,7 +235,7 @@ int main(int argc, char** argv) {
   absl::Time next_probe = absl::Now();  // (the listeners (the ports) are bound: probe at once)
   while (!g_stop) {
     if (absl::Now() >= next_probe) {
-      absl::Status s = ProbeOwnApi(server.value()->address(), opts.auth_token, probe_credentials);
+      absl::Status s = ProbeOwnApi(**server, opts.auth_token, probe_credentials);
       if (s.ok()) {
         sd_notifyf(0, "%s%sSTATUS=serving on %s", ready ? "" : "READY=1\n",
                    watchdog ? "WATCHDOG=1\n" : "", server.value()->address().c_str());
