@@ -272,6 +272,27 @@ absl::Status ValidateMetadata(const Metadata& m, bool complete) {
         RETURN_IF_ERROR(check_chunk(c, absl::StrCat("rank ", r.rank, " blob \"", k, "\"")));
       }
     }
+    // No two chunks share bytes (the writer never does that): so the bytes a reader may be asked
+    // to allocate never exceed the files' sizes, however many chunks the metadata lists.
+    std::vector<std::pair<std::pair<std::string, uint64_t>, uint64_t>> ranges;  // ((file, offset), end)
+    for (const TensorMeta& t : m.tensors) {
+      for (const ChunkRef& c : t.chunks) {
+        if (c.length > 0) ranges.push_back({{c.file, c.offset}, c.offset + c.length});
+      }
+    }
+    for (const RankMeta& r : m.ranks) {
+      for (const auto& [k, c] : r.blobs) {
+        if (c.length > 0) ranges.push_back({{c.file, c.offset}, c.offset + c.length});
+      }
+    }
+    std::sort(ranges.begin(), ranges.end());
+    for (size_t i = 1; i < ranges.size(); ++i) {
+      if (ranges[i].first.first == ranges[i - 1].first.first &&
+          ranges[i].first.second < ranges[i - 1].second) {
+        return Invalid("chunks", absl::StrCat("two chunks overlap in ", ranges[i].first.first,
+                                              " at offset ", ranges[i].first.second));
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -162,6 +162,33 @@ TEST_CASE("a crafted metadata.json claiming 16 GiB fails fast in bounded memory"
   CHECK(code == 0);
 }
 
+// Many chunks naming the same bytes would let a small file back a huge tensor (and a huge
+// allocation in ReadFull): chunks must not overlap.
+TEST_CASE("metadata whose chunks overlap is refused", "[checkpoint][limits]") {
+  const std::string root = TmpDir("overlap");
+  Save(root, 1);
+  auto meta = ParseMetadata(*ReadFile(root + "/step-1/metadata.json", 1 << 20));
+  REQUIRE(meta.ok());
+  TensorMeta* t = nullptr;
+  for (TensorMeta& x : meta->tensors) {
+    if (x.name == "embed.weight") t = &x;
+  }
+  REQUIRE(t != nullptr);
+  REQUIRE(t->chunks.size() == 1);
+  // 1000 copies of the same 10-row chunk claim a 10,000-row tensor.
+  const ChunkRef c = t->chunks[0];
+  t->shape[0] = 1000 * c.rows;
+  t->chunks.clear();
+  for (int64_t i = 0; i < 1000; ++i) {
+    ChunkRef d = c;
+    d.row_begin = i * c.rows;
+    t->chunks.push_back(d);
+  }
+  auto parsed = ParseMetadata(SerializeMetadata(*meta));
+  REQUIRE_FALSE(parsed.ok());
+  CHECK(absl::StrContains(parsed.status().message(), "overlap"));
+}
+
 // A 768 MiB (sparse) data file whose metadata is honest: verification streams it in bounded
 // pieces, so it passes under a 512 MiB address-space limit (mapping the whole file could not).
 TEST_CASE("verify streams large chunks in bounded memory", "[checkpoint][limits]") {
