@@ -5,10 +5,10 @@
 //
 // For 1, 4 and 16 client processes: set/get/add ops/s with p50/p99 latency (each client one op in
 // flight), plus pipelined adds (store::Pipeline, --add_window in flight per client, compared with
-// TCPStore's one-at-a-time add: its client cannot pipeline) and pipelined acknowledged sets. Then the
-// time for 256 processes (one connection each) to connect and pass a barrier (Add, then Wait), and
-// 1024 simulated ranks (64 processes x 16 connections). The TCPStore peer runs the same loops from
-// the same number of processes (tcpstore_peer.py under Debian's /usr/bin/python3).
+// TCPStore's one-at-a-time add: its client cannot pipeline) and pipelined acknowledged sets. Then
+// the time for 256 processes (one connection each) to connect and pass a barrier (Add, then Wait),
+// and 1024 simulated ranks (64 processes x 16 connections). The TCPStore peer runs the same loops
+// from the same number of processes (tcpstore_peer.py under Debian's /usr/bin/python3).
 //
 // Like for like (issue 11): TCPStore speaks TCP, so every row that carries a TCPStore target runs
 // our client over TCP loopback; the abstract-Unix-socket fast path appears in Ember-only rows.
@@ -110,7 +110,8 @@ int ChildOps() {
   int64_t end_at = start + static_cast<int64_t>(absl::GetFlag(FLAGS_seconds) * 1e9);
   if (op == "add_pipelined") {
     // The same adds as `add`, --add_window of them in flight on the client's one connection.
-    absl::Mutex mu;  // callbacks normally run on this thread, but may run on the client's own
+    // Guards lats: callbacks usually run on this thread, on expiry on the client's timer thread.
+    absl::Mutex mu;
     Pipeline p(*c, absl::GetFlag(FLAGS_add_window));
     const std::string key = absl::StrCat("bench/add/", rank);
     while (true) {

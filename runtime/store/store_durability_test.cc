@@ -170,7 +170,7 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
   std::system(("rm -rf " + dir).c_str());
 }
 
-TEST_CASE("a server killed mid-pipeline fails the in-flight adds 'outcome unknown', never re-sent") {
+TEST_CASE("a server killed mid-pipeline fails in-flight adds 'outcome unknown', never re-sent") {
   char tmpl[] = "/tmp/ember-store-pipeline-XXXXXX";
   std::string dir = mkdtemp(tmpl);
   std::string port_file = dir + "/port";

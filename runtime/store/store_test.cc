@@ -31,7 +31,7 @@ struct Fixture {
     server = std::move(*s);
     options.address = server->address();
     options.auth_token = token;
-    options.use_fast_path = transport != 2;    // 0: fast path over Unix socket, 1: over TCP, 2: gRPC
+    options.use_fast_path = transport != 2;  // 0: fast path over Unix socket, 1: TCP, 2: gRPC
     options.use_unix_socket = transport == 0;
     client = std::make_unique<Client>(Connect());
   }
