@@ -133,7 +133,14 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
   absl::SleepFor(absl::Milliseconds(300));
   pid = StartStore(addr, data, port_file);
   REQUIRE(WaitPort(port_file) == port);
-  absl::SleepFor(absl::Milliseconds(800));
+  // Writers resume once their client reconnects (backoff up to 2 s): wait until each has acked a
+  // write after the restart, 20 s at most (the assertion below reports a writer that never did).
+  for (int i = 0; i < 200; ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    bool all = true;
+    for (int t = 0; t < kWriters; ++t) all = all && acked[t] > acked_at_kill[t] + 10;
+    if (all) break;
+  }
   stop = true;
   for (auto& w : writers) w.join();
 
