@@ -239,8 +239,8 @@ absl::Status Daemon::Impl::Init() {
   for (std::string* f : {&opts.tls.cert_file, &opts.tls.key_file, &opts.tls.ca_file}) {
     if (!f->empty()) *f = fs::absolute(*f).string();
   }
-  ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(opts.tls));
-  ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(opts.tls));
+  ASSIGN_OR_RETURN(auto channel_creds, base::MakeChannelCredentials(opts.tls));
+  ASSIGN_OR_RETURN(auto server_creds, base::MakeServerCredentials(opts.tls));
   if (opts.host_store) {
     store::StoreServerOptions so;
     so.address = opts.store_listen;
@@ -269,7 +269,7 @@ absl::Status Daemon::Impl::Init() {
   store = *client;
 
   token_file = opts.state_dir + "/worker-token";
-  if (!opts.auth_token.empty()) RETURN_IF_ERROR(WriteTokenFile(token_file, opts.auth_token));
+  if (!opts.auth_token.empty()) RETURN_IF_ERROR(base::WriteTokenFile(token_file, opts.auth_token));
 
   jobs_service = MakeJobsService(this);
   nodes_service = MakeNodesService(this);

@@ -26,7 +26,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "launcher/verdict.h"
+#include "runtime/flight/verdict.h"
 #include "runtime/base/flags.h"
 #include "runtime/daemon/config.h"
 #include "runtime/daemon/daemon.h"

@@ -9,7 +9,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 #include "tests/comm/hang_checks.h"
 #include "tests/comm/launcher.h"
 

@@ -13,7 +13,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 #include "tests/comm/hang_checks.h"

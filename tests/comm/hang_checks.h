@@ -8,7 +8,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 
 namespace ember::comm::testing {
 

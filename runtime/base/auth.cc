@@ -1,4 +1,4 @@
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -14,7 +14,7 @@
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
-namespace ember::daemon {
+namespace ember::base {
 namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
@@ -25,15 +25,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
   return ss.str();
 }
 
-// Compares in time that depends only on the lengths (the length itself is not secret).
+}  // namespace
+
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   if (a.size() != b.size() || b.empty()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
   return diff == 0;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile(path, "token file"));
@@ -127,4 +126,4 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(opts);
 }
 
-}  // namespace ember::daemon
+}  // namespace ember::base

@@ -1,4 +1,4 @@
-// Authentication and transport security shared by emberd, the store it hosts and ember::Client.
+// Authentication and transport security shared by emberd, ember-store, the worker and ember::Client.
 //
 // Tokens are bearer secrets carried as "authorization: Bearer <token>" metadata; comparisons are
 // constant-time. TLS (docs/operations.md "TLS"): a server serves its certificate; with a CA file
@@ -7,8 +7,8 @@
 // certificate when it has one. Files are named by path; key material never travels in the
 // environment.
 // Thread-safe (pure functions, except CheckToken's logging).
-#ifndef EMBER_RUNTIME_DAEMON_AUTH_H_
-#define EMBER_RUNTIME_DAEMON_AUTH_H_
+#ifndef EMBER_RUNTIME_BASE_AUTH_H_
+#define EMBER_RUNTIME_BASE_AUTH_H_
 
 #include <memory>
 #include <string>
@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 
-namespace ember::daemon {
+namespace ember::base {
 
 struct TlsOptions {
   std::string cert_file;  // PEM certificate chain (server: its own; client: presented for mTLS)
@@ -29,6 +29,10 @@ struct TlsOptions {
   bool enabled() const { return !cert_file.empty() || !ca_file.empty(); }
   bool mutual() const { return enabled() && !ca_file.empty() && verify_clients; }
 };
+
+// true when a == b and b is not empty; the time depends only on the lengths (the length of a
+// token is not secret).
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
 
 // Reads a token file (whitespace stripped). NotFound/PermissionDenied name the path;
 // InvalidArgument when the file is empty or the token is shorter than 16 characters.
@@ -52,6 +56,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsOptions& tls);
 
-}  // namespace ember::daemon
+}  // namespace ember::base
 
-#endif  // EMBER_RUNTIME_DAEMON_AUTH_H_
+#endif  // EMBER_RUNTIME_BASE_AUTH_H_
