@@ -28,8 +28,8 @@
 #include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/daemon/process.h"
-#include "tests/e2e/cluster.h"
-#include "tests/recovery/harness.h"
+#include "testing/cluster.h"
+#include "testing/harness.h"
 
 ABSL_FLAG(int, rounds, 3, "kills measured (a fresh job each)");
 ABSL_FLAG(int, steps, 60, "steps of the job");

@@ -10,8 +10,8 @@
 #include <catch2/catch.hpp>
 
 #include "runtime/flight/analyze.h"
-#include "tests/comm/hang_checks.h"
-#include "tests/comm/launcher.h"
+#include "testing/hang_checks.h"
+#include "testing/comm_launcher.h"
 
 namespace ember::comm::testing {
 namespace {

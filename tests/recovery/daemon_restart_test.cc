@@ -18,7 +18,7 @@
 #include "runtime/base/auth.h"
 #include "runtime/daemon/process.h"
 #include "runtime/store/server.h"
-#include "tests/recovery/harness.h"
+#include "testing/harness.h"
 
 namespace ember::recovery {
 namespace {

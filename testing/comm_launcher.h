@@ -1,7 +1,7 @@
 // Test helper: runs N ranks of tests/comm/comm_worker as child processes with a hard deadline;
 // every child is killed (SIGKILL) if the deadline passes. Thread-compatible.
-#ifndef EMBER_TESTS_COMM_LAUNCHER_H_
-#define EMBER_TESTS_COMM_LAUNCHER_H_
+#ifndef EMBER_TESTING_COMM_LAUNCHER_H_
+#define EMBER_TESTING_COMM_LAUNCHER_H_
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -127,4 +127,4 @@ class DumpWatcher {
 
 }  // namespace ember::comm::testing
 
-#endif  // EMBER_TESTS_COMM_LAUNCHER_H_
+#endif  // EMBER_TESTING_COMM_LAUNCHER_H_

@@ -1,7 +1,7 @@
 // Shared assertion for the injected-hang tests: the analyzer, reading every rank's dump, must say
 // that rank 1 never joined all_reduce seq 3 (the op the comm_worker "hang" scenario skips).
-#ifndef EMBER_TESTS_COMM_HANG_CHECKS_H_
-#define EMBER_TESTS_COMM_HANG_CHECKS_H_
+#ifndef EMBER_TESTING_HANG_CHECKS_H_
+#define EMBER_TESTING_HANG_CHECKS_H_
 
 #include <string>
 #include <vector>
@@ -25,4 +25,4 @@ inline void RequireRank1NeverJoinedAllReduce(const std::string& dump_dir) {
 
 }  // namespace ember::comm::testing
 
-#endif  // EMBER_TESTS_COMM_HANG_CHECKS_H_
+#endif  // EMBER_TESTING_HANG_CHECKS_H_

@@ -1,4 +1,4 @@
-#include "tests/e2e/cluster.h"
+#include "testing/cluster.h"
 
 #include <unistd.h>
 
