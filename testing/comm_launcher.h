@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/base/files.h"
+
 namespace ember::comm::testing {
 
 inline std::string WorkerPath() {
@@ -26,8 +28,7 @@ inline std::string TempDir(const std::string& tag) {
   const char* t = getenv("TEST_TMPDIR");
   std::string d = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid()) + "-" +
                   std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::string cmd = "mkdir -p " + d;
-  if (system(cmd.c_str()) != 0) return "/tmp";
+  if (!::ember::base::MakeDirs(d).ok()) return "/tmp";
   return d;
 }
 

@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -58,17 +59,7 @@ std::string GenerateToken() {
 }
 
 absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp));
-  std::string text = token + "\n";
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::fchmod(fd, 0600);
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    return base::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomic(path, token + "\n", 0600);
 }
 
 grpc::Status CheckToken(grpc::ServerContext* ctx, const std::string& expected,

@@ -41,7 +41,7 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // 32 random bytes from /dev/urandom, hex-encoded (64 characters).
 std::string GenerateToken();
 
-// Writes `token` to `path` with mode 0600 (replacing it).
+// Writes `token` to `path` with mode 0600, atomically (base::WriteFileAtomic; replacing it).
 absl::Status WriteTokenFile(const std::string& path, const std::string& token);
 
 // OK when `expected` is empty (auth off) or the call carries it. Otherwise UNAUTHENTICATED

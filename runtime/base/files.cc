@@ -96,6 +96,8 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
     ::unlink(tmp.c_str());
     return ErrnoToStatus(e, absl::StrCat(what, " ", tmp));
   };
+  // Exactly `mode`, whatever the umask or the mode of a temporary left by a crash.
+  if (::fchmod(fd, mode) != 0) return fail("chmod");
   while (!contents.empty()) {
     ssize_t w = ::write(fd, contents.data(), contents.size());
     if (w < 0) {

@@ -30,9 +30,9 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t* size = nu
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_size);
 
 // Replaces `path` with `contents` so that a crash at any point leaves either the old file or the
-// new one: writes path + ".tmp" (created with `mode`), fsyncs it, renames it over `path` and
-// fsyncs the directory. Errors name the step and the path; the temporary file is removed on a
-// failed write.
+// new one: writes path + ".tmp" (with exactly `mode`, whatever the umask), fsyncs it, renames it
+// over `path` and fsyncs the directory. Errors name the step and the path; the temporary file is
+// removed on a failed write.
 absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
                              mode_t mode = 0644);
 

@@ -56,6 +56,13 @@ TEST_CASE("WriteFileAtomic replaces a file whole and leaves no temporary behind"
   // The mode applies to the new file (the rename carries the temporary's mode).
   REQUIRE(stat((d + "/state").c_str(), &st) == 0);
   CHECK((st.st_mode & 0777) == 0600);
+  // A temporary left behind by a crash, with a looser mode, does not loosen the new file.
+  std::ofstream(d + "/secret.tmp") << "stale";
+  REQUIRE(chmod((d + "/secret.tmp").c_str(), 0666) == 0);
+  REQUIRE(WriteFileAtomic(d + "/secret", "token\n", 0600).ok());
+  REQUIRE(stat((d + "/secret").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(ReadRegularFile(d + "/secret", 100).value() == "token\n");
   REQUIRE(WriteFileAtomic(d + "/empty", "").ok());
   CHECK(ReadRegularFile(d + "/empty", 1).value().empty());
 }
