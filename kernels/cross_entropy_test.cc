@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "kernels/cross_entropy.h"
-#include "kernels/test_util.h"
+#include "testing/kernel_test_util.h"
 
 namespace ember::kernels {
 namespace {

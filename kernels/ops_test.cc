@@ -9,7 +9,7 @@
 #include "kernels/cast.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "kernels/test_util.h"
+#include "testing/kernel_test_util.h"
 
 namespace ember::kernels {
 namespace {

@@ -20,7 +20,7 @@ Client::Client(ClientOptions o, std::shared_ptr<grpc::Channel> ch)
       nodes_(v1::Nodes::NewStub(channel_)) {}
 
 absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
-  ASSIGN_OR_RETURN(auto creds, daemon::MakeChannelCredentials(options.tls));
+  ASSIGN_OR_RETURN(auto creds, base::MakeChannelCredentials(options.tls));
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auto channel = grpc::CreateCustomChannel(options.address, creds, args);

@@ -23,14 +23,14 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/jobs.grpc.pb.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 
 namespace ember {
 
 struct ClientOptions {
   std::string address = "127.0.0.1:29400";
   std::string token;                       // "" = send none
-  daemon::TlsOptions tls;                  // ca_file (+ cert/key for mTLS)
+  base::TlsOptions tls;                    // ca_file (+ cert/key for mTLS)
   absl::Duration connect_timeout = absl::Seconds(5);
   absl::Duration call_timeout = absl::Seconds(30);  // unary calls
 };

@@ -37,7 +37,7 @@
 #include "checkpoint/tools.h"
 #include "google/protobuf/util/json_util.h"
 #include "launcher/client.h"
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 #include "launcher/standalone.h"
 #include "spdlog/spdlog.h"
 #include "yaml-cpp/yaml.h"
@@ -254,7 +254,7 @@ class Ctl {
     if (!token_file.empty()) {
       // A missing, unreadable or empty token file is a token problem (exit 4), like a wrong
       // token, not "no such job" (NOT_FOUND, exit 5) or a bad request.
-      auto t = ember::daemon::ReadTokenFile(token_file);
+      auto t = ember::base::ReadTokenFile(token_file);
       if (!t.ok()) {
         return absl::UnauthenticatedError(absl::StrCat(
             t.status().message(), "; pass --token-file FILE or set $EMBER_TOKEN_FILE"));

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "launcher/verdict.h"
+#include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/spec/spec.h"
 
@@ -76,7 +76,7 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.workers_die_with_daemon = true;  // a killed launcher leaves no worker behind
   o.state_dir = absl::StrCat(options.work_root, "/.emberd/standalone-", getpid());
   auto cluster = std::unique_ptr<StandaloneCluster>(new StandaloneCluster());
-  cluster->token_ = daemon::GenerateToken();
+  cluster->token_ = base::GenerateToken();
   o.auth_token = cluster->token_;
   ASSIGN_OR_RETURN(cluster->daemon_, daemon::Daemon::Start(o));
   return cluster;

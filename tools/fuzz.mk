@@ -5,7 +5,7 @@ CXX ?= clang++
 CXXFLAGS := -std=c++17 -O1 -g -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,address \
             -I. -I$(OUT)/gen -DSPDLOG_COMPILED_LIB -DSPDLOG_FMT_EXTERNAL -MMD -MP
 ABSL := $(patsubst /usr/lib/x86_64-linux-gnu/lib%.so,-l%,$(wildcard /usr/lib/x86_64-linux-gnu/libabsl_*.so))
-LDLIBS := -Wl,--as-needed $(ABSL) -lxxhash -lyaml-cpp -lprotobuf -lz -lspdlog -lfmt -lpthread
+LDLIBS := -Wl,--as-needed $(shell pkg-config --libs grpc++) $(ABSL) -lxxhash -lyaml-cpp -lprotobuf -lz -lspdlog -lfmt -lpthread
 
 CKPT := checkpoint/fuzz_targets.cc checkpoint/safetensors.cc checkpoint/dtype.cc \
         checkpoint/file_util.cc checkpoint/format.cc checkpoint/checksum.cc runtime/base/json.cc \
@@ -18,7 +18,8 @@ SRC_spec := tests/fuzz/spec_fuzz.cc runtime/spec/spec.cc runtime/base/status_mac
 SRC_wal := tests/fuzz/wal_fuzz.cc runtime/store/wal.cc runtime/base/status_macros.cc
 SRC_fast_path := tests/fuzz/fast_path_fuzz.cc runtime/store/fast_path.cc \
                  runtime/store/memory_backend.cc runtime/store/wal.cc runtime/base/status_macros.cc \
-                 runtime/base/clock.cc runtime/base/utf8.cc $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
+                 runtime/base/clock.cc runtime/base/utf8.cc runtime/base/grpc_server.cc \
+                 $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
 BINS := safetensors checkpoint_metadata spec wal fast_path
 
 obj = $(patsubst %.cc,$(OUT)/obj/%.o,$(patsubst $(OUT)/gen/%,gen/%,$(1)))

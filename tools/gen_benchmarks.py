@@ -17,11 +17,11 @@ import os
 ORDER = [
     ("store_bench", "Rendezvous store (issues 2, 11)", "//runtime/store:store_bench"),
     ("comm_bench", "Communication (issues 3, 11)", "//runtime/comm:comm_bench"),
-    ("kernel_bench", "Kernels and training step (issue 4)", "//kernels:kernel_bench"),
+    ("kernel_bench", "Kernels and training step (issue 4)", "//bench:kernel_bench"),
     ("fsdp_bench", "FSDP worker (issue 5)", "//runtime/fsdp:fsdp_bench"),
     ("ckpt_bench", "Checkpoints (issue 6)", "//checkpoint:ckpt_bench"),
-    ("launch_bench", "Launcher (issue 7)", "//launcher:launch_bench"),
-    ("recovery_bench", "Recovery (issue 8)", "//launcher:recovery_bench"),
+    ("launch_bench", "Launcher (issue 7)", "//bench:launch_bench"),
+    ("recovery_bench", "Recovery (issue 8)", "//bench:recovery_bench"),
     ("recorder_bench", "Flight recorder (issue 9)", "//runtime/flight:recorder_bench"),
 ]
 

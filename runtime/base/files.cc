@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 
@@ -72,6 +74,67 @@ absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t ma
   }
   ::close(fd);
   return out;
+}
+
+absl::Status SyncDir(const std::string& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open directory ", dir, " to fsync it"));
+  int rc = ::fsync(fd);
+  int e = errno;
+  ::close(fd);
+  if (rc != 0) return ErrnoToStatus(e, absl::StrCat("fsync directory ", dir));
+  return absl::OkStatus();
+}
+
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp));
+  auto fail = [&](const char* what) {
+    int e = errno;
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return ErrnoToStatus(e, absl::StrCat(what, " ", tmp));
+  };
+  // Exactly `mode`, whatever the umask or the mode of a temporary left by a crash.
+  if (::fchmod(fd, mode) != 0) return fail("chmod");
+  while (!contents.empty()) {
+    ssize_t w = ::write(fd, contents.data(), contents.size());
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return fail("write");
+    }
+    contents.remove_prefix(static_cast<size_t>(w));
+  }
+  if (::fsync(fd) != 0) return fail("fsync");
+  if (::close(fd) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoToStatus(e, absl::StrCat("close ", tmp));
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int e = errno;
+    ::unlink(tmp.c_str());
+    return ErrnoToStatus(e, absl::StrCat("rename ", tmp, " -> ", path));
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return SyncDir(dir.empty() ? "." : dir);
+}
+
+absl::Status MakeDirs(const std::string& dir, mode_t mode) {
+  std::filesystem::path cur;
+  for (const auto& part : std::filesystem::path(dir)) {
+    cur /= part;
+    if (::mkdir(cur.c_str(), mode) != 0 && errno != EEXIST) {
+      return ErrnoToStatus(errno, absl::StrCat("mkdir ", cur.string()));
+    }
+  }
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " exists and is not a directory (or a parent is not)"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ember::base

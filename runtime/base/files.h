@@ -1,15 +1,21 @@
-// Opening and reading input files safely: regular files only, so a FIFO, socket or device given
-// as input is refused at once (with a clear error) instead of blocking the caller forever or
-// reading without end. Thread-safe (no shared state).
+// Files: reading input files safely (regular files only, so a FIFO, socket or device given as
+// input is refused at once with a clear error instead of blocking the caller forever or reading
+// without end), writing a file atomically and durably, and `mkdir -p`. Thread-safe (no shared
+// state; two writers of the same path at once must be serialised by the caller).
 //
 //   ASSIGN_OR_RETURN(std::string text, base::ReadRegularFile(path, /*max_size=*/1 << 20));
+//   RETURN_IF_ERROR(base::WriteFileAtomic(dir + "/state", text));  // old or new, never half
 #ifndef EMBER_RUNTIME_BASE_FILES_H_
 #define EMBER_RUNTIME_BASE_FILES_H_
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace ember::base {
 
@@ -22,6 +28,20 @@ absl::StatusOr<int> OpenRegularFile(const std::string& path, uint64_t* size = nu
 // Reads a whole regular file; OUT_OF_RANGE, naming the limit, when it is larger than `max_size`
 // (checked against its size before reading, and again while reading).
 absl::StatusOr<std::string> ReadRegularFile(const std::string& path, uint64_t max_size);
+
+// Replaces `path` with `contents` so that a crash at any point leaves either the old file or the
+// new one: writes path + ".tmp" (with exactly `mode`, whatever the umask), fsyncs it, renames it
+// over `path` and fsyncs the directory. Errors name the step and the path; the temporary file is
+// removed on a failed write.
+absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents,
+                             mode_t mode = 0644);
+
+// fsync(2) on a directory, so renames and creations inside it are durable.
+absl::Status SyncDir(const std::string& dir);
+
+// `mkdir -p`: creates `dir` and its missing parents with `mode` (existing directories keep their
+// mode). FAILED_PRECONDITION when `dir` (or a parent) exists and is not a directory.
+absl::Status MakeDirs(const std::string& dir, mode_t mode = 0755);
 
 }  // namespace ember::base
 

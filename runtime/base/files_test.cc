@@ -44,5 +44,59 @@ TEST_CASE("A FIFO, a device or a directory is refused at once, never read") {
   alarm(0);
 }
 
+TEST_CASE("WriteFileAtomic replaces a file whole and leaves no temporary behind") {
+  std::string d = TempDir();
+  REQUIRE(WriteFileAtomic(d + "/state", "first\n").ok());
+  REQUIRE(WriteFileAtomic(d + "/state", "second, longer\n", 0600).ok());
+  auto r = ReadRegularFile(d + "/state", 100);
+  REQUIRE(r.ok());
+  CHECK(*r == "second, longer\n");  // replaced, not appended or mixed
+  struct stat st;
+  CHECK(stat((d + "/state.tmp").c_str(), &st) != 0);
+  // The mode applies to the new file (the rename carries the temporary's mode).
+  REQUIRE(stat((d + "/state").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  // A temporary left behind by a crash, with a looser mode, does not loosen the new file.
+  std::ofstream(d + "/secret.tmp") << "stale";
+  REQUIRE(chmod((d + "/secret.tmp").c_str(), 0666) == 0);
+  REQUIRE(WriteFileAtomic(d + "/secret", "token\n", 0600).ok());
+  REQUIRE(stat((d + "/secret").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(ReadRegularFile(d + "/secret", 100).value() == "token\n");
+  REQUIRE(WriteFileAtomic(d + "/empty", "").ok());
+  CHECK(ReadRegularFile(d + "/empty", 1).value().empty());
+}
+
+TEST_CASE("WriteFileAtomic names the path when it cannot write, and keeps the old file") {
+  std::string d = TempDir();
+  absl::Status s = WriteFileAtomic(d + "/no/such/dir/state", "x");
+  CHECK(absl::IsNotFound(s));
+  CHECK(s.message().find(d + "/no/such/dir/state.tmp") != std::string::npos);
+  // A directory where the file should go: the rename fails, the temporary is cleaned up.
+  REQUIRE(mkdir((d + "/adir").c_str(), 0755) == 0);
+  REQUIRE(mkdir((d + "/adir/sub").c_str(), 0755) == 0);
+  s = WriteFileAtomic(d + "/adir", "x");
+  CHECK(!s.ok());
+  CHECK(s.message().find("rename") != std::string::npos);
+  struct stat st;
+  CHECK(stat((d + "/adir.tmp").c_str(), &st) != 0);
+  CHECK(stat((d + "/adir/sub").c_str(), &st) == 0);
+}
+
+TEST_CASE("MakeDirs creates missing parents, accepts existing ones, refuses a file") {
+  std::string d = TempDir();
+  REQUIRE(MakeDirs(d + "/a/b/c").ok());
+  struct stat st;
+  REQUIRE(stat((d + "/a/b/c").c_str(), &st) == 0);
+  CHECK(S_ISDIR(st.st_mode));
+  CHECK(MakeDirs(d + "/a/b/c").ok());  // already there
+  CHECK(MakeDirs(d + "/a/b/c/").ok());
+  std::ofstream(d + "/file") << "x";
+  absl::Status s = MakeDirs(d + "/file");
+  CHECK(absl::IsFailedPrecondition(s));
+  CHECK(s.message().find(d + "/file") != std::string::npos);
+  CHECK(!MakeDirs(d + "/file/below").ok());
+}
+
 }  // namespace
 }  // namespace ember::base

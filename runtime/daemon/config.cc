@@ -96,15 +96,15 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.poll = absl::Seconds(cfg.poll_s);
   o.restart_backoff = absl::Seconds(cfg.restart_backoff_s);
   if (!cfg.auth_token_file.empty()) {
-    ASSIGN_OR_RETURN(o.auth_token, ReadTokenFile(cfg.auth_token_file));
+    ASSIGN_OR_RETURN(o.auth_token, base::ReadTokenFile(cfg.auth_token_file));
   } else if (!cfg.insecure_no_auth) {
     return absl::InvalidArgumentError(
         "auth_token_file: required (authentication is on by default; --insecure-no-auth turns it "
         "off for testing)");
   }
   if (o.tls.enabled()) {  // bad TLS files are a configuration error (exit 2), named here
-    RETURN_IF_ERROR(MakeServerCredentials(o.tls).status());
-    RETURN_IF_ERROR(MakeChannelCredentials(o.tls).status());
+    RETURN_IF_ERROR(base::MakeServerCredentials(o.tls).status());
+    RETURN_IF_ERROR(base::MakeChannelCredentials(o.tls).status());
   }
   if (!o.host_store && o.store_address.empty()) {
     return absl::InvalidArgumentError("store: give --store=HOST:PORT or --host-store");

@@ -28,7 +28,7 @@ struct EmberdConfig {
   std::string store;
   std::string auth_token_file;
   bool insecure_no_auth = false;
-  TlsOptions tls;
+  base::TlsOptions tls;
   std::string work_root = "/var/lib/ember/jobs";
   std::string state_dir;
   std::string worker_binary = "/usr/local/bin/ember-worker";

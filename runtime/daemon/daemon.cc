@@ -17,6 +17,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "google/protobuf/util/json_util.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
@@ -227,10 +228,8 @@ absl::Status Daemon::Impl::Init() {
   if (opts.state_dir.empty()) {
     opts.state_dir = absl::StrCat(opts.work_root, "/.emberd/", opts.node_name);
   }
-  std::error_code ec;
-  fs::create_directories(opts.work_root, ec);
-  fs::create_directories(opts.state_dir, ec);
-  if (ec) return absl::PermissionDeniedError("cannot create " + opts.state_dir + ": " + ec.message());
+  RETURN_IF_ERROR(base::MakeDirs(opts.work_root, 0777));  // the umask decides, as for mkdir -p
+  RETURN_IF_ERROR(base::MakeDirs(opts.state_dir, 0777));  // then 0700, below
   ::chmod(opts.state_dir.c_str(), 0700);
 
   inventory = std::make_unique<Inventory>(opts.inventory);
@@ -239,8 +238,8 @@ absl::Status Daemon::Impl::Init() {
   for (std::string* f : {&opts.tls.cert_file, &opts.tls.key_file, &opts.tls.ca_file}) {
     if (!f->empty()) *f = fs::absolute(*f).string();
   }
-  ASSIGN_OR_RETURN(auto channel_creds, MakeChannelCredentials(opts.tls));
-  ASSIGN_OR_RETURN(auto server_creds, MakeServerCredentials(opts.tls));
+  ASSIGN_OR_RETURN(auto channel_creds, base::MakeChannelCredentials(opts.tls));
+  ASSIGN_OR_RETURN(auto server_creds, base::MakeServerCredentials(opts.tls));
   if (opts.host_store) {
     store::StoreServerOptions so;
     so.address = opts.store_listen;
@@ -269,7 +268,7 @@ absl::Status Daemon::Impl::Init() {
   store = *client;
 
   token_file = opts.state_dir + "/worker-token";
-  if (!opts.auth_token.empty()) RETURN_IF_ERROR(WriteTokenFile(token_file, opts.auth_token));
+  if (!opts.auth_token.empty()) RETURN_IF_ERROR(base::WriteTokenFile(token_file, opts.auth_token));
 
   jobs_service = MakeJobsService(this);
   nodes_service = MakeNodesService(this);
@@ -760,8 +759,8 @@ void Daemon::Impl::StopAttempt(LocalAttempt* a, const std::string& reason) {
 }
 
 void Daemon::Impl::PersistLocked() {
-  // Re-attach state, read back by LoadState(). Written to a temp file and renamed so it is never
-  // half-written. Lines:
+  // Re-attach state, read back by LoadState(). Written atomically and durably (temp file, fsync,
+  // rename, fsync of the directory) so it is never half-written. Lines:
   //   lease <id>
   //   attempt <job> <n> <device,device,...>
   //   worker <job> <n> <rank> <local rank> <pid> <start ticks> <device> <exited> <code> <signal> <log>
@@ -777,12 +776,11 @@ void Daemon::Impl::PersistLocked() {
                       w.exit_code, " ", w.signal, " ", w.log_path, "\n");
     }
   }
-  std::string path = opts.state_dir + "/workers.state";
-  {
-    std::ofstream f(path + ".tmp", std::ios::trunc);
-    f << text;
+  absl::Status s = base::WriteFileAtomic(opts.state_dir + "/workers.state", text);
+  if (!s.ok()) {
+    spdlog::error("cannot save the re-attach state: {} (a daemon restarted now would not find "
+                  "its running workers)", s.ToString());
   }
-  ::rename((path + ".tmp").c_str(), path.c_str());
 }
 
 void Daemon::Impl::LoadState() {

@@ -39,7 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "proto/jobs.pb.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 #include "runtime/daemon/inventory.h"
 
 namespace ember::daemon {
@@ -53,7 +53,7 @@ struct DaemonOptions {
   std::string store_data_dir;            // durability of the hosted store ("" = memory only)
   std::string store_address;             // the store to join (required without host_store)
   std::string auth_token;                // "" = auth off (emberd refuses unless told explicitly)
-  TlsOptions tls;                        // for the APIs and the hosted store
+  base::TlsOptions tls;                  // for the APIs and the hosted store
   std::string work_root;                 // job directories: <work_root>/<job id> (required)
   std::string state_dir;                 // "" = <work_root>/.emberd/<node>
   std::string worker_binary;             // the only executable a daemon ever runs (required)
@@ -75,10 +75,10 @@ struct DaemonOptions {
   // have dumped its flight recorder) before it decides and analyses anyway.
   absl::Duration failure_settle = absl::Seconds(5);
   // Verdict over a directory of flight-recorder dumps ("" = no problem found / no dumps). emberd
-  // wires launcher/fr's analyzer here (//launcher:verdict); null = no analysis. Called on the
-  // scheduler's thread; must not block for long. When the verdict's first finding is that other
-  // ranks than the first to fail hung ("rank R never joined ..."), it leads the failure reason:
-  // the rank whose watchdog fired first is only where the hang was noticed.
+  // wires the flight-recorder analyzer here (//runtime/flight:verdict); null = no analysis.
+  // Called on the scheduler's thread; must not block for long. When the verdict's first finding
+  // is that other ranks than the first to fail hung ("rank R never joined ..."), it leads the
+  // failure reason: the rank whose watchdog fired first is only where the hang was noticed.
   std::function<std::string(const std::string& dir)> analyze_flight;
   // Extra environment for every worker (after the contract variables), e.g. NCCL_* knobs or the
   // test-only EMBER_WORKER_FAULT.

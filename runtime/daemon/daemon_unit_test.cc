@@ -10,7 +10,7 @@
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/config.h"
 #include "runtime/daemon/placement.h"
@@ -203,7 +203,7 @@ TEST_CASE("config: unknown keys and missing tokens are named") {
   REQUIRE(absl::IsInvalidArgument(o.status()));
   REQUIRE(absl::StrContains(o.status().message(), "auth_token_file"));
   std::string tok = Tmp("token");
-  REQUIRE(WriteTokenFile(tok, GenerateToken()).ok());
+  REQUIRE(base::WriteTokenFile(tok, base::GenerateToken()).ok());
   cfg.auth_token_file = tok;
   o = ToDaemonOptions(cfg);
   REQUIRE(o.ok());
@@ -234,7 +234,7 @@ TEST_CASE("config: unknown keys and missing tokens are named") {
   REQUIRE(!o.ok());
   REQUIRE(absl::StrContains(o.status().message(), "no-such.key"));
   { std::ofstream(tok) << "short\n"; }
-  REQUIRE(absl::IsInvalidArgument(ReadTokenFile(tok).status()));
+  REQUIRE(absl::IsInvalidArgument(base::ReadTokenFile(tok).status()));
 }
 
 jobs::v1::Attempt FailedAttempt(int n, int rank, int code, int sig, int64_t last_step) {

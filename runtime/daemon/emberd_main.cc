@@ -28,12 +28,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "launcher/verdict.h"
+#include "runtime/flight/verdict.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/jobs.grpc.pb.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/grpc_server.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 #include "runtime/daemon/config.h"
 #include "runtime/daemon/daemon.h"
 #include "spdlog/spdlog.h"
@@ -79,7 +79,7 @@ absl::Status ProbeApi(const ember::daemon::DaemonOptions& o, std::string address
   }
   std::shared_ptr<grpc::ChannelCredentials> creds = grpc::InsecureChannelCredentials();
   if (o.tls.enabled()) {
-    auto c = ember::daemon::MakeChannelCredentials(o.tls);
+    auto c = ember::base::MakeChannelCredentials(o.tls);
     if (!c.ok()) return c.status();
     creds = *c;
   }

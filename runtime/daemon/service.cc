@@ -34,7 +34,7 @@ std::string JobIdFor(const std::string& name) {
   }
   if (base.empty()) base = "job";
   if (base.size() > 40) base.resize(40);
-  return absl::StrCat(base, "-", GenerateToken().substr(0, 6));
+  return absl::StrCat(base, "-", ember::base::GenerateToken().substr(0, 6));
 }
 
 bool ValidSubmissionId(const std::string& s) {
@@ -51,7 +51,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status Submit(grpc::ServerContext* ctx, const v1::SubmitRequest* req,
                       v1::SubmitResponse* resp) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.Submit");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.Submit");
     if (!auth.ok()) return auth;
     absl::Status s = DoSubmit(ctx, *req, resp);
     if (!s.ok()) {
@@ -61,7 +61,7 @@ class JobsService final : public v1::Jobs::Service {
   }
 
   grpc::Status Get(grpc::ServerContext* ctx, const v1::GetJobRequest* req, v1::Job* out) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.Get");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.Get");
     if (!auth.ok()) return auth;
     auto rec = GetJob(req->id());
     if (!rec.ok()) return ToGrpcStatus(rec.status());
@@ -71,7 +71,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status List(grpc::ServerContext* ctx, const v1::ListJobsRequest* req,
                     v1::ListJobsResponse* out) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.List");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.List");
     if (!auth.ok()) return auth;
     auto names = d_->store->ListKeys(req->active_only() ? "active/" : "joblist/");
     if (!names.ok()) return ToGrpcStatus(names.status());
@@ -94,7 +94,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status Cancel(grpc::ServerContext* ctx, const v1::CancelJobRequest* req,
                       v1::Job* out) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.Cancel");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.Cancel");
     if (!auth.ok()) return auth;
     int stop_attempt = -1;
     auto job = d_->UpdateRecord(req->id(), [&](v1::Job* j) {
@@ -114,7 +114,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status StreamLogs(grpc::ServerContext* ctx, const v1::StreamLogsRequest* req,
                           grpc::ServerWriter<v1::LogLine>* writer) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.StreamLogs");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.StreamLogs");
     if (!auth.ok()) return auth;
     auto job = GetJob(req->id());
     if (!job.ok()) return ToGrpcStatus(job.status());
@@ -188,7 +188,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status StreamMetrics(grpc::ServerContext* ctx, const v1::StreamMetricsRequest* req,
                              grpc::ServerWriter<v1::MetricsUpdate>* writer) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.StreamMetrics");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.StreamMetrics");
     if (!auth.ok()) return auth;
     absl::Duration every = absl::Milliseconds(req->interval_ms() > 0 ? req->interval_ms() : 500);
     std::string last;
@@ -232,7 +232,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status DumpFlightRecorder(grpc::ServerContext* ctx, const v1::DumpRequest* req,
                                   v1::DumpResponse* out) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Jobs.DumpFlightRecorder");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.DumpFlightRecorder");
     if (!auth.ok()) return auth;
     auto rec = d_->ReadRecord(req->id());
     if (!rec.ok()) return ToGrpcStatus(NotFoundNamed(rec.status(), req->id()));
@@ -243,7 +243,7 @@ class JobsService final : public v1::Jobs::Service {
                                        "; only a running job can dump"));
     }
     int n = job.attempts(job.attempts_size() - 1).number();
-    std::string request_id = GenerateToken().substr(0, 12);
+    std::string request_id = base::GenerateToken().substr(0, 12);
     absl::Status s = d_->store->Set(keys::DumpRequest(job.id(), n), request_id);
     if (!s.ok()) return ToGrpcStatus(s);
     out->set_directory(absl::StrCat(d_->JobDir(job.id()), "/flight/attempt-", n));
@@ -268,7 +268,7 @@ class JobsService final : public v1::Jobs::Service {
 
   grpc::Status Forward(grpc::ServerContext* ctx, v1::StreamLogsRequest req,
                        const std::string& address, grpc::ServerWriter<v1::LogLine>* writer) {
-    auto creds = MakeChannelCredentials(d_->opts.tls);
+    auto creds = base::MakeChannelCredentials(d_->opts.tls);
     if (!creds.ok()) return ToGrpcStatus(creds.status());
     auto stub = v1::Jobs::NewStub(grpc::CreateChannel(address, *creds));
     grpc::ClientContext cc;
@@ -303,7 +303,7 @@ class JobsService final : public v1::Jobs::Service {
     if (total > kMaxUploadBytes) {
       return absl::InvalidArgumentError("files: more than 8 MiB in total; use a --data-root");
     }
-    std::string sid = req.submission_id().empty() ? GenerateToken().substr(0, 24)
+    std::string sid = req.submission_id().empty() ? base::GenerateToken().substr(0, 24)
                                                    : req.submission_id();
     if (!ValidSubmissionId(sid)) {
       return absl::InvalidArgumentError(
@@ -380,7 +380,7 @@ class NodesService final : public v1::Nodes::Service {
 
   grpc::Status List(grpc::ServerContext* ctx, const v1::ListNodesRequest*,
                     v1::ListNodesResponse* out) override {
-    grpc::Status auth = CheckToken(ctx, d_->opts.auth_token, "Nodes.List");
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Nodes.List");
     if (!auth.ok()) return auth;
     auto nodes = d_->ReadNodes();
     if (!nodes.ok()) return ToGrpcStatus(nodes.status());

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/files.h"
 #include "runtime/base/logging.h"
 #include "runtime/base/status_macros.h"
 
@@ -202,34 +203,9 @@ absl::Status FlightRecorder::DumpToFile(const std::string& path, absl::string_vi
   std::string json = DumpJson(reason, rank);
   size_t slash = path.rfind('/');
   if (slash != std::string::npos && slash > 0) {
-    std::string dir = path.substr(0, slash);
-    // mkdir -p
-    for (size_t p = 1; p <= dir.size(); ++p) {
-      if (p == dir.size() || dir[p] == '/') {
-        std::string sub = dir.substr(0, p);
-        if (mkdir(sub.c_str(), 0755) != 0 && errno != EEXIST)
-          return base::ErrnoToStatus(errno, absl::StrCat("mkdir ", sub));
-      }
-    }
+    RETURN_IF_ERROR(base::MakeDirs(path.substr(0, slash)));
   }
-  std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("open ", tmp));
-  size_t off = 0;
-  while (off < json.size()) {
-    ssize_t n = write(fd, json.data() + off, json.size() - off);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      close(fd);
-      return base::ErrnoToStatus(err, absl::StrCat("write ", tmp));
-    }
-    off += static_cast<size_t>(n);
-  }
-  close(fd);
-  if (rename(tmp.c_str(), path.c_str()) != 0)
-    return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
-  return absl::OkStatus();
+  return base::WriteFileAtomic(path, json);
 }
 
 void InstallDumpSignalHandler(int signo) {

@@ -104,7 +104,8 @@ class FlightRecorder {
 
   // The versioned JSON document. `rank` is this process's world rank (-1 if unknown).
   std::string DumpJson(absl::string_view reason, int rank) const;
-  // Writes DumpJson to `path` atomically (temp file + rename), creating the directory.
+  // Writes DumpJson to `path` atomically and durably (base::WriteFileAtomic), creating the
+  // directory (base::MakeDirs).
   absl::Status DumpToFile(const std::string& path, absl::string_view reason, int rank) const;
 
   // Dedupes dumps when several groups (sharing this recorder) see the same request: returns true

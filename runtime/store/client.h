@@ -43,7 +43,7 @@ namespace ember::store {
 struct ClientOptions {
   std::string address;                        // host:port of ember-store (or a daemon hosting it)
   std::string auth_token;                     // sent as "authorization: Bearer <token>" if set
-  // null = plaintext (loopback default). Set (TLS: daemon::MakeChannelCredentials): gRPC with
+  // null = plaintext (loopback default). Set (TLS: base::MakeChannelCredentials): gRPC with
   // these credentials only, never the plaintext fast path.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration default_timeout = absl::Seconds(300);     // per call, unless CallOptions says

@@ -29,7 +29,7 @@
 #include "proto/store.grpc.pb.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/grpc_server.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/fast_path_protocol.h"
@@ -168,7 +168,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    auto token = ember::daemon::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    auto token = ember::base::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
     if (!token.ok()) {
       spdlog::error("--auth-token-file: {}", std::string(token.status().message()));
       return 2;
@@ -179,13 +179,13 @@ int main(int argc, char** argv) {
                   "--insecure-no-auth turns it off for testing)");
     return 2;
   }
-  ember::daemon::TlsOptions tls;
+  ember::base::TlsOptions tls;
   tls.cert_file = absl::GetFlag(FLAGS_tls_cert);
   tls.key_file = absl::GetFlag(FLAGS_tls_key);
   tls.ca_file = absl::GetFlag(FLAGS_tls_ca);
   tls.verify_clients = absl::GetFlag(FLAGS_tls_verify_clients);
   if (tls.enabled()) {
-    auto creds = ember::daemon::MakeServerCredentials(tls);
+    auto creds = ember::base::MakeServerCredentials(tls);
     if (!creds.ok()) {
       spdlog::error("TLS: {}", std::string(creds.status().message()));
       return 2;
@@ -222,9 +222,9 @@ int main(int argc, char** argv) {
       watchdog ? absl::Microseconds(watchdog_usec / 3) : absl::Seconds(10);
   std::shared_ptr<grpc::ChannelCredentials> probe_credentials;
   if (tls.enabled()) {
-    ember::daemon::TlsOptions self = tls;
+    ember::base::TlsOptions self = tls;
     if (!tls.mutual()) self.cert_file = self.key_file = "";  // no client certificate needed
-    auto creds = ember::daemon::MakeChannelCredentials(self);
+    auto creds = ember::base::MakeChannelCredentials(self);
     if (!creds.ok()) {
       spdlog::error("TLS (health probe): {}", std::string(creds.status().message()));
       return 2;

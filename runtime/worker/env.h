@@ -12,7 +12,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 
 namespace ember::worker {
 
@@ -32,7 +32,7 @@ struct WorkerEnv {
   std::string fr_dump_dir;      // EMBER_FR_DUMP_DIR (optional; default <job_dir>/flight)
   // EMBER_TLS_CA, EMBER_TLS_CERT, EMBER_TLS_KEY (optional paths): dial the store with TLS when
   // either of the first two is set, presenting the certificate (mTLS) when given.
-  daemon::TlsOptions tls;
+  base::TlsOptions tls;
   // EMBER_UPLOAD_DIR (optional; default <job_dir>): relative data paths (data.path,
   // data.text_path, checkpoint.init_from_safetensors) resolve here; emberd sets <job_dir>/uploads.
   std::string upload_dir;

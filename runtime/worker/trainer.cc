@@ -353,7 +353,7 @@ absl::Status Train(const Plan& plan) {
     co.auth_token = std::string(absl::StripAsciiWhitespace(tok));
   }
   if (env.tls.enabled()) {
-    ASSIGN_OR_RETURN(co.credentials, daemon::MakeChannelCredentials(env.tls));
+    ASSIGN_OR_RETURN(co.credentials, base::MakeChannelCredentials(env.tls));
   }
   ASSIGN_OR_RETURN(store::Client client, store::Client::Connect(co));
   store::Client job = client.WithPrefix(env.prefix());

@@ -9,9 +9,9 @@
 
 #include <catch2/catch.hpp>
 
-#include "launcher/fr/analyze.h"
-#include "tests/comm/hang_checks.h"
-#include "tests/comm/launcher.h"
+#include "runtime/flight/analyze.h"
+#include "testing/hang_checks.h"
+#include "testing/comm_launcher.h"
 
 namespace ember::comm::testing {
 namespace {

@@ -13,11 +13,11 @@
 
 #include <catch2/catch.hpp>
 
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
-#include "tests/comm/hang_checks.h"
-#include "tests/comm/launcher.h"
+#include "testing/hang_checks.h"
+#include "testing/comm_launcher.h"
 
 namespace ember::comm::testing {
 namespace {

@@ -13,7 +13,7 @@
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
 #include "runtime/store/client.h"
-#include "tests/e2e/cluster.h"
+#include "testing/cluster.h"
 
 namespace ember::e2e {
 namespace {

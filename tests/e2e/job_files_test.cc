@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "tests/e2e/cluster.h"
+#include "testing/cluster.h"
 
 namespace ember::e2e {
 namespace {

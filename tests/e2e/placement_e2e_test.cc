@@ -10,8 +10,8 @@
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
 #include "runtime/store/client.h"
-#include "tests/e2e/cluster.h"
-#include "tests/recovery/harness.h"
+#include "testing/cluster.h"
+#include "testing/harness.h"
 
 namespace ember::e2e {
 namespace {

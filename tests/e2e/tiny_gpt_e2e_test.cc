@@ -9,7 +9,7 @@
 #include "catch2/catch.hpp"
 #include "checkpoint/checkpoint.h"
 #include "runtime/daemon/process.h"
-#include "tests/e2e/cluster.h"
+#include "testing/cluster.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ember::e2e {

@@ -15,10 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "launcher/client.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 #include "runtime/daemon/process.h"
 #include "runtime/store/server.h"
-#include "tests/recovery/harness.h"
+#include "testing/harness.h"
 
 namespace ember::recovery {
 namespace {
@@ -38,7 +38,7 @@ struct Cluster {
     const char* tmp = getenv("TEST_TMPDIR");
     c->work_root = absl::StrCat(tmp ? tmp : "/tmp", "/rec-", getpid(), "-", rand() % 100000);
     fs::create_directories(c->work_root);
-    c->token = daemon::GenerateToken();
+    c->token = base::GenerateToken();
     c->token_file = c->work_root + "/token";
     std::ofstream(c->token_file) << c->token << "\n";
     fs::permissions(c->token_file, fs::perms::owner_read | fs::perms::owner_write);

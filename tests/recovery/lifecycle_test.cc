@@ -18,8 +18,8 @@
 #include "absl/strings/str_replace.h"
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
-#include "tests/e2e/cluster.h"
-#include "tests/recovery/harness.h"
+#include "testing/cluster.h"
+#include "testing/harness.h"
 
 namespace ember::recovery {
 namespace {

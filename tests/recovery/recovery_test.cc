@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
-#include "tests/e2e/cluster.h"
-#include "tests/recovery/harness.h"
+#include "testing/cluster.h"
+#include "testing/harness.h"
 
 namespace ember::recovery {
 namespace {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/base/wire_probe.h"
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -30,19 +30,19 @@ const std::string& CertDir() {
 
 std::string Pem(const std::string& name) { return absl::StrCat(CertDir(), "/", name); }
 
-daemon::TlsOptions ServerTls(bool mutual) {
-  daemon::TlsOptions t;
+base::TlsOptions ServerTls(bool mutual) {
+  base::TlsOptions t;
   t.cert_file = Pem("node.crt");
   t.key_file = Pem("node.key");
   if (mutual) t.ca_file = Pem("ca.crt");
   return t;
 }
 
-std::unique_ptr<StoreServer> StartStore(const daemon::TlsOptions* tls) {
+std::unique_ptr<StoreServer> StartStore(const base::TlsOptions* tls) {
   StoreServerOptions so;
   so.auth_token = "tls-test-token-0123456789";
   if (tls != nullptr) {
-    auto creds = daemon::MakeServerCredentials(*tls);
+    auto creds = base::MakeServerCredentials(*tls);
     REQUIRE(creds.ok());
     so.credentials = *creds;
   }
@@ -60,13 +60,13 @@ absl::StatusOr<Client> Dial(const StoreServer& s, bool tls, const std::string& c
   co.auth_token = "tls-test-token-0123456789";
   co.connect_timeout = timeout;
   if (tls) {
-    daemon::TlsOptions t;
+    base::TlsOptions t;
     t.ca_file = Pem(ca + ".crt");
     if (!cert.empty()) {
       t.cert_file = Pem(cert + ".crt");
       t.key_file = Pem(cert + ".key");
     }
-    auto creds = daemon::MakeChannelCredentials(t);
+    auto creds = base::MakeChannelCredentials(t);
     REQUIRE(creds.ok());
     co.credentials = *creds;
   }
@@ -74,7 +74,7 @@ absl::StatusOr<Client> Dial(const StoreServer& s, bool tls, const std::string& c
 }
 
 TEST_CASE("TLS store: a client trusting the CA works over gRPC; the plaintext fast path is off") {
-  daemon::TlsOptions tls = ServerTls(false);
+  base::TlsOptions tls = ServerTls(false);
   auto server = StartStore(&tls);
   CHECK(server->fast_port() == 0);
   auto c = Dial(*server, true);
@@ -93,7 +93,7 @@ TEST_CASE("TLS store: a client trusting the CA works over gRPC; the plaintext fa
 }
 
 TEST_CASE("a plaintext client against a TLS store fails fast with FAILED_PRECONDITION") {
-  daemon::TlsOptions tls = ServerTls(false);
+  base::TlsOptions tls = ServerTls(false);
   auto server = StartStore(&tls);
   absl::Time start = absl::Now();
   auto c = Dial(*server, false);
@@ -117,7 +117,7 @@ TEST_CASE("a TLS client never falls back to plaintext: against a plaintext store
 }
 
 TEST_CASE("mTLS store: accepts the CA's client certificates, refuses none or another CA's") {
-  daemon::TlsOptions tls = ServerTls(true);
+  base::TlsOptions tls = ServerTls(true);
   REQUIRE(tls.mutual());
   auto server = StartStore(&tls);
   CHECK(server->fast_port() == 0);
@@ -153,17 +153,17 @@ TEST_CASE("the wire probe cannot tell without a server: no mismatch is claimed")
 }
 
 TEST_CASE("TLS options are checked: a certificate needs its key, a server needs a certificate") {
-  daemon::TlsOptions only_ca;
+  base::TlsOptions only_ca;
   only_ca.ca_file = Pem("ca.crt");
-  auto s = daemon::MakeServerCredentials(only_ca);
+  auto s = base::MakeServerCredentials(only_ca);
   REQUIRE(!s.ok());
   CHECK(absl::StrContains(s.status().message(), "--tls-cert and --tls-key"));
-  daemon::TlsOptions no_key = only_ca;
+  base::TlsOptions no_key = only_ca;
   no_key.cert_file = Pem("client.crt");
-  REQUIRE(!daemon::MakeChannelCredentials(no_key).ok());
-  daemon::TlsOptions missing = ServerTls(false);
+  REQUIRE(!base::MakeChannelCredentials(no_key).ok());
+  base::TlsOptions missing = ServerTls(false);
   missing.key_file = Pem("no-such.key");
-  auto m = daemon::MakeServerCredentials(missing);
+  auto m = base::MakeServerCredentials(missing);
   REQUIRE(!m.ok());
   CHECK(absl::StrContains(m.status().message(), "no-such.key"));
 }

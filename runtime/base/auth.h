@@ -1,4 +1,4 @@
-// Authentication and transport security shared by emberd, the store it hosts and ember::Client.
+// Authentication and transport security shared by emberd, ember-store, the worker and ember::Client.
 //
 // Tokens are bearer secrets carried as "authorization: Bearer <token>" metadata; comparisons are
 // constant-time. TLS (docs/operations.md "TLS"): a server serves its certificate; with a CA file
@@ -7,8 +7,8 @@
 // certificate when it has one. Files are named by path; key material never travels in the
 // environment.
 // Thread-safe (pure functions, except CheckToken's logging).
-#ifndef EMBER_RUNTIME_DAEMON_AUTH_H_
-#define EMBER_RUNTIME_DAEMON_AUTH_H_
+#ifndef EMBER_RUNTIME_BASE_AUTH_H_
+#define EMBER_RUNTIME_BASE_AUTH_H_
 
 #include <memory>
 #include <string>
@@ -17,7 +17,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/grpcpp.h"
 
-namespace ember::daemon {
+namespace ember::base {
 
 struct TlsOptions {
   std::string cert_file;  // PEM certificate chain (server: its own; client: presented for mTLS)
@@ -30,6 +30,10 @@ struct TlsOptions {
   bool mutual() const { return enabled() && !ca_file.empty() && verify_clients; }
 };
 
+// true when a == b and b is not empty; the time depends only on the lengths (the length of a
+// token is not secret).
+bool ConstantTimeEquals(const std::string& a, const std::string& b);
+
 // Reads a token file (whitespace stripped). NotFound/PermissionDenied name the path;
 // InvalidArgument when the file is empty or the token is shorter than 16 characters.
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
@@ -37,7 +41,7 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
 // 32 random bytes from /dev/urandom, hex-encoded (64 characters).
 std::string GenerateToken();
 
-// Writes `token` to `path` with mode 0600 (replacing it).
+// Writes `token` to `path` with mode 0600, atomically (base::WriteFileAtomic; replacing it).
 absl::Status WriteTokenFile(const std::string& path, const std::string& token);
 
 // OK when `expected` is empty (auth off) or the call carries it. Otherwise UNAUTHENTICATED
@@ -52,6 +56,6 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeServerCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials(
     const TlsOptions& tls);
 
-}  // namespace ember::daemon
+}  // namespace ember::base
 
-#endif  // EMBER_RUNTIME_DAEMON_AUTH_H_
+#endif  // EMBER_RUNTIME_BASE_AUTH_H_

@@ -1,4 +1,4 @@
-#include "runtime/daemon/auth.h"
+#include "runtime/base/auth.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,10 +11,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
-namespace ember::daemon {
+namespace ember::base {
 namespace {
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) {
@@ -25,15 +26,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
   return ss.str();
 }
 
-// Compares in time that depends only on the lengths (the length itself is not secret).
+}  // namespace
+
 bool ConstantTimeEquals(const std::string& a, const std::string& b) {
   if (a.size() != b.size() || b.empty()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
   return diff == 0;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile(path, "token file"));
@@ -59,17 +59,7 @@ std::string GenerateToken() {
 }
 
 absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
-  std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("cannot create ", tmp));
-  std::string text = token + "\n";
-  bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  ::fchmod(fd, 0600);
-  ::close(fd);
-  if (!ok || ::rename(tmp.c_str(), path.c_str()) != 0) {
-    return base::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
+  return WriteFileAtomic(path, token + "\n", 0600);
 }
 
 grpc::Status CheckToken(grpc::ServerContext* ctx, const std::string& expected,
@@ -127,4 +117,4 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> MakeChannelCredentials
   return grpc::SslCredentials(opts);
 }
 
-}  // namespace ember::daemon
+}  // namespace ember::base

@@ -1,6 +1,6 @@
 // launch_bench: what the launcher itself costs.
 //
-//   bazel run -c opt //launcher:launch_bench -- [--json] [--quick] [--reps=3] [--worker=PATH]
+//   bazel run -c opt //bench:launch_bench -- [--json] [--quick] [--reps=3] [--worker=PATH]
 //       [--spec=JOB.yaml]
 //
 // submit_to_first_step_s  Submit of a 4-rank job on a standalone (in-process) cluster until rank 0

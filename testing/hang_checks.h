@@ -1,14 +1,14 @@
 // Shared assertion for the injected-hang tests: the analyzer, reading every rank's dump, must say
 // that rank 1 never joined all_reduce seq 3 (the op the comm_worker "hang" scenario skips).
-#ifndef EMBER_TESTS_COMM_HANG_CHECKS_H_
-#define EMBER_TESTS_COMM_HANG_CHECKS_H_
+#ifndef EMBER_TESTING_HANG_CHECKS_H_
+#define EMBER_TESTING_HANG_CHECKS_H_
 
 #include <string>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 
 namespace ember::comm::testing {
 
@@ -25,4 +25,4 @@ inline void RequireRank1NeverJoinedAllReduce(const std::string& dump_dir) {
 
 }  // namespace ember::comm::testing
 
-#endif  // EMBER_TESTS_COMM_HANG_CHECKS_H_
+#endif  // EMBER_TESTING_HANG_CHECKS_H_

@@ -11,7 +11,7 @@
 //   ckpt_load_s        the restarted rank 0's checkpoint load (from its log)
 //   progress_lost      steps done at the kill minus the step resumed from (target <= --every)
 //
-//   bazel run -c opt //launcher:recovery_bench -- [--json] [--rounds=3] [--quick]
+//   bazel run -c opt //bench:recovery_bench -- [--json] [--rounds=3] [--quick]
 //
 // Each round is a fresh job; one row per round, targets on the median (progress lost: the
 // maximum). All targets are absolute (no peer). --quick: one round of a shorter job.
@@ -28,8 +28,8 @@
 #include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/daemon/process.h"
-#include "tests/e2e/cluster.h"
-#include "tests/recovery/harness.h"
+#include "testing/cluster.h"
+#include "testing/harness.h"
 
 ABSL_FLAG(int, rounds, 3, "kills measured (a fresh job each)");
 ABSL_FLAG(int, steps, 60, "steps of the job");

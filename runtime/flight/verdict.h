@@ -1,10 +1,10 @@
 // FlightVerdict: one line naming the culprit of a failed attempt from its flight-recorder dumps,
-// for the daemon to attach to the attempt (DaemonOptions::analyze_flight). Wraps launcher/fr's
+// for the daemon to attach to the attempt (DaemonOptions::analyze_flight). Wraps the analyzer beside it
 // analyzer: "rank 1 never joined all_gather seq 7 of group 'world'", "ranks 0, 2 disagree ...".
 //
 // Pure function over files; thread-safe.
-#ifndef EMBER_LAUNCHER_VERDICT_H_
-#define EMBER_LAUNCHER_VERDICT_H_
+#ifndef EMBER_RUNTIME_FLIGHT_VERDICT_H_
+#define EMBER_RUNTIME_FLIGHT_VERDICT_H_
 
 #include <string>
 
@@ -19,4 +19,4 @@ std::string FlightVerdict(const std::string& dir);
 
 }  // namespace ember
 
-#endif  // EMBER_LAUNCHER_VERDICT_H_
+#endif  // EMBER_RUNTIME_FLIGHT_VERDICT_H_

@@ -1,11 +1,11 @@
-#include "launcher/verdict.h"
+#include "runtime/flight/verdict.h"
 
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 
 namespace ember {
 namespace {

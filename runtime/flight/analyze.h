@@ -7,9 +7,10 @@
 //   std::cout << r.ToText();            // or r.ToJson()
 //   return r.problem ? 1 : 0;
 //
-// Pure functions over files; thread-compatible. Used by `fr_analyze` and (later) emberctl.
-#ifndef EMBER_LAUNCHER_FR_ANALYZE_H_
-#define EMBER_LAUNCHER_FR_ANALYZE_H_
+// Pure functions over files; thread-compatible. Used by `fr_analyze`, `emberctl fr analyze` and
+// FlightVerdict (verdict.h).
+#ifndef EMBER_RUNTIME_FLIGHT_ANALYZE_H_
+#define EMBER_RUNTIME_FLIGHT_ANALYZE_H_
 
 #include <cstdint>
 #include <map>
@@ -53,4 +54,4 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
 
 }  // namespace ember::fr
 
-#endif  // EMBER_LAUNCHER_FR_ANALYZE_H_
+#endif  // EMBER_RUNTIME_FLIGHT_ANALYZE_H_

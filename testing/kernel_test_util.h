@@ -1,6 +1,6 @@
 // Test helpers: seeded random data, float64 finite differences, error metrics. testonly.
-#ifndef EMBER_KERNELS_TEST_UTIL_H_
-#define EMBER_KERNELS_TEST_UTIL_H_
+#ifndef EMBER_TESTING_KERNEL_TEST_UTIL_H_
+#define EMBER_TESTING_KERNEL_TEST_UTIL_H_
 
 #include <algorithm>
 #include <cmath>
@@ -58,4 +58,4 @@ inline double WeightedSum(const std::vector<double>& y, const std::vector<double
 
 }  // namespace ember::kernels::testing
 
-#endif  // EMBER_KERNELS_TEST_UTIL_H_
+#endif  // EMBER_TESTING_KERNEL_TEST_UTIL_H_

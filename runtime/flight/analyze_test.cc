@@ -1,4 +1,4 @@
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "tests/recovery/harness.h"
+#include "testing/harness.h"
 
 #include <fcntl.h>
 #include <signal.h>

@@ -1,8 +1,8 @@
-// Helpers shared by the recovery tests and //launcher:recovery_bench: a tiny deterministic job
+// Helpers shared by the recovery tests and //bench:recovery_bench: a tiny deterministic job
 // spec for the real ember-worker, finding a rank's pid, emberd processes over an in-process store
 // (for the tests that kill -9 a daemon). Test-only; thread-compatible.
-#ifndef EMBER_TESTS_RECOVERY_HARNESS_H_
-#define EMBER_TESTS_RECOVERY_HARNESS_H_
+#ifndef EMBER_TESTING_HARNESS_H_
+#define EMBER_TESTING_HARNESS_H_
 
 #include <sys/types.h>
 
@@ -66,4 +66,4 @@ std::string ReadFile(const std::string& path);
 
 }  // namespace ember::recovery
 
-#endif  // EMBER_TESTS_RECOVERY_HARNESS_H_
+#endif  // EMBER_TESTING_HARNESS_H_

@@ -1,11 +1,11 @@
-#include "tests/e2e/cluster.h"
+#include "testing/cluster.h"
 
 #include <unistd.h>
 
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "launcher/verdict.h"
+#include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::e2e {
@@ -22,7 +22,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(ClusterOptions o
   auto c = std::unique_ptr<TestCluster>(new TestCluster());
   const char* tmp = getenv("TEST_TMPDIR");
   c->work_root_ = absl::StrCat(tmp ? tmp : "/tmp", "/e2e-", getpid(), "-", rand() % 100000);
-  c->token_ = daemon::GenerateToken();
+  c->token_ = base::GenerateToken();
   std::string worker = o.worker.empty() ? fs::absolute("tests/e2e/test_worker").string() : o.worker;
   for (int i = 0; i < o.nodes; ++i) {
     daemon::DaemonOptions d;

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <string>
 
-#include "launcher/fr/analyze.h"
+#include "runtime/flight/analyze.h"
 
 int main(int argc, char** argv) {
   std::string dir;

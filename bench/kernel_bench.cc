@@ -2,7 +2,7 @@
 // window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
 // training step against the same model in PyTorch (run in the same process tree, same threads).
 //
-//   bazel run -c opt //kernels:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
+//   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
 //       [--threads=N]
 //
 // One table of figures (value, reference, ratio); those with a goal are also targets

@@ -1,7 +1,7 @@
 // Test helper: runs N ranks of tests/comm/comm_worker as child processes with a hard deadline;
 // every child is killed (SIGKILL) if the deadline passes. Thread-compatible.
-#ifndef EMBER_TESTS_COMM_LAUNCHER_H_
-#define EMBER_TESTS_COMM_LAUNCHER_H_
+#ifndef EMBER_TESTING_COMM_LAUNCHER_H_
+#define EMBER_TESTING_COMM_LAUNCHER_H_
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -15,6 +15,8 @@
 #include <thread>
 #include <vector>
 
+#include "runtime/base/files.h"
+
 namespace ember::comm::testing {
 
 inline std::string WorkerPath() {
@@ -26,8 +28,7 @@ inline std::string TempDir(const std::string& tag) {
   const char* t = getenv("TEST_TMPDIR");
   std::string d = std::string(t ? t : "/tmp") + "/" + tag + "-" + std::to_string(getpid()) + "-" +
                   std::to_string(std::chrono::steady_clock::now().time_since_epoch().count());
-  std::string cmd = "mkdir -p " + d;
-  if (system(cmd.c_str()) != 0) return "/tmp";
+  if (!::ember::base::MakeDirs(d).ok()) return "/tmp";
   return d;
 }
 
@@ -127,4 +128,4 @@ class DumpWatcher {
 
 }  // namespace ember::comm::testing
 
-#endif  // EMBER_TESTS_COMM_LAUNCHER_H_
+#endif  // EMBER_TESTING_COMM_LAUNCHER_H_

@@ -1,8 +1,8 @@
 // Test harness: a store and two daemons ("node-a" hosts the store, "node-b" joins it) on loopback
 // in this process, each offering `slots` CPU devices, running //tests/e2e:test_worker (or the
 // worker given). Destroying it drains both daemons: no worker survives a test. Thread-compatible.
-#ifndef EMBER_TESTS_E2E_CLUSTER_H_
-#define EMBER_TESTS_E2E_CLUSTER_H_
+#ifndef EMBER_TESTING_CLUSTER_H_
+#define EMBER_TESTING_CLUSTER_H_
 
 #include <memory>
 #include <string>
@@ -46,4 +46,4 @@ std::string Spec(const std::string& name, int world, int steps);
 
 }  // namespace ember::e2e
 
-#endif  // EMBER_TESTS_E2E_CLUSTER_H_
+#endif  // EMBER_TESTING_CLUSTER_H_
