@@ -50,6 +50,18 @@ int TryRawConnect(int port) {
   return fd;
 }
 
+// The port ember-store wrote to `port_file` (--port-file), waiting up to 10 s for it.
+int WaitForPortFile(const std::string& port_file) {
+  int port = 0;
+  for (int i = 0; i < 1000 && port == 0; ++i) {
+    std::ifstream f(port_file);
+    if (!(f >> port)) port = 0;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  REQUIRE(port > 0);
+  return port;
+}
+
 int RawConnect(int port) {
   int fd = TryRawConnect(port);
   REQUIRE(fd >= 0);
@@ -414,13 +426,7 @@ TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serv
           "--log_level=error", static_cast<char*>(nullptr));
     _exit(127);
   }
-  int port = 0;
-  for (int i = 0; i < 1000 && port == 0; ++i) {
-    std::ifstream f(port_file);
-    if (!(f >> port)) port = 0;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  REQUIRE(port > 0);
+  const int port = WaitForPortFile(port_file);
   std::string addr = absl::StrCat("127.0.0.1:", port);
   int fast_port = 0;
   {
@@ -507,13 +513,7 @@ TEST_CASE("unauthenticated 60 MB calls are refused and the store keeps serving (
             "--max_response_bytes=67108864", "--log_level=error", static_cast<char*>(nullptr));
       _exit(127);
     }
-    int port = 0;
-    for (int i = 0; i < 1000 && port == 0; ++i) {
-      std::ifstream f(port_file);
-      if (!(f >> port)) port = 0;
-      absl::SleepFor(absl::Milliseconds(10));
-    }
-    REQUIRE(port > 0);
+    const int port = WaitForPortFile(port_file);
     std::string addr = absl::StrCat("127.0.0.1:", port);
     absl::SleepFor(absl::Milliseconds(300));
     int64_t before = PeakRssKb(pid);
