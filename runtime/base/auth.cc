@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/files.h"
+#include "runtime/base/grpc_server.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -27,13 +28,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const char* what) 
 }
 
 }  // namespace
-
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size() || b.empty()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string text, ReadFile(path, "token file"));

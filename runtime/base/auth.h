@@ -30,9 +30,8 @@ struct TlsOptions {
   bool mutual() const { return enabled() && !ca_file.empty() && verify_clients; }
 };
 
-// true when a == b and b is not empty; the time depends only on the lengths (the length of a
-// token is not secret).
-bool ConstantTimeEquals(const std::string& a, const std::string& b);
+// Token comparison: ConstantTimeEquals in runtime/base/grpc_server.h (one copy for the gRPC gate,
+// the store's fast path and CheckToken).
 
 // Reads a token file (whitespace stripped). NotFound/PermissionDenied name the path;
 // InvalidArgument when the file is empty or the token is shorter than 16 characters.
