@@ -17,15 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/store/client.h"
+#include "runtime/store/store_process_test_util.h"
 
 namespace ember::store {
 namespace {
 
-std::string StoreBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  REQUIRE(srcdir != nullptr);
-  return absl::StrCat(srcdir, "/ember/runtime/store/ember-store");
-}
+using testing::StoreBinary;
+using testing::WaitPort;
 
 // Starts ember-store; `extra` flags come last (and win); stderr goes to `log` when set.
 pid_t StartStore(const std::string& listen, const std::string& dir, const std::string& port_file,
@@ -71,16 +69,6 @@ void WriteAllTo(const std::string& path, const std::string& data) {
   REQUIRE(f.good());
 }
 
-int WaitPort(const std::string& port_file) {
-  for (int i = 0; i < 1000; ++i) {
-    std::ifstream f(port_file);
-    int port = 0;
-    if (f >> port && port > 0) return port;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  FAIL("ember-store did not report its port within 10 s");
-  return 0;
-}
 
 TEST_CASE("acknowledged writes survive kill -9 and the client rides through the restart") {
   char tmpl[] = "/tmp/ember-store-durable-XXXXXX";

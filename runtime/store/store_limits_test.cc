@@ -26,11 +26,15 @@
 #include "proto/store.grpc.pb.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/store/client.h"
+#include "runtime/store/store_process_test_util.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "runtime/store/server.h"
 
 namespace ember::store {
 namespace {
+
+using testing::StoreBinary;
+using testing::WaitPort;
 
 constexpr char kToken[] = "limits-test-token";
 
@@ -48,18 +52,6 @@ int TryRawConnect(int port) {
     return -1;
   }
   return fd;
-}
-
-// The port ember-store wrote to `port_file` (--port-file), waiting up to 10 s for it.
-int WaitForPortFile(const std::string& port_file) {
-  int port = 0;
-  for (int i = 0; i < 1000 && port == 0; ++i) {
-    std::ifstream f(port_file);
-    if (!(f >> port)) port = 0;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  REQUIRE(port > 0);
-  return port;
 }
 
 int RawConnect(int port) {
@@ -379,11 +371,6 @@ TEST_CASE("gRPC Session: a client that stops reading is cut off at max_unsent_by
 }
 
 // --- a real ember-store process under a small descriptor limit -------------------------------
-std::string StoreBinary() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  REQUIRE(srcdir != nullptr);
-  return absl::StrCat(srcdir, "/ember/runtime/store/ember-store");
-}
 
 TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serving") {
   // The attacker needs descriptors too.
@@ -426,7 +413,7 @@ TEST_CASE("a connection flood up to the descriptor limit leaves ember-store serv
           "--log_level=error", static_cast<char*>(nullptr));
     _exit(127);
   }
-  const int port = WaitForPortFile(port_file);
+  const int port = WaitPort(port_file);
   std::string addr = absl::StrCat("127.0.0.1:", port);
   int fast_port = 0;
   {
@@ -513,7 +500,7 @@ TEST_CASE("unauthenticated 60 MB calls are refused and the store keeps serving (
             "--max_response_bytes=67108864", "--log_level=error", static_cast<char*>(nullptr));
       _exit(127);
     }
-    const int port = WaitForPortFile(port_file);
+    const int port = WaitPort(port_file);
     std::string addr = absl::StrCat("127.0.0.1:", port);
     absl::SleepFor(absl::Milliseconds(300));
     int64_t before = PeakRssKb(pid);
