@@ -443,8 +443,9 @@ class Ctl {
         ember::ckpt::ExportOptions o;
         o.include_optimizer = a_.Has("--include-optimizer");
         if (a_.Has("--max-shard-bytes") &&
-            !absl::SimpleAtoi(a_.Get("--max-shard-bytes"), &o.max_shard_bytes)) {
-          std::cerr << "emberctl: --max-shard-bytes wants a byte count, got '"
+            (!absl::SimpleAtoi(a_.Get("--max-shard-bytes"), &o.max_shard_bytes) ||
+             o.max_shard_bytes <= 0)) {
+          std::cerr << "emberctl: --max-shard-bytes wants a positive byte count, got '"
                     << a_.Get("--max-shard-bytes") << "'\n";
           return kUsage;
         }

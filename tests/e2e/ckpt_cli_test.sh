@@ -58,4 +58,6 @@ timeout 20 "$EMBERCTL" ckpt inspect "$T/sharded/model.safetensors.index.json" > 
   || fail "inspect the index: $(cat "$T/out")"
 "$EMBERCTL" ckpt export "$T/good" "$T/y" --max-shard-bytes lots > /dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "a bad --max-shard-bytes must exit 2 (got $rc)"
+"$EMBERCTL" ckpt export "$T/good" "$T/z" --max-shard-bytes -5 > /dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] || fail "a negative --max-shard-bytes must exit 2 (got $rc)"
 echo "PASS"
