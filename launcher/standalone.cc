@@ -9,7 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 
 namespace ember {
 

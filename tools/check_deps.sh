@@ -28,7 +28,6 @@ examples 10
 //bench:report 15
 runtime/store 20
 runtime/flight 20
-runtime/spec 20
 runtime/jobspec 20
 runtime/job 20
 kernels 20

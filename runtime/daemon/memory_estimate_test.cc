@@ -6,7 +6,7 @@
 #include "absl/strings/match.h"
 #include "catch2/catch.hpp"
 #include "runtime/model/gpt.h"
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 
 namespace ember::daemon {
 namespace {

@@ -15,7 +15,7 @@
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/memory_estimate.h"
 #include "runtime/daemon/spec_policy.h"
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {

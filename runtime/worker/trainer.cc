@@ -182,7 +182,7 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
                               ", blocks.0.ln1.weight, ln_f.weight (docs/model.md)"));
     }
   }
-  // Unset switches default to on (runtime/spec ApplyDefaults); each is taken as written.
+  // Unset switches default to on (runtime/jobspec ApplyDefaults); each is taken as written.
   p.fsdp.reshard_after_forward = !par.has_reshard_after_forward() || par.reshard_after_forward();
   p.fsdp.prefetch = !par.has_prefetch() || par.prefetch();
   p.separate_reduce_scatter = !par.has_separate_reduce_scatter() || par.separate_reduce_scatter();

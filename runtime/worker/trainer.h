@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 #include "runtime/worker/env.h"
 
 namespace ember::worker {

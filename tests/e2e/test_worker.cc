@@ -22,7 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 #include "runtime/store/client.h"
 
 namespace {

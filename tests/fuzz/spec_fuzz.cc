@@ -1,4 +1,4 @@
-// libFuzzer target: the job spec parser and validator (runtime/spec/spec.h), YAML and JSON (a JSON
+// libFuzzer target: the job spec parser and validator (runtime/jobspec/spec.h), YAML and JSON (a JSON
 // document is YAML; the corpora differ: tests/fuzz/corpus/spec_yaml/ and spec_json/). A spec that
 // parses must serialise and re-parse to the same proto.
 #include <cstddef>
@@ -6,7 +6,7 @@
 #include <cstdlib>
 #include <string>
 
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size > (1 << 20)) return 0;  // the daemon refuses specs over 1 MiB before parsing

@@ -1,4 +1,4 @@
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 
 #include <cmath>
 #include <fstream>

@@ -4,7 +4,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "runtime/spec/spec.h"
+#include "runtime/jobspec/spec.h"
 
 namespace ember::spec {
 namespace {
