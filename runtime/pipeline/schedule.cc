@@ -189,6 +189,18 @@ bool Action::is_compute() const {
          type == ActionType::kBackwardInput || type == ActionType::kBackwardWeight;
 }
 
+bool ReceiveReleasedBy(const Action& compute, Action* recv) {
+  switch (compute.type) {
+    case ActionType::kForward: *recv = Compute(ActionType::kRecvActivation, compute.stage,
+                                               compute.micro_batch); return true;
+    case ActionType::kBackward:
+    case ActionType::kBackwardWeight:
+      *recv = Compute(ActionType::kRecvGrad, compute.stage, compute.micro_batch);
+      return true;
+    default: return false;
+  }
+}
+
 std::string ActionToString(const Action& a) {
   const std::string sm = absl::StrCat(a.stage, ".", a.micro_batch);
   switch (a.type) {

@@ -74,6 +74,12 @@ struct Action {
 // SA2.5>1 (send stage 2's activation for mb 5 to rank 1), RA3.5<2, SG2.5>1, RG2.5<3; RED2; OPT.
 std::string ActionToString(const Action& a);
 
+// The receive whose buffer `compute` is the last to read: F(s,mb) -> RecvActivation(s,mb) (the
+// stage keeps its own copy of what backward needs), B(s,mb) and W(s,mb) -> RecvGrad(s,mb) (W
+// reads the output gradient again), I(s,mb) -> none. Returns false for none; fills type, stage and
+// micro_batch of *recv (not peer and tag). Whether such a receive exists depends on the layout.
+bool ReceiveReleasedBy(const Action& compute, Action* recv);
+
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int stages = 1;

@@ -140,15 +140,11 @@ absl::Status Machine::RunCompute(int r, const Action& a) {
       break;
   }
   const int64_t start = ready, end = start + cost;
-  if (a.type == ActionType::kForward) {
-    have_[r][i] = end;
-    if (st > 0) Release(r, Y(st - 1, mb));
-  } else if (a.type != ActionType::kBackwardWeight) {
+  if (a.type == ActionType::kForward) have_[r][i] = end;
+  if (a.type == ActionType::kBackward || a.type == ActionType::kBackwardInput)
     have_[r][G(st, mb)] = end;
-    if (a.type == ActionType::kBackward && st < S_ - 1) Release(r, G(st + 1, mb));
-  } else if (st < S_ - 1) {
-    Release(r, G(st + 1, mb));  // W reads the output gradient too
-  }
+  Action recv{ActionType::kRecvActivation};
+  if (ReceiveReleasedBy(a, &recv)) Release(r, RecvItem(recv));  // no-op when produced locally
   result_.busy[r] += cost;
   Finish(r, start, end);
   return absl::OkStatus();
