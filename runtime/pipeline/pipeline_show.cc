@@ -15,6 +15,7 @@ ABSL_FLAG(std::string, schedule, "1f1b", "gpipe, 1f1b, interleaved-1f1b or zbh1"
 ABSL_FLAG(int, stages, 4, "pipeline stages");
 ABSL_FLAG(int, ranks, 0, "ranks (0: stages, or stages/2 for interleaved-1f1b)");
 ABSL_FLAG(int, micro_batches, 8, "micro-batches per step");
+ABSL_FLAG(bool, rendezvous, false, "simulate sends that block until received (default: eager)");
 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "pipeline_show");
@@ -36,14 +37,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::fputs(FormatSchedule(*s).c_str(), stdout);
-  auto sim = Simulate(*s);
+  SimOptions so;
+  const bool rv = absl::GetFlag(FLAGS_rendezvous);
+  so.send_mode = rv ? SendMode::kRendezvous : SendMode::kEager;
+  auto sim = Simulate(*s, so);
   if (!sim.ok()) {
     std::fprintf(stderr, "%s\n", std::string(sim.status().message()).c_str());
     return 1;
   }
-  std::printf("simulated (F=1, B=2, I=W=1, eager sends): makespan %lld, bubble %.4f, peak receive "
+  std::printf("simulated (F=1, B=2, I=W=1, %s sends): makespan %lld, bubble %.4f, peak receive "
               "buffers per rank [%s]\n",
-              static_cast<long long>(sim->makespan), sim->bubble_fraction,
+              rv ? "rendezvous" : "eager", static_cast<long long>(sim->makespan), sim->bubble_fraction,
               absl::StrJoin(sim->peak_recv_buffers, ", ").c_str());
   return 0;
 }
