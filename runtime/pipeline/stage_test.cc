@@ -1,4 +1,4 @@
-// Pipelined GPT against the unpipelined model: each schedule runs as 2 or 4 real processes (fork, file
+// Pipelined GPT against the unpipelined model: each schedule runs as 1, 2 or 4 real processes (fork, file
 // rendezvous, the cpu backend over loopback TCP/shm) for 5 AdamW steps and must give the same
 // per-step losses as model::Gpt on the same data within 1e-5 relative (fp32, deterministic
 // kernels). Children that hang are killed after a deadline, so the test always terminates.
@@ -184,7 +184,7 @@ std::vector<double> Unpipelined() {
   return losses;
 }
 
-TEST_CASE("2- and 4-process pipelines give the unpipelined losses") {
+TEST_CASE("1-, 2- and 4-process pipelines give the unpipelined losses") {
   // Children first: this process starts no threads before forking.
   struct Run {
     ScheduleOptions so;
@@ -197,6 +197,8 @@ TEST_CASE("2- and 4-process pipelines give the unpipelined losses") {
       {{ScheduleKind::kZBH1, 2, 2, kMicroBatches}, {}},
       {{ScheduleKind::kGPipe, 4, 4, kMicroBatches}, {}},
       {{ScheduleKind::k1F1B, 4, 4, kMicroBatches}, {}},
+      // One process: stages hand over in memory.
+      {{ScheduleKind::kInterleaved1F1B, 2, 1, kMicroBatches}, {}},
   };
   for (Run& r : runs) r.out = RunProcesses(r.so);
   const std::vector<double> want = Unpipelined();
