@@ -1,5 +1,5 @@
 // Pipelined GPT against the unpipelined model: each schedule runs as 1, 2 or 4 real processes (fork, file
-// rendezvous, the cpu backend over loopback TCP/shm) for 5 AdamW steps and must give the same
+// rendezvous, the cpu backend over loopback TCP/shm) for 20 AdamW steps and must give the same
 // per-step losses as model::Gpt on the same data within 1e-5 relative (fp32, deterministic
 // kernels). Children that hang are killed after a deadline, so the test always terminates.
 #include "runtime/pipeline/stage.h"
@@ -25,7 +25,7 @@
 namespace ember::pipeline {
 namespace {
 
-constexpr int kSteps = 5, kMicroBatches = 4, kMbs = 2, kT = 16;
+constexpr int kSteps = 20, kMicroBatches = 4, kMbs = 2, kT = 16;
 constexpr uint64_t kSeed = 7;
 
 model::GptConfig Config() {
