@@ -98,7 +98,9 @@ class Machine {
 };
 
 absl::Status Machine::RunCompute(int r, const Action& a) {
-  const int st = a.stage, mb = a.micro_batch, i = Y(st, mb);
+  const int st = a.stage, mb = a.micro_batch;
+  if (st < 0 || st >= S_ || mb < 0 || mb >= M_) return Error(r, "stage or micro-batch out of range");
+  const int i = Y(st, mb);
   if (s_.RankOfStage(st) != r) {
     return Error(r, absl::StrCat("stage ", st, " belongs to rank ", s_.RankOfStage(st)));
   }
@@ -247,10 +249,6 @@ absl::StatusOr<Machine::Step> Machine::StepRank(int r) {
 
 absl::StatusOr<SimResult> Machine::Run() {
   const int n = o_.ranks;
-  if (static_cast<int>(s_.ranks.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("schedule has ", s_.ranks.size(), " rank lists for ", n, " ranks"));
-  }
   for (bool progress = true; progress;) {
     progress = false;
     for (int r = 0; r < n; ++r) {
@@ -321,6 +319,13 @@ absl::StatusOr<SimResult> Machine::Run() {
 }  // namespace
 
 absl::StatusOr<SimResult> Simulate(const Schedule& s, const SimOptions& o) {
+  const ScheduleOptions& so = s.options;
+  if (so.stages < 1 || so.ranks < 1 || so.micro_batches < 1 ||
+      static_cast<int>(s.ranks.size()) != so.ranks) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "schedule has ", s.ranks.size(), " rank lists for ", so.ranks, " ranks, ", so.stages,
+        " stages, ", so.micro_batches, " micro-batches"));
+  }
   Machine m(s, o);
   return m.Run();
 }

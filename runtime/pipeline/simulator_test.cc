@@ -222,6 +222,17 @@ TEST_CASE("broken schedules are reported naming the rank and action") {
     REQUIRE(!r.ok());
     CHECK(r.status().message().find("peer should be rank 1") != std::string::npos);
   }
+  SECTION("out-of-range stage, wrong rank count") {
+    std::vector<Action> r0 = good0;
+    r0[0].stage = 7;
+    auto r = Simulate(Tiny(r0, good1));
+    REQUIRE(!r.ok());
+    CHECK(r.status().message().find("(F7.0): stage or micro-batch out of range") !=
+          std::string::npos);
+    Schedule one = Tiny(good0, good1);
+    one.ranks.pop_back();
+    CHECK(Simulate(one).status().code() == absl::StatusCode::kInvalidArgument);
+  }
   SECTION("reduce-grad before the last backward") {
     std::vector<Action> r0 = good0;
     r0.insert(r0.begin() + 3, A(T::kReduceGrad, 0, -1));
