@@ -206,14 +206,15 @@ int main(int argc, char** argv) {
                nofile);
   std::printf("ember-store listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
+  // Handlers first: whoever sees the port file may stop the store with SIGTERM at once.
+  std::signal(SIGTERM, OnSignal);
+  std::signal(SIGINT, OnSignal);
   if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
     // Whole or absent: a reader polling for the file never sees a partial port number.
     absl::Status s =
         ember::base::WriteFileAtomic(port_file, absl::StrCat((*server)->port(), "\n"));
     if (!s.ok()) spdlog::warn("ember-store: cannot write --port-file: {}", s.ToString());
   }
-  std::signal(SIGTERM, OnSignal);
-  std::signal(SIGINT, OnSignal);
   uint64_t watchdog_usec = 0;
   const bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
   const absl::Duration every =
