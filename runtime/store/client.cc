@@ -263,7 +263,9 @@ void Client::GetAsync(absl::string_view key,
   conn_->Call(std::move(req), t + kServerSlack, [done = std::move(done), full](Response r) {
     absl::Status s = ToStatus(r);
     if (!s.ok()) return done(s);
-    if (!r.get().found()) return done(absl::NotFoundError(absl::StrCat("key '", full, "' not found")));
+    if (!r.get().found()) {
+      return done(absl::NotFoundError(absl::StrCat("key '", full, "' not found")));
+    }
     done(std::move(*r.mutable_get()->mutable_value()));
   });
 }
