@@ -2,7 +2,6 @@
 // rules). The operations themselves are pure functions of the state (state.h); this file adds what
 // is around them: the lock, parked waiters and their deadlines, watches, lease expiry, and the
 // write-ahead log (wal_log.h) when options.data_dir is set.
-#include <unistd.h>
 
 #include <map>
 #include <thread>
@@ -41,8 +40,11 @@ class MemoryBackend : public Backend {
           "max_value_bytes=", options_.max_value_bytes, "; raise --max-response-bytes"));
     }
     if (!options_.data_dir.empty()) {
+      // Recovered without mu_ held: the lock order is WalLog's locks, then mu_ (CommitWal).
+      StoreState recovered;
+      ASSIGN_OR_RETURN(wal_, WalLog::Open(options_, clock_, &recovered));
       absl::MutexLock l(&mu_);
-      ASSIGN_OR_RETURN(wal_, WalLog::Open(options_, clock_, &state_));
+      state_ = std::move(recovered);
     }
     timer_ = std::thread([this] { TimerLoop(); });
     return absl::OkStatus();
