@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
 #include <thread>
 #include <utility>
@@ -56,9 +57,14 @@ class ConnectionImpl : public Connection {
     absl::MutexLock l(&mu_);
     return health_;
   }
+  // Marks the connection failed (first error wins) and wakes WaitNotification callers.
   void Fail(ucs_status_t st) {
-    absl::MutexLock l(&mu_);
-    if (health_.ok()) health_ = FromUcs(st, absl::StrCat("connection to ", peer_));
+    {
+      absl::MutexLock l(&mu_);
+      if (!health_.ok()) return;
+      health_ = FromUcs(st, absl::StrCat("connection to ", peer_));
+    }
+    if (on_failure) on_failure();
   }
   absl::StatusOr<Remote> Lookup(RemoteRegion r) const {
     absl::MutexLock l(&mu_);
@@ -80,6 +86,7 @@ class ConnectionImpl : public Connection {
 
   ucp_ep_h ep = nullptr;
   std::atomic<uint64_t>* handle_counter = nullptr;
+  std::function<void()> on_failure;  // set before the endpoint exists
 
  private:
   const std::string peer_;
@@ -179,6 +186,7 @@ class AgentImpl : public Agent {
   std::map<std::string, int> connects_ ABSL_GUARDED_BY(mu_);
   std::deque<std::unique_ptr<ConnectionImpl>> conns_ ABSL_GUARDED_BY(mu_);
   std::deque<Notification> notes_ ABSL_GUARDED_BY(mu_);
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;  // connections failed so far
 };
 
 absl::Status AgentImpl::Init() {
@@ -361,6 +369,10 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   }
   auto conn = std::make_unique<ConnectionImpl>(std::string(peer), peer_rank);
   conn->handle_counter = &remote_handles_;
+  conn->on_failure = [this] {
+    absl::MutexLock l(&mu_);
+    ++failures_;
+  };
   ucp_ep_params_t ep = {};
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
@@ -369,6 +381,14 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   ep.err_handler.cb = &AgentImpl::OnEpError;
   ep.err_handler.arg = conn.get();
   st = ucp_ep_create(worker_, &ep, &conn->ep);
+  if (st == UCS_ERR_UNREACHABLE) {
+    // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
+    // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
+    // surface as transfer errors (CMA) or as Wait/WaitNotification timeouts.
+    ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &ep, &conn->ep);
+  }
   if (st != UCS_OK) return FromUcs(st, absl::StrCat("creating the endpoint to ", peer));
   Wake();
   absl::MutexLock l(&mu_);
@@ -547,11 +567,19 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
 
 absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout) {
   absl::MutexLock l(&mu_);
-  auto any = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !notes_.empty(); };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&any), timeout)) {
+  const int64_t failures_before = failures_;
+  auto any = [this, failures_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !notes_.empty() || failures_ > failures_before;
+  };
+  const bool woke = mu_.AwaitWithTimeout(absl::Condition(&any), timeout);
+  if (notes_.empty()) {
     std::string failed;
     for (const auto& c : conns_) {
       if (absl::Status h = c->health(); !h.ok()) absl::StrAppend(&failed, " ", h.message(), ";");
+    }
+    if (woke) {
+      return absl::UnavailableError(absl::StrCat(
+          opt_.name, ": a connection failed while waiting for a notification:", failed));
     }
     return absl::DeadlineExceededError(absl::StrCat(
         opt_.name, ": no notification within ", absl::FormatDuration(timeout),

@@ -144,7 +144,8 @@ class Agent {
   // before this call is visible in the peer's memory (endpoint flush, then an active message).
   virtual Work Notify(Connection* conn, absl::string_view message) = 0;
   // The next notification from any peer, in arrival order (per peer: in send order).
-  // DEADLINE_EXCEEDED after `timeout`.
+  // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE as soon as one of this agent's connections
+  // fails during the wait (the message names it), so a dead sender does not cost the full timeout.
   virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
 };
 
