@@ -1,5 +1,5 @@
 // onesided across real processes (onesided_worker), rendezvous through an in-process store server
-// on loopback: put/get/notify of 0 B to 64 MiB at unaligned offsets and descriptor lists on 2 and 4
+// on loopback: put/get/notify of 0 B to 256 MiB at unaligned offsets and descriptor lists on 2 and 4
 // ranks, contents checked byte for byte; forced transports UCX_TLS=tcp and UCX_TLS=sm; argument
 // errors refused; a peer killed (SIGKILL) mid-transfer or mid-wait gives an error, not a hang.
 #include <sys/wait.h>
@@ -43,7 +43,7 @@ class Env {
 };
 
 constexpr char kSmall[] = "0,1,4099,1048576";
-const std::string kAll = absl::StrCat(kSmall, ",", 64 << 20);
+const std::string kAll = absl::StrCat(kSmall, ",", 64 << 20, ",", 256 << 20);
 
 TEST_CASE("put, get and notify between 2 and 4 processes, UCX's own transport choice") {
   Env env;
