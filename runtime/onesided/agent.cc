@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -24,7 +25,7 @@ namespace ember::onesided {
 namespace {
 
 constexpr unsigned kNotifyAmId = 17;
-constexpr absl::Duration kSpinAfterActivity = absl::Milliseconds(2);
+constexpr absl::Duration kSpinAfterActivity = absl::Microseconds(200);
 constexpr int kIdlePollMs = 50;
 
 bool PeerFailure(ucs_status_t st) {
@@ -114,6 +115,24 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
   return out;
 }
 
+// The worker, for waiters that drive progress themselves (work.h); cleared before it is destroyed.
+class WorkerProgressor : public internal::Progressor {
+ public:
+  explicit WorkerProgressor(ucp_worker_h w) : worker_(w) {}
+  bool Progress() override {
+    absl::ReaderMutexLock l(&mu_);
+    return worker_ != nullptr && ucp_worker_progress(worker_) != 0;
+  }
+  void Clear() {
+    absl::MutexLock l(&mu_);
+    worker_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
+};
+
 struct LocalRegion {
   void* base = nullptr;
   uint64_t bytes = 0;
@@ -138,6 +157,7 @@ class AgentImpl : public Agent {
 
   const std::string& name() const override { return opt_.name; }
   absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) override;
+  absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
   absl::Status Deregister(uint64_t id) override;
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
   Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
@@ -159,6 +179,8 @@ class AgentImpl : public Agent {
   }
 
  private:
+  // Packs the descriptor of a mapped region and records it (takes over `memh`).
+  absl::StatusOr<Registration> Publish(void* ptr, uint64_t bytes, ucp_mem_h memh);
   Work Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
                 const std::vector<RemoteDesc>& remote);
   // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
@@ -175,10 +197,12 @@ class AgentImpl : public Agent {
   ucp_worker_h worker_ = nullptr;
   int efd_ = -1;
   int fr_group_ = -1;
+  std::shared_ptr<WorkerProgressor> progressor_;
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> remote_handles_{0};
+  std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
 
   mutable absl::Mutex mu_;
   uint64_t next_reg_ ABSL_GUARDED_BY(mu_) = 0;
@@ -223,28 +247,33 @@ absl::Status AgentImpl::Init() {
         {.name = absl::StrCat("onesided:", opt_.name), .rank = 0, .size = 1,
          .global_rank = opt_.rank, .backend = "ucx"});
   }
+  progressor_ = std::make_shared<WorkerProgressor>(worker_);
   progress_ = std::thread([this] { ProgressLoop(); });
   return absl::OkStatus();
 }
 
+// Spins while requests are in flight and no waiter drives progress itself (or briefly after
+// traffic); otherwise sleeps on the worker's event fd (1 ms at most while requests are in flight,
+// in case a transport raises no event for them).
 void AgentImpl::ProgressLoop() {
   absl::Time last_activity = absl::Now();
   while (!stop_.load(std::memory_order_acquire)) {
+    const bool waiter_drives = progressor_->spinning.load(std::memory_order_acquire) > 0;
     bool any = false;
-    while (ucp_worker_progress(worker_) != 0) any = true;
+    if (!waiter_drives) {
+      while (ucp_worker_progress(worker_) != 0) any = true;
+    }
     const absl::Time now = absl::Now();
     if (any) last_activity = now;
-    if (in_flight_.load(std::memory_order_acquire) > 0 || now - last_activity < kSpinAfterActivity) {
-      continue;
-    }
-    if (efd_ < 0) {
-      absl::SleepFor(absl::Microseconds(100));
+    const bool busy = in_flight_.load(std::memory_order_acquire) > 0;
+    if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
+    if (efd_ < 0 || waiter_drives) {
+      absl::SleepFor(absl::Microseconds(200));
       continue;
     }
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
     pollfd pfd{efd_, POLLIN, 0};
-    poll(&pfd, 1, kIdlePollMs);
-    last_activity = absl::Now();  // spin briefly after a wakeup: more traffic usually follows
+    poll(&pfd, 1, busy ? 1 : kIdlePollMs);
   }
 }
 
@@ -280,6 +309,7 @@ AgentImpl::~AgentImpl() {
   }
   for (auto& [id, reg] : regions)
     if (reg.memh != nullptr) ucp_mem_unmap(ctx_, reg.memh);
+  if (progressor_ != nullptr) progressor_->Clear();  // waiters stop driving the worker
   if (worker_ != nullptr) ucp_worker_destroy(worker_);
   if (ctx_ != nullptr) ucp_cleanup(ctx_);
 }
@@ -292,30 +322,60 @@ absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes
   if (ptr == nullptr && bytes > 0) {
     return absl::InvalidArgumentError(absl::StrCat("RegisterMemory: null pointer for ", bytes, " bytes"));
   }
-  LocalRegion reg{ptr, bytes, nullptr};
-  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, ""};
+  ucp_mem_h memh = nullptr;
   if (bytes > 0) {
     ucp_mem_map_params_t mp = {};
     mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
     mp.address = ptr;
     mp.length = bytes;
-    ucs_status_t st = ucp_mem_map(ctx_, &mp, &reg.memh);
-    if (st != UCS_OK) return FromUcs(st, absl::StrCat("registering ", bytes, " bytes at ", absl::Hex(reinterpret_cast<uintptr_t>(ptr))));
+    ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
+    if (st != UCS_OK) {
+      return FromUcs(st, absl::StrCat("registering ", bytes, " bytes at ",
+                                      absl::Hex(reinterpret_cast<uintptr_t>(ptr))));
+    }
+  }
+  return Publish(ptr, bytes, memh);
+}
+
+absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh) {
+  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, ""};
+  if (memh != nullptr) {
     void* rkey = nullptr;
     size_t rkey_size = 0;
-    st = ucp_rkey_pack(ctx_, reg.memh, &rkey, &rkey_size);
+    ucs_status_t st = ucp_rkey_pack(ctx_, memh, &rkey, &rkey_size);
     if (st != UCS_OK) {
-      ucp_mem_unmap(ctx_, reg.memh);
+      ucp_mem_unmap(ctx_, memh);
       return FromUcs(st, "packing the remote key");
     }
     d.rkey.assign(static_cast<const char*>(rkey), rkey_size);
     ucp_rkey_buffer_release(rkey);
   }
-  Registration out{0, ptr, bytes, kind, PackDescriptor(d)};
+  Registration out{0, ptr, bytes, MemoryKind::kHost, PackDescriptor(d)};
   absl::MutexLock l(&mu_);
   out.id = ++next_reg_;
-  regions_[out.id] = reg;
+  regions_[out.id] = LocalRegion{ptr, bytes, memh};
   return out;
+}
+
+absl::StatusOr<Registration> AgentImpl::AllocateMemory(uint64_t bytes) {
+  if (bytes == 0) return RegisterMemory(nullptr, 0, MemoryKind::kHost);
+  ucp_mem_map_params_t mp = {};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
+  if (st != UCS_OK) return FromUcs(st, absl::StrCat("allocating ", bytes, " bytes through UCX"));
+  ucp_mem_attr_t attr = {};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  st = ucp_mem_query(memh, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(ctx_, memh);
+    return FromUcs(st, "ucp_mem_query");
+  }
+  return Publish(attr.address, bytes, memh);
 }
 
 absl::Status AgentImpl::Deregister(uint64_t id) {
@@ -377,11 +437,11 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
                   UCP_EP_PARAM_FIELD_ERR_HANDLER;
   ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
-  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_mode = opt_.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep.err_handler.cb = &AgentImpl::OnEpError;
   ep.err_handler.arg = conn.get();
   st = ucp_ep_create(worker_, &ep, &conn->ep);
-  if (st == UCS_ERR_UNREACHABLE) {
+  if (st == UCS_ERR_UNREACHABLE && opt_.detect_peer_failure) {
     // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
     // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
     // surface as transfer errors (CMA) or as Wait/WaitNotification timeouts.
@@ -474,7 +534,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   auto state = std::make_shared<internal::WorkState>(
       absl::StrCat(put ? "put" : "get", " of ", total, " bytes in ", local.size(), " regions ",
                    put ? "to " : "from ", conn->peer()),
-      static_cast<int>(ops.size()) + 1);
+      static_cast<int>(ops.size()) + 1, progressor_);
   state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
   for (const Op& op : ops) {
     auto* part = new Part{state, this, conn};
@@ -501,7 +561,7 @@ Work AgentImpl::Notify(Connection* c, absl::string_view message) {
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
   auto state = std::make_shared<internal::WorkState>(
-      absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer()), 1);
+      absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer()), 1, progressor_);
   state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
   auto* part = new Part{state, this, conn, opt_.name, std::string(message)};
   // Flush the endpoint first: every put issued before is then complete at the peer, so the message
@@ -562,16 +622,20 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
   }
   absl::MutexLock l(&self->mu_);
   self->notes_.push_back(std::move(n));
+  self->note_count_.fetch_add(1);
   return UCS_OK;
 }
 
 absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
   absl::MutexLock l(&mu_);
   const int64_t failures_before = failures_;
   auto any = [this, failures_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return !notes_.empty() || failures_ > failures_before;
   };
-  const bool woke = mu_.AwaitWithTimeout(absl::Condition(&any), timeout);
+  const bool woke =
+      mu_.AwaitWithTimeout(absl::Condition(&any), std::max(absl::ZeroDuration(), deadline - absl::Now()));
   if (notes_.empty()) {
     std::string failed;
     for (const auto& c : conns_) {
@@ -587,6 +651,7 @@ absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout)
   }
   Notification n = std::move(notes_.front());
   notes_.pop_front();
+  note_count_.fetch_sub(1);
   return n;
 }
 

@@ -20,11 +20,13 @@
 // the Agent is destroyed) and the unpacked remote keys. A Work shares state with the Agent's
 // in-flight request and may outlive the Agent (its Wait then returns the final status).
 //
-// Progress: each Agent runs one progress thread that drives ucp_worker_progress (busy while
-// transfers are in flight or traffic arrived in the last 2 ms, otherwise asleep on the worker's
-// event fd). It serves this process's outgoing transfers and the peers' transfers that need the
-// target's help (UCX emulates put/get over TCP with messages), and receives notifications. Wait()
-// only sleeps on a condition variable; callers never drive UCX themselves.
+// Progress: each Agent runs one progress thread that drives ucp_worker_progress: it serves the
+// peers' transfers that need the target's help (UCX emulates put/get over TCP with messages),
+// receives notifications and completes this process's requests, spinning while requests are in
+// flight or traffic arrived in the last 200 us, otherwise asleep on the worker's event fd. A thread
+// in Work::Wait or WaitNotification drives progress itself for up to 20 ms (the progress thread
+// then stands aside, so two threads never spin on one worker) and then sleeps on a condition
+// variable, leaving progress to the thread. Callers never need to call anything to make progress.
 //
 // Thread safety: every Agent, Connection and Work method is thread-safe (the UCX worker runs in
 // UCS_THREAD_MODE_MULTI). Transports: UCX chooses (shared memory, CMA, TCP, RDMA where present);
@@ -65,6 +67,12 @@ struct AgentOptions {
   int rank = -1;      // for the flight recorder and messages; -1 = unknown
   absl::Duration connect_timeout = absl::Seconds(60);  // Connect waits this long for the peer
   flight::FlightRecorder* recorder = nullptr;  // borrowed, optional: one entry per transfer
+  // true: endpoints report a dead peer (UCP_ERR_HANDLING_MODE_PEER), so transfers to it fail with
+  // UNAVAILABLE; UCX then uses only transports that can (TCP, CMA; where none can, as with
+  // UCX_TLS=sm, the endpoint is made without it). false: every transport, including shared-memory
+  // mapping of AllocateMemory regions (the fastest path on one host); a dead peer is then seen only
+  // as Wait/WaitNotification timeouts.
+  bool detect_peer_failure = true;
 };
 
 // A registered local region. `descriptor` is the packed form a peer imports (UCX rkey, base
@@ -123,6 +131,10 @@ class Agent {
   // UNIMPLEMENTED (the CUDA IPC backend is not built).
   virtual absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes,
                                                       MemoryKind kind = MemoryKind::kHost) = 0;
+  // Allocates `bytes` of host memory through UCX and registers it (released by Deregister or the
+  // Agent's destruction). On one host, a peer with detect_peer_failure=false can then map it and
+  // put/get with plain loads and stores instead of a system call or a socket per transfer.
+  virtual absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) = 0;
   // Transfers started later that name this region fail with FAILED_PRECONDITION. Transfers in
   // flight must have finished first (the caller's duty). NOT_FOUND for an unknown id.
   virtual absl::Status Deregister(uint64_t registration_id) = 0;

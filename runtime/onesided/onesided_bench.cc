@@ -43,6 +43,11 @@ ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --qui
 ABSL_FLAG(int64_t, bytes_per_sample, 256 << 20, "bytes moved per sample (--quick: 8 MiB)");
 ABSL_FLAG(int, lat_iters, 2000, "notification round trips per latency sample (--quick: 200)");
 ABSL_FLAG(bool, no_peer, false, "skip ucx_perftest");
+ABSL_FLAG(bool, detect_peer_failure, false,
+          "AgentOptions.detect_peer_failure (false, like ucx_perftest: every transport usable)");
+ABSL_FLAG(bool, ucx_memory, true,
+          "buffers from Agent::AllocateMemory (shared-memory mappable, like ucx_perftest's); "
+          "false: RegisterMemory of ordinary heap memory");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");
 ABSL_FLAG(std::string, store, "", "internal");
@@ -52,18 +57,30 @@ namespace {
 
 constexpr absl::Duration kTimeout = absl::Seconds(60);
 
+// A registered buffer of `bytes`: UCX-allocated (--ucx_memory) or in `heap`.
+absl::StatusOr<Registration> Buffer(Agent* agent, int64_t bytes, std::vector<char>* heap) {
+  if (absl::GetFlag(FLAGS_ucx_memory)) {
+    ASSIGN_OR_RETURN(Registration r, agent->AllocateMemory(bytes));
+    memset(r.base, 1, bytes);
+    return r;
+  }
+  heap->assign(bytes, 1);
+  return agent->RegisterMemory(heap->data(), heap->size());
+}
+
 // --- rank 1: registers a buffer, answers pings, exits on "done" --------------------------------
 int RunTarget() {
   auto c = store::Client::Connect({.address = absl::GetFlag(FLAGS_store)});
   if (!c.ok()) return 1;
   store::Client s = c->WithPrefix("bench/");
-  auto agent = Agent::Create({.store = &s, .rank = 1});
+  auto agent = Agent::Create(
+      {.store = &s, .rank = 1, .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)});
   if (!agent.ok()) {
     fprintf(stderr, "target: %s\n", agent.status().ToString().c_str());
     return 1;
   }
-  std::vector<char> buf(absl::GetFlag(FLAGS_max_bytes), 1);
-  auto reg = (*agent)->RegisterMemory(buf.data(), buf.size());
+  std::vector<char> heap;
+  auto reg = Buffer(agent->get(), absl::GetFlag(FLAGS_max_bytes), &heap);
   auto conn = (*agent)->Connect("rank0");
   if (!reg.ok() || !conn.ok() || !s.Set("desc/1", reg->descriptor).ok()) return 1;
   while (true) {
@@ -171,6 +188,10 @@ struct Ours {
 
 absl::StatusOr<double> OursBandwidth(const Ours& o, bool put, int64_t bytes, int64_t iters) {
   const uint64_t n = static_cast<uint64_t>(bytes);
+  // Warm-up (untimed, like ucx_perftest's -w): the first access maps and faults in the pages.
+  RETURN_IF_ERROR((put ? o.agent->Put(o.conn, {{o.local.id, 0, n}}, {{o.remote, 0, n}})
+                       : o.agent->Get(o.conn, {{o.local.id, 0, n}}, {{o.remote, 0, n}}))
+                      .Wait(kTimeout));
   std::vector<Work> works;
   works.reserve(iters + 1);
   const absl::Time t0 = absl::Now();
@@ -224,8 +245,11 @@ int Main(int argc, char** argv) {
   if (!server.ok()) return report.Fail(server.status());
   const pid_t target = fork();
   if (target == 0) {
-    std::vector<std::string> a = {"/proc/self/exe", "--role=target", "--store=" + (*server)->address(),
-                                  absl::StrCat("--max_bytes=", max_bytes)};
+    std::vector<std::string> a = {
+        "/proc/self/exe", "--role=target", "--store=" + (*server)->address(),
+        absl::StrCat("--max_bytes=", max_bytes),
+        absl::StrCat("--detect_peer_failure=", absl::GetFlag(FLAGS_detect_peer_failure)),
+        absl::StrCat("--ucx_memory=", absl::GetFlag(FLAGS_ucx_memory))};
     std::vector<char*> av;
     for (auto& s : a) av.push_back(s.data());
     av.push_back(nullptr);
@@ -235,10 +259,11 @@ int Main(int argc, char** argv) {
   auto client = store::Client::Connect({.address = (*server)->address()});
   if (!client.ok()) return report.Fail(client.status());
   store::Client s = client->WithPrefix("bench/");
-  auto agent = Agent::Create({.store = &s, .rank = 0});
+  auto agent = Agent::Create(
+      {.store = &s, .rank = 0, .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)});
   if (!agent.ok()) return report.Fail(agent.status());
-  std::vector<char> src(max_bytes, 2), a(max_bytes, 3), b(max_bytes, 4);
-  auto reg = (*agent)->RegisterMemory(src.data(), src.size());
+  std::vector<char> heap, a(max_bytes, 3), b(max_bytes, 4);
+  auto reg = Buffer(agent->get(), max_bytes, &heap);
   auto conn = (*agent)->Connect("rank1");
   if (!reg.ok() || !conn.ok()) return report.Fail(reg.ok() ? conn.status() : reg.status());
   auto desc = s.Get("desc/1", {.wait = true, .timeout = kTimeout});
@@ -325,11 +350,13 @@ int Main(int argc, char** argv) {
                                      {"ember Notify", "perftest ucp_am_lat"});
   lt.AddRow({bench::Median(ours_lat), bench::Cell(peer_med)});
   lt.AddNote("ember: half the round trip of Notify (endpoint flush + active message) answered by a "
-             "Notify, woken by the progress thread; perftest: busy-polling ping-pong");
+             "Notify, the waiting thread driving progress (work.h); perftest: busy-polling ping-pong");
   report.AddTarget(bench::Target::VsPeer("notify_latency_8B_vs_ucp_am_lat", bench::Median(ours_lat),
                                          peer_med, 2.0, bench::kLowerIsBetter, "us", lat_error,
                                          absl::StrCat("UCX_TLS=", tls_name)));
   report.SetMeta("ucx_tls", json::Value::Str(tls_name));
+  report.SetMeta("detect_peer_failure", json::Value::Bool(absl::GetFlag(FLAGS_detect_peer_failure)));
+  report.SetMeta("ucx_memory", json::Value::Bool(absl::GetFlag(FLAGS_ucx_memory)));
   (*agent)->Notify(*conn, "done").Wait(kTimeout).IgnoreError();
   agent->reset();
   Reap(target, absl::Seconds(10));

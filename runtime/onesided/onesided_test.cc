@@ -29,11 +29,13 @@ class Env {
   }
   // Runs `n` workers of `scenario` under a fresh store prefix.
   comm::testing::RunResult Run(int n, const std::string& scenario, const std::string& sizes,
-                               const std::vector<std::string>& env, double timeout_s = 60) {
+                               const std::vector<std::string>& env, double timeout_s = 60,
+                               const std::vector<std::string>& extra = {}) {
     std::vector<std::string> args = {"--store=" + server_->address(),
                                      absl::StrCat("--prefix=run", runs_++, "/"),
                                      "--scenario=" + scenario};
     if (!sizes.empty()) args.push_back("--sizes=" + sizes);
+    args.insert(args.end(), extra.begin(), extra.end());
     return comm::testing::RunProgram(WorkerPath(), n, args, env, timeout_s);
   }
 
@@ -60,6 +62,15 @@ TEST_CASE("forced transports: UCX_TLS=tcp and UCX_TLS=sm") {
   for (const char* tls : {"UCX_TLS=tcp", "UCX_TLS=sm"}) {
     INFO(tls);
     auto r = env.Run(2, "transfer", absl::StrCat(kSmall, ",", 16 << 20), {tls});
+    REQUIRE(!r.timed_out);
+    CHECK(comm::testing::AllExitZero(r));
+  }
+  // Without peer-failure detection UCX may map AllocateMemory regions (posix/sysv shared memory).
+  for (const char* tls : {"UCX_TLS=sm", ""}) {
+    INFO("--no_detect " << tls);
+    auto r = env.Run(2, "transfer", kSmall,
+                     *tls ? std::vector<std::string>{tls} : std::vector<std::string>{}, 60,
+                     {"--no_detect"});
     REQUIRE(!r.timed_out);
     CHECK(comm::testing::AllExitZero(r));
   }

@@ -2,6 +2,7 @@
 // Exits 0 when every check of its scenario passed, 1 with the failure on stderr otherwise.
 //
 //   onesided_worker --rank=R --size=N --store=HOST:PORT --prefix=P --scenario=S [--sizes=0,1,4099]
+//                   [--no_detect]   (AgentOptions.detect_peer_failure = false)
 //
 // Scenarios: transfer (ring put/get/notify of every size, then descriptor lists), refuse (argument
 // errors refused before UCX, the peer's memory untouched), kill / kill_wait (rank 1 SIGKILLs itself;
@@ -30,6 +31,7 @@ struct Args {
   int rank = 0, size = 1;
   std::string store, prefix, scenario;
   std::vector<uint64_t> sizes;
+  bool no_detect = false;  // AgentOptions.detect_peer_failure = false
 };
 
 constexpr absl::Duration kTimeout = absl::Seconds(20);
@@ -110,16 +112,23 @@ absl::Status Transfer(const Args& args, Agent* a, store::Client& s) {
     CHECK_OK(s.Barrier(absl::StrCat("round/", k), args.size, kTimeout));
   }
   // Descriptor lists: three pieces from two registrations into two remote ones, order permuted.
-  std::vector<uint8_t> a1(4000), b1(5012), d1(5016, 0xEE), d2(5000, 0xEE), g1(5016, 0xEE), g2(5000, 0xEE);
+  // d2 and g2 are UCX-allocated (AllocateMemory), the others heap memory.
+  std::vector<uint8_t> a1(4000), b1(5012), d1(5016, 0xEE), g1(5016, 0xEE);
   FillPattern(a1.data(), a1.size(), args.rank, 100);
   FillPattern(b1.data(), b1.size(), args.rank, 101);
   auto ra = Publish(a, s, args.rank, "list/a", &a1);
   auto rb = Publish(a, s, args.rank, "list/b", &b1);
   auto rd1 = Publish(a, s, args.rank, "list/d1", &d1);
-  auto rd2 = Publish(a, s, args.rank, "list/d2", &d2);
+  auto rd2 = a->AllocateMemory(5000);
   auto rg1 = a->RegisterMemory(g1.data(), g1.size());
-  auto rg2 = a->RegisterMemory(g2.data(), g2.size());
+  auto rg2 = a->AllocateMemory(5000);
   for (const auto* r : {&ra, &rb, &rd1, &rd2, &rg1, &rg2}) CHECK_OK(r->status());
+  CHECK_OK(s.Set(absl::StrCat("desc/", args.rank, "/list/d2"), rd2->descriptor));
+  uint8_t* d2 = static_cast<uint8_t*>(rd2->base);
+  uint8_t* g2 = static_cast<uint8_t*>(rg2->base);
+  memset(d2, 0xEE, 5000);
+  memset(g2, 0xEE, 5000);
+  CHECK_OK(s.Barrier("list/ready", args.size, kTimeout));  // d2 is filled before anyone writes
   auto nd1 = Import(conns[next], s, next, "list/d1");
   auto nd2 = Import(conns[next], s, next, "list/d2");
   auto pa = Import(conns[prev], s, prev, "list/a");
@@ -143,10 +152,10 @@ absl::Status Transfer(const Args& args, Agent* a, store::Client& s) {
     EXPECT(memcmp(pair->data() + 11, pb_exp.data() + 7, 5000) == 0, "list piece 2");
     EXPECT((*pair)[10] == 0xEE && (*pair)[5011] == 0xEE, "list piece 2 overran");
   }
-  for (auto* pair : {&d2, &g2}) {
-    EXPECT(memcmp(pair->data() + 4000, pa_exp.data(), 1000) == 0, "list piece 1");
-    EXPECT(memcmp(pair->data(), pa_exp.data() + 1000, 3000) == 0, "list piece 3");
-    EXPECT((*pair)[3000] == 0xEE && (*pair)[3999] == 0xEE, "list pieces overran");
+  for (const uint8_t* p : {d2, g2}) {
+    EXPECT(memcmp(p + 4000, pa_exp.data(), 1000) == 0, "list piece 1");
+    EXPECT(memcmp(p, pa_exp.data() + 1000, 3000) == 0, "list piece 3");
+    EXPECT(p[3000] == 0xEE && p[3999] == 0xEE, "list pieces overran");
   }
   return s.Barrier("done", args.size, kTimeout);
 }
@@ -243,7 +252,8 @@ absl::Status Run(const Args& args) {
   auto client = store::Client::Connect({.address = args.store});
   CHECK_OK(client.status());
   store::Client s = client->WithPrefix(args.prefix);
-  auto agent = Agent::Create({.store = &s, .key_prefix = "onesided/", .rank = args.rank});
+  auto agent = Agent::Create({.store = &s, .key_prefix = "onesided/", .rank = args.rank,
+                              .detect_peer_failure = !args.no_detect});
   CHECK_OK(agent.status());
   if (args.scenario == "transfer") return Transfer(args, agent->get(), s);
   if (args.scenario == "refuse") return Refuse(args, agent->get(), s);
@@ -266,6 +276,7 @@ int main(int argc, char** argv) {
     else if (kv.first == "--store") args.store = v;
     else if (kv.first == "--prefix") args.prefix = v;
     else if (kv.first == "--scenario") args.scenario = v;
+    else if (kv.first == "--no_detect") args.no_detect = true;
     else if (kv.first == "--sizes") {
       for (absl::string_view s : absl::StrSplit(v, ',')) {
         uint64_t n = 0;

@@ -1,5 +1,7 @@
 #include "runtime/onesided/work.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "runtime/flight/recorder.h"
 
@@ -35,12 +37,30 @@ bool WorkState::done() const {
   return pending_ <= 0;
 }
 
+bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline) {
+  if (p == nullptr) return done();
+  const absl::Time until = std::min(deadline, absl::Now() + kSpinBudget);
+  p->spinning.fetch_add(1, std::memory_order_acq_rel);
+  bool ok = done();
+  for (int i = 0; !ok; ++i) {
+    p->Progress();
+    if ((i & 63) == 63 && absl::Now() >= until) break;
+    ok = done();
+  }
+  p->spinning.fetch_sub(1, std::memory_order_acq_rel);
+  return ok;
+}
+
 absl::Status WorkState::Wait(absl::Duration timeout) {
+  const absl::Duration asked = timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
   absl::MutexLock l(&mu_);
+  timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
-        what_, ": not complete after ", absl::FormatDuration(timeout),
+        what_, ": not complete after ", absl::FormatDuration(asked),
         " (started ", absl::FormatDuration(absl::Now() - start_),
         " ago); its outcome is unknown and the destination may be partly written. Keep the "
         "local buffer registered until a later Wait returns, or destroy the Agent"));

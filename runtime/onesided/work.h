@@ -9,7 +9,9 @@
 #ifndef EMBER_RUNTIME_ONESIDED_WORK_H_
 #define EMBER_RUNTIME_ONESIDED_WORK_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -26,10 +28,30 @@ class FlightRecorder;
 namespace ember::onesided {
 
 namespace internal {
+// Lets a waiting thread drive the agent's UCX worker itself (what the agent's progress thread
+// does otherwise): the waiter then needs no thread hand-off, and the progress thread stays out of
+// its way. Implemented by the agent; outlives it (Progress() returns false once it is gone).
+class Progressor {
+ public:
+  virtual ~Progressor() = default;
+  // One progress pass; true when something happened.
+  virtual bool Progress() = 0;
+  std::atomic<int> spinning{0};  // threads inside a spin phase (the progress thread then sleeps)
+};
+
+// How long Wait/WaitNotification drive progress themselves before blocking on a condition
+// variable (and leaving progress to the agent's thread).
+inline constexpr absl::Duration kSpinBudget = absl::Milliseconds(20);
+
+// Runs `done` checks while driving `p` for at most min(kSpinBudget, until deadline); true when
+// `done` turned true.
+bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline);
+
 // Shared by a Work and the UCX requests of its transfer (each request holds a reference).
 class WorkState {
  public:
-  WorkState(std::string what, int parts) : what_(std::move(what)), pending_(parts) {}
+  WorkState(std::string what, int parts, std::shared_ptr<Progressor> progressor = nullptr)
+      : what_(std::move(what)), progressor_(std::move(progressor)), pending_(parts) {}
   // Flight-recorder entry to complete/fail when the transfer ends (0 = none).
   void SetRecord(flight::FlightRecorder* fr, uint64_t record_id);
   // One part finished with `st` (the first error wins). The last part ends the transfer.
@@ -42,6 +64,7 @@ class WorkState {
 
  private:
   const std::string what_;  // "put of 4096 bytes in 2 regions to rank1"
+  const std::shared_ptr<Progressor> progressor_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_);
   absl::Status status_ ABSL_GUARDED_BY(mu_);
