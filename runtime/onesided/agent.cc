@@ -87,6 +87,9 @@ class ConnectionImpl : public Connection {
 
   ucp_ep_h ep = nullptr;
   std::atomic<uint64_t>* handle_counter = nullptr;
+  // Puts posted since the last Notify's flush: a Notify with none skips the flush (a round trip
+  // on TCP) and sends its message at once.
+  std::atomic<uint64_t> unflushed_puts{0};
   std::function<void()> on_failure;  // set before the endpoint exists
 
  private:
@@ -536,6 +539,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
                    put ? "to " : "from ", conn->peer()),
       static_cast<int>(ops.size()) + 1, progressor_);
   state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  if (put && !ops.empty()) conn->unflushed_puts.fetch_add(ops.size(), std::memory_order_acq_rel);
   for (const Op& op : ops) {
     auto* part = new Part{state, this, conn};
     ucp_request_param_t rp = {};
@@ -564,6 +568,10 @@ Work AgentImpl::Notify(Connection* c, absl::string_view message) {
       absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer()), 1, progressor_);
   state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
   auto* part = new Part{state, this, conn, opt_.name, std::string(message)};
+  if (conn->unflushed_puts.exchange(0, std::memory_order_acq_rel) == 0) {
+    SendNotify(part);  // no put to wait for
+    return Work(state);
+  }
   // Flush the endpoint first: every put issued before is then complete at the peer, so the message
   // (sent from the flush's completion) arrives after the data it announces.
   ucp_request_param_t rp = {};

@@ -3,7 +3,7 @@
 // the same UCX_TLS, in interleaved rounds (median per point); a single-thread memcpy as the
 // reference row; and 8-byte notification latency against ucx_perftest's ucp_am_lat.
 //
-//   onesided_bench [--json] [--quick] [--tls=tcp|sm|...] [--max_bytes=N] [--rounds=R] [--no_peer]
+//   onesided_bench [--json] [--quick] [--tls=,tcp] [--max_bytes=N] [--rounds=R] [--no_peer]
 //
 // Ours: this process (rank 0) starts an in-process store server and re-executes itself as rank 1
 // (--role=target), which registers a buffer and serves. A bandwidth sample posts `iters` transfers
@@ -27,6 +27,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "bench/report.h"
@@ -36,7 +37,9 @@
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
-ABSL_FLAG(std::string, tls, "", "UCX_TLS for ours and ucx_perftest (empty: UCX's own choice)");
+ABSL_FLAG(std::string, tls, ",tcp",
+          "comma-separated UCX_TLS settings, each measured for ours and ucx_perftest alike (an "
+          "empty item: UCX's own choice)");
 ABSL_FLAG(int64_t, min_bytes, 4096, "smallest transfer");
 ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest transfer (--quick: 1 MiB)");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --quick: 1");
@@ -51,6 +54,7 @@ ABSL_FLAG(bool, ucx_memory, true,
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");
 ABSL_FLAG(std::string, store, "", "internal");
+ABSL_FLAG(std::string, prefix, "bench/", "internal");
 
 namespace ember::onesided {
 namespace {
@@ -72,7 +76,7 @@ absl::StatusOr<Registration> Buffer(Agent* agent, int64_t bytes, std::vector<cha
 int RunTarget() {
   auto c = store::Client::Connect({.address = absl::GetFlag(FLAGS_store)});
   if (!c.ok()) return 1;
-  store::Client s = c->WithPrefix("bench/");
+  store::Client s = c->WithPrefix(absl::GetFlag(FLAGS_prefix));
   auto agent = Agent::Create(
       {.store = &s, .rank = 1, .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)});
   if (!agent.ok()) {
@@ -229,66 +233,64 @@ std::string SizeName(int64_t b) {
   return b >= (1 << 20) ? absl::StrCat(b >> 20, "MiB") : absl::StrCat(b >> 10, "KiB");
 }
 
-int Main(int argc, char** argv) {
-  bench::Report report("onesided_bench", argc, argv);
-  const bool quick = bench::Quick();
-  const int64_t max_bytes = quick ? std::min<int64_t>(absl::GetFlag(FLAGS_max_bytes), 1 << 20)
-                                  : absl::GetFlag(FLAGS_max_bytes);
-  absl::SetFlag(&FLAGS_max_bytes, max_bytes);  // the target inherits it below
-  const int rounds = quick ? 1 : absl::GetFlag(FLAGS_rounds);
-  const int64_t per_sample = quick ? (8 << 20) : absl::GetFlag(FLAGS_bytes_per_sample);
-  const int lat_iters = quick ? 200 : absl::GetFlag(FLAGS_lat_iters);
-  const std::string tls = absl::GetFlag(FLAGS_tls);
-  if (!tls.empty()) setenv("UCX_TLS", tls.c_str(), 1);
+struct Settings {
+  int64_t max_bytes = 0, per_sample = 0;
+  int rounds = 1, lat_iters = 1;
+};
 
-  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
-  if (!server.ok()) return report.Fail(server.status());
+// Measures one transport configuration (`tls`, "" = UCX's choice): a fresh target process and
+// agent (UCX reads UCX_TLS when it starts), then tables and targets named after the transport.
+absl::Status MeasureTransport(bench::Report& report, const std::string& store_addr,
+                              const std::string& tls, const Settings& cfg) {
+  absl::SetFlag(&FLAGS_tls, tls);  // Spawn() passes it to ucx_perftest
+  if (tls.empty()) {
+    unsetenv("UCX_TLS");
+  } else {
+    setenv("UCX_TLS", tls.c_str(), 1);
+  }
+  const std::string tls_name = tls.empty() ? "UCX default" : tls;
+  const std::string suffix = tls.empty() ? "" : absl::StrCat("_", tls);
+  const std::string prefix = absl::StrCat("bench/", tls.empty() ? "default" : tls, "/");
   const pid_t target = fork();
   if (target == 0) {
     std::vector<std::string> a = {
-        "/proc/self/exe", "--role=target", "--store=" + (*server)->address(),
-        absl::StrCat("--max_bytes=", max_bytes),
+        "/proc/self/exe", "--role=target", "--store=" + store_addr, "--prefix=" + prefix,
+        absl::StrCat("--max_bytes=", cfg.max_bytes),
         absl::StrCat("--detect_peer_failure=", absl::GetFlag(FLAGS_detect_peer_failure)),
         absl::StrCat("--ucx_memory=", absl::GetFlag(FLAGS_ucx_memory))};
     std::vector<char*> av;
-    for (auto& s : a) av.push_back(s.data());
+    for (auto& x : a) av.push_back(x.data());
     av.push_back(nullptr);
     execv(av[0], av.data());
     _exit(127);
   }
-  auto client = store::Client::Connect({.address = (*server)->address()});
-  if (!client.ok()) return report.Fail(client.status());
-  store::Client s = client->WithPrefix("bench/");
-  auto agent = Agent::Create(
-      {.store = &s, .rank = 0, .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)});
-  if (!agent.ok()) return report.Fail(agent.status());
-  std::vector<char> heap, a(max_bytes, 3), b(max_bytes, 4);
-  auto reg = Buffer(agent->get(), max_bytes, &heap);
-  auto conn = (*agent)->Connect("rank1");
-  if (!reg.ok() || !conn.ok()) return report.Fail(reg.ok() ? conn.status() : reg.status());
-  auto desc = s.Get("desc/1", {.wait = true, .timeout = kTimeout});
-  if (!desc.ok()) return report.Fail(desc.status());
-  auto remote = (*conn)->ImportRegion(*desc);
-  if (!remote.ok()) return report.Fail(remote.status());
-  Ours o{agent->get(), *conn, *remote, *reg};
+  ASSIGN_OR_RETURN(store::Client client, store::Client::Connect({.address = store_addr}));
+  store::Client s = client.WithPrefix(prefix);
+  ASSIGN_OR_RETURN(std::unique_ptr<Agent> agent,
+                   Agent::Create({.store = &s, .rank = 0,
+                                  .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)}));
+  std::vector<char> heap, a(cfg.max_bytes, 3), b(cfg.max_bytes, 4);
+  ASSIGN_OR_RETURN(Registration reg, Buffer(agent.get(), cfg.max_bytes, &heap));
+  ASSIGN_OR_RETURN(Connection* conn, agent->Connect("rank1"));
+  ASSIGN_OR_RETURN(std::string desc, s.Get("desc/1", {.wait = true, .timeout = kTimeout}));
+  ASSIGN_OR_RETURN(RemoteRegion remote, conn->ImportRegion(desc));
+  Ours o{agent.get(), conn, remote, reg};
 
   std::vector<int64_t> sizes;
-  for (int64_t sz = absl::GetFlag(FLAGS_min_bytes); sz <= max_bytes; sz *= 4) sizes.push_back(sz);
+  for (int64_t sz = absl::GetFlag(FLAGS_min_bytes); sz <= cfg.max_bytes; sz *= 4) sizes.push_back(sz);
   const size_t P = sizes.size();
   // samples[kind][size]: kind 0 ours put, 1 perftest put, 2 ours get, 3 perftest get, 4 memcpy.
   std::vector<std::vector<std::vector<double>>> samples(5, std::vector<std::vector<double>>(P));
   std::string peer_error;
-  const bool no_peer = absl::GetFlag(FLAGS_no_peer);
-  if (no_peer) peer_error = "skipped (--no_peer)";
+  if (absl::GetFlag(FLAGS_no_peer)) peer_error = "skipped (--no_peer)";
   bench::LoadAverage load0 = bench::ReadLoadAverage();
-  for (int r = 0; r < rounds; ++r) {
+  for (int r = 0; r < cfg.rounds; ++r) {
     for (size_t i = 0; i < P; ++i) {
-      const int64_t iters = std::max<int64_t>(per_sample / sizes[i], 4);
+      const int64_t iters = std::max<int64_t>(cfg.per_sample / sizes[i], 4);
       for (int kind = 0; kind < 5; ++kind) {
         absl::StatusOr<double> v;
         if (kind == 0 || kind == 2) {
-          v = OursBandwidth(o, kind == 0, sizes[i], iters);
-          if (!v.ok()) return report.Fail(v.status());
+          ASSIGN_OR_RETURN(v, OursBandwidth(o, kind == 0, sizes[i], iters));
         } else if (kind == 4) {
           v = Memcpy(sizes[i], iters, a, b);
         } else {
@@ -308,9 +310,8 @@ int Main(int argc, char** argv) {
     if (samples[kind][i].empty()) return std::nullopt;
     return bench::Median(samples[kind][i]);
   };
-  const std::string tls_name = tls.empty() ? "UCX default" : tls;
   bench::Table& t = report.AddTable(
-      absl::StrCat("bandwidth, 2 processes, UCX_TLS=", tls_name, " (MiB/s, median of ", rounds, ")"),
+      absl::StrCat("bandwidth, 2 processes, UCX_TLS=", tls_name, " (MiB/s, median of ", cfg.rounds, ")"),
       {"bytes", "ember put", "perftest ucp_put_bw", "ember get", "perftest ucp_get", "memcpy 1 thread"});
   for (size_t i = 0; i < P; ++i) {
     t.AddRow({sizes[i], bench::Cell(med(0, i)), bench::Cell(med(1, i)), bench::Cell(med(2, i)),
@@ -324,7 +325,7 @@ int Main(int argc, char** argv) {
     for (int put = 1; put >= 0; --put) {
       const int ours = put ? 0 : 2, peer = put ? 1 : 3;
       report.AddTarget(bench::Target::VsPeer(
-          absl::StrCat(put ? "put" : "get", "_bw_", SizeName(sizes[i]), "_vs_ucx_perftest"),
+          absl::StrCat(put ? "put" : "get", "_bw_", SizeName(sizes[i]), suffix, "_vs_ucx_perftest"),
           *med(ours, i), med(peer, i), 0.9, bench::kHigherIsBetter, "MiB/s", peer_error,
           absl::StrCat("UCX_TLS=", tls_name, "; memcpy ", static_cast<int64_t>(*med(4, i)), " MiB/s")));
     }
@@ -332,12 +333,11 @@ int Main(int argc, char** argv) {
   // Notification latency.
   std::vector<double> ours_lat, peer_lat;
   std::string lat_error = peer_error;
-  for (int r = 0; r < rounds; ++r) {
-    auto v = OursLatencyUs(o, lat_iters);
-    if (!v.ok()) return report.Fail(v.status());
-    ours_lat.push_back(*v);
+  for (int r = 0; r < cfg.rounds; ++r) {
+    ASSIGN_OR_RETURN(double v, OursLatencyUs(o, cfg.lat_iters));
+    ours_lat.push_back(v);
     if (!lat_error.empty()) continue;
-    auto p = Perftest("ucp_am_lat", 8, lat_iters * 10, true);
+    auto p = Perftest("ucp_am_lat", 8, cfg.lat_iters * 10, true);
     if (p.ok()) {
       peer_lat.push_back(*p);
     } else {
@@ -346,20 +346,40 @@ int Main(int argc, char** argv) {
   }
   const std::optional<double> peer_med =
       peer_lat.empty() ? std::nullopt : std::optional<double>(bench::Median(peer_lat));
-  bench::Table& lt = report.AddTable(absl::StrCat("8-byte notification latency, UCX_TLS=", tls_name, " (us, one way)"),
-                                     {"ember Notify", "perftest ucp_am_lat"});
+  bench::Table& lt = report.AddTable(
+      absl::StrCat("8-byte notification latency, UCX_TLS=", tls_name, " (us, one way)"),
+      {"ember Notify", "perftest ucp_am_lat"});
   lt.AddRow({bench::Median(ours_lat), bench::Cell(peer_med)});
   lt.AddNote("ember: half the round trip of Notify (endpoint flush + active message) answered by a "
              "Notify, the waiting thread driving progress (work.h); perftest: busy-polling ping-pong");
-  report.AddTarget(bench::Target::VsPeer("notify_latency_8B_vs_ucp_am_lat", bench::Median(ours_lat),
-                                         peer_med, 2.0, bench::kLowerIsBetter, "us", lat_error,
-                                         absl::StrCat("UCX_TLS=", tls_name)));
-  report.SetMeta("ucx_tls", json::Value::Str(tls_name));
+  report.AddTarget(bench::Target::VsPeer(absl::StrCat("notify_latency_8B", suffix, "_vs_ucp_am_lat"),
+                                         bench::Median(ours_lat), peer_med, 2.0, bench::kLowerIsBetter,
+                                         "us", lat_error, absl::StrCat("UCX_TLS=", tls_name)));
+  agent->Notify(conn, "done").Wait(kTimeout).IgnoreError();
+  agent.reset();
+  Reap(target, absl::Seconds(10));
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  bench::Report report("onesided_bench", argc, argv);
+  const bool quick = bench::Quick();
+  Settings cfg;
+  cfg.max_bytes = quick ? std::min<int64_t>(absl::GetFlag(FLAGS_max_bytes), 1 << 20)
+                        : absl::GetFlag(FLAGS_max_bytes);
+  cfg.rounds = quick ? 1 : absl::GetFlag(FLAGS_rounds);
+  cfg.per_sample = quick ? (8 << 20) : absl::GetFlag(FLAGS_bytes_per_sample);
+  cfg.lat_iters = quick ? 200 : absl::GetFlag(FLAGS_lat_iters);
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  if (!server.ok()) return report.Fail(server.status());
+  std::vector<std::string> transports = absl::StrSplit(absl::GetFlag(FLAGS_tls), ',');
+  for (const std::string& tls : transports) {
+    absl::Status st = MeasureTransport(report, (*server)->address(), tls, cfg);
+    if (!st.ok()) return report.Fail(st);
+  }
+  report.SetMeta("ucx_tls", json::Value::Str(absl::StrJoin(transports, ",")));
   report.SetMeta("detect_peer_failure", json::Value::Bool(absl::GetFlag(FLAGS_detect_peer_failure)));
   report.SetMeta("ucx_memory", json::Value::Bool(absl::GetFlag(FLAGS_ucx_memory)));
-  (*agent)->Notify(*conn, "done").Wait(kTimeout).IgnoreError();
-  agent->reset();
-  Reap(target, absl::Seconds(10));
   return report.Finish();
 }
 
