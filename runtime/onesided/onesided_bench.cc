@@ -43,8 +43,9 @@ ABSL_FLAG(std::string, tls, ",tcp",
 ABSL_FLAG(int64_t, min_bytes, 4096, "smallest transfer");
 ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest transfer (--quick: 1 MiB)");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --quick: 1");
-ABSL_FLAG(int64_t, bytes_per_sample, 64 << 20,
-          "bytes moved per sample, within 2-256 transfers (--quick: 8 MiB)");
+ABSL_FLAG(int64_t, bytes_per_sample, 256 << 20,
+          "bytes moved per sample, within 8-256 transfers (--quick: 8 MiB); a non-empty --tls item "
+          "moves 1/16 of it, within 2-256 transfers");
 ABSL_FLAG(int64_t, forced_tls_max_bytes, 16 << 20,
           "largest transfer for a non-empty --tls item (ucx_perftest's TCP put runs at tens of MiB/s)");
 ABSL_FLAG(int, lat_iters, 2000, "notification round trips per latency sample (--quick: 200)");
@@ -298,7 +299,8 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   bench::LoadAverage load0 = bench::ReadLoadAverage();
   for (int r = 0; r < cfg.rounds; ++r) {
     for (size_t i = 0; i < P; ++i) {
-      const int64_t iters = std::clamp<int64_t>(cfg.per_sample / sizes[i], 2, 256);
+      const int64_t iters = tls.empty() ? std::clamp<int64_t>(cfg.per_sample / sizes[i], 8, 256)
+                                        : std::clamp<int64_t>(cfg.per_sample / 16 / sizes[i], 2, 256);
       for (int kind = 0; kind < 5; ++kind) {
         absl::StatusOr<double> v;
         if (kind == 0 || kind == 2) {
