@@ -50,6 +50,9 @@ ABSL_FLAG(int64_t, forced_tls_max_bytes, 16 << 20,
           "largest transfer for a non-empty --tls item (ucx_perftest's TCP put runs at tens of MiB/s)");
 ABSL_FLAG(int, lat_iters, 2000, "notification round trips per latency sample (--quick: 200)");
 ABSL_FLAG(bool, no_peer, false, "skip ucx_perftest");
+ABSL_FLAG(int, settle_ms, 300,
+          "pause after each ucx_perftest run (its exit, freeing its shared memory, slowed the next "
+          "sample)");
 ABSL_FLAG(bool, detect_peer_failure, false,
           "AgentOptions.detect_peer_failure (false, like ucx_perftest: every transport usable)");
 ABSL_FLAG(bool, ucx_memory, true,
@@ -310,6 +313,7 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
         } else {
           if (!peer_error.empty()) continue;
           v = Perftest(kind == 1 ? "ucp_put_bw" : "ucp_get", sizes[i], iters, false);
+          absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)));
           if (!v.ok()) {
             peer_error = std::string(v.status().message());
             continue;
