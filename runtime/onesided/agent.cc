@@ -20,121 +20,22 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/onesided/descriptor.h"
+#include "runtime/onesided/ucx_connection.h"
 
 namespace ember::onesided {
 namespace {
+
+using internal::ConnectionImpl;
+using internal::FromUcs;
+using internal::PeerFailure;
+using internal::Remote;
+using internal::WorkerProgressor;
 
 constexpr unsigned kNotifyAmId = 17;
 constexpr absl::Duration kSpinAfterActivity = absl::Microseconds(200);
 constexpr int kIdlePollMs = 50;
 
-bool PeerFailure(ucs_status_t st) {
-  return st == UCS_ERR_CONNECTION_RESET || st == UCS_ERR_ENDPOINT_TIMEOUT ||
-         st == UCS_ERR_UNREACHABLE || st == UCS_ERR_REJECTED || st == UCS_ERR_IO_ERROR;
-}
-
-absl::Status FromUcs(ucs_status_t st, absl::string_view what) {
-  if (st == UCS_OK) return absl::OkStatus();
-  std::string msg = absl::StrCat(what, ": UCX ", ucs_status_string(st));
-  if (PeerFailure(st)) return absl::UnavailableError(absl::StrCat(msg, " (the peer failed or is unreachable)"));
-  if (st == UCS_ERR_CANCELED) return absl::CancelledError(absl::StrCat(msg, " (agent shut down)"));
-  return absl::InternalError(msg);
-}
-
 class AgentImpl;
-
-struct Remote {
-  uint64_t base = 0, length = 0;
-  ucp_rkey_h rkey = nullptr;
-};
-
-class ConnectionImpl : public Connection {
- public:
-  ConnectionImpl(std::string peer, int peer_rank) : peer_(std::move(peer)), peer_rank_(peer_rank) {}
-  const std::string& peer() const override { return peer_; }
-  int peer_rank() const override { return peer_rank_; }
-  absl::StatusOr<RemoteRegion> ImportRegion(absl::string_view descriptor) override;
-  absl::Status health() const override {
-    absl::MutexLock l(&mu_);
-    return health_;
-  }
-  // Marks the connection failed (first error wins) and wakes WaitNotification callers.
-  void Fail(ucs_status_t st) {
-    {
-      absl::MutexLock l(&mu_);
-      if (!health_.ok()) return;
-      health_ = FromUcs(st, absl::StrCat("connection to ", peer_));
-    }
-    if (on_failure) on_failure();
-  }
-  absl::StatusOr<Remote> Lookup(RemoteRegion r) const {
-    absl::MutexLock l(&mu_);
-    auto it = remotes_.find(r.handle);
-    if (it == remotes_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "remote region handle ", r.handle, " was not imported on the connection to ", peer_,
-          " (use this connection's ImportRegion)"));
-    }
-    return it->second;
-  }
-  uint64_t NextSeq() { return ++seq_; }
-  void DestroyRkeys() {
-    absl::MutexLock l(&mu_);
-    for (auto& [h, r] : remotes_)
-      if (r.rkey != nullptr) ucp_rkey_destroy(r.rkey);
-    remotes_.clear();
-  }
-
-  ucp_ep_h ep = nullptr;
-  std::atomic<uint64_t>* handle_counter = nullptr;
-  // Puts posted since the last Notify's flush: a Notify with none skips the flush (a round trip
-  // on TCP) and sends its message at once.
-  std::atomic<uint64_t> unflushed_puts{0};
-  std::function<void()> on_failure;  // set before the endpoint exists
-
- private:
-  const std::string peer_;
-  const int peer_rank_;
-  std::atomic<uint64_t> seq_{0};
-  mutable absl::Mutex mu_;
-  absl::Status health_ ABSL_GUARDED_BY(mu_);
-  std::map<uint64_t, Remote> remotes_ ABSL_GUARDED_BY(mu_);
-};
-
-absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view descriptor) {
-  ASSIGN_OR_RETURN(RegionDescriptor d, UnpackDescriptor(descriptor));
-  if (d.owner != peer_) {
-    return absl::InvalidArgumentError(absl::StrCat("region descriptor belongs to agent '", d.owner,
-                                                   "', not to this connection's peer '", peer_, "'"));
-  }
-  Remote r{d.base, d.length, nullptr};
-  if (d.length > 0) {
-    ucs_status_t st = ucp_ep_rkey_unpack(ep, d.rkey.data(), &r.rkey);
-    if (st != UCS_OK) return FromUcs(st, absl::StrCat("unpacking a remote key from ", peer_));
-  }
-  RemoteRegion out{handle_counter->fetch_add(1) + 1};
-  absl::MutexLock l(&mu_);
-  remotes_[out.handle] = r;
-  return out;
-}
-
-// The worker, for waiters that drive progress themselves (work.h); cleared before it is destroyed.
-class WorkerProgressor : public internal::Progressor {
- public:
-  explicit WorkerProgressor(ucp_worker_h w) : worker_(w) {}
-  bool Progress() override {
-    absl::ReaderMutexLock l(&mu_);
-    return worker_ != nullptr && ucp_worker_progress(worker_) != 0;
-  }
-  void Clear() {
-    absl::MutexLock l(&mu_);
-    worker_ = nullptr;
-  }
-
- private:
-  absl::Mutex mu_;
-  ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
-};
 
 struct LocalRegion {
   void* base = nullptr;
