@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "runtime/flight/recorder.h"
 #include "runtime/onesided/agent.h"
 #include "runtime/onesided/test_pattern.h"
 #include "runtime/store/client.h"
@@ -248,14 +249,47 @@ absl::Status Kill(const Args& args, Agent* a, store::Client& s, bool wait_for_no
   return absl::OkStatus();
 }
 
+// The flight recorder holds one completed entry per transfer, with its bytes and peer.
+absl::Status CheckRecorder(const Args& args, const flight::FlightRecorder& fr) {
+  const int next = (args.rank + 1) % args.size, prev = (args.rank + args.size - 1) % args.size;
+  size_t puts = 0, gets = 0, notes = 0;
+  for (const flight::Entry& e : fr.Entries()) {
+    const std::string op = e.op;
+    EXPECT(e.state == flight::State::kCompleted, op, " entry ", e.record_id, " not completed");
+    EXPECT(e.time_completed_ns >= e.time_started_ns && e.time_started_ns > 0, "times of ", op);
+    if (op == "onesided_put" || op == "onesided_notify") {
+      EXPECT(e.peer == next, op, " peer ", e.peer);
+    } else {
+      EXPECT(op == "onesided_get" && e.peer == prev, op, " peer ", e.peer);
+    }
+    if (op == "onesided_put" && puts < args.sizes.size()) {
+      EXPECT(e.in_numel == static_cast<int64_t>(args.sizes[puts]), "put bytes ", e.in_numel);
+    }
+    if (op == "onesided_get" && gets < args.sizes.size()) {
+      EXPECT(e.in_numel == static_cast<int64_t>(args.sizes[gets]), "get bytes ", e.in_numel);
+    }
+    puts += op == "onesided_put";
+    gets += op == "onesided_get";
+    notes += op == "onesided_notify";
+  }
+  // One of each per size, plus the descriptor-list put, get and notify.
+  EXPECT(puts == args.sizes.size() + 1 && gets == puts && notes == puts, puts, " puts ", gets,
+         " gets ", notes, " notifications recorded");
+  return absl::OkStatus();
+}
+
 absl::Status Run(const Args& args) {
   auto client = store::Client::Connect({.address = args.store});
   CHECK_OK(client.status());
   store::Client s = client->WithPrefix(args.prefix);
+  flight::FlightRecorder fr;
   auto agent = Agent::Create({.store = &s, .key_prefix = "onesided/", .rank = args.rank,
-                              .detect_peer_failure = !args.no_detect});
+                              .recorder = &fr, .detect_peer_failure = !args.no_detect});
   CHECK_OK(agent.status());
-  if (args.scenario == "transfer") return Transfer(args, agent->get(), s);
+  if (args.scenario == "transfer") {
+    CHECK_OK(Transfer(args, agent->get(), s));
+    return CheckRecorder(args, fr);
+  }
   if (args.scenario == "refuse") return Refuse(args, agent->get(), s);
   if (args.scenario == "kill") return Kill(args, agent->get(), s, false);
   if (args.scenario == "kill_wait") return Kill(args, agent->get(), s, true);
