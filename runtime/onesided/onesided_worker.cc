@@ -228,7 +228,7 @@ absl::Status Kill(const Args& args, Agent* a, store::Client& s, bool wait_for_no
     absl::SleepFor(absl::Milliseconds(300));
     raise(SIGKILL);
   }
-  constexpr absl::Duration kWait = absl::Seconds(5);
+  constexpr absl::Duration kWait = absl::Seconds(3);
   const absl::Time t0 = absl::Now();
   absl::Status st;
   if (wait_for_note) {
