@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::pipeline {
@@ -24,6 +25,11 @@ Action Make(ActionType t, int stage, int mb) {
   a.stage = stage;
   a.micro_batch = mb;
   return a;
+}
+
+bool IsCompute(ActionType t) {
+  return t == ActionType::kForward || t == ActionType::kBackward ||
+         t == ActionType::kBackwardInput || t == ActionType::kBackwardWeight;
 }
 
 }  // namespace
@@ -223,11 +229,15 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
                                          const int32_t* targets) {
   RETURN_IF_ERROR(pool_->BeginStep());
   loss_sum_ = 0;
+  timing_ = {};
+  const absl::Time step_start = absl::Now();
   const size_t n = static_cast<size_t>(N_ * cfg_.d_model);
   comm::OpOptions op;
   op.timeout = opts_.timeout;
   for (const Action& a : schedule_.ranks[rank_]) {
     absl::Status st;
+    const bool compute = IsCompute(a.type);
+    const absl::Time t0 = compute ? absl::Now() : absl::InfinitePast();
     switch (a.type) {
       case ActionType::kRecvActivation:
       case ActionType::kRecvGrad: {
@@ -281,6 +291,11 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
           std::fill(grads_.begin(), grads_.end(), 0.0f);
         }
         break;
+    }
+    if (compute) {
+      const absl::Time t1 = absl::Now();
+      timing_.compute_s += absl::ToDoubleSeconds(t1 - t0);
+      timing_.span_s = absl::ToDoubleSeconds(t1 - step_start);
     }
     RETURN_IF_ERROR(base::Annotate(
         st, absl::StrCat("pipeline rank ", rank_, " at ", ActionToString(a))));

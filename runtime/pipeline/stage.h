@@ -46,6 +46,12 @@
 
 namespace ember::pipeline {
 
+// Where one rank's last step spent its time (for pipeline_bench's measured bubble).
+struct StepTiming {
+  double compute_s = 0;  // inside forward / backward / backward-input / backward-weight computes
+  double span_s = 0;     // from the step's start to the end of the rank's last such compute
+};
+
 struct PipelineOptions {
   BufferPoolOptions pool;
   kernels::AdamWOptions adamw;
@@ -72,6 +78,7 @@ class PipelineGpt {
                               const int32_t* targets);
 
   const BufferPool& pool() const { return *pool_; }
+  const StepTiming& last_step_timing() const { return timing_; }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   // The stages this rank holds, in increasing order.
   const std::vector<int>& stages() const { return stage_ids_; }
@@ -113,6 +120,7 @@ class PipelineGpt {
   std::map<std::pair<int, int>, std::vector<model::BlockActivationsPtr>> acts_;
   std::map<int, kernels::Tensor> head_dx_;           // last stage: dloss/dx per micro-batch
   double loss_sum_ = 0;
+  StepTiming timing_;
 };
 
 }  // namespace ember::pipeline
