@@ -120,7 +120,9 @@ absl::StatusOr<const float*> PipelineGpt::Received(const Action& recv) {
   if (it == recvs_.end()) {
     return absl::InternalError(absl::StrCat("no receive posted for ", ActionToString(recv)));
   }
+  const absl::Time t0 = absl::Now();
   absl::Status st = it->second.first->Wait(opts_.timeout);
+  recv_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);  // not compute (StepTiming)
   const float* buf = it->second.second;
   recvs_.erase(it);
   RETURN_IF_ERROR(base::Annotate(st, absl::StrCat("receive for ", ActionToString(recv))));
@@ -238,6 +240,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
     absl::Status st;
     const bool compute = IsCompute(a.type);
     const absl::Time t0 = compute ? absl::Now() : absl::InfinitePast();
+    recv_wait_s_ = 0;
     switch (a.type) {
       case ActionType::kRecvActivation:
       case ActionType::kRecvGrad: {
@@ -294,7 +297,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
     }
     if (compute) {
       const absl::Time t1 = absl::Now();
-      timing_.compute_s += absl::ToDoubleSeconds(t1 - t0);
+      timing_.compute_s += absl::ToDoubleSeconds(t1 - t0) - recv_wait_s_;
       timing_.span_s = absl::ToDoubleSeconds(t1 - step_start);
     }
     RETURN_IF_ERROR(base::Annotate(

@@ -48,7 +48,8 @@ namespace ember::pipeline {
 
 // Where one rank's last step spent its time (for pipeline_bench's measured bubble).
 struct StepTiming {
-  double compute_s = 0;  // inside forward / backward / backward-input / backward-weight computes
+  double compute_s = 0;  // in forward / backward / backward-input / backward-weight computes,
+                         // less their waits for received data
   double span_s = 0;     // from the step's start to the end of the rank's last such compute
 };
 
@@ -121,6 +122,7 @@ class PipelineGpt {
   std::map<int, kernels::Tensor> head_dx_;           // last stage: dloss/dx per micro-batch
   double loss_sum_ = 0;
   StepTiming timing_;
+  double recv_wait_s_ = 0;  // of the current compute
 };
 
 }  // namespace ember::pipeline
