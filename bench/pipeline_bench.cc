@@ -15,13 +15,15 @@
 // global batch, same thread count). It lives in //bench rather than //runtime/pipeline because it
 // uses both //runtime/pipeline and //runtime/fsdp, which sit in the same layer.
 //
-//   bazel run //bench:pipeline_bench -- [--json] [--quick] [--steps=4] [--micro_batches=8]
+//   bazel run //bench:pipeline_bench -- [--json] [--quick] [--steps=4] [--rounds=3]
+//       [--micro_batches=8] [--stages=2] [--micro_batch_size=1]
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -36,7 +38,8 @@
 ABSL_FLAG(int, steps, 4, "measured steps per configuration (after 1 warm-up step)");
 ABSL_FLAG(int, micro_batches, 8, "micro-batches per step (m)");
 ABSL_FLAG(int, stages, 2, "pipeline stages = ranks (p)");
-ABSL_FLAG(int, micro_batch_size, 2, "sequences per micro-batch");
+ABSL_FLAG(int, micro_batch_size, 1, "sequences per micro-batch");
+ABSL_FLAG(int, rounds, 3, "interleaved rounds over all configurations; --quick: 1");
 
 namespace ember {
 namespace {
@@ -200,12 +203,22 @@ int Main(int argc, char** argv) {
                             {"1f1b preallocated", ScheduleKind::k1F1B, true},
                             {"fsdp", ScheduleKind::k1F1B, false, true}};
   const bench::LoadAverage load_begin = bench::ReadLoadAverage();
-  std::vector<Result> rs;
-  for (const Config& c : configs) {
-    absl::StatusOr<Result> r = Run(c);
-    if (!r.ok()) return report.Fail(r.status());
-    rs.push_back(*std::move(r));
+  // Rounds interleave the configurations (A, B, C, A, B, C, ...) so that all see the same load;
+  // a configuration's bubble is the median over every measured step of every round, its step
+  // time the median of its rounds' medians.
+  const int rounds = bench::Quick() ? 1 : std::max(1, absl::GetFlag(FLAGS_rounds));
+  std::vector<Result> rs(std::size(configs));
+  std::vector<std::vector<double>> step_s(std::size(configs));
+  for (int round = 0; round < rounds; ++round) {
+    for (size_t i = 0; i < std::size(configs); ++i) {
+      absl::StatusOr<Result> r = Run(configs[i]);
+      if (!r.ok()) return report.Fail(r.status());
+      rs[i].bubble.insert(rs[i].bubble.end(), r->bubble.begin(), r->bubble.end());
+      rs[i].peak_bytes = std::max(rs[i].peak_bytes, r->peak_bytes);
+      step_s[i].push_back(r->step_s);
+    }
   }
+  for (size_t i = 0; i < rs.size(); ++i) rs[i].step_s = Median(step_s[i]);
   const bench::LoadAverage load_end = bench::ReadLoadAverage();
   const int p = Stages(), m = MicroBatches();
   const double theory = static_cast<double>(p - 1) / (m + p - 1);
@@ -215,13 +228,15 @@ int Main(int argc, char** argv) {
   report.SetMeta("micro_batches", json::Value::Int(m));
   report.SetMeta("micro_batch_size", json::Value::Int(absl::GetFlag(FLAGS_micro_batch_size)));
   report.SetMeta("steps", json::Value::Int(absl::GetFlag(FLAGS_steps)));
+  report.SetMeta("rounds", json::Value::Int(rounds));
   report.SetMeta("model", json::Value::Str(absl::StrCat(
       "vocab ", mc.vocab_size, ", T ", mc.context, ", ", mc.n_layer, " layers, width ",
       mc.d_model)));
 
   bench::Table& t = report.AddTable(
-      absl::StrCat("Pipeline, measured: ", p, " ranks, ", m, " micro-batches, median of ",
-                   absl::GetFlag(FLAGS_steps), " steps after 1 warm-up"),
+      absl::StrCat("Pipeline, measured: ", p, " ranks, ", m, " micro-batches, ", rounds,
+                   " interleaved rounds of ", absl::GetFlag(FLAGS_steps),
+                   " steps after 1 warm-up"),
       {"config", "bubble", "theory", "step ms", "tok/s", "peak pool bytes"});
   t.SetLoad(load_begin, load_end);
   t.AddNote("bubble: 1 - sum of ranks' compute time (F, B, I, W) / (ranks x longest span from "

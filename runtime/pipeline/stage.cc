@@ -214,6 +214,13 @@ absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action
       w.push_back(P(off));
       g.push_back(G(off));
     }
+    if (a.type == ActionType::kBackwardInput) {  // weight gradients wait for BackwardWeight
+      ASSIGN_OR_RETURN(model::BlockWeightGradsPtr saved,
+                       ss.blocks[i].BackwardInput(ctx, w, g, std::move(acts->second[i]),
+                                                  dx.data(), dx.data()));
+      wgrads_[{s, mb}].push_back(std::move(saved));
+      continue;
+    }
     RETURN_IF_ERROR(ss.blocks[i].Backward(ctx, w, g, std::move(acts->second[i]), dx.data(),
                                           dx.data()));
   }
@@ -224,6 +231,21 @@ absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action
   }
   ASSIGN_OR_RETURN(float* out, OutputFor(ActionType::kSendGrad, s, mb, s - 1));
   std::memcpy(out, dx.data(), n * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status PipelineGpt::BackwardWeight(const kernels::ExecContext& ctx, const Action& a) {
+  auto it = wgrads_.find({a.stage, a.micro_batch});
+  if (it == wgrads_.end()) return absl::InternalError("weight-grad before its input-grad");
+  StageState& ss = Local(a.stage);
+  // wgrads_ holds the blocks last to first, as BackwardInput ran them.
+  for (size_t j = 0; j < it->second.size(); ++j) {
+    const size_t i = ss.blocks.size() - 1 - j;
+    std::vector<float*> g;
+    for (int64_t off : ss.offsets[i]) g.push_back(G(off));
+    RETURN_IF_ERROR(ss.blocks[i].BackwardWeight(ctx, g, std::move(it->second[j])));
+  }
+  wgrads_.erase(it);
   return absl::OkStatus();
 }
 
@@ -275,8 +297,9 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         st = Backward(ctx, a, tokens);
         if (st.ok()) st = pool_->AfterCompute(a);
         break;
-      case ActionType::kBackwardWeight:  // the fused backward ran at BackwardInput
-        st = pool_->AfterCompute(a);
+      case ActionType::kBackwardWeight:
+        st = BackwardWeight(ctx, a);
+        if (st.ok()) st = pool_->AfterCompute(a);
         break;
       case ActionType::kReduceGrad:  // no data-parallel reduction yet (stage.h)
         break;
@@ -305,7 +328,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
   }
   RETURN_IF_ERROR(pool_->EndStep(opts_.timeout));
   if (!recvs_.empty() || !outputs_.empty() || !handover_.empty() || !acts_.empty() ||
-      !head_dx_.empty()) {
+      !head_dx_.empty() || !wgrads_.empty()) {
     return absl::InternalError(absl::StrCat("pipeline rank ", rank_,
                                             ": the step left data behind (a schedule bug)"));
   }

@@ -16,9 +16,10 @@
 // the receive, the compute that needs it waits for it; a compute that feeds a Send writes into a
 // pool buffer, which the pool frees once the send's Work completes; stages on the same rank hand
 // over in memory. Each micro-batch's loss gradient is scaled by 1/micro_batches, so the step's
-// gradient is that of the mean loss over the whole batch. ZB-H1's BackwardInput runs the model's
-// fused backward and BackwardWeight is a no-op: the model has no split backward yet, so ZB-H1 runs
-// correctly but without its bubble saving. Gradient clipping is not supported.
+// gradient is that of the mean loss over the whole batch. ZB-H1's BackwardInput runs the blocks'
+// model::Block::BackwardInput (input gradient and norm-weight gradients; the embedding gradient on
+// stage 0) and BackwardWeight their deferred linear weight gradients, bitwise equal to the fused
+// backward. Gradient clipping is not supported.
 //
 // Errors: a failed or timed-out receive/send/all-reduce comes back as its Status, annotated with
 // the action; the step is then unusable (abort the group). Thread-compatible: one step at a time.
@@ -90,7 +91,9 @@ class PipelineGpt {
   PipelineGpt() = default;
   absl::Status Forward(const kernels::ExecContext& ctx, const Action& a, const int32_t* tokens,
                        const int32_t* targets);
+  // Backward or BackwardInput (by a.type) of one stage and micro-batch.
   absl::Status Backward(const kernels::ExecContext& ctx, const Action& a, const int32_t* tokens);
+  absl::Status BackwardWeight(const kernels::ExecContext& ctx, const Action& a);
   // The buffer holding the received data of `recv` once its receive completed.
   absl::StatusOr<const float*> Received(const Action& recv);
   // Where a compute writes the output that crosses to `peer_stage`: a pool send buffer, or a local
@@ -120,6 +123,8 @@ class PipelineGpt {
   std::map<Key, std::vector<float>> handover_;       // same-rank stage to stage
   std::map<std::pair<int, int>, std::vector<model::BlockActivationsPtr>> acts_;
   std::map<int, kernels::Tensor> head_dx_;           // last stage: dloss/dx per micro-batch
+  // ZB-H1: (stage, micro-batch) -> per block, last to first, what BackwardWeight needs.
+  std::map<std::pair<int, int>, std::vector<model::BlockWeightGradsPtr>> wgrads_;
   double loss_sum_ = 0;
   StepTiming timing_;
   double recv_wait_s_ = 0;  // of the current compute
