@@ -97,6 +97,7 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
     p->lnf_ = add(all.back());
     if (p->wte_ < 0) p->wte_ = add(all[0]);
   }
+  p->layout_ = layout;
   p->params_.assign(total, 0.0f);
   for (const auto& [spec, off] : layout) model::InitParam(spec, seed, 0, spec.numel(), p->P(off));
   p->grads_.assign(total, 0.0f);
@@ -109,6 +110,18 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * cfg.d_model,
                                                 options.pool));
   return p;
+}
+
+std::vector<ParamView> PipelineGpt::Params() {
+  std::vector<ParamView> out;
+  const int first_rank = schedule_.RankOfStage(0);
+  for (const auto& [spec, off] : layout_) {
+    ParamView v{spec.name, spec.shape, spec.numel(), P(off), adam_m_.data() + off,
+                adam_v_.data() + off, true};
+    v.primary = !(off == wte_ && rank_ != first_rank);
+    out.push_back(std::move(v));
+  }
+  return out;
 }
 
 PipelineGpt::StageState& PipelineGpt::Local(int stage) {

@@ -32,6 +32,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -52,6 +53,19 @@ struct StepTiming {
   double compute_s = 0;  // in forward / backward / backward-input / backward-weight computes,
                          // less their waits for received data
   double span_s = 0;     // from the step's start to the end of the rank's last such compute
+};
+
+// One parameter this rank holds, with its AdamW state (views into the PipelineGpt, valid for its
+// life). `primary` is false only for the last stage's copy of the tied wte when stage 0 sits on
+// another rank: the two copies are equal, and a checkpoint saves the primary one.
+struct ParamView {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  float* param = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  bool primary = true;
 };
 
 struct PipelineOptions {
@@ -78,6 +92,13 @@ class PipelineGpt {
   // Returns the mean loss over the batch, on every rank (broadcast from the last stage).
   absl::StatusOr<double> Step(const kernels::ExecContext& ctx, const int32_t* tokens,
                               const int32_t* targets);
+
+  // This rank's parameters in its layout order (checkpoints). Writing through the views between
+  // steps changes the model (resume); the tied wte must then be written on both of its ranks.
+  std::vector<ParamView> Params();
+  int64_t optimizer_step() const { return adam_step_; }    // AdamW steps taken (bias correction)
+  void set_optimizer_step(int64_t step) { adam_step_ = step; }
+  void set_learning_rate(float lr) { opts_.adamw.lr = lr; }  // for the following steps
 
   const BufferPool& pool() const { return *pool_; }
   const StepTiming& last_step_timing() const { return timing_; }
@@ -112,6 +133,7 @@ class PipelineGpt {
   std::vector<int> stage_ids_;
   std::vector<std::unique_ptr<StageState>> local_stages_;
   int64_t wte_ = -1, wpe_ = -1, lnf_ = -1;  // offsets into params_/grads_, -1: not on this rank
+  std::vector<std::pair<model::ParamSpec, int64_t>> layout_;  // every parameter and its offset
   std::vector<float> params_, grads_, adam_m_, adam_v_;
   int64_t adam_step_ = 0;
   std::unique_ptr<comm::ProcessGroup> tied_;  // {rank of stage 0, rank of the last stage}
