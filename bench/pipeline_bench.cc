@@ -70,6 +70,8 @@ struct Config {
 
 struct Result {
   std::vector<double> bubble;  // per measured step
+  // Per rank, summed over measured steps: compute, waiting for received data, span.
+  std::vector<double> compute_s, wait_s, span_s;
   double step_s = 0;           // median over steps of the slowest rank's step time
   int64_t peak_bytes = 0;      // pool peak, max over ranks (pipeline only)
 };
@@ -88,7 +90,7 @@ void Batch(int64_t rows, int64_t T, int64_t V, std::vector<int32_t>* tok,
   }
 }
 
-// Runs in a forked child; writes "peak_bytes" then per step "step_s compute_s span_s" to `out`.
+// Runs in a forked child; writes "peak_bytes" then per step "step_s compute_s span_s wait_s".
 absl::Status RankMain(const Config& cfg, int rank, const std::string& dir,
                       const std::string& out) {
   const int world = Stages();
@@ -115,7 +117,7 @@ absl::Status RankMain(const Config& cfg, int rank, const std::string& dir,
       const absl::Time t0 = absl::Now();
       RETURN_IF_ERROR(m->ForwardBackward(ctx, tok.data(), tgt.data(), B, T, true).status());
       RETURN_IF_ERROR(m->OptimizerStep(ctx, 1e-4f).status());
-      if (s > 0) f << absl::ToDoubleSeconds(absl::Now() - t0) << " 0 0\n";
+      if (s > 0) f << absl::ToDoubleSeconds(absl::Now() - t0) << " 0 0 0\n";
     }
     return f ? absl::OkStatus() : absl::InternalError("cannot write " + out);
   }
@@ -132,7 +134,9 @@ absl::Status RankMain(const Config& cfg, int rank, const std::string& dir,
     RETURN_IF_ERROR(stage->Step(ctx, tok.data(), tgt.data()).status());
     const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
     const pipeline::StepTiming& tm = stage->last_step_timing();
-    if (s > 0) lines.push_back(absl::StrCat(dt, " ", tm.compute_s, " ", tm.span_s));
+    if (s > 0) {
+      lines.push_back(absl::StrCat(dt, " ", tm.compute_s, " ", tm.span_s, " ", tm.recv_wait_s));
+    }
   }
   f << stage->pool().peak_bytes() << "\n";
   for (const std::string& l : lines) f << l << "\n";
@@ -164,14 +168,20 @@ absl::StatusOr<Result> Run(const Config& cfg) {
   const int steps = absl::GetFlag(FLAGS_steps);
   std::vector<std::vector<double>> step(steps), compute(steps), span(steps);
   Result res;
+  res.compute_s.assign(world, 0);
+  res.wait_s.assign(world, 0);
+  res.span_s.assign(world, 0);
   for (int r = 0; r < world; ++r) {
     std::ifstream f(absl::StrCat(dir, ".rank", r));
     int64_t peak = 0;
     f >> peak;
     res.peak_bytes = std::max(res.peak_bytes, peak);
     for (int s = 0; s < steps; ++s) {
-      double a = 0, b = 0, c = 0;
-      f >> a >> b >> c;
+      double a = 0, b = 0, c = 0, w = 0;
+      f >> a >> b >> c >> w;
+      res.compute_s[r] += b;
+      res.span_s[r] += c;
+      res.wait_s[r] += w;
       step[s].push_back(a);
       compute[s].push_back(b);
       span[s].push_back(c);
@@ -215,6 +225,17 @@ int Main(int argc, char** argv) {
       if (!r.ok()) return report.Fail(r.status());
       rs[i].bubble.insert(rs[i].bubble.end(), r->bubble.begin(), r->bubble.end());
       rs[i].peak_bytes = std::max(rs[i].peak_bytes, r->peak_bytes);
+      if (rs[i].compute_s.empty()) {
+        rs[i].compute_s = r->compute_s;
+        rs[i].wait_s = r->wait_s;
+        rs[i].span_s = r->span_s;
+      } else {
+        for (int k = 0; k < Stages(); ++k) {
+          rs[i].compute_s[k] += r->compute_s[k];
+          rs[i].wait_s[k] += r->wait_s[k];
+          rs[i].span_s[k] += r->span_s[k];
+        }
+      }
       step_s[i].push_back(r->step_s);
     }
   }
@@ -253,6 +274,22 @@ int Main(int argc, char** argv) {
     t.AddRow({configs[i].name, pipe ? bench::Cell(Median(rs[i].bubble)) : bench::Cell(), th,
               rs[i].step_s * 1e3, tokens / rs[i].step_s,
               pipe ? bench::Cell(rs[i].peak_bytes) : bench::Cell()});
+  }
+  bench::Table& w = report.AddTable(
+      "Where each rank's step went (ms per step, mean over all measured steps)",
+      {"config", "rank", "compute", "waiting for input", "other", "span"});
+  w.SetLoad(load_begin, load_end);
+  w.AddNote("compute: F, B, I, W less their waits; waiting for input: a compute blocked on its "
+            "received activation or gradient; other: span - compute - waiting (sends, pool, "
+            "receive posting, scheduling)");
+  const double measured = static_cast<double>(rounds) * absl::GetFlag(FLAGS_steps);
+  for (size_t i = 0; i < rs.size(); ++i) {
+    if (configs[i].fsdp) continue;
+    for (int k = 0; k < p; ++k) {
+      const double c = 1e3 * rs[i].compute_s[k] / measured, wt = 1e3 * rs[i].wait_s[k] / measured,
+                   sp = 1e3 * rs[i].span_s[k] / measured;
+      w.AddRow({configs[i].name, k, c, wt, sp - c - wt, sp});
+    }
   }
   const std::string per_step = "median over steps of 1 - busy / (ranks x span)";
   report.AddTarget(bench::Target::VsPeer("bubble_gpipe_vs_theory", Median(rs[0].bubble), theory,

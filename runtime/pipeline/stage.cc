@@ -334,6 +334,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
     if (compute) {
       const absl::Time t1 = absl::Now();
       timing_.compute_s += absl::ToDoubleSeconds(t1 - t0) - recv_wait_s_;
+      timing_.recv_wait_s += recv_wait_s_;
       timing_.span_s = absl::ToDoubleSeconds(t1 - step_start);
     }
     RETURN_IF_ERROR(base::Annotate(

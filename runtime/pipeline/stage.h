@@ -53,6 +53,7 @@ struct StepTiming {
   double compute_s = 0;  // in forward / backward / backward-input / backward-weight computes,
                          // less their waits for received data
   double span_s = 0;     // from the step's start to the end of the rank's last such compute
+  double recv_wait_s = 0;  // computes waiting for their received input (part of the idle time)
 };
 
 // One parameter this rank holds, with its AdamW state (views into the PipelineGpt, valid for its
