@@ -274,7 +274,7 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   auto rdzv = comm::MakeStoreRendezvous(attempt);
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  if (plan.separate_reduce_scatter && env.world_size > 1) {
+  if (plan.separate_reduce_scatter && env.world_size > 1 && !spec::PipelineLayoutOf(plan.spec).enabled()) {
     go.name = "reduce_scatter";
     ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   }

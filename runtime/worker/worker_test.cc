@@ -212,10 +212,10 @@ TEST_CASE("a garbage latest resumes from the newest good checkpoint, not from st
 // A pipeline job spec (or, with stages 0, the unpipelined reference on the same data: one rank,
 // one batch of micro_batches x batch_size sequences per step).
 void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
-                       int micro_batches) {
+                       int micro_batches, int layers = 2) {
   std::ofstream f(dir + "/job.yaml");
-  f << "name: t\n"
-       "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n"
+  f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: " << layers
+    << ", n_heads: 2, d_model: 32}\n"
        "data: {text_path: corpus.txt}\n"
        "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
        "checkpoint: {every_steps: 5}\n"
@@ -228,7 +228,8 @@ void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const 
   }
 }
 
-TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1) give the unpipelined losses; resume", "[worker]") {
+TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the unpipelined losses; resume",
+          "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();
@@ -269,6 +270,21 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1) give the unpipelined losses; r
     got = Losses(dir);
     REQUIRE(got.size() == 12);
     for (int64_t step : {11, 12}) CheckClose(got.at(step), want.at(step), 1e-5);
+  }
+  // Interleaved 1F1B: 4 model stages (of one block each) on the 2 ranks, and GPipe.
+  const std::string ref4 = NewJobDir("pp-ref4");
+  WritePipelineSpec(ref4, 6, 0, "", 4, 4);
+  REQUIRE(RunJob(addr, "pp-ref4", ref4, 1, 0) == std::vector<int>{0});
+  const std::map<int64_t, double> want4 = Losses(ref4);
+  REQUIRE(want4.size() == 6);
+  for (const std::string schedule : {"interleaved_1f1b", "gpipe"}) {
+    INFO(schedule);
+    const std::string id = "pp4-" + schedule, dir = NewJobDir(id);
+    WritePipelineSpec(dir, 6, 2, schedule, 4, 4);
+    REQUIRE(RunJob(addr, id, dir, 2, 0) == std::vector<int>{0, 0});
+    const std::map<int64_t, double> got = Losses(dir);
+    REQUIRE(got.size() == 6);
+    for (const auto& [step, l] : got) CheckClose(l, want4.at(step), 1e-5);
   }
 }
 
