@@ -19,6 +19,7 @@
 #include "checkpoint/dtype.h"
 #include "checkpoint/safetensors.h"
 #include "kernels/cast.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
@@ -35,11 +36,6 @@ absl::Status Bad(const std::string& field, const std::string& why) {
 
 std::string Resolve(const std::string& job_dir, const std::string& p) {
   return p.empty() || p[0] == '/' ? p : absl::StrCat(job_dir, "/", p);
-}
-
-void MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i)
-    if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
 }
 
 int64_t PeakRssBytes() {
@@ -416,8 +412,9 @@ absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecor
   } else if (!plan.init_safetensors.empty()) {
     RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, *model));
   }
-  MakeDirs(plan.checkpoint_root);
-  MakeDirs(absl::StrCat(env.job_dir, "/metrics"));
+  // Best effort, as before: a directory that cannot be made fails at the first save or open.
+  (void)base::MakeDirs(plan.checkpoint_root);
+  (void)base::MakeDirs(absl::StrCat(env.job_dir, "/metrics"));
   std::ofstream metrics(plan.metrics_path, std::ios::app);
 
   auto protocol = std::make_shared<ckpt::StoreCommitProtocol>(job);
