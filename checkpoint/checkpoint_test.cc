@@ -165,7 +165,7 @@ TEST_CASE("flipped byte, truncated and missing files are named", "[checkpoint]")
     std::string path = dir + "/" + c1.file;
     std::string bytes = *ReadFile(path, 1 << 20);
     bytes[c1.offset + 3] ^= 0x10;
-    REQUIRE(WriteFileAtomic(path, bytes).ok());
+    REQUIRE(base::WriteFileAtomic(path, bytes).ok());
   }
   auto r = CheckpointReader::Open(dir);
   REQUIRE(r.ok());
@@ -200,9 +200,9 @@ TEST_CASE("a newer major format is refused, a newer minor is read", "[checkpoint
   std::string mpath = root + "/step-1/metadata.json";
   std::string text = *ReadFile(mpath, 1 << 20);
   REQUIRE(absl::StrContains(text, "\"format_version\": \"1.0\""));
-  REQUIRE(WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"1.7\""}})).ok());
+  REQUIRE(base::WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"1.7\""}})).ok());
   CHECK(CheckpointReader::Open(root).ok());
-  REQUIRE(WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"2.3\""}})).ok());
+  REQUIRE(base::WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"2.3\""}})).ok());
   auto r = CheckpointReader::Open(root);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -284,7 +284,7 @@ TEST_CASE("async save: host copy, one in flight, failures reported", "[checkpoin
 
   // A save that fails (root is a file) is reported by Wait, and by the next Start if nobody asked.
   std::string file_root = TmpDir("async_bad") + "/not_a_dir";
-  REQUIRE(WriteFileAtomic(file_root, "x").ok());
+  REQUIRE(base::WriteFileAtomic(file_root, "x").ok());
   AsyncSaver bad({.root = file_root}, std::make_shared<LocalCommitProtocol>());
   REQUIRE(bad.Start(ShardState(model, 1, 0, 1)).ok());
   CHECK_FALSE(bad.Wait().ok());
@@ -380,7 +380,7 @@ TEST_CASE("inspect --verify reports damage as a failed check, not success", "[ch
   const std::string path = root + "/step-3/rank-00000.safetensors";
   std::string bytes = *ReadFile(path, 1 << 20);
   bytes[bytes.size() - 40] ^= 0x01;
-  REQUIRE(WriteFileAtomic(path, bytes).ok());
+  REQUIRE(base::WriteFileAtomic(path, bytes).ok());
   for (bool js : {false, true}) {
     auto r = InspectCheckpoint(root, {.json = js, .verify = true});
     REQUIRE(r.ok());

@@ -163,7 +163,7 @@ absl::StatusOr<Metadata> ParseMetadata(absl::string_view text, bool complete) {
         "checkpoint format ", version, " (written by ", m.writer_version,
         ") is newer than this reader, which reads formats up to ", kFormatMajor, ".x (",
         kWriterVersion, "); load it with a newer Ember, or export it there to safetensors "
-        "(ember-ckpt export) and initialise from that"));
+        "(emberctl ckpt export) and initialise from that"));
   }
   ASSIGN_OR_RETURN(m.step, json::GetInt(root, "step", "checkpoint metadata"));
   ASSIGN_OR_RETURN(int64_t world, json::GetInt(root, "world_size", "checkpoint metadata"));

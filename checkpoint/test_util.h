@@ -75,7 +75,7 @@ inline std::string TmpDir(const std::string& name) {
   const char* t = getenv("TEST_TMPDIR");
   std::string dir = absl::StrCat(t ? t : "/tmp", "/", name);
   (void)RemoveAll(dir);
-  (void)MakeDirs(dir);
+  (void)base::MakeDirs(dir, kDirMode);
   return dir;
 }
 

@@ -1,4 +1,4 @@
-// Unit tests of the daemon's pure parts: placement, spec path policy, processes, config, tokens,
+// Unit tests of the daemon's pure parts: placement, spec path policy, processes, tokens,
 // restart decisions.
 #include <signal.h>
 #include <unistd.h>
@@ -12,7 +12,6 @@
 #include "catch2/catch.hpp"
 #include "runtime/base/auth.h"
 #include "runtime/daemon/daemon.h"
-#include "runtime/daemon/config.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/spec_policy.h"
@@ -187,55 +186,6 @@ TEST_CASE("logs rotate by copy-truncate") {
   REQUIRE(TailLines(log, 1).empty());
   REQUIRE(TailLines(log + ".1", 1).at(0).size() == 2000);
   REQUIRE_FALSE(RotateIfLarger(log, 1000, 2));
-}
-
-TEST_CASE("config: unknown keys and missing tokens are named") {
-  std::string path = Tmp("emberd.yaml");
-  { std::ofstream(path) << "host_store: true\nwork_rot: /x\n"; }
-  EmberdConfig cfg;
-  auto s = LoadEmberdConfig(path, &cfg);
-  REQUIRE(absl::IsInvalidArgument(s));
-  REQUIRE(absl::StrContains(s.message(), "work_rot"));
-  { std::ofstream(path) << "host_store: true\ncpu_slots: 3\n"; }
-  cfg = EmberdConfig();
-  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
-  REQUIRE(cfg.cpu_slots == 3);
-  auto o = ToDaemonOptions(cfg);
-  REQUIRE(absl::IsInvalidArgument(o.status()));
-  REQUIRE(absl::StrContains(o.status().message(), "auth_token_file"));
-  std::string tok = Tmp("token");
-  REQUIRE(base::WriteTokenFile(tok, base::GenerateToken()).ok());
-  cfg.auth_token_file = tok;
-  o = ToDaemonOptions(cfg);
-  REQUIRE(o.ok());
-  REQUIRE(o->auth_token.size() == 64);
-  REQUIRE(o->keep_finished_jobs == 100);
-  REQUIRE(o->finished_job_ttl == absl::Hours(168));
-  { std::ofstream(path) << "keep_finished_jobs: 5\nfinished_job_ttl_h: 0.5\n"; }
-  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
-  o = ToDaemonOptions(cfg);
-  REQUIRE(o.ok());
-  REQUIRE(o->keep_finished_jobs == 5);
-  REQUIRE(o->finished_job_ttl == absl::Minutes(30));
-  // The cgroup flag is gone (it never set limits): an old config says so instead of lying.
-  { std::ofstream(path) << "cgroup_root: /sys/fs/cgroup/ember\n"; }
-  s = LoadEmberdConfig(path, &cfg);
-  REQUIRE(absl::IsInvalidArgument(s));
-  REQUIRE(absl::StrContains(s.message(), "cgroup_root was removed"));
-  // TLS: a CA without a certificate cannot serve; a missing key file is named; the flag parses.
-  { std::ofstream(path) << "host_store: true\ntls_ca: " << tok << "\ntls_verify_clients: false\n"; }
-  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
-  REQUIRE(!cfg.tls.verify_clients);
-  o = ToDaemonOptions(cfg);
-  REQUIRE(absl::IsInvalidArgument(o.status()));
-  REQUIRE(absl::StrContains(o.status().message(), "--tls-cert and --tls-key"));
-  cfg.tls.cert_file = tok;
-  cfg.tls.key_file = Tmp("no-such.key");
-  o = ToDaemonOptions(cfg);
-  REQUIRE(!o.ok());
-  REQUIRE(absl::StrContains(o.status().message(), "no-such.key"));
-  { std::ofstream(tok) << "short\n"; }
-  REQUIRE(absl::IsInvalidArgument(base::ReadTokenFile(tok).status()));
 }
 
 jobs::v1::Attempt FailedAttempt(int n, int rank, int code, int sig, int64_t last_step) {

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "proto/jobs.pb.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/comm/store_rendezvous.h"
@@ -39,11 +40,6 @@ absl::Status Bad(const std::string& field, const std::string& why) {
 
 std::string Resolve(const std::string& job_dir, const std::string& p) {
   return p.empty() || p[0] == '/' ? p : absl::StrCat(job_dir, "/", p);
-}
-
-void MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i)
-    if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
 }
 
 int64_t PeakRssBytes() {
@@ -311,7 +307,7 @@ class Checkpointer {
         options_{.root = plan.checkpoint_root, .rank = plan.env.rank, .world_size = plan.env.world_size,
                  .keep_last = std::max(1, plan.spec.checkpoint().keep_last()),
                  .commit_timeout = absl::Seconds(plan.spec.collective_timeout_s())} {
-    MakeDirs(plan.checkpoint_root);
+    (void)base::MakeDirs(plan.checkpoint_root);  // best effort: a failure shows at the first save
     if (plan.spec.checkpoint().async()) async_ = std::make_unique<ckpt::AsyncSaver>(options_, protocol_);
   }
 
@@ -362,7 +358,7 @@ class Reporter {
  public:
   Reporter(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model, int64_t first_step)
       : plan_(plan), attempt_(attempt), model_(model), first_(first_step), start_(absl::Now()) {
-    MakeDirs(absl::StrCat(plan.env.job_dir, "/metrics"));
+    (void)base::MakeDirs(absl::StrCat(plan.env.job_dir, "/metrics"));  // best effort, as before
     metrics_.open(plan.metrics_path, std::ios::app);
   }
 
