@@ -134,6 +134,8 @@ int RunFrAnalyze(Ctl& ctl);
 // cmd_ckpt.cc
 int RunCkptInspect(Ctl& ctl);
 int RunCkptExport(Ctl& ctl);
+// cmd_pipeline.cc
+int RunPipelineShow(Ctl& ctl);
 
 }  // namespace ember::cli
 

@@ -92,7 +92,19 @@ const std::vector<Command>& Commands() {
        {{"--include-optimizer", "", "include the optim.* tensors"},
         {"--max-shard-bytes", "N", "a sharded set of files of about N bytes each"}},
        RunCkptExport},
-      // `pipeline show` goes here: {"pipeline", "show", ...} with its handler in cmd_pipeline.cc.
+      {"pipeline", "show",
+       "pipeline show [--schedule S] [--stages N] [--micro-batches M] [--ranks R] [--rendezvous]",
+       "print a pipeline schedule's per-rank action table (no daemon needed)",
+       "  The explicit action list each rank runs (F forward, B backward, I/W input/weight\n"
+       "  gradient, sends and receives), built by the same function the workers use, then its\n"
+       "  simulated makespan and bubble (F=1, B=2). Impossible layouts exit 2 naming the numbers.\n",
+       0,
+       {{"--schedule", "S", "gpipe, 1f1b, interleaved-1f1b or zbh1 (default 1f1b)"},
+        {"--stages", "N", "pipeline stages (default 4)"},
+        {"--micro-batches", "M", "micro-batches per step (default 8)"},
+        {"--ranks", "R", "ranks (default: stages, or stages/2 for interleaved-1f1b)"},
+        {"--rendezvous", "", "simulate sends that block until received"}},
+       RunPipelineShow},
   };
   return *table;
 }
