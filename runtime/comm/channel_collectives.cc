@@ -15,7 +15,7 @@ namespace ember::comm::internal {
 
 std::string DescribeHeader(const OpHeader& h) {
   return absl::StrCat(OpTypeName(static_cast<OpType>(h.type)), " seq ", h.seq, " count ", h.count,
-                      " ", DataTypeName(static_cast<DataType>(h.dtype)),
+                      " ", DTypeName(static_cast<DataType>(h.dtype)),
                       h.type == static_cast<uint8_t>(OpType::kAllReduce) ||
                               h.type == static_cast<uint8_t>(OpType::kReduceScatter)
                           ? absl::StrCat(" ", ReduceOpName(static_cast<ReduceOp>(h.reduce)))
@@ -213,7 +213,7 @@ absl::Status CpuBackend::Exchange(int send_peer, const char* send, size_t send_b
 absl::Status CpuBackend::Run(const OpDesc& op) {
   if (aborted()) return AbortStatus();
   const int n = o_.size, r = o_.rank;
-  esize_ = DataTypeSize(op.dtype);
+  esize_ = DTypeSize(op.dtype);
   dtype_ = op.dtype;
   reduce_ = op.reduce;
   hdr_ = OpHeader();
