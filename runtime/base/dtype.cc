@@ -1,5 +1,6 @@
 #include "runtime/base/dtype.h"
 
+#include <cpuid.h>
 #include <immintrin.h>
 
 #include "absl/strings/str_cat.h"
@@ -37,7 +38,10 @@ const Entry* Find(DType d) {
 bool HasAvx2F16c() {
   static const bool ok = [] {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+    // "avx2" also checks that the OS saves the YMM registers. clang has no "f16c" name for
+    // __builtin_cpu_supports, so F16C comes from CPUID leaf 1 (ECX bit 29).
+    unsigned a, b, c, d;
+    return __builtin_cpu_supports("avx2") && __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
   }();
   return ok;
 }
