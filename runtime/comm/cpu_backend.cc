@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/comm/env_knobs.h"
 
 namespace ember::comm {
 
@@ -41,7 +42,7 @@ uint32_t Fnv1a(absl::string_view s) {
 }
 
 std::string BootId() {
-  if (const char* e = getenv("EMBER_COMM_BOOT_ID")) return e;  // tests: pretend to be another host
+  if (const char* e = getenv(kEnvBootId)) return e;  // tests: pretend to be another host
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string s;
   std::getline(f, s);

@@ -24,13 +24,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/comm/cpu_backend.h"
 
 namespace ember::comm::internal {
 
 size_t DirectStageBytes(const BackendOptions& o) {
   size_t v = std::max<size_t>(o.small_bytes, 512 << 10);
-  if (const char* e = getenv("EMBER_COMM_DIRECT_STAGE_BYTES")) {
+  if (const char* e = getenv(kEnvDirectStageBytes)) {
     size_t x;
     if (absl::SimpleAtoi(e, &x) && x >= 4096) v = x;
   }
@@ -38,7 +39,7 @@ size_t DirectStageBytes(const BackendOptions& o) {
 }
 
 bool DirectAllowedByEnv() {
-  const char* e = getenv("EMBER_COMM_SHM_DIRECT");
+  const char* e = getenv(kEnvShmDirect);
   return !(e && std::string(e) == "0");
 }
 

@@ -7,11 +7,12 @@
 #include <cstdlib>
 
 #include "absl/strings/numbers.h"
+#include "runtime/comm/env_knobs.h"
 
 namespace ember::comm::internal {
 
 int ShmSpinRounds(int local_ranks) {
-  if (const char* e = getenv("EMBER_COMM_SHM_SPIN")) {
+  if (const char* e = getenv(kEnvShmSpin)) {
     int v;
     if (absl::SimpleAtoi(e, &v) && v >= 0) return v;
   }

@@ -32,7 +32,7 @@ constexpr int kMinSpin = 8;
 
 // Most idle rounds to spin (pause) before sleeping on the doorbell. Spinning only pays when every
 // local rank has its own core: with more ranks than online CPUs, a spinning waiter steals the core
-// of the peer it waits for, so it sleeps after a few rounds. EMBER_COMM_SHM_SPIN overrides.
+// of the peer it waits for, so it sleeps after a few rounds. EMBER_COMM_SHM_SPIN (kEnvShmSpin) overrides.
 int ShmSpinRounds(int local_ranks);
 
 // Adaptive spin budget, kept across waits by one thread: halves whenever a wait had to sleep (the

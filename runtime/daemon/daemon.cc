@@ -16,13 +16,13 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "google/protobuf/util/json_util.h"
 #include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
+#include "runtime/job/env.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
@@ -203,9 +203,7 @@ void Daemon::Impl::FillProgress(Job* job) {
   int n = job->attempts(job->attempts_size() - 1).number();
   auto v = store->Get(keys::Progress(job->id(), n, 0));
   if (!v.ok()) return;
-  google::protobuf::util::JsonParseOptions po;
-  po.ignore_unknown_fields = true;
-  (void)google::protobuf::util::JsonStringToMessage(*v, job->mutable_progress(), po);
+  if (!job->mutable_progress()->ParseFromString(*v)) job->clear_progress();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -592,9 +590,7 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
   int64_t last_step = 0;
   if (auto v = store->Get(keys::Progress(id, n, has_cause ? cause.rank() : 0)); v.ok()) {
     jobs::v1::Progress p;
-    google::protobuf::util::JsonParseOptions po;
-    po.ignore_unknown_fields = true;
-    if (google::protobuf::util::JsonStringToMessage(*v, &p, po).ok()) last_step = p.step();
+    if (p.ParseFromString(*v)) last_step = p.step();
   }
   const bool hang = NamesHungRanks(verdict, has_cause ? cause.rank() : -1);
   std::string full = verdict.empty() ? reason
@@ -666,7 +662,7 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
   if (!fs::exists(dir + "/job.yaml")) {
     auto spec = store->Get(keys::SpecYaml(job.id()));
     if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
-    const std::string prefix = absl::StrCat("jobs/", job.id(), "/files/");
+    const std::string prefix = keys::FilesPrefix(job.id());
     auto names = store->ListKeys(prefix);
     if (names.ok()) {
       for (const std::string& k : *names) {
@@ -694,29 +690,29 @@ void Daemon::Impl::SpawnAttempt(const Job& job) {
     so.header = absl::StrCat("=== ember: attempt ", at.number(), " rank ", w.rank, " on ",
                              opts.node_name, " device ", w.device, " ===");
     std::string dev = DeviceOfKind(w.device, "cuda") ? w.device : "cpu";
-    so.env = {
-        {"PATH", "/usr/local/bin:/usr/bin:/bin"},
-        {"EMBER_STORE_ADDR", store_addr},
-        {"EMBER_JOB_ID", job.id()},
-        {"EMBER_ATTEMPT", absl::StrCat(at.number())},
-        {"EMBER_RANK", absl::StrCat(w.rank)},
-        {"EMBER_WORLD_SIZE", absl::StrCat(at.assignment().world_size())},
-        {"EMBER_LOCAL_RANK", absl::StrCat(i)},
-        {"EMBER_LOCAL_WORLD_SIZE", absl::StrCat(local_world)},
-        {"EMBER_NODE_RANK", absl::StrCat(mine->node_rank())},
-        {"EMBER_DEVICE", dev},
-        {"EMBER_JOB_DIR", dir},
-        {"EMBER_FR_DUMP_DIR", fr_dir},
-        {"EMBER_UPLOAD_DIR", uploads},
-    };
-    if (!opts.auth_token.empty()) so.env.push_back({"EMBER_AUTH_TOKEN_FILE", token_file});
+    ember::job::WorkerEnv we;  // the worker's environment (runtime/job/env.h)
+    we.store_addr = store_addr;
+    we.job_id = job.id();
+    we.attempt = at.number();
+    we.rank = w.rank;
+    we.world_size = at.assignment().world_size();
+    we.local_rank = i;
+    we.local_world_size = local_world;
+    we.node_rank = mine->node_rank();
+    we.device = dev;
+    we.job_dir = dir;
+    we.fr_dump_dir = fr_dir;
+    we.upload_dir = uploads;
+    if (!opts.auth_token.empty()) we.auth_token_file = token_file;
     // Workers dial the store as this daemon does: its CA, and its certificate for mTLS (paths
     // only; the key stays in its file).
-    if (!opts.tls.ca_file.empty()) so.env.push_back({"EMBER_TLS_CA", opts.tls.ca_file});
+    we.tls.ca_file = opts.tls.ca_file;
     if (!opts.tls.cert_file.empty()) {
-      so.env.push_back({"EMBER_TLS_CERT", opts.tls.cert_file});
-      so.env.push_back({"EMBER_TLS_KEY", opts.tls.key_file});
+      we.tls.cert_file = opts.tls.cert_file;
+      we.tls.key_file = opts.tls.key_file;
     }
+    so.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
+    for (auto& kv : we.ToEnv()) so.env.push_back(std::move(kv));
     for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
       if (const char* v = getenv(pass)) so.env.push_back({pass, v});
     }
@@ -835,9 +831,13 @@ bool Daemon::Impl::Reap(const LocalAttempt& a, LocalWorker* w, std::string* note
   if (r == 0) return false;
   if (ProcessAlive(w->pid, w->start_ticks)) return false;
   // Not our child and gone: the worker leaves its own exit status in the store.
-  auto v = store->Get(absl::StrCat(keys::Attempt(a.job, a.attempt), "worker_exit/", w->rank));
+  auto v = store->Get(keys::WorkerExit(a.job, a.attempt, w->rank));
   w->signal = 0;
-  if (v.ok() && absl::SimpleAtoi(*v, &w->exit_code)) return true;
+  jobs::v1::WorkerExit we;
+  if (v.ok() && we.ParseFromString(*v)) {
+    w->exit_code = we.exit_code();
+    return true;
+  }
   w->exit_code = -1;
   *note = "ember: exit status unknown (the worker ended while its daemon was restarting, or was "
           "killed)";
