@@ -14,10 +14,14 @@ namespace ember::ckpt {
 using DType = base::DType;
 // Bytes per element (1 for BOOL and the F8 types).
 using base::DTypeSize;
-// The safetensors / checkpoint-metadata spelling ("F32", "F8_E4M3") and its parser (INVALID_ARGUMENT
-// naming the string for an unknown dtype).
+// The safetensors / checkpoint-metadata spelling ("F32", "F8_E4M3") and its parser
+// (INVALID_ARGUMENT naming the string for an unknown dtype).
 using base::ParseSafetensorsDType;
 using base::SafetensorsDTypeName;
+// Deliberately unusable: files spell dtypes with SafetensorsDTypeName ("F32"). Without this, an
+// unqualified DTypeName(d) in checkpoint code would find base::DTypeName ("f32") by argument-
+// dependent lookup and write the wrong spelling; with it, such a call does not compile.
+const char* DTypeName(DType d) = delete;
 
 // Converts `n` elements from `from` to `to` (src and dst may not overlap). Supported: identity,
 // F32 -> BF16 (round to nearest even; NaN stays NaN) and BF16 -> F32 (exact). Anything else is
