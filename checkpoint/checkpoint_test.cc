@@ -116,18 +116,18 @@ TEST_CASE("reshard on load: 4 -> 2, 2 -> 3, 1 -> 4, 3 -> 1", "[checkpoint]") {
 }
 
 TEST_CASE("dtype conversion on load: f32 <-> bf16, round to nearest even", "[checkpoint]") {
-  CHECK(F32ToBF16(1.0f) == 0x3f80);
+  CHECK(base::F32ToBf16(1.0f) == 0x3f80);
   float halfway;  // 1 + 2^-8: exactly between two bf16 values; ties to even (down)
   uint32_t u = 0x3f808000;
   std::memcpy(&halfway, &u, 4);
-  CHECK(F32ToBF16(halfway) == 0x3f80);
+  CHECK(base::F32ToBf16(halfway) == 0x3f80);
   u = 0x3f818000;  // odd mantissa, tie: rounds up to even
   std::memcpy(&halfway, &u, 4);
-  CHECK(F32ToBF16(halfway) == 0x3f82);
+  CHECK(base::F32ToBf16(halfway) == 0x3f82);
   u = 0x3f808001;
   std::memcpy(&halfway, &u, 4);
-  CHECK(F32ToBF16(halfway) == 0x3f81);
-  CHECK((F32ToBF16(std::nanf("")) & 0x7fc0) == 0x7fc0);
+  CHECK(base::F32ToBf16(halfway) == 0x3f81);
+  CHECK((base::F32ToBf16(std::nanf("")) & 0x7fc0) == 0x7fc0);
 
   std::string root = TmpDir("conv");
   auto model = MakeModel(1);
@@ -144,7 +144,7 @@ TEST_CASE("dtype conversion on load: f32 <-> bf16, round to nearest even", "[che
     uint16_t b;
     std::memcpy(&f, &(*f32)[i * 4], 4);
     std::memcpy(&b, &(*bf)[i * 2], 2);
-    CHECK(b == F32ToBF16(f));
+    CHECK(b == base::F32ToBf16(f));
   }
   auto up = (*r)->ReadFull("layer0.w", DType::kF32);  // bf16 -> f32 is exact
   REQUIRE(up.ok());

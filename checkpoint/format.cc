@@ -120,7 +120,7 @@ std::string SerializeMetadata(const Metadata& m) {
   Value tensors = Value::MakeObject();
   for (const TensorMeta& t : m.tensors) {
     Value tv = Value::MakeObject();
-    tv.Set("dtype", Value::Str(DTypeName(t.dtype)));
+    tv.Set("dtype", Value::Str(SafetensorsDTypeName(t.dtype)));
     Value shape = Value::MakeArray();
     for (int64_t d : t.shape) shape.Push(Value::Int(d));
     tv.Set("shape", std::move(shape));
@@ -186,7 +186,7 @@ absl::StatusOr<Metadata> ParseMetadata(absl::string_view text, bool complete) {
     TensorMeta t;
     t.name = name;
     ASSIGN_OR_RETURN(std::string dtype, json::GetString(tv, "dtype", what));
-    absl::StatusOr<DType> d = ParseDType(dtype);
+    absl::StatusOr<DType> d = ParseSafetensorsDType(dtype);
     if (!d.ok()) return Invalid(what, d.status().message());
     t.dtype = *d;
     ASSIGN_OR_RETURN(const Value* shape, json::GetField(tv, "shape", Value::Type::kArray, what));

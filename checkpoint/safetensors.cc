@@ -82,7 +82,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file) {
     TensorInfo t;
     t.name = name;
     ASSIGN_OR_RETURN(std::string dtype, json::GetString(v, "dtype", what));
-    absl::StatusOr<DType> d = ParseDType(dtype);
+    absl::StatusOr<DType> d = ParseSafetensorsDType(dtype);
     if (!d.ok()) return Bad(absl::StrCat("tensor \"", name, "\": ", d.status().message()));
     t.dtype = *d;
     ASSIGN_OR_RETURN(const json::Value* shape, json::GetField(v, "shape", json::Value::Type::kArray, what));
@@ -176,7 +176,7 @@ absl::StatusOr<std::string> BuildSafetensorsHeader(const std::vector<TensorSpec>
     }
     ASSIGN_OR_RETURN(uint64_t n, ShapeBytes(s.shape, DTypeSize(s.dtype)));
     json::Value t = json::Value::MakeObject();
-    t.Set("dtype", json::Value::Str(DTypeName(s.dtype)));
+    t.Set("dtype", json::Value::Str(SafetensorsDTypeName(s.dtype)));
     json::Value shape = json::Value::MakeArray();
     for (int64_t d : s.shape) shape.Push(json::Value::Int(d));
     t.Set("shape", std::move(shape));
