@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/daemon/process.h"
+#include "runtime/job/env.h"
 
 namespace ember::recovery {
 
@@ -54,7 +55,7 @@ std::map<std::string, std::string> ProcessEnv(pid_t pid) {
 pid_t RankPid(const std::string& job, int attempt, int rank) {
   for (pid_t pid : daemon::FindJobProcesses(job)) {
     auto env = ProcessEnv(pid);
-    if (env["EMBER_RANK"] == absl::StrCat(rank) && env["EMBER_ATTEMPT"] == absl::StrCat(attempt)) {
+    if (env[job::kEnvRank] == absl::StrCat(rank) && env[job::kEnvAttempt] == absl::StrCat(attempt)) {
       auto info = daemon::ReadProcInfo(pid);
       if (info && info->state != 'Z') return pid;
     }

@@ -13,6 +13,9 @@
 # below it may; every //testing target must be testonly. A package missing from LAYERS fails the
 # check until it is placed. Prints each violation; exit status 0 = none.
 #
+# It also runs tools/check_contract.sh: worker environment names and the job's store keys are
+# spelled out only in runtime/job (and comm's own knobs in runtime/comm/env_knobs.h).
+#
 #   tools/check_deps.sh            # run by .ci/run; needs only `bazel query` (no build)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -97,10 +100,15 @@ for t in $not_testonly; do
   violations+=$'\n'"$t: every //testing target must be testonly = True (nothing production uses it)"
 done
 
+# The daemon<->worker contract's names have one home, runtime/job (grep only; prints its own result).
+contract_ok=1
+bash tools/check_contract.sh || contract_ok=0
+
 violations=$(sed '/^$/d' <<<"$violations")
 if [ -n "$violations" ]; then
   echo "$violations"
   echo "check_deps: $(wc -l <<<"$violations") violation(s) of the package order (docs/architecture.md)"
   exit 1
 fi
+[ "$contract_ok" = 1 ] || exit 1
 echo "check_deps: OK ($(grep -c -- '->' <<<"$edges") edges checked)"

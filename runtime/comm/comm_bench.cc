@@ -38,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/report.h"
 #include "runtime/base/flags.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/comm/process_group.h"
 
 ABSL_FLAG(std::string, ranks, "2,4", "rank counts");
@@ -200,7 +201,7 @@ absl::Status RunEmber(const char* self, int n, absl::string_view tr,
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
-      if (tr == "tcp") setenv("EMBER_COMM_DISABLE_SHM", "1", 1);
+      if (tr == "tcp") setenv(ember::comm::kEnvDisableShm, "1", 1);
       std::vector<std::string> a = {self, absl::StrCat("--worker_rank=", r),
                                     absl::StrCat("--worker_size=", n), "--worker_dir=" + dir,
                                     "--ops=" + absl::GetFlag(FLAGS_ops),

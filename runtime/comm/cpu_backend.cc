@@ -32,6 +32,7 @@
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/backend.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/comm/shm_ring.h"
 #include "runtime/comm/tcp.h"
 
@@ -70,7 +71,7 @@ constexpr int kMinSpin = 8;
 // local rank has its own core: with more ranks than online CPUs, a spinning waiter steals the core
 // of the peer it waits for, so it sleeps after a few rounds. EMBER_COMM_SHM_SPIN overrides.
 int ShmSpinRounds(int local_ranks) {
-  if (const char* e = getenv("EMBER_COMM_SHM_SPIN")) {
+  if (const char* e = getenv(kEnvShmSpin)) {
     int v;
     if (absl::SimpleAtoi(e, &v) && v >= 0) return v;
   }
@@ -177,7 +178,7 @@ constexpr int kDirectStages = 3;
 // segments do not match and the group falls back to TCP).
 size_t DirectStageBytes(const BackendOptions& o) {
   size_t v = std::max<size_t>(o.small_bytes, 512 << 10);
-  if (const char* e = getenv("EMBER_COMM_DIRECT_STAGE_BYTES")) {
+  if (const char* e = getenv(kEnvDirectStageBytes)) {
     size_t x;
     if (absl::SimpleAtoi(e, &x) && x >= 4096) v = x;
   }
@@ -185,7 +186,7 @@ size_t DirectStageBytes(const BackendOptions& o) {
 }
 
 bool DirectAllowedByEnv() {
-  const char* e = getenv("EMBER_COMM_SHM_DIRECT");
+  const char* e = getenv(kEnvShmDirect);
   return !(e && std::string(e) == "0");
 }
 
@@ -202,7 +203,7 @@ uint32_t Fnv1a(absl::string_view s) {
 }
 
 std::string BootId() {
-  if (const char* e = getenv("EMBER_COMM_BOOT_ID")) return e;  // tests: pretend to be another host
+  if (const char* e = getenv(kEnvBootId)) return e;  // tests: pretend to be another host
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string s;
   std::getline(f, s);

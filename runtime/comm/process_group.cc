@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/comm/env_knobs.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::comm {
@@ -45,13 +46,13 @@ absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(
     return absl::InvalidArgumentError(absl::StrCat("unknown backend '", options.backend, "'"));
   if (options.name.empty() || options.name.find(' ') != std::string::npos)
     return absl::InvalidArgumentError("group name must be non-empty without spaces");
-  if (EnvTrue("EMBER_COMM_DISABLE_SHM")) options.enable_shm = false;
+  if (EnvTrue(kEnvDisableShm)) options.enable_shm = false;
   if (options.host.empty()) {
-    const char* h = getenv("EMBER_COMM_HOST");
+    const char* h = getenv(kEnvHost);
     options.host = h ? h : "127.0.0.1";
   }
   if (options.dump_dir.empty()) {
-    if (const char* d = getenv("EMBER_FR_DUMP_DIR")) options.dump_dir = d;
+    if (const char* d = getenv(kEnvFrDumpDir)) options.dump_dir = d;
   }
   std::unique_ptr<ProcessGroup> pg(new ProcessGroup(std::move(rdzv), rank, size, std::move(options)));
   RETURN_IF_ERROR(pg->Init());
@@ -510,8 +511,8 @@ void ProcessGroup::OnTimeout(const std::string& message) {
     op->work->Finish(s);
   }
   std::string request = absl::StrCat("group ", opts_.name, " rank ", rank_, " time ", NowNs());
-  absl::Status set = rdzv_->Set("fr/dump_request", request);
-  if (!set.ok()) spdlog::error("comm: cannot set fr/dump_request: {}", set.ToString());
+  absl::Status set = rdzv_->Set(std::string(kDumpRequestKey), request);
+  if (!set.ok()) spdlog::error("comm: cannot set {}: {}", std::string(kDumpRequestKey), set.ToString());
   DumpIfRequested(absl::StrCat("request:", request), "timeout: " + message);
 }
 
@@ -564,7 +565,7 @@ void ProcessGroup::WatchdogLoop() {
     }
     if (absl::Now() >= next_poll) {
       next_poll = absl::Now() + opts_.dump_poll_period;
-      absl::StatusOr<std::string> req = rdzv_->TryGet("fr/dump_request");
+      absl::StatusOr<std::string> req = rdzv_->TryGet(std::string(kDumpRequestKey));
       if (req.ok()) DumpIfRequested(absl::StrCat("request:", *req), "request: " + *req);
     }
   }

@@ -16,6 +16,7 @@
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/spec_policy.h"
+#include "runtime/job/env.h"
 
 namespace ember::daemon {
 namespace {
@@ -76,7 +77,7 @@ TEST_CASE("a spawned worker runs in its own process group and is killed with it"
   const std::string job = "unit-proc-job-" + std::to_string(getpid());  // unique per test process
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c", "echo hello; sleep 30 & wait"};
-  o.env = {{"PATH", "/usr/bin:/bin"}, {"EMBER_JOB_ID", job}};
+  o.env = {{"PATH", "/usr/bin:/bin"}, {ember::job::kEnvJobId, job}};
   o.log_path = log;
   o.header = "=== header ===";
   auto pid = SpawnWorker(o);

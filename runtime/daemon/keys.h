@@ -7,12 +7,11 @@
 //   submissions/<submission id>           job id (idempotent Submit)
 //   joblist/<job>, active/<job>           indexes: every job; jobs not yet finished
 //   jobs/<job>/record                     Job (binary proto), written with compare-and-set
-//   jobs/<job>/spec_yaml, files/<name>    what was submitted
-//   jobs/<job>/attempt/<n>/exit/<rank>    RankExit of a rank that ended
-//   jobs/<job>/attempt/<n>/failure        first failing rank's RankExit (first writer wins)
-//   jobs/<job>/attempt/<n>/stop           set when every rank of the attempt must stop
-//   jobs/<job>/attempt/<n>/progress/<r>   worker progress JSON (written by ember-worker)
-//   jobs/<job>/attempt/<n>/fr/dump_request  flight-recorder dump trigger (docs/flight-recorder.md)
+//   jobs/<job>/spec_yaml                  what was submitted
+//
+// The keys the daemon shares with the workers (jobs/<job>/files/, jobs/<job>/attempt/<n>/...: stop,
+// failure, exit/<r>, progress/<r>, worker_exit/<r>, fr/dump_request) are defined once in
+// runtime/job/keys.h; the using-declarations below make them keys::Stop(...) etc. here too.
 #ifndef EMBER_RUNTIME_DAEMON_KEYS_H_
 #define EMBER_RUNTIME_DAEMON_KEYS_H_
 
@@ -20,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "runtime/job/keys.h"
 
 namespace ember::daemon::keys {
 
@@ -32,29 +32,19 @@ inline constexpr absl::string_view kLeader = "scheduler/leader";
 inline std::string Submission(absl::string_view sid) { return absl::StrCat("submissions/", sid); }
 inline std::string JobList(absl::string_view job) { return absl::StrCat("joblist/", job); }
 inline std::string Active(absl::string_view job) { return absl::StrCat("active/", job); }
-inline std::string Record(absl::string_view job) { return absl::StrCat("jobs/", job, "/record"); }
-inline std::string SpecYaml(absl::string_view job) { return absl::StrCat("jobs/", job, "/spec_yaml"); }
-inline std::string File(absl::string_view job, absl::string_view name) {
-  return absl::StrCat("jobs/", job, "/files/", name);
+inline std::string Record(absl::string_view job) { return absl::StrCat(::ember::job::keys::JobPrefix(job), "record"); }
+inline std::string SpecYaml(absl::string_view job) {
+  return absl::StrCat(::ember::job::keys::JobPrefix(job), "spec_yaml");
 }
-inline std::string Attempt(absl::string_view job, int attempt) {
-  return absl::StrCat("jobs/", job, "/attempt/", attempt, "/");
-}
-inline std::string Exit(absl::string_view job, int attempt, int rank) {
-  return absl::StrCat(Attempt(job, attempt), "exit/", rank);
-}
-inline std::string Failure(absl::string_view job, int attempt) {
-  return absl::StrCat(Attempt(job, attempt), "failure");
-}
-inline std::string Stop(absl::string_view job, int attempt) {
-  return absl::StrCat(Attempt(job, attempt), "stop");
-}
-inline std::string Progress(absl::string_view job, int attempt, int rank) {
-  return absl::StrCat(Attempt(job, attempt), "progress/", rank);
-}
-inline std::string DumpRequest(absl::string_view job, int attempt) {
-  return absl::StrCat(Attempt(job, attempt), "fr/dump_request");
-}
+
+using ::ember::job::keys::DumpRequest;
+using ::ember::job::keys::Exit;
+using ::ember::job::keys::Failure;
+using ::ember::job::keys::File;
+using ::ember::job::keys::FilesPrefix;
+using ::ember::job::keys::Progress;
+using ::ember::job::keys::Stop;
+using ::ember::job::keys::WorkerExit;
 
 }  // namespace ember::daemon::keys
 

@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "runtime/job/env.h"
 
 namespace ember::daemon {
 
@@ -177,7 +178,7 @@ bool RotateIfLarger(const std::string& path, int64_t max_bytes, int keep) {
 
 std::vector<pid_t> FindJobProcesses(const std::string& job_id) {
   std::vector<pid_t> out;
-  std::string needle = "EMBER_JOB_ID=" + job_id;
+  std::string needle = absl::StrCat(job::kEnvJobId, "=", job_id);
   DIR* d = ::opendir("/proc");
   if (d == nullptr) return out;
   while (dirent* e = ::readdir(d)) {

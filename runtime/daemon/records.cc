@@ -2,7 +2,6 @@
 // thread, gRPC handlers), never with Impl::mu held.
 #include <cstring>
 
-#include "google/protobuf/util/json_util.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
@@ -55,9 +54,7 @@ void Daemon::Impl::FillProgress(Job* job) {
   int n = job->attempts(job->attempts_size() - 1).number();
   auto v = store->Get(keys::Progress(job->id(), n, 0));
   if (!v.ok()) return;
-  google::protobuf::util::JsonParseOptions po;
-  po.ignore_unknown_fields = true;
-  (void)google::protobuf::util::JsonStringToMessage(*v, job->mutable_progress(), po);
+  if (!job->mutable_progress()->ParseFromString(*v)) job->clear_progress();
 }
 
 }  // namespace ember::daemon

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/util/json_util.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
@@ -179,9 +178,7 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
   // The failing rank's own last step (other ranks race on to a later step before they stop).
   if (auto v = store->Get(keys::Progress(id, n, act.cause ? act.cause->rank() : 0)); v.ok()) {
     jobs::v1::Progress p;
-    google::protobuf::util::JsonParseOptions po;
-    po.ignore_unknown_fields = true;
-    if (google::protobuf::util::JsonStringToMessage(*v, &p, po).ok()) report.last_step = p.step();
+    if (p.ParseFromString(*v)) report.last_step = p.step();
   }
   auto r = UpdateRecord(id, [&](Job* j) {
     if (j->state() != jobs::v1::RUNNING || j->attempts_size() != job.attempts_size()) return false;

@@ -9,7 +9,6 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "google/protobuf/util/json_util.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
@@ -192,8 +191,6 @@ class JobsService final : public v1::Jobs::Service {
     if (!auth.ok()) return auth;
     absl::Duration every = absl::Milliseconds(req->interval_ms() > 0 ? req->interval_ms() : 500);
     std::string last;
-    google::protobuf::util::JsonParseOptions po;
-    po.ignore_unknown_fields = true;
     for (;;) {
       auto rec = d_->ReadRecord(req->id());
       if (!rec.ok()) return ToGrpcStatus(NotFoundNamed(rec.status(), req->id()));
@@ -210,7 +207,7 @@ class JobsService final : public v1::Jobs::Service {
         if (vals.ok()) {
           for (int r = 0; r < job.world_size(); ++r) {
             v1::Progress p;
-            if ((*vals)[r] && google::protobuf::util::JsonStringToMessage(*(*vals)[r], &p, po).ok()) {
+            if ((*vals)[r] && p.ParseFromString(*(*vals)[r])) {
               (*u.mutable_ranks())[r] = p;
             }
           }

@@ -11,12 +11,12 @@
 #include <cstring>
 #include <filesystem>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
+#include "runtime/job/env.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
@@ -78,7 +78,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   if (!fs::exists(dir + "/job.yaml")) {
     auto spec = store->Get(keys::SpecYaml(job.id()));
     if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
-    const std::string prefix = absl::StrCat("jobs/", job.id(), "/files/");
+    const std::string prefix = keys::FilesPrefix(job.id());
     auto names = store->ListKeys(prefix);
     if (names.ok()) {
       for (const std::string& k : *names) {
@@ -106,29 +106,29 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
     so.header = absl::StrCat("=== ember: attempt ", at.number(), " rank ", w.rank, " on ",
                              opts.node_name, " device ", w.device, " ===");
     std::string dev = DeviceOfKind(w.device, "cuda") ? w.device : "cpu";
-    so.env = {
-        {"PATH", "/usr/local/bin:/usr/bin:/bin"},
-        {"EMBER_STORE_ADDR", store_addr},
-        {"EMBER_JOB_ID", job.id()},
-        {"EMBER_ATTEMPT", absl::StrCat(at.number())},
-        {"EMBER_RANK", absl::StrCat(w.rank)},
-        {"EMBER_WORLD_SIZE", absl::StrCat(at.assignment().world_size())},
-        {"EMBER_LOCAL_RANK", absl::StrCat(i)},
-        {"EMBER_LOCAL_WORLD_SIZE", absl::StrCat(local_world)},
-        {"EMBER_NODE_RANK", absl::StrCat(mine->node_rank())},
-        {"EMBER_DEVICE", dev},
-        {"EMBER_JOB_DIR", dir},
-        {"EMBER_FR_DUMP_DIR", fr_dir},
-        {"EMBER_UPLOAD_DIR", uploads},
-    };
-    if (!opts.auth_token.empty()) so.env.push_back({"EMBER_AUTH_TOKEN_FILE", token_file});
+    ember::job::WorkerEnv we;  // the worker's environment (runtime/job/env.h)
+    we.store_addr = store_addr;
+    we.job_id = job.id();
+    we.attempt = at.number();
+    we.rank = w.rank;
+    we.world_size = at.assignment().world_size();
+    we.local_rank = i;
+    we.local_world_size = local_world;
+    we.node_rank = mine->node_rank();
+    we.device = dev;
+    we.job_dir = dir;
+    we.fr_dump_dir = fr_dir;
+    we.upload_dir = uploads;
+    if (!opts.auth_token.empty()) we.auth_token_file = token_file;
     // Workers dial the store as this daemon does: its CA, and its certificate for mTLS (paths
     // only; the key stays in its file).
-    if (!opts.tls.ca_file.empty()) so.env.push_back({"EMBER_TLS_CA", opts.tls.ca_file});
+    we.tls.ca_file = opts.tls.ca_file;
     if (!opts.tls.cert_file.empty()) {
-      so.env.push_back({"EMBER_TLS_CERT", opts.tls.cert_file});
-      so.env.push_back({"EMBER_TLS_KEY", opts.tls.key_file});
+      we.tls.cert_file = opts.tls.cert_file;
+      we.tls.key_file = opts.tls.key_file;
     }
+    so.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
+    for (auto& kv : we.ToEnv()) so.env.push_back(std::move(kv));
     for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
       if (const char* v = getenv(pass)) so.env.push_back({pass, v});
     }
@@ -177,9 +177,13 @@ bool Daemon::Impl::Reap(const LocalAttempt& a, LocalWorker* w, std::string* note
   if (r == 0) return false;
   if (ProcessAlive(w->pid, w->start_ticks)) return false;
   // Not our child and gone: the worker leaves its own exit status in the store.
-  auto v = store->Get(absl::StrCat(keys::Attempt(a.job, a.attempt), "worker_exit/", w->rank));
+  auto v = store->Get(keys::WorkerExit(a.job, a.attempt, w->rank));
   w->signal = 0;
-  if (v.ok() && absl::SimpleAtoi(*v, &w->exit_code)) return true;
+  jobs::v1::WorkerExit we;
+  if (v.ok() && we.ParseFromString(*v)) {
+    w->exit_code = we.exit_code();
+    return true;
+  }
   w->exit_code = -1;
   *note = "ember: exit status unknown (the worker ended while its daemon was restarting, or was "
           "killed)";

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/job/keys.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -53,7 +54,7 @@ bool StopWatcher::Poll(std::string* why) {
   }
   store::CallOptions o;
   o.timeout = absl::Seconds(2);
-  auto v = job_.Get("stop", o);
+  auto v = job_.Get(job::keys::kStop, o);
   if (v.ok()) {
     *why = v->empty() ? "job stopped" : *v;
     return true;

@@ -4,29 +4,33 @@
 #include <sys/stat.h>
 
 #include <cmath>
-#include <cstring>
 #include <fstream>
 #include <thread>
 
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/dtype.h"
-#include "checkpoint/safetensors.h"
-#include "kernels/cast.h"
+#include "proto/jobs.pb.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/job/keys.h"
 #include "runtime/store/client.h"
+#include "runtime/worker/model_state.h"
 #include "runtime/worker/stop_watch.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
+
+// comm names the flight-recorder dump key itself (it knows nothing of jobs); it is the job's key.
+static_assert(comm::kDumpRequestKey == job::keys::kDumpRequest, "runtime/comm/env_knobs.h and runtime/job/keys.h disagree");
+
 namespace {
 
 absl::Status Bad(const std::string& field, const std::string& why) {
@@ -145,7 +149,18 @@ float LearningRate(const spec::JobSpec& s, int64_t step) {
   return static_cast<float>(floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
-absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path) {
+namespace {
+
+// This rank's data order: a deterministic shuffle of (seed, position), resumable.
+data::LoaderOptions LoaderFor(const Plan& p) {
+  return {.seq_len = p.model.context, .batch = p.spec.batch_size(), .rank = p.env.rank,
+          .world = p.env.world_size, .seed = p.fsdp.seed, .shuffle = true,
+          .start_token = p.spec.data().start_position()};
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_path) {
   Plan p;
   p.env = env;
   std::string path = !spec_path.empty() ? spec_path
@@ -154,15 +169,15 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
   ASSIGN_OR_RETURN(p.spec, spec::LoadJobSpec(path));
   const spec::JobSpec& s = p.spec;
   if (env.device != "cpu") {
-    return Bad("EMBER_DEVICE", absl::StrCat("'", env.device, "': this ember-worker build has CPU kernels only; use cpu"));
+    return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker build has CPU kernels only; use cpu"));
   }
   const auto& par = s.parallelism();
   if (par.strategy() == "pipeline") return Bad("parallelism.strategy", "'pipeline' is not implemented by ember-worker; use fsdp or none");
   if (par.strategy() == "none" && env.world_size != 1) {
-    return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, EMBER_WORLD_SIZE is ", env.world_size));
+    return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, ", job::kEnvWorldSize, " is ", env.world_size));
   }
   if (par.world_size() != 0 && par.world_size() != env.world_size) {
-    return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match EMBER_WORLD_SIZE=", env.world_size));
+    return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match ", job::kEnvWorldSize, "=", env.world_size));
   }
   if (!par.backend().empty() && par.backend() != "cpu") {
     return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs a device build; use cpu"));
@@ -208,9 +223,7 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
     return Bad(d.path().empty() ? "data.text_path" : "data.path",
                absl::StrCat("token id ", p.tokens->max_token(), " >= model.vocab_size ", p.model.vocab_size));
   }
-  data::TokenLoader probe(p.tokens, {.seq_len = p.model.context, .batch = s.batch_size(), .rank = env.rank,
-                                     .world = env.world_size, .seed = p.fsdp.seed, .shuffle = true,
-                                     .start_token = d.start_position()});
+  data::TokenLoader probe(p.tokens, LoaderFor(p));
   if (absl::Status st = probe.Validate(); !st.ok()) return base::Annotate(st, "data");
   p.checkpoint_root = Resolve(env.job_dir, s.checkpoint().dir().empty() ? "checkpoints" : s.checkpoint().dir());
   p.metrics_path = absl::StrCat(env.job_dir, "/metrics/rank-", env.rank, ".jsonl");
@@ -224,107 +237,8 @@ absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path)
 
 namespace {
 
-// Copies this rank's rows of every parameter and its AdamW state from the checkpoint in step
-// directory `dir` (any world size: ReadShard asks for our torch.chunk rows). Returns its step.
-absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
-  ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
-  const ckpt::Metadata& meta = reader->metadata();
-  for (const fsdp::ShardView& v : m.Shards()) {
-    const std::pair<std::string, float*> parts[] = {{v.name, v.param},
-                                                    {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
-                                                    {absl::StrCat("optim.", v.name, ".exp_avg_sq"), v.exp_avg_sq}};
-    for (const auto& [name, dst] : parts) {
-      const ckpt::TensorMeta* t = meta.Find(name);
-      if (t == nullptr) return absl::NotFoundError(absl::StrCat(reader->dir(), ": no tensor ", name));
-      if (t->shape != v.global_shape) {
-        return absl::FailedPreconditionError(absl::StrCat(reader->dir(), ": ", name, " has another shape than the model"));
-      }
-      ASSIGN_OR_RETURN(std::string rows, reader->ReadShard(name, m.rank(), m.world(), ckpt::DType::kF32));
-      if (static_cast<int64_t>(rows.size()) != v.rows * v.row_numel * 4) {
-        return absl::DataLossError(absl::StrCat(name, ": shard of ", rows.size(), " bytes, want ", v.rows * v.row_numel * 4));
-      }
-      std::memcpy(dst, rows.data(), rows.size());
-    }
-  }
-  ASSIGN_OR_RETURN(std::string ds, reader->ReadBlob(0, "data_loader"));
-  RETURN_IF_ERROR(loader.RestoreState(ds));
-  auto it = meta.extra.find("optimizer_step");
-  m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
-  spdlog::info("resumed from {} (step {}, saved by {} ranks, now {}{})", reader->dir(), meta.step,
-               meta.world_size, m.world(), meta.world_size != m.world() ? ": resharded" : "");
-  return meta.step;
-}
-
-// Initialises this rank's parameter shards from safetensors weights named like the model's
-// parameters (a single file or a model.safetensors.index.json set; F32, BF16 or F16). Optimizer
-// state starts at zero. Every model parameter must be present with the model's shape.
-absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m) {
-  ASSIGN_OR_RETURN(auto set, ckpt::SafetensorsSet::Open(path));
-  size_t used = 0;
-  for (const fsdp::ShardView& v : m.Shards()) {
-    auto found = set->Find(v.name);
-    if (!found.ok()) {
-      return absl::NotFoundError(absl::StrCat(path, ": no tensor '", v.name,
-                                              "' (checkpoint.init_from_safetensors needs every "
-                                              "model parameter; see docs/model.md for names)"));
-    }
-    const auto [file, info] = *found;
-    if (info->shape != v.global_shape) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          path, ": tensor '", v.name, "' has shape [", absl::StrJoin(info->shape, ","),
-          "], the model wants [", absl::StrJoin(v.global_shape, ","), "]"));
-    }
-    const size_t elem = ckpt::DTypeSize(info->dtype);
-    absl::string_view bytes = file->Data(*info);
-    const int64_t n = v.rows * v.row_numel;
-    absl::string_view rows = bytes.substr(static_cast<size_t>(v.row_begin * v.row_numel) * elem,
-                                          static_cast<size_t>(n) * elem);
-    if (info->dtype == ckpt::DType::kF16) {
-      for (int64_t i = 0; i < n; ++i) {
-        uint16_t h;
-        std::memcpy(&h, rows.data() + i * 2, 2);
-        v.param[i] = kernels::F16ToF32(h);
-      }
-    } else {
-      absl::Status st = ckpt::ConvertDType(info->dtype, rows.data(), ckpt::DType::kF32, v.param,
-                                           static_cast<size_t>(n));
-      if (!st.ok()) return base::Annotate(st, absl::StrCat(path, ": tensor '", v.name, "'"));
-    }
-    ++used;
-  }
-  spdlog::info("initialised {} parameters from {} ({} tensors in the file{})", used, path,
-               set->names().size(), set->names().size() > used ? "; extra tensors ignored" : "");
-  return absl::OkStatus();
-}
-
-ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int64_t step, uint64_t seed) {
-  ckpt::RankState st;
-  st.step = step;
-  auto view = [](const float* p, int64_t n) {
-    return absl::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
-  };
-  for (const fsdp::ShardView& v : m.Shards()) {
-    const int64_t n = v.rows * v.row_numel;
-    st.tensors.push_back({v.name, ckpt::DType::kF32, v.global_shape, v.row_begin, view(v.param, n)});
-    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg"), ckpt::DType::kF32, v.global_shape,
-                          v.row_begin, view(v.exp_avg, n)});
-    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg_sq"), ckpt::DType::kF32,
-                          v.global_shape, v.row_begin, view(v.exp_avg_sq, n)});
-  }
-  // The only randomness of a step is the data order, which (seed, position) determines.
-  st.rng_state = absl::StrCat("seed=", seed);
-  st.data_loader_state = loader.SaveState();
-  st.extra["optimizer_step"] = absl::StrCat(m.optimizer_step());
-  st.parallelism["fsdp"] = absl::StrCat(m.world());
-  return st;
-}
-
-}  // namespace
-
-namespace {
-
-// EMBER_WORKER_FAULT "hang:rank=R,step=S[,attempt=A]": the step at which this rank hangs, or -1.
-int64_t HangStep(const WorkerEnv& env) {
+// kEnvWorkerFault "hang:rank=R,step=S[,attempt=A]": the step at which this rank hangs, or -1.
+int64_t HangStep(const job::WorkerEnv& env) {
   if (!absl::StartsWith(env.fault, "hang:")) return -1;
   int64_t rank = -1, step = -1, attempt = 0;
   for (absl::string_view kv : absl::StrSplit(env.fault.substr(5), ',')) {
@@ -338,176 +252,299 @@ int64_t HangStep(const WorkerEnv& env) {
   return rank == env.rank && attempt == env.attempt ? step : -1;
 }
 
-absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecorder& recorder);
+// Fault injection (tests): alive, never joining the next collective, until the job stops us.
+[[noreturn]] void Hang(const job::WorkerEnv& env, int64_t step) {
+  spdlog::warn("fault injection: rank {} hangs at step {} ({})", env.rank, step, job::kEnvWorkerFault);
+  for (;;) absl::SleepFor(absl::Seconds(1));
+}
 
-}  // namespace
+// The process groups of one attempt: "world", and "reduce_scatter" when the plan separates it
+// (its own stream of collectives, so reduce-scatters overlap the next unit's all-gathers).
+struct Groups {
+  std::unique_ptr<comm::ProcessGroup> world, reduce_scatter;
+  fsdp::Groups fsdp() const { return {world.get(), reduce_scatter.get()}; }
+};
 
-absl::Status Train(const Plan& plan) {
-  const WorkerEnv& env = plan.env;
+absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
+                                    flight::FlightRecorder& recorder) {
+  const job::WorkerEnv& env = plan.env;
+  comm::GroupOptions go;
+  go.name = "world";
+  go.timeout = absl::Seconds(plan.spec.collective_timeout_s());
+  go.recorder = &recorder;
+  go.dump_dir = env.fr_dump_dir;
+  go.global_rank = env.rank;
+  auto rdzv = comm::MakeStoreRendezvous(attempt);
+  Groups g;
+  ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
+  if (plan.separate_reduce_scatter && env.world_size > 1) {
+    go.name = "reduce_scatter";
+    ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
+  }
+  return g;
+}
+
+// The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
+// logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
+// the optional safetensors initialisation.
+absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, fsdp::FsdpGpt& model, data::TokenLoader& loader) {
+  absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
+  if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
+  if (resume.ok()) {
+    const absl::Time t0 = absl::Now();
+    ASSIGN_OR_RETURN(int64_t step, Restore(*resume, model, loader));
+    // recovery_bench reads this line: the restart time it reports excludes the load.
+    spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
+    return step;
+  }
+  if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, model));
+  return 0;
+}
+
+// Checkpoint cadence: every checkpoint.every_steps and at the last step, committed through the
+// attempt's store keys (synchronously, or in the background with checkpoint.async).
+class Checkpointer {
+ public:
+  Checkpointer(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model, const data::TokenLoader& loader)
+      : plan_(plan), model_(model), loader_(loader),
+        protocol_(std::make_shared<ckpt::StoreCommitProtocol>(attempt)),
+        options_{.root = plan.checkpoint_root, .rank = plan.env.rank, .world_size = plan.env.world_size,
+                 .keep_last = std::max(1, plan.spec.checkpoint().keep_last()),
+                 .commit_timeout = absl::Seconds(plan.spec.collective_timeout_s())} {
+    MakeDirs(plan.checkpoint_root);
+    if (plan.spec.checkpoint().async()) async_ = std::make_unique<ckpt::AsyncSaver>(options_, protocol_);
+  }
+
+  bool Due(int64_t step) const {
+    const int every = plan_.spec.checkpoint().every_steps();
+    return (every > 0 && step % every == 0) || step == plan_.spec.steps();
+  }
+
+  absl::Status Save(int64_t step) {
+    const absl::Time t0 = absl::Now();
+    ckpt::RankState st = Snapshot(model_, loader_, step, plan_.fsdp.seed);
+    if (async_) {
+      RETURN_IF_ERROR(async_->Start(st));
+    } else {
+      RETURN_IF_ERROR(ckpt::SaveCheckpoint(options_, st, protocol_.get()));
+    }
+    spdlog::info("checkpoint step {} {} in {}", step, async_ ? "started" : "committed",
+                 absl::FormatDuration(absl::Now() - t0));
+    return absl::OkStatus();
+  }
+
+  // Waits for a background save still in flight.
+  absl::Status Finish() { return async_ ? async_->Wait() : absl::OkStatus(); }
+
+ private:
+  const Plan& plan_;
+  fsdp::FsdpGpt& model_;
+  const data::TokenLoader& loader_;
+  std::shared_ptr<ckpt::StoreCommitProtocol> protocol_;
+  ckpt::SaveOptions options_;
+  std::unique_ptr<ckpt::AsyncSaver> async_;
+};
+
+// One optimizer step's numbers, as TrainStep measured them.
+struct StepResult {
+  int64_t step = 0;
+  double loss = 0;        // mean over every rank
+  double local_loss = 0;  // this rank's, over its micro-batches
+  float lr = 0;
+  double grad_norm = 0;
+  double seconds = 0;
+};
+
+// Reporting every log_every steps and at the last: the log line (step, loss, tokens/s, ETA), the
+// progress record (jobs.v1.Progress under the attempt's progress/<rank>, which emberctl shows)
+// and a line of <job_dir>/metrics/rank-<r>.jsonl.
+class Reporter {
+ public:
+  Reporter(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model, int64_t first_step)
+      : plan_(plan), attempt_(attempt), model_(model), first_(first_step), start_(absl::Now()) {
+    MakeDirs(absl::StrCat(plan.env.job_dir, "/metrics"));
+    metrics_.open(plan.metrics_path, std::ios::app);
+  }
+
+  void Start() const {
+    spdlog::info("{} | rank {}/{} | {} params, {} state bytes/rank | {} threads | from step {}",
+                 spec::Summarize(plan_.spec), plan_.env.rank, plan_.env.world_size,
+                 model::ParamSpecs(plan_.model).size(), model_.state_bytes(), plan_.threads, first_);
+  }
+
+  bool Due(int64_t step) const { return step % plan_.spec.log_every() == 0 || step == plan_.spec.steps(); }
+
+  absl::Status Report(const StepResult& r) {
+    const spec::JobSpec& s = plan_.spec;
+    const double tokens = static_cast<double>(plan_.env.world_size) * s.batch_size() *
+                          plan_.model.context * s.parallelism().micro_batches();
+    const double tps = tokens / r.seconds;
+    const double avg = absl::ToDoubleSeconds(absl::Now() - start_) / static_cast<double>(r.step - first_);
+    const double eta = avg * static_cast<double>(s.steps() - r.step);
+    const double comm_wait = absl::ToDoubleSeconds(model_.comm_wait());
+    const auto& b = model_.comm_bytes();
+    const int64_t rss = PeakRssBytes();
+    spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {} peak_rss {:.1f}MB "
+                 "comm_wait {:.0f}% ag[{}] rs[{}]",
+                 r.step, s.steps(), r.loss, r.lr, r.grad_norm, tps,
+                 absl::FormatDuration(absl::Seconds(std::round(eta))), rss / 1e6,
+                 100 * comm_wait / r.seconds, BytesHuman(b.all_gather), BytesHuman(b.reduce_scatter));
+    jobs::v1::Progress p;
+    p.set_step(r.step);
+    p.set_steps(s.steps());
+    p.set_loss(r.loss);
+    p.set_lr(r.lr);
+    p.set_grad_norm(r.grad_norm);
+    p.set_tokens_per_s(tps);
+    p.set_eta_s(eta);
+    p.set_peak_rss_bytes(rss);
+    RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
+    metrics_ << absl::StrCat(
+                    "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
+                    ",\"lr\":", Num(r.lr), ",\"grad_norm\":", Num(r.grad_norm), ",\"tokens_per_s\":", Num(tps),
+                    ",\"step_s\":", Num(r.seconds), ",\"comm_wait_s\":", Num(comm_wait),
+                    ",\"peak_rss_bytes\":", rss, ",\"state_bytes\":", model_.state_bytes(),
+                    ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
+                    ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
+                    ",\"all_reduce\":", BytesJson(b.all_reduce),
+                    ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}}")
+             << "\n"
+             << std::flush;
+    return absl::OkStatus();
+  }
+
+  void Done(int64_t step) const {
+    spdlog::info("done: {} steps in {}", step - first_, absl::FormatDuration(absl::Now() - start_));
+  }
+
+ private:
+  const Plan& plan_;
+  store::Client& attempt_;
+  fsdp::FsdpGpt& model_;
+  const int64_t first_;
+  const absl::Time start_;
+  std::ofstream metrics_;
+};
+
+// One optimizer step: M micro-batches of forward+backward, the loss averaged over every rank, the
+// optimizer update. A non-finite mean loss is INTERNAL (the run has diverged).
+class Stepper {
+ public:
+  Stepper(const Plan& plan, fsdp::FsdpGpt& model, data::TokenLoader& loader)
+      : plan_(plan), model_(model), loader_(loader), pool_(plan.threads),
+        ctx_{&pool_, plan.spec.deterministic()},
+        tok_(plan.spec.batch_size() * plan.model.context),
+        tgt_(tok_.size()) {}
+
+  absl::StatusOr<StepResult> Step(int64_t step) {
+    const int64_t B = plan_.spec.batch_size(), T = plan_.model.context, M = plan_.spec.parallelism().micro_batches();
+    StepResult r;
+    r.step = step;
+    r.lr = LearningRate(plan_.spec, step);
+    model_.ResetCommBytes();
+    model_.ResetCommWait();
+    const absl::Time t0 = absl::Now();
+    for (int64_t k = 0; k < M; ++k) {
+      RETURN_IF_ERROR(loader_.Next(tok_.data(), tgt_.data()));
+      ASSIGN_OR_RETURN(float l, model_.ForwardBackward(ctx_, tok_.data(), tgt_.data(), B, T, k == M - 1));
+      r.local_loss += static_cast<double>(l) / M;
+    }
+    ASSIGN_OR_RETURN(r.loss, model_.AllReduceMean(r.local_loss));
+    ASSIGN_OR_RETURN(r.grad_norm, model_.OptimizerStep(ctx_, r.lr));
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    return r;
+  }
+
+ private:
+  const Plan& plan_;
+  fsdp::FsdpGpt& model_;
+  data::TokenLoader& loader_;
+  kernels::ThreadPool pool_;
+  kernels::ExecContext ctx_;
+  std::vector<int32_t> tok_, tgt_;
+};
+
+// The training loop of one attempt (stopping is StopWatcher's: it ends the process from its own
+// thread when the attempt's stop key appears, see Train).
+absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
+  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
+  ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.model, groups.fsdp(), plan.fsdp));
+  data::TokenLoader loader(plan.tokens, LoaderFor(plan));
+  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, *model, loader));
+  Checkpointer checkpoints(plan, attempt, *model, loader);
+  Reporter report(plan, attempt, *model, step);
+  Stepper stepper(plan, *model, loader);
+  const int64_t hang_at = HangStep(plan.env);
+  report.Start();
+  while (step < plan.spec.steps()) {
+    ++step;
+    if (step == hang_at) Hang(plan.env, step);
+    ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
+    if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
+    if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
+  }
+  RETURN_IF_ERROR(checkpoints.Finish());
+  report.Done(step);
+  return absl::OkStatus();
+}
+
+// A peer's death surfaces here first as UNAVAILABLE/ABORTED; the daemon that saw the death sets the
+// stop key within a poll interval. Exiting at once would race the real root cause, so wait for the
+// job's decision (StopNow ends the process when it comes), then dump the flight recorder.
+void AwaitStopDecision(const absl::Status& st, StopWatcher& watcher, int rank) {
+  if (st.ok()) return;
+  if (ShouldWaitForStop(st)) {
+    spdlog::warn("rank {}: {}; waiting for the job's stop decision", rank, st.ToString());
+    watcher.AwaitStop(absl::Seconds(3));
+  }
+  watcher.Dump(absl::StrCat("error: ", st.ToString()));
+}
+
+// The worker's own exit record, for a daemon that re-attached to this process (it cannot wait()
+// for a non-child). Best effort: the daemon reports "exit status unknown" without it.
+void RecordExit(const absl::Status& st, store::Client& attempt, int rank) {
+  jobs::v1::WorkerExit e;
+  e.set_exit_code(st.ok() ? 0 : 1);  // worker_main.cc's exit code for a Train error
+  if (!st.ok()) e.set_error(st.ToString());
+  store::CallOptions o;
+  o.timeout = absl::Seconds(2);
+  (void)attempt.Set(job::keys::WorkerExitOf(rank), e.SerializeAsString(), o);
+}
+
+absl::StatusOr<store::Client> ConnectStore(const job::WorkerEnv& env) {
   store::ClientOptions co;
   co.address = env.store_addr;
   if (!env.auth_token_file.empty()) {
     std::ifstream f(env.auth_token_file);
-    if (!f) return absl::PermissionDeniedError(absl::StrCat("EMBER_AUTH_TOKEN_FILE '", env.auth_token_file, "' is unreadable"));
+    if (!f) {
+      return absl::PermissionDeniedError(
+          absl::StrCat(job::kEnvAuthTokenFile, " '", env.auth_token_file, "' is unreadable"));
+    }
     std::string tok((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
     co.auth_token = std::string(absl::StripAsciiWhitespace(tok));
   }
   if (env.tls.enabled()) {
     ASSIGN_OR_RETURN(co.credentials, base::MakeChannelCredentials(env.tls));
   }
-  ASSIGN_OR_RETURN(store::Client client, store::Client::Connect(co));
-  store::Client job = client.WithPrefix(env.prefix());
-
-  // Stop within ~0.1 s when the job is told to stop (a peer died, cancel, node lost), dumping the
-  // flight recorder first; see stop_watch.h.
-  flight::FlightRecorder recorder;
-  StopWatcher watcher(job, &recorder, env.fr_dump_dir, env.rank);
-  watcher.Start();
-  absl::Status st = TrainLoop(plan, job, recorder);
-  if (!st.ok() && ShouldWaitForStop(st)) {
-    // A peer's death surfaces here first as UNAVAILABLE/ABORTED; the daemon that saw the death
-    // sets the stop key within a poll interval. Exiting now would race the real root cause.
-    spdlog::warn("rank {}: {}; waiting for the job's stop decision", env.rank, st.ToString());
-    watcher.AwaitStop(absl::Seconds(3));
-  }
-  if (!st.ok()) watcher.Dump(absl::StrCat("error: ", st.ToString()));
-  // For a daemon that re-attached to this process (it cannot wait() for a non-child).
-  store::CallOptions o;
-  o.timeout = absl::Seconds(2);
-  (void)job.Set(absl::StrCat("worker_exit/", env.rank), st.ok() ? "0" : "1", o);
-  return st;
-}
-
-namespace {
-
-absl::Status TrainLoop(const Plan& plan, store::Client& job, flight::FlightRecorder& recorder) {
-  const WorkerEnv& env = plan.env;
-  const spec::JobSpec& s = plan.spec;
-  comm::GroupOptions go;
-  go.name = "world";
-  go.timeout = absl::Seconds(s.collective_timeout_s());
-  go.recorder = &recorder;
-  go.dump_dir = env.fr_dump_dir;
-  go.global_rank = env.rank;
-  auto rdzv = comm::MakeStoreRendezvous(job);
-  ASSIGN_OR_RETURN(auto world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  std::unique_ptr<comm::ProcessGroup> rs;
-  if (plan.separate_reduce_scatter && env.world_size > 1) {
-    go.name = "reduce_scatter";
-    ASSIGN_OR_RETURN(rs, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  }
-  ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.model, {world.get(), rs.get()}, plan.fsdp));
-
-  const int64_t B = s.batch_size(), T = plan.model.context, M = s.parallelism().micro_batches();
-  data::TokenLoader loader(plan.tokens, {.seq_len = T, .batch = B, .rank = env.rank, .world = env.world_size,
-                                         .seed = plan.fsdp.seed, .shuffle = true,
-                                         .start_token = s.data().start_position()});
-  int64_t step = 0;
-  // A damaged `latest` falls back to the newest checkpoint that verifies (logged); only a root
-  // without any committed step starts from 0. Steps newer than the one resumed are never deleted
-  // (SaveOptions::keep_last).
-  absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
-  if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
-  if (resume.ok()) {
-    const absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(step, Restore(*resume, *model, loader));
-    // recovery_bench reads this line: the restart time it reports excludes the load.
-    spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
-  } else if (!plan.init_safetensors.empty()) {
-    RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, *model));
-  }
-  MakeDirs(plan.checkpoint_root);
-  MakeDirs(absl::StrCat(env.job_dir, "/metrics"));
-  std::ofstream metrics(plan.metrics_path, std::ios::app);
-
-  auto protocol = std::make_shared<ckpt::StoreCommitProtocol>(job);
-  ckpt::SaveOptions so{.root = plan.checkpoint_root, .rank = env.rank, .world_size = env.world_size,
-                       .keep_last = std::max(1, s.checkpoint().keep_last()),
-                       .commit_timeout = absl::Seconds(s.collective_timeout_s())};
-  std::unique_ptr<ckpt::AsyncSaver> async;
-  if (s.checkpoint().async()) async = std::make_unique<ckpt::AsyncSaver>(so, protocol);
-  auto save = [&](int64_t at) -> absl::Status {
-    const absl::Time t0 = absl::Now();
-    ckpt::RankState st = Snapshot(*model, loader, at, plan.fsdp.seed);
-    if (async) {
-      RETURN_IF_ERROR(async->Start(st));
-    } else {
-      RETURN_IF_ERROR(ckpt::SaveCheckpoint(so, st, protocol.get()));
-    }
-    spdlog::info("checkpoint step {} {} in {}", at, async ? "started" : "committed", absl::FormatDuration(absl::Now() - t0));
-    return absl::OkStatus();
-  };
-
-  kernels::ThreadPool pool(plan.threads);
-  kernels::ExecContext ctx{&pool, s.deterministic()};
-  spdlog::info("{} | rank {}/{} | {} params, {} state bytes/rank | {} threads | from step {}",
-               spec::Summarize(s), env.rank, env.world_size, model::ParamSpecs(plan.model).size(),
-               model->state_bytes(), plan.threads, step);
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  const absl::Time start = absl::Now();
-  const int64_t first = step;
-  int64_t saved = step;
-  const int64_t hang_at = HangStep(env);
-  while (step < s.steps()) {
-    ++step;
-    if (step == hang_at) {
-      spdlog::warn("fault injection: rank {} hangs at step {} (EMBER_WORKER_FAULT)", env.rank, step);
-      for (;;) absl::SleepFor(absl::Seconds(1));
-    }
-    const float lr = LearningRate(s, step);
-    model->ResetCommBytes();
-    model->ResetCommWait();
-    const absl::Time t0 = absl::Now();
-    double loss = 0;
-    for (int64_t k = 0; k < M; ++k) {
-      RETURN_IF_ERROR(loader.Next(tok.data(), tgt.data()));
-      ASSIGN_OR_RETURN(float l, model->ForwardBackward(ctx, tok.data(), tgt.data(), B, T, k == M - 1));
-      loss += static_cast<double>(l) / M;
-    }
-    ASSIGN_OR_RETURN(double mean, model->AllReduceMean(loss));
-    ASSIGN_OR_RETURN(double norm, model->OptimizerStep(ctx, lr));
-    const double dt = absl::ToDoubleSeconds(absl::Now() - t0);
-    const double tps = static_cast<double>(env.world_size * B * T * M) / dt;
-    const double avg = absl::ToDoubleSeconds(absl::Now() - start) / static_cast<double>(step - first);
-    const double eta = avg * static_cast<double>(s.steps() - step);
-    if (!std::isfinite(mean)) return absl::InternalError(absl::StrCat("loss is ", mean, " at step ", step));
-    if (step % s.log_every() == 0 || step == s.steps()) {
-      const auto& b = model->comm_bytes();
-      const int64_t rss = PeakRssBytes();
-      spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} peak_rss {:.1f}MB "
-                   "comm_wait {:.0f}% ag[{}] rs[{}]",
-                   step, s.steps(), mean, lr, norm, tps, rss / 1e6,
-                   100 * absl::ToDoubleSeconds(model->comm_wait()) / dt, BytesHuman(b.all_gather),
-                   BytesHuman(b.reduce_scatter));
-      const std::string progress = absl::StrCat(
-          "{\"step\":", step, ",\"steps\":", s.steps(), ",\"loss\":", Num(mean), ",\"lr\":", Num(lr),
-          ",\"grad_norm\":", Num(norm), ",\"tokens_per_s\":", Num(tps), ",\"eta_s\":", Num(eta),
-          ",\"peak_rss_bytes\":", rss, "}");
-      RETURN_IF_ERROR(job.Set(absl::StrCat("progress/", env.rank), progress));
-      metrics << absl::StrCat(
-                     "{\"step\":", step, ",\"loss\":", Num(mean), ",\"local_loss\":", Num(loss),
-                     ",\"lr\":", Num(lr), ",\"grad_norm\":", Num(norm), ",\"tokens_per_s\":", Num(tps),
-                     ",\"step_s\":", Num(dt), ",\"comm_wait_s\":", Num(absl::ToDoubleSeconds(model->comm_wait())),
-                     ",\"peak_rss_bytes\":", rss, ",\"state_bytes\":", model->state_bytes(),
-                     ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
-                     ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
-                     ",\"all_reduce\":", BytesJson(b.all_reduce),
-                     ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}}")
-              << "\n"
-              << std::flush;
-    }
-    const int every = s.checkpoint().every_steps();
-    if ((every > 0 && step % every == 0) || step == s.steps()) {
-      RETURN_IF_ERROR(save(step));
-      saved = step;
-    }
-  }
-  if (async) RETURN_IF_ERROR(async->Wait());
-  (void)saved;
-  spdlog::info("done: {} steps in {}", step - first, absl::FormatDuration(absl::Now() - start));
-  return absl::OkStatus();
+  return store::Client::Connect(co);
 }
 
 }  // namespace
+
+absl::Status Train(const Plan& plan) {
+  const job::WorkerEnv& env = plan.env;
+  ASSIGN_OR_RETURN(store::Client client, ConnectStore(env));
+  store::Client attempt = client.WithPrefix(env.prefix());
+  // Stop within ~0.1 s when the job is told to stop (a peer died, cancel, node lost), dumping the
+  // flight recorder first; see stop_watch.h.
+  flight::FlightRecorder recorder;
+  StopWatcher watcher(attempt, &recorder, env.fr_dump_dir, env.rank);
+  watcher.Start();
+  absl::Status st = TrainLoop(plan, attempt, recorder);
+  AwaitStopDecision(st, watcher, env.rank);
+  RecordExit(st, attempt, env.rank);
+  return st;
+}
 
 }  // namespace ember::worker

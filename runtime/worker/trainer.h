@@ -1,6 +1,7 @@
 // The training program of ember-worker: turn (environment, job spec) into a validated Plan, then
 // run it: rendezvous, process groups, FSDP model, data, the step loop with logging and progress,
-// periodic checkpoints, and resumption from `latest` (at any world size).
+// periodic checkpoints, and resumption from `latest` (at any world size). The environment and the
+// store keys it reads and writes are the job contract (runtime/job).
 //
 // Exit-code contract (worker_main.cc): Prepare errors are bad spec/environment (exit 2, message
 // names the field or variable); Train errors are runtime failures (exit 1).
@@ -20,12 +21,12 @@
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/jobspec/spec.h"
-#include "runtime/worker/env.h"
+#include "runtime/job/env.h"
 
 namespace ember::worker {
 
 struct Plan {
-  WorkerEnv env;
+  job::WorkerEnv env;
   spec::JobSpec spec;
   model::GptConfig model;
   fsdp::FsdpOptions fsdp;
@@ -40,7 +41,7 @@ struct Plan {
 // Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml) and checks everything a
 // worker can check alone: spec fields, device, parallelism vs the environment, the data file and
 // its token range. INVALID_ARGUMENT / NOT_FOUND name the field, variable or path.
-absl::StatusOr<Plan> Prepare(const WorkerEnv& env, const std::string& spec_path);
+absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_path);
 
 // The model and optimizer settings of a (defaulted, validated) spec. ModelConfig is
 // INVALID_ARGUMENT naming the field when GptConfig::Validate refuses it.

@@ -1,5 +1,6 @@
-// ember-worker: one training process per device. Reads the worker environment (env.h) and the
-// job spec (--spec, else $EMBER_JOB_SPEC, else $EMBER_JOB_DIR/job.yaml), then trains (trainer.h).
+// ember-worker: one training process per device. Reads the worker environment (runtime/job/env.h)
+// and the job spec (--spec, else $EMBER_JOB_SPEC, else $EMBER_JOB_DIR/job.yaml), then trains
+// (trainer.h).
 //
 // Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
 // 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h).
@@ -10,7 +11,7 @@
 #include "absl/flags/flag.h"
 #include "runtime/base/flags.h"
 #include "runtime/flight/recorder.h"
-#include "runtime/worker/env.h"
+#include "runtime/job/env.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/trainer.h"
 #include "spdlog/spdlog.h"
@@ -23,7 +24,7 @@ int main(int argc, char** argv) {
   // SIGUSR1: dump the flight recorder and keep training (the process groups' watchdogs poll the
   // counter the handler bumps; docs/flight-recorder.md). Without it SIGUSR1 would kill the rank.
   ember::flight::InstallDumpSignalHandler(SIGUSR1);
-  auto env = ember::worker::ReadWorkerEnv([](const char* n) { return std::getenv(n); });
+  auto env = ember::job::WorkerEnv::FromEnv([](const char* n) { return std::getenv(n); });
   if (!env.ok()) {
     spdlog::error("bad environment: {}", env.status().ToString());
     return 2;

@@ -19,6 +19,9 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tools.h"
+#include "proto/jobs.pb.h"
+#include "runtime/job/env.h"
+#include "runtime/job/keys.h"
 #include "runtime/model/gpt.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
@@ -93,15 +96,19 @@ std::vector<int> WaitAll(const std::vector<pid_t>& pids, absl::Duration timeout)
   return codes;
 }
 
-std::vector<int> RunJob(const std::string& addr, const std::string& job, const std::string& dir,
+std::vector<int> RunJob(const std::string& addr, const std::string& job_id, const std::string& dir,
                         int world, int attempt) {
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
-    pids.push_back(Spawn({{"EMBER_STORE_ADDR", addr}, {"EMBER_JOB_ID", job},
-                          {"EMBER_ATTEMPT", absl::StrCat(attempt)}, {"EMBER_RANK", absl::StrCat(r)},
-                          {"EMBER_WORLD_SIZE", absl::StrCat(world)}, {"EMBER_LOCAL_RANK", absl::StrCat(r)},
-                          {"EMBER_LOCAL_WORLD_SIZE", absl::StrCat(world)}, {"EMBER_NODE_RANK", "0"},
-                          {"EMBER_DEVICE", "cpu"}, {"EMBER_JOB_DIR", dir}}));
+    job::WorkerEnv e;
+    e.store_addr = addr;
+    e.job_id = job_id;
+    e.attempt = attempt;
+    e.rank = e.local_rank = r;
+    e.world_size = e.local_world_size = world;
+    e.job_dir = dir;
+    const auto vars = e.ToEnv();
+    pids.push_back(Spawn({vars.begin(), vars.end()}));
   }
   return WaitAll(pids, absl::Seconds(120));
 }
@@ -146,10 +153,16 @@ TEST_CASE("1, 2 and 4 worker processes train to the same losses; progress key", 
   auto client = store::Client::Connect({.address = addr});
   REQUIRE(client.ok());
   for (int r = 0; r < 4; ++r) {
-    auto p = client->Get(absl::StrCat("jobs/w4/attempt/0/progress/", r));
-    REQUIRE(p.ok());
-    CHECK(p->find("\"step\":20,\"steps\":20,\"loss\":") == 1);
-    CHECK(p->find("\"peak_rss_bytes\":") != std::string::npos);
+    auto v = client->Get(job::keys::Progress("w4", 0, r));
+    REQUIRE(v.ok());
+    jobs::v1::Progress p;
+    REQUIRE(p.ParseFromString(*v));
+    CHECK(p.step() == 20);
+    CHECK(p.steps() == 20);
+    CHECK(p.loss() == Approx(losses[4][20]).epsilon(1e-6));  // the global loss, as in the metrics
+    CHECK(p.tokens_per_s() > 0);
+    CHECK(p.eta_s() == 0);  // the last step
+    CHECK(p.peak_rss_bytes() > 0);
   }
 }
 
@@ -209,7 +222,7 @@ TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
   std::ofstream(dir + "/job.yaml") << "name: t\ndata: {path: missing.bin}\n";
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
-  pid_t pid = Spawn({{"EMBER_JOB_DIR", dir}, {"EMBER_STORE_ADDR", ""}});
+  pid_t pid = Spawn({{job::kEnvJobDir, dir}, {job::kEnvStoreAddr, ""}});
   CHECK(WaitAll({pid}, absl::Seconds(30)) == std::vector<int>{2});
 }
 

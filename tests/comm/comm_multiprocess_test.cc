@@ -9,6 +9,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/flight/analyze.h"
 #include "testing/hang_checks.h"
 #include "testing/comm_launcher.h"
@@ -16,7 +18,7 @@
 namespace ember::comm::testing {
 namespace {
 
-const std::string kTcpOnly = "EMBER_COMM_DISABLE_SHM=1";
+const std::string kTcpOnly = absl::StrCat(kEnvDisableShm, "=1");
 
 void Expect(const std::string& scenario, int n, bool tcp_only, double timeout_s,
             std::vector<std::string> args = {}, std::vector<std::string> env = {}) {
@@ -39,7 +41,7 @@ TEST_CASE("every op x dtype x reduce op matches the serial reference") {
 }
 
 TEST_CASE("the shm ring path (direct collectives off) still matches the serial reference") {
-  Expect("correctness", 3, false, 90, {}, {"EMBER_COMM_SHM_DIRECT=0"});
+  Expect("correctness", 3, false, 90, {}, {absl::StrCat(kEnvShmDirect, "=0")});
 }
 
 TEST_CASE("bf16/f16 sums: shm rounds once, TCP rings stay within the stated bound") {

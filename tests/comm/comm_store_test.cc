@@ -13,7 +13,10 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/str_cat.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/flight/analyze.h"
+#include "runtime/job/keys.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 #include "testing/hang_checks.h"
@@ -45,10 +48,10 @@ TEST_CASE("store rendezvous: ops and subgroups with 2 and 4 ranks") {
       if (n == 2 && tcp) continue;  // keep the test short: 2 ranks shm, 4 ranks shm + TCP-only
       INFO(n << " ranks" << (tcp ? " (TCP only)" : " (shm)"));
       // A fresh attempt prefix per run, as the launcher would use after a restart.
-      std::string prefix = "jobs/test/attempt/" + std::to_string(attempt++) + "/";
+      std::string prefix = job::keys::AttemptPrefix("test", attempt++);
       RunResult r = RunRanks(n, {"--scenario=store_ops", "--store=" + server->address(),
                                  "--store_prefix=" + prefix},
-                             tcp ? std::vector<std::string>{"EMBER_COMM_DISABLE_SHM=1"}
+                             tcp ? std::vector<std::string>{absl::StrCat(kEnvDisableShm, "=1")}
                                  : std::vector<std::string>{},
                              60);
       REQUIRE(!r.timed_out);
@@ -65,7 +68,7 @@ TEST_CASE("store rendezvous: ops and subgroups with 2 and 4 ranks") {
 
 TEST_CASE("store rendezvous: an injected hang makes every rank dump via the store key") {
   auto server = StartStore();
-  const std::string prefix = "jobs/test/attempt/0/";
+  const std::string prefix = job::keys::AttemptPrefix("test", 0);
   std::string dump = TempDir("fr-store");
   DumpWatcher watcher(dump, 4);
   RunResult r = RunRanks(4, {"--scenario=hang", "--store=" + server->address(),
@@ -81,7 +84,7 @@ TEST_CASE("store rendezvous: an injected hang makes every rank dump via the stor
   // The request key is in the store under the job/attempt prefix...
   auto c = store::Client::Connect({.address = server->address()});
   REQUIRE(c.ok());
-  auto req = c->Get(prefix + "fr/dump_request");
+  auto req = c->Get(absl::StrCat(prefix, kDumpRequestKey));
   REQUIRE(req.ok());
   INFO("dump_request = " << *req);
   REQUIRE(req->find("group ") == 0);  // "group <name> rank <r> time <ns>", set by a timed-out rank

@@ -22,6 +22,7 @@
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/store/client.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/job/keys.h"
 
 ABSL_FLAG(std::string, scenario, "correctness",
           "correctness|numerics|big|subgroups|p2p|mismatch|kill|hang|store_ops");
@@ -32,7 +33,8 @@ ABSL_FLAG(int, size, 2, "");
 ABSL_FLAG(std::string, rdzv_dir, "", "file rendezvous directory");
 ABSL_FLAG(std::string, dump_dir, "", "flight recorder dump directory");
 ABSL_FLAG(std::string, store, "", "store address host:port; if set, rendezvous through the store");
-ABSL_FLAG(std::string, store_prefix, "jobs/test/attempt/0/", "job/attempt key prefix in the store");
+ABSL_FLAG(std::string, store_prefix, ember::job::keys::AttemptPrefix("test", 0),
+          "job/attempt key prefix in the store");
 
 namespace ember::comm {
 namespace {

@@ -9,6 +9,7 @@
 #include "absl/time/clock.h"
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
+#include "runtime/job/keys.h"
 #include "runtime/store/client.h"
 #include "testing/cluster.h"
 #include "testing/harness.h"
@@ -142,7 +143,7 @@ TEST_CASE("retention forgets all but the newest finished jobs, their uploads inc
       REQUIRE(absl::IsNotFound(c->Get(id).status()));
       REQUIRE(std::filesystem::exists(done[i].job_dir() + "/logs"));  // the disk is not touched
     } else {
-      REQUIRE(store->Get(absl::StrCat("jobs/", id, "/files/data/blob.bin")).ok());
+      REQUIRE(store->Get(job::keys::File(id, "data/blob.bin")).ok());
     }
   }
 }

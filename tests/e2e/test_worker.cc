@@ -7,8 +7,9 @@
 //                                   checkpoint marker per rank at the end, exit 0
 //
 // Exit codes as ember-worker: 0 success, 2 bad spec/env, 1 runtime failure, 75 stopped (the
-// attempt's `stop` key appeared). Like ember-worker it survives its daemon (a restarted daemon
-// re-attaches) and leaves its exit status under worker_exit/<rank>; it exits on its own when the
+// attempt's `stop` key appeared). Like ember-worker it reads the environment and writes its records
+// through runtime/job, survives its daemon (a restarted daemon re-attaches) and leaves its exit
+// status under worker_exit/<rank> (on success); it exits on its own when the
 // store has been unreachable for 3 s, so a crashed test (the store lives in the test) never leaves
 // it behind.
 #include <unistd.h>
@@ -22,42 +23,44 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "proto/jobs.pb.h"
+#include "runtime/job/env.h"
+#include "runtime/job/keys.h"
 #include "runtime/jobspec/spec.h"
 #include "runtime/store/client.h"
 
 namespace {
 
-const char* Env(const char* name) {
-  const char* v = getenv(name);
-  if (v == nullptr || *v == '\0') {
-    std::cerr << "test_worker: missing env " << name << "\n";
-    exit(2);
-  }
-  return v;
-}
+namespace job = ember::job;
 
 }  // namespace
 
 int main() {
-  std::string store_addr = Env("EMBER_STORE_ADDR");
-  std::string job = Env("EMBER_JOB_ID");
-  int attempt = atoi(Env("EMBER_ATTEMPT"));
-  int rank = atoi(Env("EMBER_RANK"));
-  int world = atoi(Env("EMBER_WORLD_SIZE"));
-  std::string device = Env("EMBER_DEVICE");
-  std::string dir = Env("EMBER_JOB_DIR");
-  Env("EMBER_LOCAL_RANK");
-  Env("EMBER_LOCAL_WORLD_SIZE");
-  Env("EMBER_NODE_RANK");
+  // The daemon sets every variable, also those a worker may default (ember-worker's FromEnv does).
+  for (const char* name : {job::kEnvAttempt, job::kEnvDevice, job::kEnvLocalRank,
+                           job::kEnvLocalWorldSize, job::kEnvNodeRank}) {
+    const char* v = getenv(name);
+    if (v == nullptr || *v == '\0') {
+      std::cerr << "test_worker: missing env " << name << "\n";
+      return 2;
+    }
+  }
+  auto env = job::WorkerEnv::FromEnv(getenv);
+  if (!env.ok()) {
+    std::cerr << "test_worker: " << env.status() << "\n";
+    return 2;
+  }
+  const int rank = env->rank, world = env->world_size;
+  const std::string& dir = env->job_dir;
   auto spec = ember::spec::LoadJobSpec(dir + "/job.yaml");
   if (!spec.ok()) {
     std::cerr << "test_worker: " << spec.status() << "\n";
     return 2;
   }
   ember::store::ClientOptions co;
-  co.address = store_addr;
-  if (const char* tf = getenv("EMBER_AUTH_TOKEN_FILE")) {
-    std::ifstream f(tf);
+  co.address = env->store_addr;
+  if (!env->auth_token_file.empty()) {
+    std::ifstream f(env->auth_token_file);
     f >> co.auth_token;
   }
   co.connect_timeout = absl::Seconds(10);
@@ -67,8 +70,8 @@ int main() {
     std::cerr << "test_worker: store: " << store.status() << "\n";
     return 1;
   }
-  std::cout << "test_worker rank " << rank << "/" << world << " on " << device << " job " << job
-            << " attempt " << attempt << std::endl;
+  std::cout << "test_worker rank " << rank << "/" << world << " on " << env->device << " job "
+            << env->job_id << " attempt " << env->attempt << std::endl;
 
   const std::string& name = spec->name();
   int fail_rank = -1, fail_code = 0;
@@ -79,14 +82,13 @@ int main() {
   }
   bool hang = name.find("hang") != std::string::npos;
   int64_t steps = hang ? (1LL << 40) : spec->steps();
-  const std::string attempt_prefix = absl::StrCat("jobs/", job, "/attempt/", attempt, "/");
-  std::string prefix = attempt_prefix + absl::StrCat("progress/", rank);
+  ember::store::Client attempt = store->WithPrefix(env->prefix());
   absl::Time start = absl::Now();
   absl::Time last_ok = absl::Now();
   ember::store::CallOptions quick;
   quick.timeout = absl::Seconds(1);
   for (int64_t step = 1; step <= steps; ++step) {
-    auto stop = store->Get(attempt_prefix + "stop", quick);
+    auto stop = attempt.Get(job::keys::kStop, quick);
     if (stop.ok()) {
       std::cout << "test_worker rank " << rank << " stopping: " << *stop << std::endl;
       return 75;
@@ -95,12 +97,16 @@ int main() {
     if (absl::Now() - last_ok > absl::Seconds(3)) return 1;  // the store (the test) is gone
     double loss = 5.0 / (1.0 + 0.1 * step);
     double secs = absl::ToDoubleSeconds(absl::Now() - start);
-    std::string json = absl::StrFormat(
-        "{\"step\":%d,\"steps\":%d,\"loss\":%.4f,\"lr\":0.001,\"grad_norm\":1.0,"
-        "\"tokens_per_s\":%.1f,\"eta_s\":%.2f,\"peak_rss_bytes\":1000000}",
-        step, hang ? 0 : steps, loss, step * 1000 / std::max(secs, 1e-3),
-        hang ? 0.0 : (steps - step) * 0.02);
-    (void)store->Set(prefix, json);
+    ember::jobs::v1::Progress p;
+    p.set_step(step);
+    p.set_steps(hang ? 0 : steps);
+    p.set_loss(loss);
+    p.set_lr(0.001);
+    p.set_grad_norm(1.0);
+    p.set_tokens_per_s(step * 1000 / std::max(secs, 1e-3));
+    p.set_eta_s(hang ? 0.0 : (steps - step) * 0.02);
+    p.set_peak_rss_bytes(1000000);
+    (void)attempt.Set(job::keys::ProgressOf(rank), p.SerializeAsString());
     std::cout << "step " << step << " loss " << loss << std::endl;
     if (rank == fail_rank && step == 2) {
       std::cout << "test_worker: failing on purpose with code " << fail_code << std::endl;
@@ -111,6 +117,8 @@ int main() {
   std::filesystem::create_directories(absl::StrCat(dir, "/checkpoints/step-", steps));
   std::ofstream(absl::StrCat(dir, "/checkpoints/step-", steps, "/rank-", rank)) << "ok\n";
   std::cout << "test_worker rank " << rank << " done" << std::endl;
-  (void)store->Set(attempt_prefix + absl::StrCat("worker_exit/", rank), "0", quick);
+  ember::jobs::v1::WorkerExit done;
+  done.set_exit_code(0);
+  (void)attempt.Set(job::keys::WorkerExitOf(rank), done.SerializeAsString(), quick);
   return 0;
 }

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
+#include "runtime/job/env.h"
 #include "testing/cluster.h"
 #include "testing/harness.h"
 
@@ -102,7 +103,7 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
 }
 
 TEST_CASE("a hung rank: the watchdog fires, every rank dumps, the reason names rank and op") {
-  auto cluster = RealCluster(1, 2, {{"EMBER_WORKER_FAULT", "hang:rank=1,step=3"}});
+  auto cluster = RealCluster(1, 2, {{job::kEnvWorkerFault, "hang:rank=1,step=3"}});
   REQUIRE(cluster.ok());
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());

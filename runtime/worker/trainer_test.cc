@@ -1,59 +1,11 @@
-#include "runtime/worker/env.h"
+// The spec -> model/optimizer settings of ember-worker (trainer.h). The environment's tests are in
+// runtime/job/job_test.cc.
+#include "runtime/worker/trainer.h"
 
 #include <catch2/catch.hpp>
-#include <map>
-
-#include "runtime/worker/trainer.h"
 
 namespace ember::worker {
 namespace {
-
-absl::StatusOr<WorkerEnv> Read(const std::map<std::string, std::string>& m) {
-  return ReadWorkerEnv([&](const char* n) -> const char* {
-    auto it = m.find(n);
-    return it == m.end() ? nullptr : it->second.c_str();
-  });
-}
-
-TEST_CASE("worker environment: required variables, ranges, prefix", "[worker]") {
-  std::map<std::string, std::string> m = {{"EMBER_STORE_ADDR", "127.0.0.1:1"}, {"EMBER_JOB_ID", "j1"},
-                                          {"EMBER_ATTEMPT", "3"}, {"EMBER_RANK", "1"},
-                                          {"EMBER_WORLD_SIZE", "2"}, {"EMBER_JOB_DIR", "/tmp/j1"}};
-  auto e = Read(m);
-  REQUIRE(e.ok());
-  CHECK(e->prefix() == "jobs/j1/attempt/3/");
-  CHECK(e->device == "cpu");
-  CHECK(e->local_world_size == 2);
-  auto bad = [&](const std::string& k, const std::string& v, const std::string& msg) {
-    auto c = m;
-    if (v.empty()) c.erase(k); else c[k] = v;
-    auto r = Read(c);
-    REQUIRE(!r.ok());
-    CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
-    CHECK(std::string(r.status().message()).find(msg) != std::string::npos);
-  };
-  bad("EMBER_STORE_ADDR", "", "EMBER_STORE_ADDR");
-  bad("EMBER_RANK", "2", "EMBER_RANK=2");
-  bad("EMBER_WORLD_SIZE", "zero", "EMBER_WORLD_SIZE");
-  bad("EMBER_DEVICE", "tpu", "EMBER_DEVICE");
-  bad("EMBER_JOB_ID", "a/b", "EMBER_JOB_ID");
-  CHECK(!e->tls.enabled());
-
-  auto t = m;
-  t["EMBER_TLS_CA"] = "/etc/ember/tls/ca.crt";
-  e = Read(t);
-  REQUIRE(e.ok());
-  CHECK(e->tls.enabled());
-  CHECK(e->tls.ca_file == "/etc/ember/tls/ca.crt");
-  t["EMBER_TLS_CERT"] = "/etc/ember/tls/node.crt";
-  e = Read(t);
-  REQUIRE(!e.ok());  // a certificate without its key
-  CHECK(std::string(e.status().message()).find("EMBER_TLS_KEY") != std::string::npos);
-  t["EMBER_TLS_KEY"] = "/etc/ember/tls/node.key";
-  e = Read(t);
-  REQUIRE(e.ok());
-  CHECK(e->tls.key_file == "/etc/ember/tls/node.key");
-}
 
 // One table of defaults (docs/model.md): what an empty spec trains is exactly the code's
 // defaults, GptConfig{}, AdamWOptions{} and LceOptions{}.

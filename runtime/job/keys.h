@@ -1,0 +1,75 @@
+// The store keys of a job that emberd and ember-worker share (DESIGN.md "Store key space"): one
+// definition each, here. Keys only the daemon uses (nodes/, alloc/, scheduler/leader,
+// submissions/, the job record) are in runtime/daemon/keys.h. Thread-safe (pure functions).
+//
+//   jobs/<job>/                            JobPrefix
+//   jobs/<job>/files/<name>                File: an uploaded input file (FilesPrefix lists them)
+//   jobs/<job>/attempt/<n>/                AttemptPrefix; below it, relative to it:
+//     stop                  kStop         reason every rank of the attempt must stop (any writer)
+//     failure               kFailure      first failing rank's jobs.v1.RankExit (first writer wins)
+//     exit/<rank>           ExitOf        jobs.v1.RankExit of a rank that ended (daemon)
+//     progress/<rank>       ProgressOf    jobs.v1.Progress, binary (worker, every log_every steps)
+//     worker_exit/<rank>    WorkerExitOf  jobs.v1.WorkerExit, binary (worker, as it exits)
+//     fr/dump_request       kDumpRequest  flight-recorder dump trigger (docs/flight-recorder.md);
+//                                         the comm layer names it again in runtime/comm/env_knobs.h
+//                                         (comm knows nothing of jobs; the worker static_asserts
+//                                         that the two agree)
+//
+// Values are binary protos (proto/jobs.proto), not JSON: every reader is C++ code that has the
+// message, people see progress through the Jobs API (`emberctl status`, StreamMetrics), and one
+// encoding leaves nothing to parse leniently (no int64-as-string, NaN or unknown-field cases).
+//
+// A worker's store client is scoped to its attempt (client.WithPrefix(AttemptPrefix(job, n)), which
+// is WorkerEnv::prefix()) and uses the relative forms; the daemon uses the absolute ones.
+//
+//   store::Client attempt = client.WithPrefix(job::keys::AttemptPrefix(id, n));
+//   attempt.Get(job::keys::kStop);   // == client.Get(job::keys::Stop(id, n))
+#ifndef EMBER_RUNTIME_JOB_KEYS_H_
+#define EMBER_RUNTIME_JOB_KEYS_H_
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace ember::job::keys {
+
+// --- relative to AttemptPrefix(job, attempt) ---
+inline constexpr absl::string_view kStop = "stop";
+inline constexpr absl::string_view kFailure = "failure";
+inline constexpr absl::string_view kDumpRequest = "fr/dump_request";
+inline std::string ExitOf(int rank) { return absl::StrCat("exit/", rank); }
+inline std::string ProgressOf(int rank) { return absl::StrCat("progress/", rank); }
+inline std::string WorkerExitOf(int rank) { return absl::StrCat("worker_exit/", rank); }
+
+// --- absolute ---
+inline std::string JobPrefix(absl::string_view job) { return absl::StrCat("jobs/", job, "/"); }
+inline std::string FilesPrefix(absl::string_view job) { return absl::StrCat(JobPrefix(job), "files/"); }
+inline std::string File(absl::string_view job, absl::string_view name) {
+  return absl::StrCat(FilesPrefix(job), name);
+}
+inline std::string AttemptPrefix(absl::string_view job, int attempt) {
+  return absl::StrCat(JobPrefix(job), "attempt/", attempt, "/");
+}
+inline std::string Stop(absl::string_view job, int attempt) {
+  return absl::StrCat(AttemptPrefix(job, attempt), kStop);
+}
+inline std::string Failure(absl::string_view job, int attempt) {
+  return absl::StrCat(AttemptPrefix(job, attempt), kFailure);
+}
+inline std::string DumpRequest(absl::string_view job, int attempt) {
+  return absl::StrCat(AttemptPrefix(job, attempt), kDumpRequest);
+}
+inline std::string Exit(absl::string_view job, int attempt, int rank) {
+  return absl::StrCat(AttemptPrefix(job, attempt), ExitOf(rank));
+}
+inline std::string Progress(absl::string_view job, int attempt, int rank) {
+  return absl::StrCat(AttemptPrefix(job, attempt), ProgressOf(rank));
+}
+inline std::string WorkerExit(absl::string_view job, int attempt, int rank) {
+  return absl::StrCat(AttemptPrefix(job, attempt), WorkerExitOf(rank));
+}
+
+}  // namespace ember::job::keys
+
+#endif  // EMBER_RUNTIME_JOB_KEYS_H_

@@ -1,0 +1,106 @@
+#include "runtime/worker/model_state.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/dtype.h"
+#include "checkpoint/safetensors.h"
+#include "kernels/cast.h"
+#include "runtime/base/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::worker {
+
+absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
+  ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
+  const ckpt::Metadata& meta = reader->metadata();
+  for (const fsdp::ShardView& v : m.Shards()) {
+    const std::pair<std::string, float*> parts[] = {{v.name, v.param},
+                                                    {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
+                                                    {absl::StrCat("optim.", v.name, ".exp_avg_sq"), v.exp_avg_sq}};
+    for (const auto& [name, dst] : parts) {
+      const ckpt::TensorMeta* t = meta.Find(name);
+      if (t == nullptr) return absl::NotFoundError(absl::StrCat(reader->dir(), ": no tensor ", name));
+      if (t->shape != v.global_shape) {
+        return absl::FailedPreconditionError(absl::StrCat(reader->dir(), ": ", name, " has another shape than the model"));
+      }
+      ASSIGN_OR_RETURN(std::string rows, reader->ReadShard(name, m.rank(), m.world(), ckpt::DType::kF32));
+      if (static_cast<int64_t>(rows.size()) != v.rows * v.row_numel * 4) {
+        return absl::DataLossError(absl::StrCat(name, ": shard of ", rows.size(), " bytes, want ", v.rows * v.row_numel * 4));
+      }
+      std::memcpy(dst, rows.data(), rows.size());
+    }
+  }
+  ASSIGN_OR_RETURN(std::string ds, reader->ReadBlob(0, "data_loader"));
+  RETURN_IF_ERROR(loader.RestoreState(ds));
+  auto it = meta.extra.find("optimizer_step");
+  m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
+  spdlog::info("resumed from {} (step {}, saved by {} ranks, now {}{})", reader->dir(), meta.step,
+               meta.world_size, m.world(), meta.world_size != m.world() ? ": resharded" : "");
+  return meta.step;
+}
+
+absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m) {
+  ASSIGN_OR_RETURN(auto set, ckpt::SafetensorsSet::Open(path));
+  size_t used = 0;
+  for (const fsdp::ShardView& v : m.Shards()) {
+    auto found = set->Find(v.name);
+    if (!found.ok()) {
+      return absl::NotFoundError(absl::StrCat(path, ": no tensor '", v.name,
+                                              "' (checkpoint.init_from_safetensors needs every "
+                                              "model parameter; see docs/model.md for names)"));
+    }
+    const auto [file, info] = *found;
+    if (info->shape != v.global_shape) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": tensor '", v.name, "' has shape [", absl::StrJoin(info->shape, ","),
+          "], the model wants [", absl::StrJoin(v.global_shape, ","), "]"));
+    }
+    const size_t elem = ckpt::DTypeSize(info->dtype);
+    absl::string_view bytes = file->Data(*info);
+    const int64_t n = v.rows * v.row_numel;
+    absl::string_view rows = bytes.substr(static_cast<size_t>(v.row_begin * v.row_numel) * elem,
+                                          static_cast<size_t>(n) * elem);
+    if (info->dtype == ckpt::DType::kF16) {
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, rows.data() + i * 2, 2);
+        v.param[i] = kernels::F16ToF32(h);
+      }
+    } else {
+      absl::Status st = ckpt::ConvertDType(info->dtype, rows.data(), ckpt::DType::kF32, v.param,
+                                           static_cast<size_t>(n));
+      if (!st.ok()) return base::Annotate(st, absl::StrCat(path, ": tensor '", v.name, "'"));
+    }
+    ++used;
+  }
+  spdlog::info("initialised {} parameters from {} ({} tensors in the file{})", used, path,
+               set->names().size(), set->names().size() > used ? "; extra tensors ignored" : "");
+  return absl::OkStatus();
+}
+
+ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int64_t step, uint64_t seed) {
+  ckpt::RankState st;
+  st.step = step;
+  auto view = [](const float* p, int64_t n) {
+    return absl::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
+  };
+  for (const fsdp::ShardView& v : m.Shards()) {
+    const int64_t n = v.rows * v.row_numel;
+    st.tensors.push_back({v.name, ckpt::DType::kF32, v.global_shape, v.row_begin, view(v.param, n)});
+    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg"), ckpt::DType::kF32, v.global_shape,
+                          v.row_begin, view(v.exp_avg, n)});
+    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg_sq"), ckpt::DType::kF32,
+                          v.global_shape, v.row_begin, view(v.exp_avg_sq, n)});
+  }
+  // The only randomness of a step is the data order, which (seed, position) determines.
+  st.rng_state = absl::StrCat("seed=", seed);
+  st.data_loader_state = loader.SaveState();
+  st.extra["optimizer_step"] = absl::StrCat(m.optimizer_step());
+  st.parallelism["fsdp"] = absl::StrCat(m.world());
+  return st;
+}
+
+
+}  // namespace ember::worker

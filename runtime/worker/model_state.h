@@ -1,0 +1,35 @@
+// A worker's model state <-> files: resume from a checkpoint (any world size), initialise from
+// safetensors weights, and snapshot the state a checkpoint saves. Used by the training loop
+// (trainer.cc); formats in docs/checkpoint-format.md.
+//
+// Thread safety: call from the training thread (they read or write the model's shards).
+#ifndef EMBER_RUNTIME_WORKER_MODEL_STATE_H_
+#define EMBER_RUNTIME_WORKER_MODEL_STATE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "checkpoint/checkpoint.h"
+#include "runtime/data/token_file.h"
+#include "runtime/fsdp/fsdp.h"
+
+namespace ember::worker {
+
+// Copies this rank's rows of every parameter and its AdamW state from the checkpoint in step
+// directory `dir` (any world size: ReadShard asks for our torch.chunk rows), and the data loader's
+// position. Returns the checkpoint's step.
+absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader);
+
+// Initialises this rank's parameter shards from safetensors weights named like the model's
+// parameters (a single file or a model.safetensors.index.json set; F32, BF16 or F16). Optimizer
+// state starts at zero. Every model parameter must be present with the model's shape.
+absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m);
+
+// What a checkpoint of step `step` saves for this rank; views into `m`'s shards (valid until the
+// next optimizer step).
+ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int64_t step, uint64_t seed);
+
+}  // namespace ember::worker
+
+#endif  // EMBER_RUNTIME_WORKER_MODEL_STATE_H_

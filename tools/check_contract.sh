@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The daemon<->worker contract has one home (issue 14): worker environment variable names and the
+# job's store keys are spelled out only in runtime/job (env.h, keys.h), and the comm layer's own
+# knobs only in runtime/comm/env_knobs.h. Everyone else, tests included, uses those constants.
+# Fails on any string literal "EMBER_..., or a key literal ("progress/, "worker_exit/, "exit/,
+# "stop", "failure", fr/dump_request, /attempt/, /files/), in a *.cc or *.h outside those homes
+# unless the (file, literal) pair is an exception below, with its reason. Comments are ignored.
+#
+#   tools/check_contract.sh     # run by tools/check_deps.sh (and so by .ci/run); grep only
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+HOMES='^(runtime/job/|runtime/comm/env_knobs\.h$|third_party/)'
+PATTERN='"EMBER_[A-Za-z0-9_]*|"progress/|"worker_exit/|"exit/|"stop"|"failure"|fr/dump_request|/attempt/|/files/'
+
+# file <TAB> literal <TAB> why it is not the job contract's
+EXCEPTIONS=$(cat <<'LIST'
+launcher/emberctl.cc	"EMBER_ADDRESS	emberctl's own client settings (docs/operations.md), not the worker's
+launcher/emberctl.cc	"EMBER_TOKEN_FILE	emberctl's own client settings, not the worker's
+launcher/emberctl.cc	"EMBER_TLS_CA	emberctl's own client settings (same names as the worker's, read by emberctl)
+launcher/emberctl.cc	"EMBER_TLS_CERT	emberctl's own client settings
+launcher/emberctl.cc	"EMBER_TLS_KEY	emberctl's own client settings
+launcher/emberctl.cc	"EMBER_DEBUG	emberctl's log level
+launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone` starts
+runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has
+LIST
+)
+
+hits=$(
+  git ls-files --cached --others --exclude-standard -- '*.cc' '*.h' | grep -Ev "$HOMES" |
+    xargs -r awk -v pat="$PATTERN" '
+      # The line without its // comment (a // inside a string literal does not start one).
+      function code(s,    i, c, q, out) {
+        q = 0; out = ""
+        for (i = 1; i <= length(s); i++) {
+          c = substr(s, i, 1)
+          if (q) { if (c == "\\") { out = out c substr(s, i + 1, 1); i++; continue } if (c == "\"") q = 0 }
+          else if (c == "\"") q = 1
+          else if (c == "/" && substr(s, i + 1, 1) == "/") break
+          out = out c
+        }
+        return out
+      }
+      {
+        s = code($0)
+        while (match(s, pat)) {
+          printf "%s\t%s\t%d\n", FILENAME, substr(s, RSTART, RLENGTH), FNR
+          s = substr(s, RSTART + RLENGTH)
+        }
+      }'
+)
+
+violations=$(awk -F'\t' -v ex="$EXCEPTIONS" '
+  BEGIN { n = split(ex, rows, "\n"); for (i = 1; i <= n; i++) { split(rows[i], f, "\t"); ok[f[1] "\t" f[2]] = 1 } }
+  NF >= 3 && !(($1 "\t" $2) in ok) { printf "%s:%s: %s" "\n", $1, $3, $2 }
+' <<<"$hits")
+
+if [ -n "$violations" ]; then
+  echo "$violations"
+  echo "check_contract: $(wc -l <<<"$violations") literal(s) of the job contract outside runtime/job" \
+       "(use job::kEnv*/job::keys:: from runtime/job, comm::kEnv* from runtime/comm/env_knobs.h, or" \
+       "list the exception with its reason in tools/check_contract.sh)"
+  exit 1
+fi
+echo "check_contract: OK ($(grep -c . <<<"$hits") listed exception(s) in use)"
