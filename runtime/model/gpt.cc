@@ -402,23 +402,60 @@ absl::StatusOr<float> Gpt::Loss(const ExecContext& ctx, const int32_t* tokens,
   return Run(ctx, tokens, targets, B, T, /*backward=*/false);
 }
 
-absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
-                               const int32_t* targets, int64_t B, int64_t T, bool backward) {
-  const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab_size;
-  if (B <= 0 || T <= 0 || T > cfg_.context)
-    return absl::InvalidArgumentError(absl::StrCat("batch ", B, "x", T, " vs context ", cfg_.context));
+absl::Status EmbedForward(const ExecContext& ctx, const GptConfig& cfg, const float* wte,
+                          const float* wpe, const int32_t* tokens, int64_t B, int64_t T, float* x) {
+  const int64_t N = B * T, C = cfg.d_model, V = cfg.vocab_size;
+  if (B <= 0 || T <= 0 || T > cfg.context)
+    return absl::InvalidArgumentError(absl::StrCat("batch ", B, "x", T, " vs context ", cfg.context));
   for (int64_t n = 0; n < N; ++n)
     if (tokens[n] < 0 || tokens[n] >= V)
       return absl::InvalidArgumentError(absl::StrCat("token ", tokens[n], " at ", n, " outside [0, ", V, ")"));
+  std::vector<int32_t> pos(N);
+  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
+  kernels::EmbeddingForward(ctx, tokens, N, wte, C, x, false);
+  kernels::EmbeddingForward(ctx, pos.data(), N, wpe, C, x, true);
+  return absl::OkStatus();
+}
+
+void EmbedBackward(const ExecContext& ctx, const GptConfig& cfg, const int32_t* tokens, int64_t B,
+                   int64_t T, const float* dx, float* g_wte, float* g_wpe) {
+  const int64_t N = B * T, C = cfg.d_model;
+  std::vector<int32_t> pos(N);
+  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
+  kernels::EmbeddingBackward(ctx, tokens, N, dx, C, g_wte);
+  kernels::EmbeddingBackward(ctx, pos.data(), N, dx, C, g_wpe);
+}
+
+absl::StatusOr<float> HeadLoss(const ExecContext& ctx, const GptConfig& cfg, const float* w_lnf,
+                               const float* wte, const float* x, const int32_t* targets, int64_t B,
+                               int64_t T, float dloss, Tensor* dx, float* g_lnf, float* g_wte) {
+  const int64_t N = B * T, C = cfg.d_model, V = cfg.vocab_size;
+  const bool backward = dx != nullptr;
+  Tensor y = F32({N, C}), rstd = F32({N});
+  kernels::RmsNormForward(ctx, x, w_lnf, N, C, cfg.norm_eps, y.data<float>(), rstd.data<float>());
+  Tensor dy = backward ? F32({N, C}) : Tensor();
+  ASSIGN_OR_RETURN(kernels::LceResult lce,
+                   kernels::FusedLinearCrossEntropy(ctx, cfg.loss, y.data<float>(), wte, targets, N, C, V,
+                                                    backward ? dy.data<float>() : nullptr,
+                                                    backward ? g_wte : nullptr, dloss));
+  if (backward) {
+    y.Reset();
+    *dx = F32({N, C});
+    kernels::RmsNormBackward(ctx, x, w_lnf, rstd.data<float>(), dy.data<float>(), N, C,
+                             dx->data<float>(), g_lnf);
+  }
+  return static_cast<float>(lce.loss);
+}
+
+absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
+                               const int32_t* targets, int64_t B, int64_t T, bool backward) {
+  const int64_t N = B * T, C = cfg_.d_model;
   const int64_t base = kernels::MemoryStats::live_bytes();
   kernels::MemoryStats::ResetPeak();
   const int wte = 0, wpe = 1, lnf = static_cast<int>(specs_.size()) - 1;
-  std::vector<int32_t> pos(N);
-  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
 
   Tensor x = F32({N, C});
-  kernels::EmbeddingForward(ctx, tokens, N, param(wte), C, x.data<float>(), false);
-  kernels::EmbeddingForward(ctx, pos.data(), N, param(wpe), C, x.data<float>(), true);
+  RETURN_IF_ERROR(EmbedForward(ctx, cfg_, param(wte), param(wpe), tokens, B, T, x.data<float>()));
   std::vector<BlockActivationsPtr> acts(blocks_.size());
   auto weights = [&](size_t l) {
     std::vector<const float*> w;
@@ -429,31 +466,21 @@ absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
     ASSIGN_OR_RETURN(acts[l], blocks_[l].Forward(ctx, weights(l), x.data<float>(), x.data<float>(), B, T));
     if (!backward) acts[l].reset();
   }
-  Tensor y = F32({N, C}), rstd = F32({N});
-  kernels::RmsNormForward(ctx, x.data<float>(), param(lnf), N, C, cfg_.norm_eps, y.data<float>(), rstd.data<float>());
-  Tensor dy = backward ? F32({N, C}) : Tensor();
-  ASSIGN_OR_RETURN(kernels::LceResult lce,
-                   kernels::FusedLinearCrossEntropy(ctx, cfg_.loss, y.data<float>(), param(wte), targets, N, C, V,
-                                                    backward ? dy.data<float>() : nullptr,
-                                                    backward ? grad(wte) : nullptr));
+  // dx becomes the gradient of the residual stream, flowing back through the blocks.
+  Tensor dx;
+  ASSIGN_OR_RETURN(float loss, HeadLoss(ctx, cfg_, param(lnf), param(wte), x.data<float>(), targets, B, T,
+                                        1.0f, backward ? &dx : nullptr, grad(lnf), grad(wte)));
   if (backward) {
-    y.Reset();
-    // x becomes the gradient of the residual stream, flowing back through the blocks.
-    Tensor dx = F32({N, C});
-    kernels::RmsNormBackward(ctx, x.data<float>(), param(lnf), rstd.data<float>(), dy.data<float>(), N, C,
-                             dx.data<float>(), grad(lnf));
     x.Reset();
-    dy.Reset();
     for (size_t l = blocks_.size(); l-- > 0;) {
       std::vector<float*> g;
       for (int i : block_param_index_[l]) g.push_back(grad(i));
       RETURN_IF_ERROR(blocks_[l].Backward(ctx, weights(l), g, std::move(acts[l]), dx.data<float>(), dx.data<float>()));
     }
-    kernels::EmbeddingBackward(ctx, tokens, N, dx.data<float>(), C, grad(wte));
-    kernels::EmbeddingBackward(ctx, pos.data(), N, dx.data<float>(), C, grad(wpe));
+    EmbedBackward(ctx, cfg_, tokens, B, T, dx.data<float>(), grad(wte), grad(wpe));
   }
   peak_activation_bytes_ = kernels::MemoryStats::peak_bytes() - base;
-  return static_cast<float>(lce.loss);
+  return loss;
 }
 
 // ---------------------------------------------------------------------------------------------

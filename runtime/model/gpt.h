@@ -116,6 +116,24 @@ class Block {
   const int64_t layer_;
 };
 
+// The ends of the model on caller-held parameters, for pipeline stages (runtime/pipeline): the
+// first stage embeds, the last one normalises and takes the loss. Gpt::Run is built from them.
+//
+// x[B*T,C] = wte[tokens] + wpe[t]. InvalidArgument for T > context or a token outside the vocab.
+absl::Status EmbedForward(const kernels::ExecContext& ctx, const GptConfig& cfg, const float* wte,
+                          const float* wpe, const int32_t* tokens, int64_t B, int64_t T, float* x);
+// Accumulates the embedding gradients of dx[B*T,C] into g_wte and g_wpe.
+void EmbedBackward(const kernels::ExecContext& ctx, const GptConfig& cfg, const int32_t* tokens,
+                   int64_t B, int64_t T, const float* dx, float* g_wte, float* g_wpe);
+// RMSNorm (ln_f) then the fused LM-head loss (head tied to wte) of x[B*T,C] against targets.
+// With dx != nullptr also the backward, scaled by dloss: *dx becomes a new [B*T,C] tensor, the
+// gradient w.r.t. x (allocated once the logits' workspace is gone), and g_lnf and g_wte are
+// accumulated. Returns the reduced loss (unscaled).
+absl::StatusOr<float> HeadLoss(const kernels::ExecContext& ctx, const GptConfig& cfg,
+                               const float* w_lnf, const float* wte, const float* x,
+                               const int32_t* targets, int64_t B, int64_t T, float dloss,
+                               kernels::Tensor* dx, float* g_lnf, float* g_wte);
+
 class Gpt {
  public:
   // Validates cfg, allocates parameters (initialised from seed) and zeroed gradients.

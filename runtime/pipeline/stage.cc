@@ -1,0 +1,301 @@
+#include "runtime/pipeline/stage.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
+
+namespace ember::pipeline {
+
+struct PipelineGpt::StageState {
+  int stage = 0;
+  std::vector<model::Block> blocks;
+  std::vector<std::vector<int64_t>> offsets;  // per block: its parameters' offsets, in spec order
+};
+
+namespace {
+
+using Key = std::tuple<int, int, int>;
+Key KeyOf(ActionType t, int stage, int mb) { return {static_cast<int>(t), stage, mb}; }
+
+Action Make(ActionType t, int stage, int mb) {
+  Action a{t};
+  a.stage = stage;
+  a.micro_batch = mb;
+  return a;
+}
+
+}  // namespace
+
+PipelineGpt::~PipelineGpt() = default;
+
+absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
+    const model::GptConfig& cfg, uint64_t seed, const Schedule& schedule, comm::ProcessGroup* pg,
+    int64_t micro_batch_size, int64_t T, PipelineOptions options) {
+  RETURN_IF_ERROR(cfg.Validate());
+  RETURN_IF_ERROR(ValidateLayout(schedule.options));
+  const int S = schedule.options.stages, R = schedule.options.ranks;
+  if (cfg.n_layer % S != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: n_layer (", cfg.n_layer, ") is not divisible by ", S,
+        " stages; use a multiple of ", S, " layers or another stage count"));
+  }
+  if (micro_batch_size <= 0 || T <= 0 || T > cfg.context) {
+    return absl::InvalidArgumentError(absl::StrCat("pipeline: micro-batch ", micro_batch_size,
+                                                   " x ", T, " vs context ", cfg.context));
+  }
+  if (pg == nullptr || pg->size() != R) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: the process group has ", pg ? pg->size() : 0, " ranks, the schedule ", R));
+  }
+  std::unique_ptr<PipelineGpt> p(new PipelineGpt());
+  p->cfg_ = cfg;
+  p->schedule_ = schedule;
+  p->pg_ = pg;
+  p->rank_ = pg->rank();
+  p->mbs_ = micro_batch_size;
+  p->T_ = T;
+  p->N_ = micro_batch_size * T;
+  p->opts_ = options;
+
+  // Parameter layout of this rank: [wte, wpe] if it holds stage 0, its stages' blocks, then
+  // [ln_f, wte] if it holds the last stage (wte once per rank).
+  const std::vector<model::ParamSpec> all = model::ParamSpecs(cfg);
+  std::vector<std::pair<model::ParamSpec, int64_t>> layout;
+  int64_t total = 0;
+  auto add = [&](const model::ParamSpec& spec) {
+    layout.emplace_back(spec, total);
+    total += spec.numel();
+    return layout.back().second;
+  };
+  const int first_rank = schedule.RankOfStage(0), last_rank = schedule.RankOfStage(S - 1);
+  if (p->rank_ == first_rank) {
+    p->wte_ = add(all[0]);
+    p->wpe_ = add(all[1]);
+  }
+  const int64_t per_stage = cfg.n_layer / S;
+  for (int st = p->rank_; st < S; st += R) {
+    auto ss = std::make_unique<StageState>();
+    ss->stage = st;
+    for (int64_t l = st * per_stage; l < (st + 1) * per_stage; ++l) {
+      ss->blocks.emplace_back(cfg, l);
+      std::vector<int64_t> offs;
+      for (const model::ParamSpec& spec : model::BlockParamSpecs(cfg, l)) offs.push_back(add(spec));
+      ss->offsets.push_back(std::move(offs));
+    }
+    p->stage_ids_.push_back(st);
+    p->local_stages_.push_back(std::move(ss));
+  }
+  if (p->rank_ == last_rank) {
+    p->lnf_ = add(all.back());
+    if (p->wte_ < 0) p->wte_ = add(all[0]);
+  }
+  p->params_.assign(total, 0.0f);
+  for (const auto& [spec, off] : layout) model::InitParam(spec, seed, 0, spec.numel(), p->P(off));
+  p->grads_.assign(total, 0.0f);
+  p->adam_m_.assign(total, 0.0f);
+  p->adam_v_.assign(total, 0.0f);
+
+  if (first_rank != last_rank) {
+    ASSIGN_OR_RETURN(p->tied_, pg->NewGroup({first_rank, last_rank}));
+  }
+  ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * cfg.d_model,
+                                                options.pool));
+  return p;
+}
+
+PipelineGpt::StageState& PipelineGpt::Local(int stage) {
+  return *local_stages_[stage / schedule_.options.ranks];
+}
+
+absl::StatusOr<const float*> PipelineGpt::Received(const Action& recv) {
+  auto it = recvs_.find(KeyOf(recv.type, recv.stage, recv.micro_batch));
+  if (it == recvs_.end()) {
+    return absl::InternalError(absl::StrCat("no receive posted for ", ActionToString(recv)));
+  }
+  absl::Status st = it->second.first->Wait(opts_.timeout);
+  const float* buf = it->second.second;
+  recvs_.erase(it);
+  RETURN_IF_ERROR(base::Annotate(st, absl::StrCat("receive for ", ActionToString(recv))));
+  return buf;
+}
+
+absl::StatusOr<float*> PipelineGpt::OutputFor(ActionType send_type, int stage, int mb,
+                                              int peer_stage) {
+  const int64_t n = N_ * cfg_.d_model;
+  if (schedule_.RankOfStage(peer_stage) == rank_) {
+    std::vector<float>& v = handover_[KeyOf(send_type, stage, mb)];
+    v.resize(n);
+    return v.data();
+  }
+  Action send = Make(send_type, stage, mb);
+  send.peer = schedule_.RankOfStage(peer_stage);
+  const bool grad = send_type == ActionType::kSendGrad;
+  send.tag = MessageTag(grad ? stage - 1 : stage, mb, schedule_.options.micro_batches, grad);
+  ASSIGN_OR_RETURN(float* buf, pool_->AcquireSend(send));
+  outputs_[KeyOf(send_type, stage, mb)] = buf;
+  return buf;
+}
+
+absl::Status PipelineGpt::Forward(const kernels::ExecContext& ctx, const Action& a,
+                                  const int32_t* tokens, const int32_t* targets) {
+  const int s = a.stage, mb = a.micro_batch, S = schedule_.options.stages;
+  const int64_t n = N_ * cfg_.d_model;
+  StageState& ss = Local(s);
+  std::vector<float> x(n);
+  if (s == 0) {
+    RETURN_IF_ERROR(model::EmbedForward(ctx, cfg_, P(wte_), P(wpe_), tokens + mb * N_, mbs_, T_,
+                                        x.data()));
+  } else if (schedule_.RankOfStage(s - 1) == rank_) {
+    auto it = handover_.find(KeyOf(ActionType::kSendActivation, s - 1, mb));
+    if (it == handover_.end()) return absl::InternalError("stage input was never produced");
+    x = std::move(it->second);
+    handover_.erase(it);
+  } else {
+    ASSIGN_OR_RETURN(const float* in, Received(Make(ActionType::kRecvActivation, s, mb)));
+    std::memcpy(x.data(), in, n * sizeof(float));
+  }
+  std::vector<model::BlockActivationsPtr>& acts = acts_[{s, mb}];
+  for (size_t i = 0; i < ss.blocks.size(); ++i) {
+    std::vector<const float*> w;
+    for (int64_t off : ss.offsets[i]) w.push_back(P(off));
+    ASSIGN_OR_RETURN(model::BlockActivationsPtr act,
+                     ss.blocks[i].Forward(ctx, w, x.data(), x.data(), mbs_, T_));
+    acts.push_back(std::move(act));
+  }
+  if (s == S - 1) {
+    const int M = schedule_.options.micro_batches;
+    ASSIGN_OR_RETURN(float loss, model::HeadLoss(ctx, cfg_, P(lnf_), P(wte_), x.data(),
+                                                 targets + mb * N_, mbs_, T_, 1.0f / M,
+                                                 &head_dx_[mb], G(lnf_), G(wte_)));
+    loss_sum_ += static_cast<double>(loss) / M;
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(float* out, OutputFor(ActionType::kSendActivation, s, mb, s + 1));
+  std::memcpy(out, x.data(), n * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action& a,
+                                   const int32_t* tokens) {
+  const int s = a.stage, mb = a.micro_batch, S = schedule_.options.stages;
+  const int64_t n = N_ * cfg_.d_model;
+  StageState& ss = Local(s);
+  std::vector<float> dx(n);
+  if (s == S - 1) {
+    auto it = head_dx_.find(mb);
+    if (it == head_dx_.end()) return absl::InternalError("backward before the loss");
+    std::memcpy(dx.data(), it->second.data<float>(), n * sizeof(float));
+    head_dx_.erase(it);
+  } else if (schedule_.RankOfStage(s + 1) == rank_) {
+    auto it = handover_.find(KeyOf(ActionType::kSendGrad, s + 1, mb));
+    if (it == handover_.end()) return absl::InternalError("output gradient was never produced");
+    dx = std::move(it->second);
+    handover_.erase(it);
+  } else {
+    ASSIGN_OR_RETURN(const float* in, Received(Make(ActionType::kRecvGrad, s, mb)));
+    std::memcpy(dx.data(), in, n * sizeof(float));
+  }
+  auto acts = acts_.find({s, mb});
+  if (acts == acts_.end()) return absl::InternalError("backward before its forward");
+  for (size_t i = ss.blocks.size(); i-- > 0;) {
+    std::vector<const float*> w;
+    std::vector<float*> g;
+    for (int64_t off : ss.offsets[i]) {
+      w.push_back(P(off));
+      g.push_back(G(off));
+    }
+    RETURN_IF_ERROR(ss.blocks[i].Backward(ctx, w, g, std::move(acts->second[i]), dx.data(),
+                                          dx.data()));
+  }
+  acts_.erase(acts);
+  if (s == 0) {
+    model::EmbedBackward(ctx, cfg_, tokens + mb * N_, mbs_, T_, dx.data(), G(wte_), G(wpe_));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(float* out, OutputFor(ActionType::kSendGrad, s, mb, s - 1));
+  std::memcpy(out, dx.data(), n * sizeof(float));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const int32_t* tokens,
+                                         const int32_t* targets) {
+  RETURN_IF_ERROR(pool_->BeginStep());
+  loss_sum_ = 0;
+  const size_t n = static_cast<size_t>(N_ * cfg_.d_model);
+  comm::OpOptions op;
+  op.timeout = opts_.timeout;
+  for (const Action& a : schedule_.ranks[rank_]) {
+    absl::Status st;
+    switch (a.type) {
+      case ActionType::kRecvActivation:
+      case ActionType::kRecvGrad: {
+        absl::StatusOr<float*> buf = pool_->AcquireRecv(a);
+        if (!buf.ok()) {
+          st = buf.status();
+          break;
+        }
+        recvs_[KeyOf(a.type, a.stage, a.micro_batch)] = {
+            pg_->Recv(*buf, n, comm::DataType::kF32, a.peer, a.tag, op), *buf};
+        break;
+      }
+      case ActionType::kSendActivation:
+      case ActionType::kSendGrad: {
+        auto it = outputs_.find(KeyOf(a.type, a.stage, a.micro_batch));
+        if (it == outputs_.end()) {
+          st = absl::InternalError("nothing computed to send");
+          break;
+        }
+        std::shared_ptr<comm::Work> w =
+            pg_->Send(it->second, n, comm::DataType::kF32, a.peer, a.tag, op);
+        outputs_.erase(it);
+        st = pool_->HoldUntilSent(a, std::move(w));
+        break;
+      }
+      case ActionType::kForward:
+        st = Forward(ctx, a, tokens, targets);
+        if (st.ok()) st = pool_->AfterCompute(a);
+        break;
+      case ActionType::kBackward:
+      case ActionType::kBackwardInput:
+        st = Backward(ctx, a, tokens);
+        if (st.ok()) st = pool_->AfterCompute(a);
+        break;
+      case ActionType::kBackwardWeight:  // the fused backward ran at BackwardInput
+        st = pool_->AfterCompute(a);
+        break;
+      case ActionType::kReduceGrad:  // no data-parallel reduction yet (stage.h)
+        break;
+      case ActionType::kOptimizer:
+        if (tied_) {
+          st = tied_->AllReduce(G(wte_), cfg_.vocab_size * cfg_.d_model, comm::DataType::kF32,
+                                comm::ReduceOp::kSum, op)
+                   ->Wait(opts_.timeout);
+          st = base::Annotate(st, "tied-embedding gradient all-reduce");
+        }
+        if (st.ok()) {
+          ++adam_step_;
+          kernels::AdamWStep(ctx, opts_.adamw, adam_step_, params_.data(), grads_.data(),
+                             adam_m_.data(), adam_v_.data(), num_params());
+          std::fill(grads_.begin(), grads_.end(), 0.0f);
+        }
+        break;
+    }
+    RETURN_IF_ERROR(base::Annotate(
+        st, absl::StrCat("pipeline rank ", rank_, " at ", ActionToString(a))));
+  }
+  RETURN_IF_ERROR(pool_->EndStep(opts_.timeout));
+  if (!recvs_.empty() || !outputs_.empty() || !handover_.empty() || !acts_.empty() ||
+      !head_dx_.empty()) {
+    return absl::InternalError(absl::StrCat("pipeline rank ", rank_,
+                                            ": the step left data behind (a schedule bug)"));
+  }
+  double loss = loss_sum_;
+  RETURN_IF_ERROR(pg_->Broadcast(&loss, 1, comm::DataType::kF64,
+                                 schedule_.RankOfStage(schedule_.options.stages - 1), op)
+                      ->Wait(opts_.timeout));
+  return loss;
+}
+
+}  // namespace ember::pipeline

@@ -1,0 +1,237 @@
+// Pipelined GPT against the unpipelined model: each schedule runs as 1, 2 or 4 real processes (fork, file
+// rendezvous, the cpu backend over loopback TCP/shm) for 20 AdamW steps and must give the same
+// per-step losses as model::Gpt on the same data within 1e-5 relative (fp32, deterministic
+// kernels). Children that hang are killed after a deadline, so the test always terminates.
+#include "runtime/pipeline/stage.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/comm/rendezvous.h"
+
+namespace ember::pipeline {
+namespace {
+
+constexpr int kSteps = 20, kMicroBatches = 4, kMbs = 2, kT = 16;
+constexpr uint64_t kSeed = 7;
+
+model::GptConfig Config() {
+  model::GptConfig c;
+  c.vocab_size = 67;
+  c.context = 19;
+  c.n_layer = 4;
+  c.n_head = 3;
+  c.d_model = 36;
+  return c;
+}
+
+kernels::AdamWOptions Adam() {
+  kernels::AdamWOptions o;
+  o.lr = 3e-3f;
+  o.weight_decay = 0.1f;
+  o.eps = 1e-3f;  // comparable to the gradients, so a wrongly scaled gradient changes the step
+  return o;
+}
+
+// Step s's batch: kMicroBatches * kMbs sequences with a learnable pattern.
+void Batch(int s, std::vector<int32_t>* tok, std::vector<int32_t>* tgt) {
+  const int rows = kMicroBatches * kMbs, V = static_cast<int>(Config().vocab_size);
+  tok->assign(rows * kT, 0);
+  tgt->assign(rows * kT, 0);
+  uint64_t x = 99991 + s * 7919;
+  for (int b = 0; b < rows; ++b) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    int32_t t = static_cast<int32_t>((x >> 33) % V);
+    for (int i = 0; i < kT; ++i) {
+      (*tok)[b * kT + i] = t;
+      t = (t * 5 + 3) % V;
+      (*tgt)[b * kT + i] = t;
+    }
+  }
+}
+
+std::string TempDir(const std::string& tag) {
+  const char* d = getenv("TEST_TMPDIR");
+  static int n = 0;
+  std::string dir = absl::StrCat(d ? d : "/tmp", "/", tag, "-", getpid(), "-", n++);
+  mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+// Body of one rank process: returns "" and fills `losses`, or the error.
+std::string RunRank(const ScheduleOptions& so, int rank, const std::string& dir,
+                    std::vector<double>* losses) {
+  auto rdzv = comm::MakeFileRendezvous(dir + "/rdzv");
+  comm::GroupOptions go;
+  go.timeout = absl::Seconds(60);
+  go.bootstrap_timeout = absl::Seconds(30);
+  auto pg = comm::ProcessGroup::Create(rdzv, rank, so.ranks, go);
+  if (!pg.ok()) return pg.status().ToString();
+  auto s = BuildSchedule(so);
+  if (!s.ok()) return s.status().ToString();
+  PipelineOptions po;
+  po.adamw = Adam();
+  po.timeout = absl::Seconds(60);
+  auto stage = PipelineGpt::Create(Config(), kSeed, *s, pg->get(), kMbs, kT, po);
+  if (!stage.ok()) return stage.status().ToString();
+  kernels::ThreadPool pool(1);
+  kernels::ExecContext ctx{&pool, true};
+  std::vector<int32_t> tok, tgt;
+  for (int step = 0; step < kSteps; ++step) {
+    Batch(step, &tok, &tgt);
+    auto loss = (*stage)->Step(ctx, tok.data(), tgt.data());
+    if (!loss.ok()) return loss.status().ToString();
+    if ((*stage)->pool().live_buffers() != 0) {
+      return absl::StrCat("rank ", rank, ": ", (*stage)->pool().live_buffers(),
+                          " buffers live after step ", step);
+    }
+    losses->push_back(*loss);
+  }
+  return "";
+}
+
+// Forks one process per rank (nothing in this process has started threads yet); each writes
+// "ok <losses...>" or "error <message>" to dir/rank-<r>. Kills every child after 120 s.
+std::vector<std::string> RunProcesses(const ScheduleOptions& so) {
+  const std::string dir = TempDir(std::string(ScheduleKindName(so.kind)));
+  std::vector<pid_t> pids;
+  for (int r = 0; r < so.ranks; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      std::vector<double> losses;
+      std::string err = RunRank(so, r, dir, &losses);
+      std::ofstream out(absl::StrCat(dir, "/rank-", r));
+      if (err.empty()) {
+        out << "ok";  // the losses go to rank-<r>.bin at full precision
+        out.close();
+        std::ofstream bin(absl::StrCat(dir, "/rank-", r, ".bin"), std::ios::binary);
+        bin.write(reinterpret_cast<const char*>(losses.data()), losses.size() * sizeof(double));
+      } else {
+        out << "error " << err;
+      }
+      out.flush();
+      _exit(err.empty() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  std::vector<int> status(pids.size(), -1);
+  for (size_t left = pids.size(); left > 0;) {
+    for (size_t r = 0; r < pids.size(); ++r) {
+      int st;
+      if (status[r] == -1 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        status[r] = st;
+        --left;
+      }
+    }
+    if (left > 0 && std::chrono::steady_clock::now() > deadline) {
+      for (size_t r = 0; r < pids.size(); ++r)
+        if (status[r] == -1) {
+          kill(pids[r], SIGKILL);
+          waitpid(pids[r], &status[r], 0);
+        }
+      return {"timed out (children killed)"};
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  std::vector<std::string> out;
+  for (int r = 0; r < so.ranks; ++r) {
+    std::ifstream in(absl::StrCat(dir, "/rank-", r));
+    std::stringstream ss;
+    ss << in.rdbuf();
+    out.push_back(ss.str());
+  }
+  out.push_back(dir);
+  return out;
+}
+
+std::vector<double> ReadLosses(const std::string& dir, int rank) {
+  std::ifstream bin(absl::StrCat(dir, "/rank-", rank, ".bin"), std::ios::binary);
+  std::vector<double> l(kSteps, NAN);
+  bin.read(reinterpret_cast<char*>(l.data()), kSteps * sizeof(double));
+  return l;
+}
+
+std::vector<double> Unpipelined() {
+  auto m = model::Gpt::Create(Config(), kSeed);
+  REQUIRE(m.ok());
+  model::AdamW adam(Adam(), (*m)->num_params());
+  kernels::ThreadPool pool(1);
+  kernels::ExecContext ctx{&pool, true};
+  std::vector<double> losses;
+  std::vector<int32_t> tok, tgt;
+  for (int step = 0; step < kSteps; ++step) {
+    Batch(step, &tok, &tgt);
+    (*m)->ZeroGrad();
+    auto l = (*m)->ForwardBackward(ctx, tok.data(), tgt.data(), kMicroBatches * kMbs, kT);
+    REQUIRE(l.ok());
+    losses.push_back(*l);
+    adam.Step(ctx, **m);
+  }
+  return losses;
+}
+
+TEST_CASE("1-, 2- and 4-process pipelines give the unpipelined losses") {
+  // Children first: this process starts no threads before forking.
+  struct Run {
+    ScheduleOptions so;
+    std::vector<std::string> out;
+  };
+  std::vector<Run> runs = {
+      {{ScheduleKind::kGPipe, 2, 2, kMicroBatches}, {}},
+      {{ScheduleKind::k1F1B, 2, 2, kMicroBatches}, {}},
+      {{ScheduleKind::kInterleaved1F1B, 4, 2, kMicroBatches}, {}},
+      {{ScheduleKind::kZBH1, 2, 2, kMicroBatches}, {}},
+      {{ScheduleKind::kGPipe, 4, 4, kMicroBatches}, {}},
+      {{ScheduleKind::k1F1B, 4, 4, kMicroBatches}, {}},
+      // One process: stages hand over in memory.
+      {{ScheduleKind::kInterleaved1F1B, 2, 1, kMicroBatches}, {}},
+  };
+  for (Run& r : runs) r.out = RunProcesses(r.so);
+  const std::vector<double> want = Unpipelined();
+  REQUIRE(want[kSteps - 1] < want[0]);  // it learns
+  for (const Run& r : runs) {
+    INFO(ScheduleKindName(r.so.kind) << " stages=" << r.so.stages << " ranks=" << r.so.ranks);
+    REQUIRE(r.out.size() == static_cast<size_t>(r.so.ranks) + 1);
+    for (int rank = 0; rank < r.so.ranks; ++rank) {
+      INFO("rank " << rank << ": " << r.out[rank]);
+      REQUIRE(r.out[rank].rfind("ok", 0) == 0);
+      std::vector<double> got = ReadLosses(r.out.back(), rank);
+      for (int s = 0; s < kSteps; ++s) {
+        INFO("step " << s << " got " << got[s] << " want " << want[s]);
+        CHECK(std::abs(got[s] - want[s]) <= 1e-5 * std::abs(want[s]));
+      }
+    }
+  }
+}
+
+TEST_CASE("layouts the model cannot split are refused naming the numbers") {
+  auto s = BuildSchedule({ScheduleKind::k1F1B, 2, 2, 2});
+  REQUIRE(s.ok());
+  model::GptConfig c = Config();
+  c.n_layer = 3;
+  auto p = PipelineGpt::Create(c, 1, *s, nullptr, 1, 8);
+  REQUIRE(!p.ok());
+  CHECK(p.status().message() ==
+        "pipeline: n_layer (3) is not divisible by 2 stages; use a multiple of 2 layers or "
+        "another stage count");
+  p = PipelineGpt::Create(Config(), 1, *s, nullptr, 1, 8);
+  REQUIRE(!p.ok());
+  CHECK(p.status().message() == "pipeline: the process group has 0 ranks, the schedule 2");
+}
+
+}  // namespace
+}  // namespace ember::pipeline
