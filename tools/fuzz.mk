@@ -9,7 +9,7 @@ LDLIBS := -Wl,--as-needed $(shell pkg-config --libs grpc++) $(ABSL) -lxxhash -ly
 
 CKPT := checkpoint/fuzz_targets.cc checkpoint/safetensors.cc checkpoint/dtype.cc \
         checkpoint/file_util.cc checkpoint/format.cc checkpoint/checksum.cc runtime/base/json.cc \
-        runtime/base/status_macros.cc runtime/base/files.cc runtime/base/utf8.cc
+        runtime/base/status_macros.cc runtime/base/files.cc runtime/base/utf8.cc runtime/base/dtype.cc
 GEN := $(OUT)/gen/proto/job_spec.pb.cc $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
 SRC_safetensors := tests/fuzz/safetensors_fuzz.cc $(CKPT)
 SRC_checkpoint_metadata := tests/fuzz/checkpoint_metadata_fuzz.cc $(CKPT)
@@ -17,7 +17,8 @@ SRC_spec := tests/fuzz/spec_fuzz.cc runtime/jobspec/spec.cc runtime/base/status_
             $(OUT)/gen/proto/job_spec.pb.cc
 SRC_wal := tests/fuzz/wal_fuzz.cc runtime/store/wal.cc runtime/base/status_macros.cc
 SRC_fast_path := tests/fuzz/fast_path_fuzz.cc runtime/store/fast_path.cc \
-                 runtime/store/memory_backend.cc runtime/store/wal.cc runtime/base/status_macros.cc \
+                 runtime/store/memory_backend.cc runtime/store/state.cc runtime/store/wal.cc \
+                 runtime/store/wal_log.cc runtime/base/files.cc runtime/base/status_macros.cc \
                  runtime/base/clock.cc runtime/base/utf8.cc runtime/base/grpc_server.cc \
                  $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
 BINS := safetensors checkpoint_metadata spec wal fast_path

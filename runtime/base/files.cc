@@ -98,13 +98,10 @@ absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents
   };
   // Exactly `mode`, whatever the umask or the mode of a temporary left by a crash.
   if (::fchmod(fd, mode) != 0) return fail("chmod");
-  while (!contents.empty()) {
-    ssize_t w = ::write(fd, contents.data(), contents.size());
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      return fail("write");
-    }
-    contents.remove_prefix(static_cast<size_t>(w));
+  if (absl::Status s = WriteAll(fd, contents, tmp); !s.ok()) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return s;
   }
   if (::fsync(fd) != 0) return fail("fsync");
   if (::close(fd) != 0) {
@@ -135,6 +132,43 @@ absl::Status MakeDirs(const std::string& dir, mode_t mode) {
         absl::StrCat(dir, " exists and is not a directory (or a parent is not)"));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteAll(int fd, absl::string_view data, absl::string_view what) {
+  while (!data.empty()) {
+    ssize_t w = ::write(fd, data.data(), data.size());
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return ErrnoToStatus(errno, absl::StrCat("write ", what));
+    }
+    data.remove_prefix(static_cast<size_t>(w));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CopyFile(const std::string& from, const std::string& to, mode_t mode) {
+  ASSIGN_OR_RETURN(int in, OpenRegularFile(from));
+  int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
+  if (out < 0) {
+    int e = errno;
+    ::close(in);
+    return ErrnoToStatus(e, absl::StrCat("create ", to));
+  }
+  absl::Status s;
+  if (::fchmod(out, mode) != 0) s = ErrnoToStatus(errno, absl::StrCat("chmod ", to));
+  char buf[1 << 16];
+  while (s.ok()) {
+    ssize_t n = ::read(in, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) s = ErrnoToStatus(errno, absl::StrCat("read ", from));
+    if (n <= 0) break;
+    s = WriteAll(out, absl::string_view(buf, static_cast<size_t>(n)), to);
+  }
+  if (s.ok() && ::fsync(out) != 0) s = ErrnoToStatus(errno, absl::StrCat("fsync ", to));
+  ::close(in);
+  if (::close(out) != 0 && s.ok()) s = ErrnoToStatus(errno, absl::StrCat("close ", to));
+  if (!s.ok()) ::unlink(to.c_str());
+  return s;
 }
 
 }  // namespace ember::base

@@ -1,6 +1,7 @@
 // Files: reading input files safely (regular files only, so a FIFO, socket or device given as
 // input is refused at once with a clear error instead of blocking the caller forever or reading
-// without end), writing a file atomically and durably, and `mkdir -p`. Thread-safe (no shared
+// without end), writing a file atomically and durably, writing all of a buffer to a descriptor,
+// copying a file, and `mkdir -p`. Thread-safe (no shared
 // state; two writers of the same path at once must be serialised by the caller).
 //
 //   ASSIGN_OR_RETURN(std::string text, base::ReadRegularFile(path, /*max_size=*/1 << 20));
@@ -42,6 +43,15 @@ absl::Status SyncDir(const std::string& dir);
 // `mkdir -p`: creates `dir` and its missing parents with `mode` (existing directories keep their
 // mode). FAILED_PRECONDITION when `dir` (or a parent) exists and is not a directory.
 absl::Status MakeDirs(const std::string& dir, mode_t mode = 0755);
+
+// write(2) of all of `data` to `fd`, retrying short writes and EINTR: the streaming half of the
+// above, for files kept open (an append-only log). Errors say "write <what>".
+absl::Status WriteAll(int fd, absl::string_view data, absl::string_view what);
+
+// Copies the regular file `from` to the new file `to` (created with exactly `mode`; ALREADY_EXISTS
+// if it exists, so a copy never overwrites), streaming 64 KiB at a time, and fsyncs the copy.
+// Errors name the step and the path; a partial copy is removed.
+absl::Status CopyFile(const std::string& from, const std::string& to, mode_t mode = 0600);
 
 }  // namespace ember::base
 

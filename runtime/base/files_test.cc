@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <thread>
 
 namespace ember::base {
 namespace {
@@ -96,6 +97,51 @@ TEST_CASE("MakeDirs creates missing parents, accepts existing ones, refuses a fi
   CHECK(absl::IsFailedPrecondition(s));
   CHECK(s.message().find(d + "/file") != std::string::npos);
   CHECK(!MakeDirs(d + "/file/below").ok());
+}
+
+TEST_CASE("WriteAll writes every byte through a pipe that takes them in pieces") {
+  int p[2];
+  REQUIRE(pipe(p) == 0);
+  // 1 MiB through a pipe (64 KiB buffer): write(2) returns short counts while a reader drains it.
+  std::string data(1 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 7 + i / 251);
+  std::string got;
+  std::thread reader([&] {
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(p[0], buf, sizeof(buf))) > 0) got.append(buf, static_cast<size_t>(n));
+  });
+  absl::Status s = WriteAll(p[1], data, "the pipe");
+  close(p[1]);
+  reader.join();
+  close(p[0]);
+  REQUIRE(s.ok());
+  CHECK(got == data);
+  // A descriptor that cannot be written: the error names what was being written.
+  s = WriteAll(-1, "x", "wal.log");
+  CHECK(!s.ok());
+  CHECK(s.message().find("write wal.log") != std::string::npos);
+  CHECK(WriteAll(-1, "", "nothing").ok());  // nothing to write: no syscall, no error
+}
+
+TEST_CASE("CopyFile copies bytes and mode, and never overwrites") {
+  std::string d = TempDir();
+  std::string data(200000, 'a');  // several 64 KiB chunks plus a partial one
+  data[0] = 'x';
+  data[data.size() - 1] = 'z';
+  REQUIRE(WriteFileAtomic(d + "/from", data).ok());
+  REQUIRE(CopyFile(d + "/from", d + "/to", 0600).ok());
+  CHECK(ReadRegularFile(d + "/to", 1 << 20).value() == data);
+  struct stat st;
+  REQUIRE(stat((d + "/to").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  REQUIRE(WriteFileAtomic(d + "/other", "keep me").ok());
+  absl::Status s = CopyFile(d + "/from", d + "/other");
+  CHECK(absl::IsAlreadyExists(s));
+  CHECK(s.message().find(d + "/other") != std::string::npos);
+  CHECK(ReadRegularFile(d + "/other", 100).value() == "keep me");
+  CHECK(absl::IsNotFound(CopyFile(d + "/missing", d + "/to2")));
+  CHECK(stat((d + "/to2").c_str(), &st) != 0);
 }
 
 }  // namespace

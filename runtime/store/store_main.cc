@@ -20,13 +20,13 @@
 
 #include <csignal>
 #include <cstdio>
-#include <fstream>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/store.grpc.pb.h"
+#include "runtime/base/files.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/base/auth.h"
@@ -206,16 +206,15 @@ int main(int argc, char** argv) {
                nofile);
   std::printf("ember-store listening on %s\n", (*server)->address().c_str());
   std::fflush(stdout);
-  if (!absl::GetFlag(FLAGS_port_file).empty()) {
-    std::string tmp = absl::GetFlag(FLAGS_port_file) + ".tmp";
-    {
-      std::ofstream pf(tmp);
-      pf << (*server)->port() << "\n";
-    }
-    std::rename(tmp.c_str(), absl::GetFlag(FLAGS_port_file).c_str());
-  }
+  // Handlers first: whoever sees the port file may stop the store with SIGTERM at once.
   std::signal(SIGTERM, OnSignal);
   std::signal(SIGINT, OnSignal);
+  if (const std::string port_file = absl::GetFlag(FLAGS_port_file); !port_file.empty()) {
+    // Whole or absent: a reader polling for the file never sees a partial port number.
+    absl::Status s =
+        ember::base::WriteFileAtomic(port_file, absl::StrCat((*server)->port(), "\n"));
+    if (!s.ok()) spdlog::warn("ember-store: cannot write --port-file: {}", s.ToString());
+  }
   uint64_t watchdog_usec = 0;
   const bool watchdog = sd_watchdog_enabled(0, &watchdog_usec) > 0;
   const absl::Duration every =

@@ -96,39 +96,4 @@ absl::StatusOr<FramedFile> ReadFramedFile(const std::string& path) {
   return out;
 }
 
-absl::Status WriteAll(int fd, const std::string& data, const std::string& what) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = write(fd, data.data() + off, data.size() - off);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return base::ErrnoToStatus(errno, absl::StrCat("write ", what));
-    off += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                                 const std::string& data, int mode) {
-  std::string tmp = absl::StrCat(dir, "/", name, ".tmp");
-  std::string final_path = absl::StrCat(dir, "/", name);
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) return base::ErrnoToStatus(errno, absl::StrCat("create ", tmp));
-  absl::Status s = WriteAll(fd, data, tmp);
-  // O_CREAT's mode does not apply to a leftover .tmp from an older version.
-  if (s.ok() && fchmod(fd, mode) != 0) s = base::ErrnoToStatus(errno, absl::StrCat("chmod ", tmp));
-  if (s.ok() && fsync(fd) != 0) s = base::ErrnoToStatus(errno, absl::StrCat("fsync ", tmp));
-  close(fd);
-  RETURN_IF_ERROR(s);
-  if (rename(tmp.c_str(), final_path.c_str()) != 0) {
-    return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_path));
-  }
-  int dfd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd < 0) return base::ErrnoToStatus(errno, absl::StrCat("open dir ", dir));
-  int rc = fsync(dfd);
-  int e = errno;
-  close(dfd);
-  if (rc != 0) return base::ErrnoToStatus(e, absl::StrCat("fsync dir ", dir));
-  return absl::OkStatus();
-}
-
 }  // namespace ember::store

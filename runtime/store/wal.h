@@ -1,6 +1,7 @@
-// File helpers for the store's durable mode: length+crc framed records, atomic file replace.
-// Format: repeated { u32le length, u32le crc32 (zlib) of payload, payload }. See docs/store.md.
-// Thread-compatible (no shared state).
+// The framing of the store's files (wal.log, snapshot): length+crc framed records, and a reader
+// that tells a torn final record (a crash mid-append) from damage in the middle. WalLog
+// (wal_log.h) is the log built on it. Format: repeated { u32le length, u32le crc32 (zlib) of
+// payload, payload }. See docs/store.md. Thread-compatible (no shared state).
 #ifndef EMBER_RUNTIME_STORE_WAL_H_
 #define EMBER_RUNTIME_STORE_WAL_H_
 
@@ -33,14 +34,6 @@ struct FramedFile {
 // tail; a checksum mismatch with more bytes after it, or a bad record followed by a valid one, is
 // corruption (see FramedFile). Never fails for either; the caller decides.
 absl::StatusOr<FramedFile> ReadFramedFile(const std::string& path);
-
-// write() all of `data` to fd, retrying on EINTR/short writes.
-absl::Status WriteAll(int fd, const std::string& data, const std::string& what);
-
-// Writes dir/name via dir/name.tmp + fsync + rename + fsync(dir): readers see old or new, never
-// half. The file is created with `mode` (before umask).
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                                 const std::string& data, int mode = 0600);
 
 }  // namespace ember::store
 

@@ -1,7 +1,6 @@
 #include "runtime/worker/step_io.h"
 
 #include <sys/resource.h>
-#include <sys/stat.h>
 
 #include <cmath>
 
@@ -9,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "proto/jobs.pb.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/keys.h"
 #include "runtime/jobspec/pipeline_layout.h"
@@ -45,11 +45,6 @@ std::string Num(double v) {
 
 }  // namespace
 
-void MakeDirs(const std::string& path) {
-  for (size_t i = 1; i <= path.size(); ++i)
-    if (i == path.size() || path[i] == '/') mkdir(path.substr(0, i).c_str(), 0755);
-}
-
 double TokensPerStep(const Plan& plan) {
   const spec::JobSpec& s = plan.spec;
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(s);
@@ -62,7 +57,7 @@ Reporter::Reporter(const Plan& plan, store::Client& attempt, int64_t state_bytes
                    int64_t first_step)
     : plan_(plan), attempt_(attempt), state_bytes_(state_bytes), first_(first_step),
       start_(absl::Now()) {
-  MakeDirs(absl::StrCat(plan.env.job_dir, "/metrics"));
+  (void)base::MakeDirs(absl::StrCat(plan.env.job_dir, "/metrics"));  // best effort: open reports it
   metrics_.open(plan.metrics_path, std::ios::app);
 }
 
@@ -122,7 +117,7 @@ Checkpointer::Checkpointer(const Plan& plan, store::Client& attempt, SnapshotFn 
       options_{.root = plan.checkpoint_root, .rank = plan.env.rank, .world_size = plan.env.world_size,
                .keep_last = std::max(1, plan.spec.checkpoint().keep_last()),
                .commit_timeout = absl::Seconds(plan.spec.collective_timeout_s())} {
-  MakeDirs(plan.checkpoint_root);
+  (void)base::MakeDirs(plan.checkpoint_root);  // best effort: a failure shows at the first save
   if (plan.spec.checkpoint().async()) async_ = std::make_unique<ckpt::AsyncSaver>(options_, protocol_);
 }
 

@@ -75,9 +75,6 @@ class Checkpointer {
   std::unique_ptr<ckpt::AsyncSaver> async_;
 };
 
-// Directories of `path`, created as needed (errors ignored: the later open reports them).
-void MakeDirs(const std::string& path);
-
 }  // namespace ember::worker
 
 #endif  // EMBER_RUNTIME_WORKER_STEP_IO_H_

@@ -16,6 +16,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "proto/jobs.pb.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/comm/store_rendezvous.h"

@@ -1,0 +1,90 @@
+// Dialling the store's fast path (see client_fast.h).
+#include "runtime/store/client_fast.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "proto/store.pb.h"
+#include "runtime/store/client_framing.h"
+#include "runtime/store/fast_path_protocol.h"
+
+namespace ember::store::client_internal {
+namespace {
+
+bool IsLoopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
+  std::string host = options.address.substr(0, options.address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+  int fd = -1;
+  if (options.use_unix_socket && IsLoopback(host)) {
+    // Same host: the server's abstract Unix socket, if it has one (else TCP below).
+    sockaddr_un ua;
+    socklen_t ulen = FastPathUnixAddress(port, &ua);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&ua), ulen) != 0) {
+      close(fd);
+      fd = -1;
+    }
+  }
+  if (fd < 0) {
+    addrinfo hints{}, *res = nullptr;
+    hints.ai_socktype = SOCK_STREAM;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0 || !res) {
+      return absl::UnavailableError(absl::StrCat("cannot resolve store host '", host, "'"));
+    }
+    fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
+    int err = errno;
+    freeaddrinfo(res);
+    if (rc != 0) {
+      if (fd >= 0) close(fd);
+      return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
+                                                 ": ", strerror(err)));
+    }
+  }
+  // Keepalive finds a server host that vanished without closing the socket (then reconnect).
+  int one = 1, idle = 20, intvl = 5, cnt = 3;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  v1::RequestBatch hello;
+  hello.set_auth_token(options.auth_token);
+  std::string reply;
+  v1::ResponseBatch rb;
+  if (!SendAll(fd, FrameOf(hello)) || !ReadFrame(fd, &reply, 5000) ||
+      !rb.ParseFromString(reply)) {
+    close(fd);
+    return absl::UnavailableError("store fast path closed during the handshake");
+  }
+  if (rb.responses_size() > 0 && rb.responses(0).code() != 0) {
+    close(fd);
+    return absl::Status(static_cast<absl::StatusCode>(rb.responses(0).code()),
+                        rb.responses(0).message());
+  }
+  if (rb.responses_size() != 1 || rb.responses(0).message() != kFastPathHello) {
+    close(fd);
+    return absl::UnavailableError(
+        absl::StrCat("port ", port, " is not an ember-store fast path"));
+  }
+  timeval slice{0, kReadSliceMs * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
+  return fd;
+}
+
+}  // namespace ember::store::client_internal
