@@ -4,6 +4,7 @@
 //     uninterrupted run (deterministic mode);
 //   * a rank that hangs in a collective -> the watchdog fires, every rank dumps, the job's reason
 //     leads with the analyzer's verdict naming that rank and the op;
+//   * the same for a pipeline job (kill -9 of a stage rank);
 //   * a worker that always fails -> FAILED, not retried forever, the reason says why.
 // Every test bounds its waits and ends with no worker process left (/proc scan).
 #include <signal.h>
@@ -100,6 +101,55 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
   REQUIRE(done->progress().loss() == ref_done->progress().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
   WARN("kill -9 -> other ranks stopped in " << absl::FormatDuration(stopped));
+}
+
+TEST_CASE("kill -9 of a pipeline stage rank: restart from the checkpoint, same loss") {
+  auto cluster = RealCluster(1, 2);
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  // Two stages of one block, 1F1B over 4 micro-batches (docs/pipeline.md); cosine schedule with
+  // warmup, so a resumed step count or learning rate that is off changes the loss.
+  const std::string spec = absl::StrCat(
+      "name: rec-pp\n",
+      "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n",
+      "data: {text_path: data/tiny_corpus.txt}\n",
+      "optimizer: {name: adamw, lr: 0.003, schedule: cosine, warmup_steps: 4}\n",
+      "parallelism: {strategy: pipeline, world_size: 2, pipeline_stages: 2, "
+      "pipeline_schedule: 1f1b, pipeline_micro_batches: 4}\n",
+      "checkpoint: {dir: checkpoints, every_steps: 8, keep_last: 2}\n",
+      "resources: {device_type: cpu}\nsteps: 24\nbatch_size: 1\nseed: 1\nthreads: 1\n",
+      "log_every: 1\ndeterministic: true\nmax_restarts: 2\n");
+  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
+  auto ref = c->Submit(spec, "rec-pp-ref", files);
+  REQUIRE(ref.ok());
+  auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
+  REQUIRE(ref_done.ok());
+  INFO(ref_done->reason());
+  REQUIRE(ref_done->state() == v1::SUCCEEDED);
+  REQUIRE(ref_done->progress().step() == 24);
+
+  auto r = c->Submit(spec, "rec-pp-run", files);
+  REQUIRE(r.ok());
+  const std::string id = r->job().id();
+  REQUIRE(WaitFor([&] {
+    auto j = c->Get(id);
+    return j.ok() && j->progress().step() >= 11;
+  }, absl::Seconds(60)));
+  const pid_t victim = RankPid(id, 0, 1);  // the last stage
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+  auto done = c->Wait(id, absl::Seconds(90));
+  REQUIRE(done.ok());
+  INFO(done->reason());
+  REQUIRE(done->state() == v1::SUCCEEDED);
+  REQUIRE(done->attempts_size() == 2);
+  REQUIRE(absl::StartsWith(done->attempts(0).reason(), "rank 1 on "));
+  const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-0.log"));
+  REQUIRE(absl::StrContains(log, "resumed from"));
+  REQUIRE(done->progress().step() == 24);
+  REQUIRE(done->progress().loss() == ref_done->progress().loss());
+  REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }
 
 TEST_CASE("a hung rank: the watchdog fires, every rank dumps, the reason names rank and op") {
