@@ -10,6 +10,8 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -42,33 +44,41 @@ absl::StatusOr<std::unique_ptr<e2e::TestCluster>> RealCluster(
   return c;
 }
 
+// Runs `spec` (24 steps) uninterrupted as <name>-ref and returns that job, then submits it again
+// as <name>-run and kill -9s its rank 1 once it has passed step 11; *id is the second job.
+template <typename Client>
+auto RunRefThenKillRank1(Client& c, const std::string& spec, const std::string& name,
+                         std::string* id) {
+  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
+  auto ref = c.Submit(spec, name + "-ref", files);
+  REQUIRE(ref.ok());
+  auto ref_done = c.Wait(ref->job().id(), absl::Seconds(90));
+  REQUIRE(ref_done.ok());
+  INFO(ref_done->reason());
+  REQUIRE(ref_done->state() == v1::SUCCEEDED);
+  REQUIRE(ref_done->progress().step() == 24);
+  auto r = c.Submit(spec, name + "-run", files);
+  REQUIRE(r.ok());
+  *id = r->job().id();
+  REQUIRE(WaitFor([&] {
+    auto j = c.Get(*id);
+    return j.ok() && j->progress().step() >= 11;
+  }, absl::Seconds(60)));
+  const pid_t victim = RankPid(*id, 0, 1);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+  return *ref_done;
+}
+
 TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoint, same loss") {
   auto cluster = RealCluster(2, 2);
   REQUIRE(cluster.ok());
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());
   const std::string spec = TinySpec("rec-kill", 4, 24, 8, "max_restarts: 2\n");
-  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
-
-  // The reference: the same spec, uninterrupted.
-  auto ref = c->Submit(spec, "rec-kill-ref", files);
-  REQUIRE(ref.ok());
-  auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
-  REQUIRE(ref_done.ok());
-  INFO(ref_done->reason());
-  REQUIRE(ref_done->state() == v1::SUCCEEDED);
-  REQUIRE(ref_done->progress().step() == 24);
-
-  auto r = c->Submit(spec, "rec-kill-run", files);
-  REQUIRE(r.ok());
-  const std::string id = r->job().id();
-  REQUIRE(WaitFor([&] {
-    auto j = c->Get(id);
-    return j.ok() && j->progress().step() >= 11;
-  }, absl::Seconds(60)));
-  const pid_t victim = RankPid(id, 0, 1);
-  REQUIRE(victim > 0);
-  REQUIRE(kill(victim, SIGKILL) == 0);
+  // The reference: the same spec, uninterrupted; then the run whose rank 1 is killed.
+  std::string id;
+  const auto ref_done = RunRefThenKillRank1(*c, spec, "rec-kill", &id);
   const absl::Time t0 = absl::Now();
   // The other ranks stop within seconds (not a collective timeout: that is 600 s here).
   REQUIRE(WaitFor([&] {
@@ -98,7 +108,7 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
   REQUIRE(absl::StrContains(log, "resumed from"));
   // Deterministic mode: exactly the loss of the uninterrupted run.
   REQUIRE(done->progress().step() == 24);
-  REQUIRE(done->progress().loss() == ref_done->progress().loss());
+  REQUIRE(done->progress().loss() == ref_done.progress().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
   WARN("kill -9 -> other ranks stopped in " << absl::FormatDuration(stopped));
 }
@@ -120,25 +130,8 @@ TEST_CASE("kill -9 of a pipeline stage rank: restart from the checkpoint, same l
       "checkpoint: {dir: checkpoints, every_steps: 8, keep_last: 2}\n",
       "resources: {device_type: cpu}\nsteps: 24\nbatch_size: 1\nseed: 1\nthreads: 1\n",
       "log_every: 1\ndeterministic: true\nmax_restarts: 2\n");
-  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
-  auto ref = c->Submit(spec, "rec-pp-ref", files);
-  REQUIRE(ref.ok());
-  auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
-  REQUIRE(ref_done.ok());
-  INFO(ref_done->reason());
-  REQUIRE(ref_done->state() == v1::SUCCEEDED);
-  REQUIRE(ref_done->progress().step() == 24);
-
-  auto r = c->Submit(spec, "rec-pp-run", files);
-  REQUIRE(r.ok());
-  const std::string id = r->job().id();
-  REQUIRE(WaitFor([&] {
-    auto j = c->Get(id);
-    return j.ok() && j->progress().step() >= 11;
-  }, absl::Seconds(60)));
-  const pid_t victim = RankPid(id, 0, 1);  // the last stage
-  REQUIRE(victim > 0);
-  REQUIRE(kill(victim, SIGKILL) == 0);
+  std::string id;
+  const auto ref_done = RunRefThenKillRank1(*c, spec, "rec-pp", &id);  // rank 1: the last stage
   auto done = c->Wait(id, absl::Seconds(90));
   REQUIRE(done.ok());
   INFO(done->reason());
@@ -148,7 +141,7 @@ TEST_CASE("kill -9 of a pipeline stage rank: restart from the checkpoint, same l
   const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-0.log"));
   REQUIRE(absl::StrContains(log, "resumed from"));
   REQUIRE(done->progress().step() == 24);
-  REQUIRE(done->progress().loss() == ref_done->progress().loss());
+  REQUIRE(done->progress().loss() == ref_done.progress().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }
 
