@@ -115,7 +115,7 @@ absl::StatusOr<std::string> WriteRankFiles(const SaveOptions& opts, const RankSt
             [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
   RETURN_IF_ERROR(ValidateMetadata(m, /*complete=*/false));
   std::string manifest = SerializeMetadata(m);
-  RETURN_IF_ERROR(WriteFileAtomic(JoinPath(tmp, ManifestName(opts.rank)), manifest));
+  RETURN_IF_ERROR(base::WriteFileAtomic(JoinPath(tmp, ManifestName(opts.rank)), manifest, kFileMode));
   return HashHex(Xxh3(manifest));
 }
 
@@ -163,8 +163,8 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
     if (!keep.count(f)) RETURN_IF_ERROR(RemoveAll(JoinPath(tmp, f)));
   }
   // Metadata last: a directory without metadata.json is never a checkpoint.
-  RETURN_IF_ERROR(WriteFileAtomic(JoinPath(tmp, kMetadataFile), SerializeMetadata(all)));
-  RETURN_IF_ERROR(SyncDir(tmp));
+  RETURN_IF_ERROR(base::WriteFileAtomic(JoinPath(tmp, kMetadataFile), SerializeMetadata(all), kFileMode));
+  RETURN_IF_ERROR(base::SyncDir(tmp));
   const std::string final_dir = JoinPath(opts.root, StepDirName(st.step));
   if (PathExists(final_dir)) {
     // Re-saving a step: the run resumed from an older one (latest was lost or damaged, or a crash
@@ -181,8 +181,9 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
   }
-  RETURN_IF_ERROR(SyncDir(opts.root));
-  RETURN_IF_ERROR(WriteFileAtomic(JoinPath(opts.root, "latest"), StepDirName(st.step) + "\n"));
+  RETURN_IF_ERROR(base::SyncDir(opts.root));
+  RETURN_IF_ERROR(
+      base::WriteFileAtomic(JoinPath(opts.root, "latest"), StepDirName(st.step) + "\n", kFileMode));
   // Retention: keep the newest keep_last committed steps at or below this one. Steps above it were
   // left by a run that got further than this one resumed from: never deleted here. Temporary
   // directories of older steps (dead saves) go.
@@ -198,7 +199,7 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
     int64_t s;
     if (ParseStepDir(f, ".tmp-step-", &s) && s < st.step) RETURN_IF_ERROR(RemoveAll(JoinPath(opts.root, f)));
   }
-  return SyncDir(opts.root);
+  return base::SyncDir(opts.root);
 }
 
 }  // namespace
@@ -274,7 +275,7 @@ absl::Status SaveCheckpoint(const SaveOptions& opts, const RankState& st, Commit
   }
   const std::string tmp = JoinPath(opts.root, TmpDirName(st.step));
   absl::StatusOr<std::string> token = [&]() -> absl::StatusOr<std::string> {
-    RETURN_IF_ERROR(MakeDirs(tmp));
+    RETURN_IF_ERROR(base::MakeDirs(tmp, kDirMode));
     return WriteRankFiles(opts, st, tmp);
   }();
   if (!token.ok()) {

@@ -116,18 +116,18 @@ TEST_CASE("reshard on load: 4 -> 2, 2 -> 3, 1 -> 4, 3 -> 1", "[checkpoint]") {
 }
 
 TEST_CASE("dtype conversion on load: f32 <-> bf16, round to nearest even", "[checkpoint]") {
-  CHECK(F32ToBF16(1.0f) == 0x3f80);
+  CHECK(base::F32ToBf16(1.0f) == 0x3f80);
   float halfway;  // 1 + 2^-8: exactly between two bf16 values; ties to even (down)
   uint32_t u = 0x3f808000;
   std::memcpy(&halfway, &u, 4);
-  CHECK(F32ToBF16(halfway) == 0x3f80);
+  CHECK(base::F32ToBf16(halfway) == 0x3f80);
   u = 0x3f818000;  // odd mantissa, tie: rounds up to even
   std::memcpy(&halfway, &u, 4);
-  CHECK(F32ToBF16(halfway) == 0x3f82);
+  CHECK(base::F32ToBf16(halfway) == 0x3f82);
   u = 0x3f808001;
   std::memcpy(&halfway, &u, 4);
-  CHECK(F32ToBF16(halfway) == 0x3f81);
-  CHECK((F32ToBF16(std::nanf("")) & 0x7fc0) == 0x7fc0);
+  CHECK(base::F32ToBf16(halfway) == 0x3f81);
+  CHECK((base::F32ToBf16(std::nanf("")) & 0x7fc0) == 0x7fc0);
 
   std::string root = TmpDir("conv");
   auto model = MakeModel(1);
@@ -144,7 +144,7 @@ TEST_CASE("dtype conversion on load: f32 <-> bf16, round to nearest even", "[che
     uint16_t b;
     std::memcpy(&f, &(*f32)[i * 4], 4);
     std::memcpy(&b, &(*bf)[i * 2], 2);
-    CHECK(b == F32ToBF16(f));
+    CHECK(b == base::F32ToBf16(f));
   }
   auto up = (*r)->ReadFull("layer0.w", DType::kF32);  // bf16 -> f32 is exact
   REQUIRE(up.ok());
@@ -165,7 +165,7 @@ TEST_CASE("flipped byte, truncated and missing files are named", "[checkpoint]")
     std::string path = dir + "/" + c1.file;
     std::string bytes = *ReadFile(path, 1 << 20);
     bytes[c1.offset + 3] ^= 0x10;
-    REQUIRE(WriteFileAtomic(path, bytes).ok());
+    REQUIRE(base::WriteFileAtomic(path, bytes).ok());
   }
   auto r = CheckpointReader::Open(dir);
   REQUIRE(r.ok());
@@ -200,9 +200,9 @@ TEST_CASE("a newer major format is refused, a newer minor is read", "[checkpoint
   std::string mpath = root + "/step-1/metadata.json";
   std::string text = *ReadFile(mpath, 1 << 20);
   REQUIRE(absl::StrContains(text, "\"format_version\": \"1.0\""));
-  REQUIRE(WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"1.7\""}})).ok());
+  REQUIRE(base::WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"1.7\""}})).ok());
   CHECK(CheckpointReader::Open(root).ok());
-  REQUIRE(WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"2.3\""}})).ok());
+  REQUIRE(base::WriteFileAtomic(mpath, absl::StrReplaceAll(text, {{"\"1.0\"", "\"2.3\""}})).ok());
   auto r = CheckpointReader::Open(root);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
@@ -284,7 +284,7 @@ TEST_CASE("async save: host copy, one in flight, failures reported", "[checkpoin
 
   // A save that fails (root is a file) is reported by Wait, and by the next Start if nobody asked.
   std::string file_root = TmpDir("async_bad") + "/not_a_dir";
-  REQUIRE(WriteFileAtomic(file_root, "x").ok());
+  REQUIRE(base::WriteFileAtomic(file_root, "x").ok());
   AsyncSaver bad({.root = file_root}, std::make_shared<LocalCommitProtocol>());
   REQUIRE(bad.Start(ShardState(model, 1, 0, 1)).ok());
   CHECK_FALSE(bad.Wait().ok());
@@ -380,7 +380,7 @@ TEST_CASE("inspect --verify reports damage as a failed check, not success", "[ch
   const std::string path = root + "/step-3/rank-00000.safetensors";
   std::string bytes = *ReadFile(path, 1 << 20);
   bytes[bytes.size() - 40] ^= 0x01;
-  REQUIRE(WriteFileAtomic(path, bytes).ok());
+  REQUIRE(base::WriteFileAtomic(path, bytes).ok());
   for (bool js : {false, true}) {
     auto r = InspectCheckpoint(root, {.json = js, .verify = true});
     REQUIRE(r.ok());

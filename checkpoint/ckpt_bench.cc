@@ -54,7 +54,7 @@ int Main(int argc, char** argv) {
   const int rounds = quick ? 1 : std::max(1, absl::GetFlag(FLAGS_rounds));
   const uint64_t bytes = static_cast<uint64_t>(quick ? 16 : absl::GetFlag(FLAGS_mib)) << 20;
   (void)RemoveAll(dir);
-  if (absl::Status s = MakeDirs(dir); !s.ok()) return report.Fail(s);
+  if (absl::Status s = base::MakeDirs(dir, kDirMode); !s.ok()) return report.Fail(s);
 
   // Model: tensors of 2048 x 1024 f32 (8 MiB).
   const int64_t rows = 2048, cols = 1024;

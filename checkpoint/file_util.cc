@@ -100,29 +100,6 @@ MappedFile::~MappedFile() {
   if (size_ > 0) ::munmap(const_cast<char*>(data_), size_);
 }
 
-absl::Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open dir ", dir));
-  int rc = ::fsync(fd);
-  int e = errno;
-  ::close(fd);
-  if (rc != 0) return ErrnoToStatus(e, absl::StrCat("fsync dir ", dir));
-  return absl::OkStatus();
-}
-
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents) {
-  std::string tmp = path + ".tmp";
-  ASSIGN_OR_RETURN(std::unique_ptr<FileWriter> w, FileWriter::Create(tmp));
-  RETURN_IF_ERROR(w->Append(contents));
-  RETURN_IF_ERROR(w->Sync());
-  RETURN_IF_ERROR(w->Close());
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    return ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
-  }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  return SyncDir(dir.empty() ? "." : dir);
-}
-
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_size) {
   return base::ReadRegularFile(path, max_size);
 }
@@ -153,21 +130,6 @@ absl::Status RegularFile::ReadRange(uint64_t offset, uint64_t length,
     RETURN_IF_ERROR(fn(absl::string_view(buf.data(), static_cast<size_t>(r))));
     offset += static_cast<uint64_t>(r);
     length -= static_cast<uint64_t>(r);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status MakeDirs(const std::string& dir) {
-  std::filesystem::path p(dir), cur;
-  for (const auto& part : p) {
-    cur /= part;
-    if (::mkdir(cur.c_str(), kDirMode) != 0 && errno != EEXIST) {
-      return ErrnoToStatus(errno, absl::StrCat("mkdir ", cur.string()));
-    }
-  }
-  struct stat st;
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-    return absl::FailedPreconditionError(absl::StrCat(dir, " exists and is not a directory"));
   }
   return absl::OkStatus();
 }

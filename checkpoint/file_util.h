@@ -1,6 +1,5 @@
-// POSIX file helpers for checkpoints: a buffered writer with fsync, atomic small-file replace,
-// directory sync, read-only memory maps, bounded-memory range reads. Errors carry the path
-// (ErrnoToStatus). Inputs are read only from regular files (a FIFO or device is an
+// POSIX file helpers for checkpoints: a buffered writer with fsync, read-only memory maps,
+// bounded-memory range reads. Errors carry the path (ErrnoToStatus). Inputs are read only from regular files (a FIFO or device is an
 // INVALID_ARGUMENT, never a hang). Files are created 0640 and directories 0750 (kFileMode,
 // kDirMode; docs/operations.md, "File permissions").
 // Each object is thread-compatible (one thread at a time); the free functions are thread-safe.
@@ -16,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/files.h"
 
 namespace ember::ckpt {
 
@@ -80,14 +80,10 @@ class RegularFile {
   std::string path_;
 };
 
-// Writes `contents` to path + ".tmp", fsyncs it, renames it over `path`, fsyncs the directory.
-absl::Status WriteFileAtomic(const std::string& path, absl::string_view contents);
-// fsync(2) on a directory, so renames and creations inside it are durable.
-absl::Status SyncDir(const std::string& dir);
+// Atomic replace, directory fsync and `mkdir -p` are runtime/base/files.h's (base::WriteFileAtomic
+// with kFileMode, base::SyncDir, base::MakeDirs with kDirMode).
 // Reads a whole regular file; OUT_OF_RANGE if it is larger than max_size.
 absl::StatusOr<std::string> ReadFile(const std::string& path, uint64_t max_size);
-// Creates `dir` and missing parents with kDirMode (existing directories keep their mode).
-absl::Status MakeDirs(const std::string& dir);
 absl::Status RemoveAll(const std::string& path);
 bool PathExists(const std::string& path);
 std::string JoinPath(absl::string_view a, absl::string_view b);

@@ -120,7 +120,7 @@ std::string SerializeMetadata(const Metadata& m) {
   Value tensors = Value::MakeObject();
   for (const TensorMeta& t : m.tensors) {
     Value tv = Value::MakeObject();
-    tv.Set("dtype", Value::Str(DTypeName(t.dtype)));
+    tv.Set("dtype", Value::Str(SafetensorsDTypeName(t.dtype)));
     Value shape = Value::MakeArray();
     for (int64_t d : t.shape) shape.Push(Value::Int(d));
     tv.Set("shape", std::move(shape));
@@ -163,7 +163,7 @@ absl::StatusOr<Metadata> ParseMetadata(absl::string_view text, bool complete) {
         "checkpoint format ", version, " (written by ", m.writer_version,
         ") is newer than this reader, which reads formats up to ", kFormatMajor, ".x (",
         kWriterVersion, "); load it with a newer Ember, or export it there to safetensors "
-        "(ember-ckpt export) and initialise from that"));
+        "(emberctl ckpt export) and initialise from that"));
   }
   ASSIGN_OR_RETURN(m.step, json::GetInt(root, "step", "checkpoint metadata"));
   ASSIGN_OR_RETURN(int64_t world, json::GetInt(root, "world_size", "checkpoint metadata"));
@@ -186,7 +186,7 @@ absl::StatusOr<Metadata> ParseMetadata(absl::string_view text, bool complete) {
     TensorMeta t;
     t.name = name;
     ASSIGN_OR_RETURN(std::string dtype, json::GetString(tv, "dtype", what));
-    absl::StatusOr<DType> d = ParseDType(dtype);
+    absl::StatusOr<DType> d = ParseSafetensorsDType(dtype);
     if (!d.ok()) return Invalid(what, d.status().message());
     t.dtype = *d;
     ASSIGN_OR_RETURN(const Value* shape, json::GetField(tv, "shape", Value::Type::kArray, what));

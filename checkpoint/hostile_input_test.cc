@@ -40,7 +40,7 @@ void Save(const std::string& root, int64_t step, int keep_last = 3) {
 void FlipByte(const std::string& path, size_t from_end) {
   std::string bytes = *ReadFile(path, 1 << 20);
   bytes[bytes.size() - from_end] ^= 0x01;
-  REQUIRE(WriteFileAtomic(path, bytes).ok());
+  REQUIRE(base::WriteFileAtomic(path, bytes).ok());
 }
 
 // Runs `body` in a forked child with RLIMIT_AS = `as_bytes` and a 60 s alarm; returns its exit
@@ -73,7 +73,7 @@ TEST_CASE("a damaged latest falls back to the newest checkpoint that verifies", 
   REQUIRE(*FindResumeCheckpoint(root) == root + "/step-30");
   for (const char* bad : {"", "\n", "garbage\n", "step-\n", "step-99\n", "../../etc\n"}) {
     INFO("latest = \"" << bad << "\"");
-    REQUIRE(WriteFileAtomic(root + "/latest", bad).ok());
+    REQUIRE(base::WriteFileAtomic(root + "/latest", bad).ok());
     auto r = FindResumeCheckpoint(root);
     REQUIRE(r.ok());
     CHECK(*r == root + "/step-30");
@@ -93,7 +93,7 @@ TEST_CASE("a resumed run never deletes checkpoints newer than the one it resumed
   for (int64_t step : {10, 20, 30}) Save(root, step);
   FlipByte(root + "/step-30/rank-00000.safetensors", 40);
   const std::string damaged = *ReadFile(root + "/step-30/rank-00000.safetensors", 1 << 20);
-  REQUIRE(WriteFileAtomic(root + "/latest", "garbage").ok());
+  REQUIRE(base::WriteFileAtomic(root + "/latest", "garbage").ok());
   REQUIRE(*FindResumeCheckpoint(root) == root + "/step-20");
   // The run goes on from 20 with keep_last 1: step 30 (newer, not written by this run) stays.
   Save(root, 25, /*keep_last=*/1);
@@ -113,7 +113,7 @@ TEST_CASE("when no checkpoint verifies, resume fails and deletes nothing", "[che
   const std::string root = TmpDir("resume_none");
   Save(root, 5);
   FlipByte(root + "/step-5/rank-00000.safetensors", 40);
-  REQUIRE(WriteFileAtomic(root + "/latest", "junk").ok());
+  REQUIRE(base::WriteFileAtomic(root + "/latest", "junk").ok());
   auto r = FindResumeCheckpoint(root);
   REQUIRE_FALSE(r.ok());
   CHECK(r.status().code() == absl::StatusCode::kDataLoss);
@@ -122,7 +122,7 @@ TEST_CASE("when no checkpoint verifies, resume fails and deletes nothing", "[che
   CHECK(ListSteps(root) == std::vector<int64_t>{5});
   // A root with no step at all is a fresh start, whatever `latest` says.
   const std::string empty = TmpDir("resume_empty");
-  REQUIRE(WriteFileAtomic(empty + "/latest", "junk").ok());
+  REQUIRE(base::WriteFileAtomic(empty + "/latest", "junk").ok());
   CHECK(absl::IsNotFound(FindResumeCheckpoint(empty).status()));
 }
 
@@ -143,7 +143,7 @@ TEST_CASE("a crafted metadata.json claiming 16 GiB fails fast in bounded memory"
   meta->ranks.clear();
   const std::string text = SerializeMetadata(*meta);
   REQUIRE(text.size() < 4096);
-  REQUIRE(WriteFileAtomic(dir + "/metadata.json", text).ok());
+  REQUIRE(base::WriteFileAtomic(dir + "/metadata.json", text).ok());
 
   int code = InChild(rlim_t{1} << 30, [&] {
     auto exported = ExportSafetensors(dir, root + "/out.safetensors");
@@ -213,7 +213,7 @@ TEST_CASE("verify streams large chunks in bounded memory", "[checkpoint][limits]
   meta->tensors.push_back(big);
   std::sort(meta->tensors.begin(), meta->tensors.end(),
             [](const TensorMeta& a, const TensorMeta& b) { return a.name < b.name; });
-  REQUIRE(WriteFileAtomic(dir + "/metadata.json", SerializeMetadata(*meta)).ok());
+  REQUIRE(base::WriteFileAtomic(dir + "/metadata.json", SerializeMetadata(*meta)).ok());
 
   int code = InChild(rlim_t{512} << 20, [&] {
     auto reader = CheckpointReader::Open(dir);

@@ -82,7 +82,7 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensors(absl::string_view file) {
     TensorInfo t;
     t.name = name;
     ASSIGN_OR_RETURN(std::string dtype, json::GetString(v, "dtype", what));
-    absl::StatusOr<DType> d = ParseDType(dtype);
+    absl::StatusOr<DType> d = ParseSafetensorsDType(dtype);
     if (!d.ok()) return Bad(absl::StrCat("tensor \"", name, "\": ", d.status().message()));
     t.dtype = *d;
     ASSIGN_OR_RETURN(const json::Value* shape, json::GetField(v, "shape", json::Value::Type::kArray, what));
@@ -176,7 +176,7 @@ absl::StatusOr<std::string> BuildSafetensorsHeader(const std::vector<TensorSpec>
     }
     ASSIGN_OR_RETURN(uint64_t n, ShapeBytes(s.shape, DTypeSize(s.dtype)));
     json::Value t = json::Value::MakeObject();
-    t.Set("dtype", json::Value::Str(DTypeName(s.dtype)));
+    t.Set("dtype", json::Value::Str(SafetensorsDTypeName(s.dtype)));
     json::Value shape = json::Value::MakeArray();
     for (int64_t d : s.shape) shape.Push(json::Value::Int(d));
     t.Set("shape", std::move(shape));
@@ -300,7 +300,7 @@ absl::Status WriteShardedSafetensors(
     const std::string& dir, const std::vector<TensorSpec>& specs, uint64_t max_shard_bytes,
     const std::map<std::string, std::string>& meta,
     const std::function<absl::Status(size_t, const AppendFn&)>& produce) {
-  RETURN_IF_ERROR(MakeDirs(dir));
+  RETURN_IF_ERROR(base::MakeDirs(dir, kDirMode));
   std::vector<std::vector<size_t>> shards(1);
   uint64_t cur = 0, total = 0;
   for (size_t i = 0; i < specs.size(); ++i) {
@@ -343,7 +343,8 @@ absl::Status WriteShardedSafetensors(
   index_meta.Set("total_size", json::Value::Int(static_cast<int64_t>(total)));
   index.Set("metadata", std::move(index_meta));
   index.Set("weight_map", std::move(wm));
-  return WriteFileAtomic(JoinPath(dir, "model.safetensors.index.json"), json::Write(index, 2) + "\n");
+  return base::WriteFileAtomic(JoinPath(dir, "model.safetensors.index.json"),
+                               json::Write(index, 2) + "\n", kFileMode);
 }
 
 }  // namespace ember::ckpt

@@ -175,10 +175,10 @@ TEST_CASE("sharded sets with model.safetensors.index.json", "[safetensors]") {
   }
   CHECK((*set)->Find("nope").status().code() == absl::StatusCode::kNotFound);
   // An index naming a tensor its file does not hold is an error.
-  REQUIRE(WriteFileAtomic(dir + "/bad.index.json",
+  REQUIRE(base::WriteFileAtomic(dir + "/bad.index.json",
                           R"({"weight_map":{"zz":"model-00001-of-00003.safetensors"}})").ok());
   CHECK_FALSE(SafetensorsSet::Open(dir + "/bad.index.json").ok());
-  REQUIRE(WriteFileAtomic(dir + "/evil.index.json", R"({"weight_map":{"w0":"../x.safetensors"}})").ok());
+  REQUIRE(base::WriteFileAtomic(dir + "/evil.index.json", R"({"weight_map":{"w0":"../x.safetensors"}})").ok());
   CHECK_FALSE(SafetensorsSet::Open(dir + "/evil.index.json").ok());
 }
 

@@ -33,7 +33,7 @@ inline std::vector<GlobalTensor> MakeModel(int64_t step, int64_t scale = 1) {
       seed = seed * 1664525u + 1013904223u;
       float f = static_cast<float>(static_cast<int32_t>(seed >> 8) - (1 << 23)) / (1 << 20);
       if (dt == DType::kF32) std::memcpy(&t.bytes[i * 4], &f, 4);
-      if (dt == DType::kBF16) { uint16_t b = F32ToBF16(f); std::memcpy(&t.bytes[i * 2], &b, 2); }
+      if (dt == DType::kBF16) { uint16_t b = base::F32ToBf16(f); std::memcpy(&t.bytes[i * 2], &b, 2); }
       if (dt == DType::kI64) { int64_t v = seed; std::memcpy(&t.bytes[i * 8], &v, 8); }
     }
     out.push_back(std::move(t));
@@ -75,7 +75,7 @@ inline std::string TmpDir(const std::string& name) {
   const char* t = getenv("TEST_TMPDIR");
   std::string dir = absl::StrCat(t ? t : "/tmp", "/", name);
   (void)RemoveAll(dir);
-  (void)MakeDirs(dir);
+  (void)base::MakeDirs(dir, kDirMode);
   return dir;
 }
 

@@ -35,11 +35,11 @@ absl::StatusOr<InspectReport> InspectSafetensors(const std::string& path, const 
     auto [f, t] = *set->Find(n);
     total += t->nbytes();
     json::Value tv = json::Value::MakeObject();
-    tv.Set("dtype", json::Value::Str(DTypeName(t->dtype)));
+    tv.Set("dtype", json::Value::Str(SafetensorsDTypeName(t->dtype)));
     tv.Set("shape", ShapeJson(t->shape));
     tv.Set("bytes", json::Value::Int(static_cast<int64_t>(t->nbytes())));
     tensors.Set(n, std::move(tv));
-    absl::StrAppendFormat(&text, "  %-40s %-5s %s\n", n, DTypeName(t->dtype), ShapeStr(t->shape));
+    absl::StrAppendFormat(&text, "  %-40s %-5s %s\n", n, SafetensorsDTypeName(t->dtype), ShapeStr(t->shape));
   }
   root.Set("tensors", std::move(tensors));
   root.Set("total_bytes", json::Value::Int(static_cast<int64_t>(total)));
@@ -79,12 +79,12 @@ absl::StatusOr<InspectReport> InspectCheckpoint(const std::string& path, Inspect
     for (const ChunkRef& c : t.chunks) bytes += c.length;
     total += bytes;
     json::Value tv = json::Value::MakeObject();
-    tv.Set("dtype", json::Value::Str(DTypeName(t.dtype)));
+    tv.Set("dtype", json::Value::Str(SafetensorsDTypeName(t.dtype)));
     tv.Set("shape", ShapeJson(t.shape));
     tv.Set("chunks", json::Value::Int(static_cast<int64_t>(t.chunks.size())));
     tv.Set("bytes", json::Value::Int(static_cast<int64_t>(bytes)));
     tensors.Set(t.name, std::move(tv));
-    absl::StrAppendFormat(&text, "  %-40s %-5s %-16s %d chunk(s)\n", t.name, DTypeName(t.dtype),
+    absl::StrAppendFormat(&text, "  %-40s %-5s %-16s %d chunk(s)\n", t.name, SafetensorsDTypeName(t.dtype),
                           ShapeStr(t.shape), t.chunks.size());
   }
   root.Set("tensors", std::move(tensors));

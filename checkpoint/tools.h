@@ -1,4 +1,4 @@
-// The library behind `emberctl ckpt inspect|export` (and //checkpoint:ember-ckpt today).
+// The library behind `emberctl ckpt inspect|export`.
 // Thread-safe (no shared state).
 #ifndef EMBER_CHECKPOINT_TOOLS_H_
 #define EMBER_CHECKPOINT_TOOLS_H_

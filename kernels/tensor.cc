@@ -39,24 +39,6 @@ size_t Rounded(size_t bytes) {
 }
 }  // namespace
 
-size_t DTypeSize(DType t) {
-  switch (t) {
-    case DType::kF32: case DType::kI32: return 4;
-    case DType::kBF16: case DType::kF16: return 2;
-  }
-  return 0;
-}
-
-const char* DTypeName(DType t) {
-  switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kF16: return "f16";
-    case DType::kI32: return "i32";
-  }
-  return "?";
-}
-
 void* AlignedAlloc(size_t bytes) {
   const size_t rounded = Rounded(bytes);
   void* p = nullptr;

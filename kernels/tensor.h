@@ -16,13 +16,16 @@
 #include <string>
 #include <vector>
 
+#include "runtime/base/dtype.h"
+
 namespace ember::kernels {
 
-enum class DType { kF32, kBF16, kF16, kI32 };
+// The runtime's one element-type enum (runtime/base/dtype.h); the kernels take kF32, kBF16, kF16
+// and kI32 tensors.
+using DType = base::DType;
+using base::DTypeName;  // "f32", "bf16", ...
+using base::DTypeSize;
 enum class Device { kCPU, kCUDA };
-
-size_t DTypeSize(DType t);
-const char* DTypeName(DType t);
 
 inline constexpr size_t kAlignment = 64;
 

@@ -15,11 +15,11 @@ PATTERN='"EMBER_[A-Za-z0-9_]*|"progress/|"worker_exit/|"exit/|"stop"|"failure"|f
 
 # file <TAB> literal <TAB> why it is not the job contract's
 EXCEPTIONS=$(cat <<'LIST'
-launcher/emberctl.cc	"EMBER_ADDRESS	emberctl's own client settings (docs/operations.md), not the worker's
-launcher/emberctl.cc	"EMBER_TOKEN_FILE	emberctl's own client settings, not the worker's
-launcher/emberctl.cc	"EMBER_TLS_CA	emberctl's own client settings (same names as the worker's, read by emberctl)
-launcher/emberctl.cc	"EMBER_TLS_CERT	emberctl's own client settings
-launcher/emberctl.cc	"EMBER_TLS_KEY	emberctl's own client settings
+launcher/cli.cc	"EMBER_ADDRESS	emberctl's own client settings (docs/operations.md), not the worker's
+launcher/cli.cc	"EMBER_TOKEN_FILE	emberctl's own client settings, not the worker's
+launcher/cli.cc	"EMBER_TLS_CA	emberctl's own client settings (same names as the worker's, read by emberctl)
+launcher/cli.cc	"EMBER_TLS_CERT	emberctl's own client settings
+launcher/cli.cc	"EMBER_TLS_KEY	emberctl's own client settings
 launcher/emberctl.cc	"EMBER_DEBUG	emberctl's log level
 launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone` starts
 runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has

@@ -25,6 +25,7 @@ cd "$(dirname "$0")/.."
 LAYERS='
 ROOT 5
 proto 5
+deploy 5
 third_party 5
 runtime/base 10
 examples 10

@@ -9,7 +9,7 @@ LDLIBS := -Wl,--as-needed $(shell pkg-config --libs grpc++) $(ABSL) -lxxhash -ly
 
 CKPT := checkpoint/fuzz_targets.cc checkpoint/safetensors.cc checkpoint/dtype.cc \
         checkpoint/file_util.cc checkpoint/format.cc checkpoint/checksum.cc runtime/base/json.cc \
-        runtime/base/status_macros.cc runtime/base/files.cc runtime/base/utf8.cc
+        runtime/base/status_macros.cc runtime/base/files.cc runtime/base/utf8.cc runtime/base/dtype.cc
 GEN := $(OUT)/gen/proto/job_spec.pb.cc $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
 SRC_safetensors := tests/fuzz/safetensors_fuzz.cc $(CKPT)
 SRC_checkpoint_metadata := tests/fuzz/checkpoint_metadata_fuzz.cc $(CKPT)

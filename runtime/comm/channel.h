@@ -1,6 +1,7 @@
 // Channel: one direction-pair byte stream between two ranks (shared-memory rings or a TCP socket).
-// All operations are non-blocking; the caller (progress loop in algorithms.cc) waits between
-// attempts. A Channel is used by one thread at a time per direction (one sender, one receiver).
+// All operations are non-blocking; the caller (the progress loops in channel_collectives.cc and
+// p2p_engine.cc) waits between attempts. A Channel is used by one thread at a time per direction
+// (one sender, one receiver).
 //
 // Errors: UNAVAILABLE when the peer closed its end (process died or aborted its group).
 #ifndef EMBER_RUNTIME_COMM_CHANNEL_H_

@@ -16,7 +16,7 @@ inline constexpr char kEnvHost[] = "EMBER_COMM_HOST";
 // Flight-recorder dump directory when GroupOptions::dump_dir is empty. Same name as the worker
 // environment's job::kEnvFrDumpDir (the worker sets dump_dir explicitly).
 inline constexpr char kEnvFrDumpDir[] = "EMBER_FR_DUMP_DIR";
-// Idle rounds a shm waiter spins before sleeping (cpu_backend.cc).
+// Idle rounds a shm waiter spins before sleeping (progress_wait.cc).
 inline constexpr char kEnvShmSpin[] = "EMBER_COMM_SHM_SPIN";
 // Bytes per staging slot of large shm ops (same value on every rank).
 inline constexpr char kEnvDirectStageBytes[] = "EMBER_COMM_DIRECT_STAGE_BYTES";

@@ -136,6 +136,14 @@ absl::Status ProcessGroup::EnsureConnected() {
 }
 
 std::shared_ptr<Work> ProcessGroup::Submit(OpDesc desc, size_t bytes, OpOptions o) {
+  if ((desc.type == OpType::kAllReduce || desc.type == OpType::kReduceScatter) &&
+      !IsReducible(desc.dtype)) {
+    auto w = std::make_shared<Work>(OpTypeName(desc.type), 0);
+    w->Finish(absl::InvalidArgumentError(absl::StrCat(
+        OpTypeName(desc.type), ": cannot reduce dtype ", DTypeName(desc.dtype),
+        "; use one of f32, bf16, f16, f64, i32, i64, u8")));
+    return w;
+  }
   auto op = std::make_shared<PendingOp>();
   op->desc = desc;
   op->name = OpTypeName(desc.type);
@@ -158,7 +166,7 @@ std::shared_ptr<Work> ProcessGroup::Submit(OpDesc desc, size_t bytes, OpOptions 
       r.op = op->name;
       r.in_numel = static_cast<int64_t>(in_numel);
       r.out_numel = static_cast<int64_t>(out_numel);
-      r.in_dtype = r.out_dtype = DataTypeName(desc.dtype);
+      r.in_dtype = r.out_dtype = DTypeName(desc.dtype);
       r.peer = desc.type == OpType::kBroadcast ? desc.root : -1;
       r.timeout_ms = absl::ToInt64Milliseconds(op->timeout);
       r.tag = o.tag;
@@ -262,7 +270,7 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, void* data, size_t coun
   auto op = std::make_shared<PendingOp>();
   op->p2p = true;
   op->name = send ? "send" : "recv";
-  op->bytes = count * DataTypeSize(t);
+  op->bytes = count * DTypeSize(t);
   op->timeout = o.timeout > absl::ZeroDuration() ? o.timeout : opts_.timeout;
   int64_t seq = ++p2p_seq_;
   op->desc.seq = seq;
@@ -275,7 +283,7 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, void* data, size_t coun
     r.p2p_seq = seq;
     r.op = op->name;
     r.in_numel = r.out_numel = static_cast<int64_t>(count);
-    r.in_dtype = r.out_dtype = DataTypeName(t);
+    r.in_dtype = r.out_dtype = DTypeName(t);
     r.peer = peer;
     r.timeout_ms = absl::ToInt64Milliseconds(op->timeout);
     r.tag = o.tag.empty() ? absl::StrCat("tag=", tag) : o.tag;
@@ -326,7 +334,7 @@ std::shared_ptr<Work> ProcessGroup::AllReduce(void* buf, size_t count, DataType 
   d.count = count;
   d.dtype = t;
   d.reduce = op;
-  return Submit(d, count * DataTypeSize(t), std::move(o));
+  return Submit(d, count * DTypeSize(t), std::move(o));
 }
 
 std::shared_ptr<Work> ProcessGroup::Broadcast(void* buf, size_t count, DataType t, int root,
@@ -342,7 +350,7 @@ std::shared_ptr<Work> ProcessGroup::Broadcast(void* buf, size_t count, DataType 
     w->Finish(absl::InvalidArgumentError(absl::StrCat("broadcast: bad root ", root)));
     return w;
   }
-  return Submit(d, count * DataTypeSize(t), std::move(o));
+  return Submit(d, count * DTypeSize(t), std::move(o));
 }
 
 std::shared_ptr<Work> ProcessGroup::AllGatherSingle(const void* in, void* out, size_t count,
@@ -353,7 +361,7 @@ std::shared_ptr<Work> ProcessGroup::AllGatherSingle(const void* in, void* out, s
   d.out = out;
   d.count = count;
   d.dtype = t;
-  return Submit(d, count * size_ * DataTypeSize(t), std::move(o));
+  return Submit(d, count * size_ * DTypeSize(t), std::move(o));
 }
 
 std::shared_ptr<Work> ProcessGroup::ReduceScatterSingle(const void* in, void* out, size_t count,
@@ -365,7 +373,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterSingle(const void* in, void* ou
   d.count = count;
   d.dtype = t;
   d.reduce = op;
-  return Submit(d, count * size_ * DataTypeSize(t), std::move(o));
+  return Submit(d, count * size_ * DTypeSize(t), std::move(o));
 }
 
 std::shared_ptr<Work> ProcessGroup::AllToAllSingle(const void* in, void* out, size_t count,
@@ -376,7 +384,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(const void* in, void* out, si
   d.out = out;
   d.count = count;
   d.dtype = t;
-  return Submit(d, count * size_ * DataTypeSize(t), std::move(o));
+  return Submit(d, count * size_ * DTypeSize(t), std::move(o));
 }
 
 std::shared_ptr<Work> ProcessGroup::Barrier(OpOptions o) {
@@ -536,7 +544,7 @@ void ProcessGroup::WatchdogLoop() {
         if (s > 0 && now - s > absl::ToInt64Nanoseconds(op->timeout)) {
           timeout_msg = absl::StrCat(
               "watchdog: ", op->name, " (seq ", op->desc.seq, ", ", op->desc.count, " x ",
-              DataTypeName(op->desc.dtype), ", ", op->bytes, " bytes) in group '", opts_.name,
+              DTypeName(op->desc.dtype), ", ", op->bytes, " bytes) in group '", opts_.name,
               "' rank ", rank_, "/", size_, " timed out after ",
               absl::FormatDuration(op->timeout), "; last enqueued seq ", next_seq_,
               ", last completed seq ", last_completed_seq_);

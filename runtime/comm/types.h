@@ -1,5 +1,6 @@
 // Element types and reduction operators of the communication layer, plus the scalar kernels that
-// combine two buffers. Pure functions; thread-safe.
+// combine two buffers. Pure functions; thread-safe. The element type is the runtime's one enum
+// (runtime/base/dtype.h: names, sizes and the 16-bit float conversions live there).
 //
 //   comm::Reduce(dst, src, count, DataType::kBF16, ReduceOp::kSum);   // dst[i] = dst[i] + src[i]
 //
@@ -13,46 +14,35 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "runtime/base/dtype.h"
 
 namespace ember::comm {
 
-enum class DataType : uint8_t { kF32, kBF16, kF16, kF64, kI32, kI64, kU8 };
+using DataType = base::DType;
+using base::DTypeName;  // "f32", "bf16", ...
+using base::DTypeSize;
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin, kProduct };
 
+// The element types the reducing collectives (Reduce, ReduceMany, FinishAvg) support; the others
+// only move bytes (p2p, all_gather, broadcast, all_to_all take any DataType).
 constexpr DataType kAllDataTypes[] = {DataType::kF32, DataType::kBF16, DataType::kF16,
                                       DataType::kF64, DataType::kI32,  DataType::kI64,
                                       DataType::kU8};
 constexpr ReduceOp kAllReduceOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax,
                                       ReduceOp::kMin, ReduceOp::kProduct};
 
-size_t DataTypeSize(DataType t);
-const char* DataTypeName(DataType t);   // "f32", "bf16", ...
 const char* ReduceOpName(ReduceOp op);  // "sum", "avg", ...
+// One of kAllDataTypes by DTypeName; INVALID_ARGUMENT otherwise.
 absl::StatusOr<DataType> ParseDataType(absl::string_view name);
 absl::StatusOr<ReduceOp> ParseReduceOp(absl::string_view name);
+// Whether t is one of kAllDataTypes.
+bool IsReducible(DataType t);
 
-// IEEE binary16 / bfloat16 <-> float, round-to-nearest-even; NaN stays NaN.
-float HalfToFloat(uint16_t h);
-uint16_t FloatToHalf(float f);
-inline float BF16ToFloat(uint16_t b) {
-  uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-inline uint16_t FloatToBF16(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40);  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
+// For the three functions below, t must be one of kAllDataTypes (others: no-op).
 // dst[i] = op(dst[i], src[i]) for i < count. kAvg combines like kSum (the division happens once,
 // at the end, through Scale). Integer sum/product wrap around (two's complement).
 void Reduce(void* dst, const void* src, size_t count, DataType t, ReduceOp op);

@@ -1,103 +1,185 @@
 #include "runtime/daemon/config.h"
 
 #include <algorithm>
-
 #include <fstream>
+#include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/reflection.h"
 #include "runtime/base/status_macros.h"
-#include "yaml-cpp/yaml.h"
+#include "runtime/jobspec/yaml_proto.h"
 
 namespace ember::daemon {
+namespace {
 
-absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg) {
-  std::ifstream f(path);
-  if (!f) return absl::NotFoundError(absl::StrCat("config ", path, ": cannot read"));
-  YAML::Node root;
-  try {
-    root = YAML::Load(f);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config ", path, ": ", e.what()));
-  }
-  if (!root.IsMap()) return absl::InvalidArgumentError("config " + path + ": not a mapping");
-  for (const auto& kv : root) {
-    std::string key = kv.first.as<std::string>();
-    const YAML::Node& v = kv.second;
-    try {
-      auto s = [&](std::string* out) { *out = v.as<std::string>(); };
-      if (key == "node_name") s(&cfg->node_name);
-      else if (key == "listen") s(&cfg->listen);
-      else if (key == "advertise") s(&cfg->advertise);
-      else if (key == "host_store") cfg->host_store = v.as<bool>();
-      else if (key == "store_listen") s(&cfg->store_listen);
-      else if (key == "store_data_dir") s(&cfg->store_data_dir);
-      else if (key == "store") s(&cfg->store);
-      else if (key == "auth_token_file") s(&cfg->auth_token_file);
-      else if (key == "insecure_no_auth") cfg->insecure_no_auth = v.as<bool>();
-      else if (key == "tls_cert") s(&cfg->tls.cert_file);
-      else if (key == "tls_key") s(&cfg->tls.key_file);
-      else if (key == "tls_ca") s(&cfg->tls.ca_file);
-      else if (key == "tls_verify_clients") cfg->tls.verify_clients = v.as<bool>();
-      else if (key == "work_root") s(&cfg->work_root);
-      else if (key == "state_dir") s(&cfg->state_dir);
-      else if (key == "worker_binary") s(&cfg->worker_binary);
-      else if (key == "cpu_slots") cfg->cpu_slots = v.as<int>();
-      else if (key == "cuda_devices") cfg->cuda_devices = v.as<int>();
-      else if (key == "data_root") cfg->data_roots = v.as<std::vector<std::string>>();
-      else if (key == "keep_finished_jobs") cfg->keep_finished_jobs = v.as<int>();
-      else if (key == "finished_job_ttl_h") cfg->finished_job_ttl_h = v.as<double>();
-      else if (key == "cgroup_root") {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "config ", path, ": cgroup_root was removed: it never set CPU or memory limits "
-            "(per-job cgroup limits are not implemented); delete the key"));
-      }
-      else if (key == "scheduler") cfg->scheduler = v.as<bool>();
-      else if (key == "lease_ttl_s") cfg->lease_ttl_s = v.as<double>();
-      else if (key == "poll_s") cfg->poll_s = v.as<double>();
-      else if (key == "restart_backoff_s") cfg->restart_backoff_s = v.as<double>();
-      else if (key == "drain_on_sigterm") cfg->drain_on_sigterm = v.as<bool>();
-      else return absl::InvalidArgumentError(absl::StrCat("config ", path, ": unknown key '", key, "'"));
-    } catch (const YAML::Exception& e) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config ", path, ": ", key, ": wrong type (", e.what(), ")"));
-    }
+using google::protobuf::FieldDescriptor;
+
+absl::Status RejectRemoved(const EmberdConfig& cfg, const std::string& where) {
+  // Through reflection: the generated accessor is deprecated (it warns at every use).
+  const FieldDescriptor* removed = cfg.GetDescriptor()->FindFieldByName("cgroup_root");
+  if (cfg.GetReflection()->HasField(cfg, removed)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        where, "cgroup_root was removed: it never set CPU or memory limits (per-job cgroup "
+        "limits are not implemented); delete the key"));
   }
   return absl::OkStatus();
 }
 
+std::string DefaultText(const FieldDescriptor* f) {
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING: return f->default_value_string();
+    case FieldDescriptor::CPPTYPE_BOOL: return f->default_value_bool() ? "true" : "false";
+    case FieldDescriptor::CPPTYPE_INT32: return absl::StrCat(f->default_value_int32());
+    case FieldDescriptor::CPPTYPE_DOUBLE: return absl::StrCat(f->default_value_double());
+    default: return "";
+  }
+}
+
+}  // namespace
+
+absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError(absl::StrCat("config ", path, ": cannot read"));
+  std::stringstream text;
+  text << f.rdbuf();
+  const std::string where = absl::StrCat("config ", path);
+  EmberdConfig file;
+  absl::Status s = spec::ParseYamlInto(text.str(), &file, where);
+  if (!s.ok()) {  // field errors start with the field; say which file too
+    if (absl::StartsWith(s.message(), where)) return s;
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", s.message()));
+  }
+  RETURN_IF_ERROR(RejectRemoved(file, where + ": "));
+  OverrideConfig(file, cfg);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> ParseConfigFlags(const std::vector<std::string>& args,
+                                                          EmberdConfig* flags) {
+  const auto* desc = flags->GetDescriptor();
+  const auto* refl = flags->GetReflection();
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i == 0 || a.size() < 2 || a[0] != '-') {
+      rest.push_back(a);
+      continue;
+    }
+    if (a == "--") {
+      rest.insert(rest.end(), args.begin() + i, args.end());
+      break;
+    }
+    std::string body = a.substr(a[1] == '-' ? 2 : 1), value;
+    const size_t eq = body.find('=');
+    const bool has_value = eq != std::string::npos;
+    if (has_value) {
+      value = body.substr(eq + 1);
+      body.resize(eq);
+    }
+    std::replace(body.begin(), body.end(), '-', '_');
+    const FieldDescriptor* f = desc->FindFieldByName(body);
+    bool negated = false;
+    for (const char* no : {"no_", "no"}) {
+      if (f != nullptr || !absl::StartsWith(body, no)) continue;
+      const FieldDescriptor* b = desc->FindFieldByName(body.substr(strlen(no)));
+      if (b != nullptr && b->cpp_type() == FieldDescriptor::CPPTYPE_BOOL && !b->is_repeated()) {
+        f = b;
+        negated = true;
+      }
+    }
+    if (f == nullptr) {  // not a setting: --config, --log_level, --help ... are absl's
+      rest.push_back(a);
+      continue;
+    }
+    const std::string flag = absl::StrCat("--", negated ? "no_" : "", f->name());
+    if (f->cpp_type() == FieldDescriptor::CPPTYPE_BOOL) {
+      if (has_value) RETURN_IF_ERROR(spec::SetFieldFromText(value, f, flags, flag));
+      const bool v = has_value ? refl->GetBool(*flags, f) : true;
+      refl->SetBool(flags, f, negated ? !v : v);  // --no_X=true is X=false, as absl had it
+      continue;
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) return absl::InvalidArgumentError(flag + " needs a value");
+      value = args[++i];
+    }
+    if (f->is_repeated()) {
+      refl->ClearField(flags, f);
+      for (absl::string_view v : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        RETURN_IF_ERROR(spec::SetFieldFromText(std::string(v), f, flags, flag));
+      }
+    } else {
+      RETURN_IF_ERROR(spec::SetFieldFromText(value, f, flags, flag));
+    }
+  }
+  return rest;
+}
+
+void OverrideConfig(const EmberdConfig& overrides, EmberdConfig* cfg) {
+  const auto* desc = overrides.GetDescriptor();
+  const auto* refl = overrides.GetReflection();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FieldDescriptor* f = desc->field(i);
+    if (f->is_repeated() && refl->FieldSize(overrides, f) > 0) refl->ClearField(cfg, f);
+  }
+  cfg->MergeFrom(overrides);
+}
+
+std::string ConfigFlagsHelp() {
+  std::string out;
+  const auto* desc = EmberdConfig::descriptor();
+  for (int i = 0; i < desc->field_count(); ++i) {
+    const FieldDescriptor* f = desc->field(i);
+    if (f->options().deprecated()) continue;
+    std::string type = f->is_repeated() ? "A,B,..." : f->cpp_type_name();
+    std::string def = f->has_default_value() ? absl::StrCat(" (default ", DefaultText(f), ")") : "";
+    absl::StrAppendFormat(&out, "  --%s=%s\n      %s%s\n", f->name(), type,
+                          f->options().GetExtension(v1::help), def);
+  }
+  return out;
+}
+
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
+  RETURN_IF_ERROR(RejectRemoved(cfg, ""));
   DaemonOptions o;
-  o.node_name = cfg.node_name;
-  o.listen = cfg.listen;
-  o.advertise = cfg.advertise;
-  o.host_store = cfg.host_store;
-  o.store_listen = cfg.store_listen;
-  o.store_data_dir = cfg.store_data_dir;
-  o.store_address = cfg.store;
-  o.tls = cfg.tls;
-  o.work_root = cfg.work_root;
-  o.state_dir = cfg.state_dir;
-  o.worker_binary = cfg.worker_binary;
-  o.inventory.cpu_slots = cfg.cpu_slots;
-  o.inventory.cuda_devices = cfg.cuda_devices;
-  o.data_roots = cfg.data_roots;
-  if (cfg.keep_finished_jobs < 0 || cfg.finished_job_ttl_h < 0) {
+  o.node_name = cfg.node_name();
+  o.listen = cfg.listen();
+  o.advertise = cfg.advertise();
+  o.host_store = cfg.host_store();
+  o.store_listen = cfg.store_listen();
+  o.store_data_dir = cfg.store_data_dir();
+  o.store_address = cfg.store();
+  o.tls.cert_file = cfg.tls_cert();
+  o.tls.key_file = cfg.tls_key();
+  o.tls.ca_file = cfg.tls_ca();
+  o.tls.verify_clients = cfg.tls_verify_clients();
+  o.work_root = cfg.work_root();
+  o.state_dir = cfg.state_dir();
+  o.worker_binary = cfg.worker_binary();
+  o.inventory.cpu_slots = cfg.cpu_slots();
+  o.inventory.cuda_devices = cfg.cuda_devices();
+  o.data_roots.assign(cfg.data_root().begin(), cfg.data_root().end());
+  if (cfg.keep_finished_jobs() < 0 || cfg.finished_job_ttl_h() < 0) {
     return absl::InvalidArgumentError("keep_finished_jobs and finished_job_ttl_h must be >= 0");
   }
-  o.keep_finished_jobs = cfg.keep_finished_jobs;
-  o.finished_job_ttl = absl::Seconds(cfg.finished_job_ttl_h * 3600);
-  o.scheduler = cfg.scheduler;
-  if (cfg.lease_ttl_s < 0.5 || cfg.poll_s <= 0 || cfg.poll_s > 10 || cfg.restart_backoff_s < 0) {
+  o.keep_finished_jobs = cfg.keep_finished_jobs();
+  o.finished_job_ttl = absl::Seconds(cfg.finished_job_ttl_h() * 3600);
+  o.scheduler = cfg.scheduler();
+  if (cfg.lease_ttl_s() < 0.5 || cfg.poll_s() <= 0 || cfg.poll_s() > 10 ||
+      cfg.restart_backoff_s() < 0) {
     return absl::InvalidArgumentError(
         "lease_ttl_s must be >= 0.5, poll_s in (0, 10], restart_backoff_s >= 0");
   }
-  o.lease_ttl = absl::Seconds(cfg.lease_ttl_s);
+  o.lease_ttl = absl::Seconds(cfg.lease_ttl_s());
   o.heartbeat = std::min(absl::Seconds(1), o.lease_ttl / 4);
-  o.poll = absl::Seconds(cfg.poll_s);
-  o.restart_backoff = absl::Seconds(cfg.restart_backoff_s);
-  if (!cfg.auth_token_file.empty()) {
-    ASSIGN_OR_RETURN(o.auth_token, base::ReadTokenFile(cfg.auth_token_file));
-  } else if (!cfg.insecure_no_auth) {
+  o.poll = absl::Seconds(cfg.poll_s());
+  o.restart_backoff = absl::Seconds(cfg.restart_backoff_s());
+  if (!cfg.auth_token_file().empty()) {
+    ASSIGN_OR_RETURN(o.auth_token, base::ReadTokenFile(cfg.auth_token_file()));
+  } else if (!cfg.insecure_no_auth()) {
     return absl::InvalidArgumentError(
         "auth_token_file: required (authentication is on by default; --insecure-no-auth turns it "
         "off for testing)");

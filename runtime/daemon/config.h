@@ -1,11 +1,19 @@
-// emberd's configuration: a YAML file whose keys are the flag names (underscores), overridden by
-// flags, then checked and turned into DaemonOptions. Thread-compatible.
+// emberd's configuration: proto/daemon_config.proto declares every setting once (name, type,
+// default, help). A YAML file sets them by name (parsed by the job spec's YAML -> proto code,
+// runtime/jobspec/yaml_proto.h), command-line flags of the same names override the file, and
+// ToDaemonOptions checks the result and turns it into DaemonOptions. Thread-compatible.
 //
 //   # /etc/ember/emberd.yaml
 //   host_store: true
 //   auth_token_file: /etc/ember/token
 //   work_root: /var/lib/ember/jobs
 //   worker_binary: /usr/local/bin/ember-worker
+//
+//   EmberdConfig cfg, flags;
+//   ASSIGN_OR_RETURN(std::vector<std::string> rest, ParseConfigFlags(args, &flags));
+//   RETURN_IF_ERROR(LoadEmberdConfig(path, &cfg));
+//   OverrideConfig(flags, &cfg);
+//   ASSIGN_OR_RETURN(DaemonOptions o, ToDaemonOptions(cfg));
 #ifndef EMBER_RUNTIME_DAEMON_CONFIG_H_
 #define EMBER_RUNTIME_DAEMON_CONFIG_H_
 
@@ -14,41 +22,35 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "proto/daemon_config.pb.h"
 #include "runtime/daemon/daemon.h"
 
 namespace ember::daemon {
 
-struct EmberdConfig {
-  std::string node_name;
-  std::string listen = "127.0.0.1:29400";
-  std::string advertise;
-  bool host_store = false;
-  std::string store_listen = "127.0.0.1:29500";
-  std::string store_data_dir;
-  std::string store;
-  std::string auth_token_file;
-  bool insecure_no_auth = false;
-  base::TlsOptions tls;
-  std::string work_root = "/var/lib/ember/jobs";
-  std::string state_dir;
-  std::string worker_binary = "/usr/local/bin/ember-worker";
-  int cpu_slots = -1;
-  int cuda_devices = -1;
-  std::vector<std::string> data_roots;
-  int keep_finished_jobs = 100;    // retention of finished jobs in the store (0 = no count limit)
-  double finished_job_ttl_h = 168; // and their age in hours (0 = no age limit)
-  bool scheduler = true;
-  double lease_ttl_s = 6;          // node lease; a node silent this long is lost
-  double poll_s = 0.1;             // supervision / scheduling period
-  double restart_backoff_s = 1;    // first restart delay (doubles per attempt, at most 30 s)
-  bool drain_on_sigterm = false;   // SIGTERM: false = detach (workers keep running), true = drain
-};
+using EmberdConfig = v1::DaemonConfig;
 
-// INVALID_ARGUMENT naming the key for unknown keys or wrong types; NOT_FOUND naming the file.
+// Reads a YAML config file into *cfg: the keys it names replace cfg's values. INVALID_ARGUMENT
+// naming the key for unknown keys, wrong types and the removed cgroup_root; NOT_FOUND naming the
+// file.
 absl::Status LoadEmberdConfig(const std::string& path, EmberdConfig* cfg);
 
+// Takes the settings out of a command line (args[0] is the program): --NAME=VALUE or --NAME VALUE,
+// NAME a DaemonConfig field spelled with underscores or dashes (one leading dash is enough); a
+// bool also takes --NAME (true), --noNAME and --no_NAME (false; --no_NAME=B is NAME=!B) but never
+// a separate value; a list is comma-separated. Sets them in *flags and returns every other argument, in order, for
+// absl flag parsing. INVALID_ARGUMENT naming the flag for a bad or missing value.
+absl::StatusOr<std::vector<std::string>> ParseConfigFlags(const std::vector<std::string>& args,
+                                                          EmberdConfig* flags);
+
+// The settings set in `overrides` replace those of *cfg (a list replaces the whole list).
+void OverrideConfig(const EmberdConfig& overrides, EmberdConfig* cfg);
+
+// "  --name=TYPE  help (default: X)" for every setting, for `emberd --help`.
+std::string ConfigFlagsHelp();
+
 // Reads the token file and the TLS files; INVALID_ARGUMENT when no token is configured and
-// insecure_no_auth is off, or TLS is half configured; file errors name the file.
+// insecure_no_auth is off, TLS is half configured or a value is out of range; file errors name the
+// file.
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg);
 
 }  // namespace ember::daemon

@@ -12,7 +12,8 @@
 // Supervision state machine (per job; the scheduler owns the transitions, all by compare-and-set on
 // the job record): PENDING -> RUNNING (attempt n placed) -> SUCCEEDED | FAILED(reason) |
 // CANCELLED, and RUNNING -> RESTARTING -> RUNNING (attempt n+1) while NextStateAfterFailure()
-// allows. Failure handling (docs/operations.md "Failures and restarts"):
+// allows (the decisions are pure functions in scheduler.h). Failure handling (docs/operations.md
+// "Failures and restarts"):
 //   1. The daemon of a dying worker reaps it within one poll and writes the attempt's `failure`
 //      (first writer wins) and `stop` keys; every worker polls `stop` and exits within ~0.1 s after
 //      dumping its flight recorder into <job dir>/flight/attempt-<n>/; every daemon also SIGTERMs
@@ -129,28 +130,6 @@ class Daemon {
   explicit Daemon(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
-
-// What a failed attempt leads to. `job` has the failed attempt last, with its reason, root cause and
-// last_step filled in. RESTARTING while attempts_size() <= spec.max_restarts and
-// NoRetryReason(job) is empty; FAILED otherwise.
-jobs::v1::JobState NextStateAfterFailure(const jobs::v1::Job& job);
-
-// Why a failure must not be retried even with restarts left, or "": exit code 2 (the worker's
-// "bad spec or environment"), or the same rank failing the same way (exit code / signal) as in the
-// previous attempt without getting past that attempt's last step.
-std::string NoRetryReason(const jobs::v1::Job& job);
-
-// Backoff before attempt `next_attempt` (>= 1): initial * 2^(next_attempt-1), at most max.
-absl::Duration RestartBackoff(int next_attempt, absl::Duration initial, absl::Duration max);
-
-// Which finished jobs retention forgets now (see DaemonOptions::keep_finished_jobs): every job
-// beyond the newest `keep` by end time (ties by id), and every job that ended more than `ttl`
-// before `now_ms`. A job's end time is its end_unix_ms, else its submit time.
-std::vector<std::string> JobsToForget(const std::vector<jobs::v1::Job>& finished, int keep,
-                                      absl::Duration ttl, int64_t now_ms);
-
-// "rank 1 on node-a exited with code 3" / "rank 0 on node-a was killed by signal 9 (SIGKILL)".
-std::string DescribeExit(const jobs::v1::RankExit& e);
 
 }  // namespace ember::daemon
 

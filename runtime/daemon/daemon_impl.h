@@ -1,5 +1,7 @@
-// Internal: the daemon's state, shared by daemon.cc (supervision, scheduling, registration) and
-// service.cc (the Jobs and Nodes RPC handlers). Not part of the public API.
+// Internal: the daemon's state, shared by its files: daemon.cc (start-up, the loops, registration,
+// drain/detach), schedule.cc (the leader's pass, executing scheduler.h's decisions), supervise.cc
+// (forking, reaping, stopping workers), worker_state.cc (workers.state), records.cc (job records in
+// the store) and service.cc (the Jobs and Nodes RPC handlers). Not part of the public API.
 #ifndef EMBER_RUNTIME_DAEMON_DAEMON_IMPL_H_
 #define EMBER_RUNTIME_DAEMON_DAEMON_IMPL_H_
 
@@ -18,9 +20,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "proto/jobs.grpc.pb.h"
+#include "runtime/base/clock.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/placement.h"
+#include "runtime/daemon/scheduler.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -56,10 +60,11 @@ struct LocalAttempt {
 
 class Daemon::Impl {
  public:
-  explicit Impl(DaemonOptions o) : opts(std::move(o)) {}
+  explicit Impl(DaemonOptions o);
 
   // ---- Constant after Start.
   DaemonOptions opts;
+  const base::Clock* const clock;  // the scheduler's and supervision's time (RealClock)
   std::unique_ptr<Inventory> inventory;
   std::unique_ptr<store::StoreServer> hosted_store;
   std::optional<store::Client> store;
@@ -77,64 +82,90 @@ class Daemon::Impl {
   absl::Notification stop;
   std::thread control_thread, heartbeat_thread;
 
-  // ---- Guarded.
+  // ---- Guarded. The lock rule: `mu` protects `local` and `drained` and nothing else, and is held
+  // only to read or merge them: never across a store call, a fork, a wait for a process or a file
+  // write. Supervision copies an attempt out under mu, reaps, reports and signals on the copy
+  // without it, and merges the result back under mu (MergeAttempt); the control thread is the only
+  // one that adds attempts or reaps workers (DrainNow joins it first), so a merge loses nothing.
+  // Lock order: persist_mu, then mu.
   mutable absl::Mutex mu;
   std::map<std::string, LocalAttempt> local ABSL_GUARDED_BY(mu);  // key: "<job>#<attempt>"
   bool drained ABSL_GUARDED_BY(mu) = false;  // Drain or Detach ran
+  // Serializes writes of workers.state, so an older snapshot never overwrites a newer one.
+  absl::Mutex persist_mu ABSL_ACQUIRED_BEFORE(mu);
 
-  // ---- Control thread only (Schedule): when the leader first saw each failed attempt.
-  std::map<std::string, absl::Time> failing_since;
-  absl::Time last_retention = absl::InfinitePast();
+  // ---- Control thread only (Schedule, Supervise; DrainNow's last Supervise runs after the join).
+  Scheduler scheduler;  // placement, restart, node-loss and retention decisions (scheduler.h)
   // The kernel's OOM-kill count at the previous Supervise pass (-1 = not read yet), and when it
   // last rose: a worker reaped with SIGKILL soon after was killed by the OOM killer.
   int64_t oom_kills_seen = -1;
   absl::Time last_oom_kill = absl::InfinitePast();
 
-  // daemon.cc
+  // daemon.cc: start-up, the loops, registration, drain and detach.
   absl::Status Init();
-  void ControlLoop();
-  void HeartbeatLoop();
-  absl::Status Register();
-  void Tick();
-  void Schedule();
-  void Supervise();
-  void SpawnAttempt(const Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void StopAttempt(LocalAttempt* a, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  void PersistLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-  // Reads <state_dir>/workers.state (before the loops start): the lease to keep and the workers to
-  // re-attach to (those whose pid still has the recorded start time).
-  void LoadState();
-  // Non-blocking: true when `w` has ended (exit_code/signal set; for an adopted non-child the
-  // status comes from the worker's own worker_exit/<rank> key, else "unknown").
-  bool Reap(const LocalAttempt& a, LocalWorker* w, std::string* note);
-  // The scheduler's handling of a RUNNING job's current attempt (failure, success).
-  void CheckAttempt(const Job& job, const std::set<std::string>& alive);
-  // Retention (leader, at most every 2 s): forgets finished jobs per keep_finished_jobs and
-  // finished_job_ttl (JobsToForget).
-  void ForgetFinished();
-  void DrainNow();
-  void DetachNow();
+  void ControlLoop() ABSL_LOCKS_EXCLUDED(mu);
+  void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu);
+  absl::Status Register() ABSL_LOCKS_EXCLUDED(mu);
+  void Tick() ABSL_LOCKS_EXCLUDED(mu);
+  void DrainNow() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  void DetachNow() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
   std::string JobDir(const std::string& job) const;
 
-  // Store helpers (daemon.cc). ReadRecord returns the job and the raw bytes for compare-and-set.
-  absl::StatusOr<std::pair<Job, std::string>> ReadRecord(const std::string& id);
+  // schedule.cc (leader only): reads the store into snapshots, asks `scheduler`, writes the
+  // outcome. Never takes mu.
+  void Schedule() ABSL_LOCKS_EXCLUDED(mu);
+  // A RUNNING job's current attempt: success, or a failure (stop key, then RESTARTING or FAILED).
+  void CheckAttempt(const Job& job, const std::set<std::string>& alive) ABSL_LOCKS_EXCLUDED(mu);
+  // Retention (at most every 2 s): forgets finished jobs per keep_finished_jobs and
+  // finished_job_ttl (JobsToForget).
+  void ForgetFinished() ABSL_LOCKS_EXCLUDED(mu);
+
+  // supervise.cc (every node, control thread).
+  void Supervise() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  // Starts this node's ranks of `job`'s current attempt unless its stop key is set, adds the
+  // attempt to `local` (stopping it at once when the node began draining meanwhile), persists.
+  void StartPlaced(const Job& job) ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  // Prepares the job directory and forks this node's ranks of the current attempt; nullopt when
+  // none are placed here. An exec failure is reported to the store as exit code 127.
+  std::optional<LocalAttempt> SpawnAttempt(const Job& job) ABSL_LOCKS_EXCLUDED(mu);
+  // One supervision pass over `a` (a copy taken under mu): reaps and reports exits, stops the
+  // attempt on a failure or its stop key, SIGKILLs after kill_grace, releases the devices when
+  // every rank ended. True when something workers.state records changed.
+  bool SuperviseAttempt(LocalAttempt* a, const std::map<std::string, Job>& records,
+                        bool oom_recent) ABSL_LOCKS_EXCLUDED(mu);
+  // SIGTERMs the attempt's live workers (once). `a` is the caller's: a copy, or an entry of
+  // `local` with mu held.
+  void StopAttempt(LocalAttempt* a, const std::string& reason);
+  // Non-blocking: true when `w` has ended (exit_code/signal set; for an adopted non-child the
+  // status comes from the worker's own worker_exit/<rank> key, else "unknown").
+  bool Reap(const LocalAttempt& a, LocalWorker* w, std::string* note) ABSL_LOCKS_EXCLUDED(mu);
+  // Merges what a pass learned on a copy into `local` (exits, stopping, released).
+  void MergeAttempt(const LocalAttempt& from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // worker_state.cc: <state_dir>/workers.state.
+  // Writes the lease and the unreleased attempts (snapshot under mu, write without it), atomically
+  // and durably (base::WriteFileAtomic); a failure is logged.
+  void Persist() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  std::string StateTextLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Reads workers.state (before the loops start): the lease to keep and the workers to re-attach
+  // to (those whose pid still has the recorded start time).
+  void LoadState() ABSL_LOCKS_EXCLUDED(mu);
+
+  // records.cc: job records and nodes in the store (any thread, never under mu). ReadRecord
+  // returns the job and the raw bytes for compare-and-set.
+  absl::StatusOr<std::pair<Job, std::string>> ReadRecord(const std::string& id)
+      ABSL_LOCKS_EXCLUDED(mu);
   // Applies `mutate` to the record with compare-and-set, retrying on races. `mutate` returns
   // false to leave the record unchanged.
-  absl::StatusOr<Job> UpdateRecord(const std::string& id, const std::function<bool(Job*)>& mutate);
-  absl::StatusOr<std::vector<jobs::v1::Node>> ReadNodes();
-  absl::StatusOr<std::map<std::string, std::string>> ReadAllocs();  // "node/device" -> job
-  void FillProgress(Job* job);
+  absl::StatusOr<Job> UpdateRecord(const std::string& id, const std::function<bool(Job*)>& mutate)
+      ABSL_LOCKS_EXCLUDED(mu);
+  absl::StatusOr<std::vector<jobs::v1::Node>> ReadNodes() ABSL_LOCKS_EXCLUDED(mu);
+  // "node/device" -> job
+  absl::StatusOr<std::map<std::string, std::string>> ReadAllocs() ABSL_LOCKS_EXCLUDED(mu);
+  void FillProgress(Job* job) ABSL_LOCKS_EXCLUDED(mu);
 };
 
 int64_t NowMs();
-bool IsTerminal(JobState s);
-
-// The scheduler's view of the registered nodes: every device, and those a job holds (`allocs`:
-// "node/device" -> job, from ReadAllocs).
-std::vector<NodeDevices> Snapshot(const std::vector<jobs::v1::Node>& nodes,
-                                  const std::map<std::string, std::string>& allocs);
-// The gang a job asks for (world size, resources.nodes, resources.devices_per_node).
-GangRequest RequestOf(const Job& job);
 
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);

@@ -1,5 +1,5 @@
-// Unit tests of the daemon's pure parts: placement, spec path policy, processes, config, tokens,
-// restart decisions.
+// Unit tests of the daemon's parts: placement, spec path policy, processes, tokens (config in
+// config_test.cc; the scheduler's restart, node-loss and retention decisions in scheduler_test.cc).
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,7 +12,6 @@
 #include "catch2/catch.hpp"
 #include "runtime/base/auth.h"
 #include "runtime/daemon/daemon.h"
-#include "runtime/daemon/config.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/spec_policy.h"
@@ -135,33 +134,6 @@ TEST_CASE("die_with_parent: the worker is killed when the thread that forked it 
   }
 }
 
-TEST_CASE("retention forgets finished jobs beyond the newest N and older than the TTL") {
-  auto job = [](const std::string& id, int64_t end_ms) {
-    jobs::v1::Job j;
-    j.set_id(id);
-    j.set_submit_unix_ms(end_ms - 10);
-    j.set_end_unix_ms(end_ms);
-    return j;
-  };
-  const int64_t now = 1'000'000'000;
-  std::vector<jobs::v1::Job> done = {job("a", now - 5000), job("b", now - 1000),
-                                     job("c", now - 3000), job("d", now - 100)};
-  auto f = JobsToForget(done, 2, absl::ZeroDuration(), now);  // keeps d, b
-  std::sort(f.begin(), f.end());
-  REQUIRE(f == std::vector<std::string>{"a", "c"});
-  f = JobsToForget(done, 0, absl::Seconds(2), now);  // ended more than 2 s ago
-  std::sort(f.begin(), f.end());
-  REQUIRE(f == std::vector<std::string>{"a", "c"});
-  f = JobsToForget(done, 3, absl::Milliseconds(500), now);
-  std::sort(f.begin(), f.end());
-  REQUIRE(f == std::vector<std::string>{"a", "b", "c"});
-  REQUIRE(JobsToForget(done, 0, absl::ZeroDuration(), now).empty());  // no limits
-  jobs::v1::Job never_started;  // cancelled while pending: no end time, the submit time counts
-  never_started.set_id("p");
-  never_started.set_submit_unix_ms(now - 10'000);
-  REQUIRE(JobsToForget({never_started}, 0, absl::Seconds(5), now) == std::vector<std::string>{"p"});
-}
-
 TEST_CASE("exit codes are reported and an exec failure is 127") {
   SpawnOptions o;
   o.argv = {"/bin/sh", "-c", "exit 7"};
@@ -187,106 +159,6 @@ TEST_CASE("logs rotate by copy-truncate") {
   REQUIRE(TailLines(log, 1).empty());
   REQUIRE(TailLines(log + ".1", 1).at(0).size() == 2000);
   REQUIRE_FALSE(RotateIfLarger(log, 1000, 2));
-}
-
-TEST_CASE("config: unknown keys and missing tokens are named") {
-  std::string path = Tmp("emberd.yaml");
-  { std::ofstream(path) << "host_store: true\nwork_rot: /x\n"; }
-  EmberdConfig cfg;
-  auto s = LoadEmberdConfig(path, &cfg);
-  REQUIRE(absl::IsInvalidArgument(s));
-  REQUIRE(absl::StrContains(s.message(), "work_rot"));
-  { std::ofstream(path) << "host_store: true\ncpu_slots: 3\n"; }
-  cfg = EmberdConfig();
-  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
-  REQUIRE(cfg.cpu_slots == 3);
-  auto o = ToDaemonOptions(cfg);
-  REQUIRE(absl::IsInvalidArgument(o.status()));
-  REQUIRE(absl::StrContains(o.status().message(), "auth_token_file"));
-  std::string tok = Tmp("token");
-  REQUIRE(base::WriteTokenFile(tok, base::GenerateToken()).ok());
-  cfg.auth_token_file = tok;
-  o = ToDaemonOptions(cfg);
-  REQUIRE(o.ok());
-  REQUIRE(o->auth_token.size() == 64);
-  REQUIRE(o->keep_finished_jobs == 100);
-  REQUIRE(o->finished_job_ttl == absl::Hours(168));
-  { std::ofstream(path) << "keep_finished_jobs: 5\nfinished_job_ttl_h: 0.5\n"; }
-  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
-  o = ToDaemonOptions(cfg);
-  REQUIRE(o.ok());
-  REQUIRE(o->keep_finished_jobs == 5);
-  REQUIRE(o->finished_job_ttl == absl::Minutes(30));
-  // The cgroup flag is gone (it never set limits): an old config says so instead of lying.
-  { std::ofstream(path) << "cgroup_root: /sys/fs/cgroup/ember\n"; }
-  s = LoadEmberdConfig(path, &cfg);
-  REQUIRE(absl::IsInvalidArgument(s));
-  REQUIRE(absl::StrContains(s.message(), "cgroup_root was removed"));
-  // TLS: a CA without a certificate cannot serve; a missing key file is named; the flag parses.
-  { std::ofstream(path) << "host_store: true\ntls_ca: " << tok << "\ntls_verify_clients: false\n"; }
-  REQUIRE(LoadEmberdConfig(path, &cfg).ok());
-  REQUIRE(!cfg.tls.verify_clients);
-  o = ToDaemonOptions(cfg);
-  REQUIRE(absl::IsInvalidArgument(o.status()));
-  REQUIRE(absl::StrContains(o.status().message(), "--tls-cert and --tls-key"));
-  cfg.tls.cert_file = tok;
-  cfg.tls.key_file = Tmp("no-such.key");
-  o = ToDaemonOptions(cfg);
-  REQUIRE(!o.ok());
-  REQUIRE(absl::StrContains(o.status().message(), "no-such.key"));
-  { std::ofstream(tok) << "short\n"; }
-  REQUIRE(absl::IsInvalidArgument(base::ReadTokenFile(tok).status()));
-}
-
-jobs::v1::Attempt FailedAttempt(int n, int rank, int code, int sig, int64_t last_step) {
-  jobs::v1::Attempt a;
-  a.set_number(n);
-  a.mutable_root_cause()->set_rank(rank);
-  a.mutable_root_cause()->set_exit_code(code);
-  a.mutable_root_cause()->set_signal(sig);
-  a.set_last_step(last_step);
-  return a;
-}
-
-TEST_CASE("restart decisions: max_restarts, exit code 2, the same failure twice, node loss") {
-  jobs::v1::Job j;
-  j.mutable_spec()->set_max_restarts(2);
-  *j.add_attempts() = FailedAttempt(0, 1, -1, 9, 30);
-  REQUIRE(NextStateAfterFailure(j) == jobs::v1::RESTARTING);
-  // Progress since the last failure: the same signal again is retried.
-  *j.add_attempts() = FailedAttempt(1, 1, -1, 9, 45);
-  REQUIRE(NoRetryReason(j).empty());
-  REQUIRE(NextStateAfterFailure(j) == jobs::v1::RESTARTING);
-  // Budget spent.
-  *j.add_attempts() = FailedAttempt(2, 0, 1, 0, 60);
-  REQUIRE(NextStateAfterFailure(j) == jobs::v1::FAILED);
-
-  jobs::v1::Job same;
-  same.mutable_spec()->set_max_restarts(10);
-  *same.add_attempts() = FailedAttempt(0, 3, 3, 0, 2);
-  *same.add_attempts() = FailedAttempt(1, 3, 3, 0, 2);
-  REQUIRE(absl::StrContains(NoRetryReason(same), "same way as attempt 0"));
-  REQUIRE(NextStateAfterFailure(same) == jobs::v1::FAILED);
-
-  jobs::v1::Job bad;
-  bad.mutable_spec()->set_max_restarts(10);
-  *bad.add_attempts() = FailedAttempt(0, 0, 2, 0, 0);
-  REQUIRE(absl::StrContains(NoRetryReason(bad), "bad spec"));
-  REQUIRE(NextStateAfterFailure(bad) == jobs::v1::FAILED);
-
-  jobs::v1::Job lost;  // "node lost" has no root cause: always retryable within the budget
-  lost.mutable_spec()->set_max_restarts(1);
-  lost.add_attempts()->set_number(0);
-  REQUIRE(NextStateAfterFailure(lost) == jobs::v1::RESTARTING);
-  lost.add_attempts()->set_number(1);
-  REQUIRE(NextStateAfterFailure(lost) == jobs::v1::FAILED);
-}
-
-TEST_CASE("restart backoff doubles up to its cap") {
-  REQUIRE(RestartBackoff(1, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(1));
-  REQUIRE(RestartBackoff(2, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(2));
-  REQUIRE(RestartBackoff(4, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(8));
-  REQUIRE(RestartBackoff(40, absl::Seconds(1), absl::Seconds(30)) == absl::Seconds(30));
 }
 
 TEST_CASE("process identity survives only with the same start time") {

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "runtime/base/files.h"
 #include "runtime/base/flags.h"
 #include "runtime/data/token_file.h"
 #include "spdlog/spdlog.h"
@@ -38,12 +39,8 @@ int main(int argc, char** argv) {
     const uint32_t id = static_cast<uint8_t>(text[i]);
     for (size_t b = 0; b < w; ++b) bytes[i * w + b] = static_cast<char>((id >> (8 * b)) & 0xff);
   }
-  const std::string tmp = out + ".tmp";
-  std::ofstream o(tmp, std::ios::binary | std::ios::trunc);
-  o.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  o.close();
-  if (!o || std::rename(tmp.c_str(), out.c_str()) != 0) {
-    spdlog::error("cannot write --output '{}'", out);
+  if (absl::Status s = ember::base::WriteFileAtomic(out, bytes); !s.ok()) {
+    spdlog::error("cannot write --output '{}': {}", out, s.ToString());
     return 1;
   }
   spdlog::info("{}: {} bytes -> {} tokens ({}, vocab 256) in {}", in, text.size(), text.size(),

@@ -7,8 +7,8 @@
 //   std::cout << r.ToText();            // or r.ToJson()
 //   return r.problem ? 1 : 0;
 //
-// Pure functions over files; thread-compatible. Used by `fr_analyze`, `emberctl fr analyze` and
-// FlightVerdict (verdict.h).
+// Pure functions over files; thread-compatible. Used by `emberctl fr analyze` and FlightVerdict
+// (verdict.h).
 #ifndef EMBER_RUNTIME_FLIGHT_ANALYZE_H_
 #define EMBER_RUNTIME_FLIGHT_ANALYZE_H_
 

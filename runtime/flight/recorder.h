@@ -41,7 +41,7 @@ struct OpRecord {
   int64_t p2p_seq = -1;         // per group, 1-based; -1 for collectives
   absl::string_view op;         // "all_reduce", "send", ...
   int64_t in_numel = 0, out_numel = 0;
-  const char* in_dtype = "";    // static strings (comm::DataTypeName)
+  const char* in_dtype = "";    // static strings (comm::DTypeName)
   const char* out_dtype = "";
   int peer = -1;                // p2p: the other rank (group rank); broadcast: root
   int64_t timeout_ms = 0;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/cross_entropy.h"
+#include "runtime/base/dtype.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::fsdp {
@@ -29,14 +30,6 @@ int64_t CommBytes::total() const {
 
 namespace {
 
-kernels::DType KernelDtype(DataType t) {
-  switch (t) {
-    case DataType::kBF16: return kernels::DType::kBF16;
-    case DataType::kF16: return kernels::DType::kF16;
-    default: return kernels::DType::kF32;
-  }
-}
-
 // n fp32 values -> n values of `t` at `out`.
 void Encode(const float* in, int64_t n, DataType t, void* out) {
   if (t == DataType::kF32) {
@@ -44,9 +37,9 @@ void Encode(const float* in, int64_t n, DataType t, void* out) {
   } else {
     uint16_t* o = static_cast<uint16_t*>(out);
     if (t == DataType::kBF16) {
-      for (int64_t i = 0; i < n; ++i) o[i] = comm::FloatToBF16(in[i]);
+      base::CastF32ToBf16(in, o, static_cast<size_t>(n));
     } else {
-      for (int64_t i = 0; i < n; ++i) o[i] = comm::FloatToHalf(in[i]);
+      base::CastF32ToF16(in, o, static_cast<size_t>(n));
     }
   }
 }
@@ -57,18 +50,18 @@ void Decode(const void* in, DataType t, float* out, int64_t n) {
   } else {
     const uint16_t* p = static_cast<const uint16_t*>(in);
     if (t == DataType::kBF16) {
-      for (int64_t i = 0; i < n; ++i) out[i] = comm::BF16ToFloat(p[i]);
+      base::CastBf16ToF32(p, out, static_cast<size_t>(n));
     } else {
-      for (int64_t i = 0; i < n; ++i) out[i] = comm::HalfToFloat(p[i]);
+      base::CastF16ToF32(p, out, static_cast<size_t>(n));
     }
   }
 }
 
 const char* At(const Tensor& t, int64_t elems, DataType dt) {
-  return static_cast<const char*>(const_cast<Tensor&>(t).raw()) + elems * comm::DataTypeSize(dt);
+  return static_cast<const char*>(const_cast<Tensor&>(t).raw()) + elems * comm::DTypeSize(dt);
 }
 char* At(Tensor& t, int64_t elems, DataType dt) {
-  return static_cast<char*>(t.raw()) + elems * comm::DataTypeSize(dt);
+  return static_cast<char*>(t.raw()) + elems * comm::DTypeSize(dt);
 }
 
 }  // namespace
@@ -190,8 +183,8 @@ absl::Status FsdpGpt::Wait(const std::shared_ptr<comm::Work>& w) {
 void FsdpGpt::IssueGather(Unit& u) {
   if (u.gathered || !u.ag_pending.empty()) return;
   for (const Group& g : u.ag) {
-    Pending p{&g, Tensor::Empty(KernelDtype(g.dt), {g.shard_numel}),
-              Tensor::Empty(KernelDtype(g.dt), {world_ * g.shard_numel}), nullptr};
+    Pending p{&g, Tensor::Empty(g.dt, {g.shard_numel}),
+              Tensor::Empty(g.dt, {world_ * g.shard_numel}), nullptr};
     int64_t off = 0;
     for (Param* q : g.params) {
       Encode(q->master.data<float>(), q->shard_numel(), g.dt, At(p.send, off, g.dt));
@@ -203,8 +196,8 @@ void FsdpGpt::IssueGather(Unit& u) {
     const absl::Time t0 = absl::Now();
     p.work = groups_.world->AllGatherSingle(p.send.raw(), p.recv.raw(), g.shard_numel, g.dt, o);
     comm_wait_ += absl::Now() - t0;
-    bytes_.all_gather[comm::DataTypeName(g.dt)] +=
-        world_ * g.shard_numel * static_cast<int64_t>(comm::DataTypeSize(g.dt));
+    bytes_.all_gather[comm::DTypeName(g.dt)] +=
+        world_ * g.shard_numel * static_cast<int64_t>(comm::DTypeSize(g.dt));
     u.ag_pending.push_back(std::move(p));
   }
 }
@@ -245,8 +238,8 @@ void FsdpGpt::Reshard(Unit& u) {
 void FsdpGpt::IssueReduceScatter(Unit& u) {
   comm::ProcessGroup* pg = groups_.reduce_scatter ? groups_.reduce_scatter : groups_.world;
   for (const Group& g : u.rs) {
-    Pending p{&g, Tensor::Zeros(KernelDtype(g.dt), {world_ * g.shard_numel}),
-              Tensor::Empty(KernelDtype(g.dt), {g.shard_numel}), nullptr};
+    Pending p{&g, Tensor::Zeros(g.dt, {world_ * g.shard_numel}),
+              Tensor::Empty(g.dt, {g.shard_numel}), nullptr};
     for (int r = 0; r < world_; ++r) {
       int64_t off = 0;
       for (Param* q : g.params) {
@@ -262,8 +255,8 @@ void FsdpGpt::IssueReduceScatter(Unit& u) {
     p.work = pg->ReduceScatterSingle(p.send.raw(), p.recv.raw(), g.shard_numel, g.dt,
                                      comm::ReduceOp::kSum, o);
     comm_wait_ += absl::Now() - t0;
-    const int64_t bytes = world_ * g.shard_numel * static_cast<int64_t>(comm::DataTypeSize(g.dt));
-    bytes_.reduce_scatter[comm::DataTypeName(g.dt)] += bytes;
+    const int64_t bytes = world_ * g.shard_numel * static_cast<int64_t>(comm::DTypeSize(g.dt));
+    bytes_.reduce_scatter[comm::DTypeName(g.dt)] += bytes;
     if (u.rs.size() == 1) bytes_.reduce_scatter_promoted += bytes;
     u.rs_pending.push_back(std::move(p));
   }

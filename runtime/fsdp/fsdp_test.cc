@@ -243,8 +243,8 @@ CommBytes Expected(const FsdpOptions& opts, int world) {
     const ParamPrecision p = opts.mp.Resolve(s.name);
     const bool once = s.name.rfind("blocks.", 0) != 0 ||
                       s.name.rfind(absl::StrCat("blocks.", cfg.n_layer - 1, "."), 0) == 0;
-    e.all_gather[comm::DataTypeName(p.param_dtype)] += (once ? 1 : 2) * numel * comm::DataTypeSize(p.param_dtype);
-    e.reduce_scatter[comm::DataTypeName(p.reduce_dtype)] += numel * comm::DataTypeSize(p.reduce_dtype);
+    e.all_gather[comm::DTypeName(p.param_dtype)] += (once ? 1 : 2) * numel * comm::DTypeSize(p.param_dtype);
+    e.reduce_scatter[comm::DTypeName(p.reduce_dtype)] += numel * comm::DTypeSize(p.reduce_dtype);
   }
   e.all_reduce["f64"] = 8;  // the loss mean (the norm all-reduce comes after the snapshot)
   return e;
@@ -307,9 +307,9 @@ TEST_CASE("bf16 policy with fp32 norms: bytes, tolerance, fp32 params never pass
   CHECK(std::memcmp(ln_gathered[0].data(), masters.data(), masters.size() * 4) == 0);
   CHECK(ln_gathered[0] == ln_gathered[1]);
   bool ln_has_non_bf16 = false;
-  for (float x : masters) ln_has_non_bf16 |= comm::BF16ToFloat(comm::FloatToBF16(x)) != x;
+  for (float x : masters) ln_has_non_bf16 |= base::Bf16ToF32(base::F32ToBf16(x)) != x;
   CHECK(ln_has_non_bf16);  // so bitwise equality above really proves fp32 transport
-  for (float x : qkv_gathered[0]) REQUIRE(comm::BF16ToFloat(comm::FloatToBF16(x)) == x);
+  for (float x : qkv_gathered[0]) REQUIRE(base::Bf16ToF32(base::F32ToBf16(x)) == x);
   bool red_non_bf16 = false;
   const int64_t C = TinyConfig().d_model, c = ChunkRows(C, 2);
   REQUIRE(ln_local[0].size() == static_cast<size_t>(C));
@@ -317,9 +317,9 @@ TEST_CASE("bf16 policy with fp32 norms: bytes, tolerance, fp32 params never pass
     for (int64_t i = 0; i < c; ++i) {
       const float want = ln_local[0][r * c + i] + ln_local[1][r * c + i];
       CHECK(std::memcmp(&ln_red[r][i], &want, 4) == 0);
-      red_non_bf16 |= comm::BF16ToFloat(comm::FloatToBF16(ln_red[r][i])) != ln_red[r][i];
+      red_non_bf16 |= base::Bf16ToF32(base::F32ToBf16(ln_red[r][i])) != ln_red[r][i];
     }
-    for (float x : qkv_red[r]) REQUIRE(comm::BF16ToFloat(comm::FloatToBF16(x)) == x);  // bf16 path
+    for (float x : qkv_red[r]) REQUIRE(base::Bf16ToF32(base::F32ToBf16(x)) == x);  // bf16 path
   }
   CHECK(red_non_bf16);
 }

@@ -1,6 +1,10 @@
 #include "runtime/fsdp/policy.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
+#include "runtime/base/dtype.h"
 
 namespace ember::fsdp {
 
@@ -44,10 +48,19 @@ absl::StatusOr<DataType> ParseFloatDtype(const std::string& field, const std::st
 }
 
 void RoundTo(DataType t, float* x, int64_t n) {
-  if (t == DataType::kBF16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = comm::BF16ToFloat(comm::FloatToBF16(x[i]));
-  } else if (t == DataType::kF16) {
-    for (int64_t i = 0; i < n; ++i) x[i] = comm::HalfToFloat(comm::FloatToHalf(x[i]));
+  if (t != DataType::kBF16 && t != DataType::kF16) return;
+  // Narrow and widen back through a block on the stack (the vectorised casts of base/dtype.h).
+  constexpr int64_t kBlock = 2048;
+  uint16_t tmp[kBlock];
+  for (int64_t off = 0; off < n; off += kBlock) {
+    const size_t m = static_cast<size_t>(std::min(kBlock, n - off));
+    if (t == DataType::kBF16) {
+      base::CastF32ToBf16(x + off, tmp, m);
+      base::CastBf16ToF32(tmp, x + off, m);
+    } else {
+      base::CastF32ToF16(x + off, tmp, m);
+      base::CastF16ToF32(tmp, x + off, m);
+    }
   }
 }
 

@@ -1,8 +1,6 @@
 #include "runtime/jobspec/spec.h"
 
-#include <cmath>
 #include <fstream>
-#include <set>
 #include <sstream>
 #include <vector>
 
@@ -10,127 +8,18 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "google/protobuf/descriptor.h"
-#include "google/protobuf/reflection.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/pipeline_layout.h"
+#include "runtime/jobspec/yaml_proto.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ember::spec {
 namespace {
 
-using google::protobuf::FieldDescriptor;
-using google::protobuf::Message;
-using google::protobuf::Reflection;
-
 constexpr size_t kMaxSpecBytes = 1 << 20;
 
 absl::Status Bad(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path.empty() ? "spec" : path, ": ", what));
-}
-
-std::string Join(const std::string& path, const std::string& name) {
-  return path.empty() ? name : absl::StrCat(path, ".", name);
-}
-
-std::string Allowed(const google::protobuf::Descriptor* d) {
-  std::vector<std::string> names;
-  for (int i = 0; i < d->field_count(); ++i) names.push_back(d->field(i)->name());
-  return absl::StrJoin(names, ", ");
-}
-
-// NaN and infinities (YAML .nan, .inf; or a float literal beyond the float range) are refused in
-// every float field.
-absl::Status NotFinite(const std::string& path, const std::string& text) {
-  return Bad(path, absl::StrCat("'", text, "' is not a finite number"));
-}
-
-absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* f, Message* msg,
-                       const std::string& path, bool repeated) {
-  if (!node.IsScalar()) return Bad(path, "expected a single value, got a list or mapping");
-  const Reflection* r = msg->GetReflection();
-  std::string text = node.Scalar();
-  try {
-    switch (f->cpp_type()) {
-      case FieldDescriptor::CPPTYPE_STRING:
-        repeated ? r->AddString(msg, f, text) : r->SetString(msg, f, text);
-        return absl::OkStatus();
-      case FieldDescriptor::CPPTYPE_BOOL: {
-        bool v = node.as<bool>();
-        repeated ? r->AddBool(msg, f, v) : r->SetBool(msg, f, v);
-        return absl::OkStatus();
-      }
-      case FieldDescriptor::CPPTYPE_INT32: {
-        int32_t v = node.as<int32_t>();
-        repeated ? r->AddInt32(msg, f, v) : r->SetInt32(msg, f, v);
-        return absl::OkStatus();
-      }
-      case FieldDescriptor::CPPTYPE_INT64: {
-        int64_t v = node.as<int64_t>();
-        repeated ? r->AddInt64(msg, f, v) : r->SetInt64(msg, f, v);
-        return absl::OkStatus();
-      }
-      case FieldDescriptor::CPPTYPE_FLOAT: {
-        float v = node.as<float>();
-        if (!std::isfinite(v)) return NotFinite(path, text);
-        repeated ? r->AddFloat(msg, f, v) : r->SetFloat(msg, f, v);
-        return absl::OkStatus();
-      }
-      case FieldDescriptor::CPPTYPE_DOUBLE: {
-        double v = node.as<double>();
-        if (!std::isfinite(v)) return NotFinite(path, text);
-        repeated ? r->AddDouble(msg, f, v) : r->SetDouble(msg, f, v);
-        return absl::OkStatus();
-      }
-      default:
-        return Bad(path, "unsupported field type");
-    }
-  } catch (const YAML::Exception&) {
-    return Bad(path, absl::StrCat("'", text, "' is not a valid ", f->cpp_type_name()));
-  }
-}
-
-absl::Status FillMessage(const YAML::Node& node, Message* msg, const std::string& path,
-                         int depth) {
-  if (depth > 8) return Bad(path, "nested too deeply");
-  if (node.IsNull()) return absl::OkStatus();
-  if (!node.IsMap()) return Bad(path, "expected a mapping of field: value");
-  const auto* desc = msg->GetDescriptor();
-  const Reflection* r = msg->GetReflection();
-  std::set<std::string> seen;
-  for (const auto& kv : node) {
-    if (!kv.first.IsScalar()) return Bad(path, "keys must be plain names");
-    std::string key = kv.first.Scalar();
-    std::string fpath = Join(path, key);
-    // yaml-cpp keeps every entry of a mapping, so without this check the last of two equal keys
-    // would silently win.
-    if (!seen.insert(key).second) {
-      return Bad(fpath, absl::StrCat("duplicate key on line ", kv.first.Mark().line + 1,
-                                     "; each field may appear once"));
-    }
-    const FieldDescriptor* f = desc->FindFieldByName(key);
-    if (f == nullptr) {
-      return Bad(fpath, absl::StrCat("unknown field; allowed here: ", Allowed(desc)));
-    }
-    const YAML::Node& v = kv.second;
-    if (f->is_repeated()) {
-      if (v.IsNull()) continue;
-      if (!v.IsSequence()) return Bad(fpath, "expected a list");
-      if (v.size() > 1024) return Bad(fpath, "more than 1024 entries");
-      for (size_t i = 0; i < v.size(); ++i) {
-        std::string ipath = absl::StrCat(fpath, "[", i, "]");
-        if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-          RETURN_IF_ERROR(FillMessage(v[i], r->AddMessage(msg, f), ipath, depth + 1));
-        } else {
-          RETURN_IF_ERROR(SetScalar(v[i], f, msg, ipath, true));
-        }
-      }
-    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
-      RETURN_IF_ERROR(FillMessage(v, r->MutableMessage(msg, f), fpath, depth + 1));
-    } else {
-      RETURN_IF_ERROR(SetScalar(v, f, msg, fpath, false));
-    }
-  }
-  return absl::OkStatus();
 }
 
 absl::Status OneOf(const std::string& path, const std::string& value,
@@ -270,6 +159,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(OneOf("parallelism.strategy", p.strategy(), {"fsdp", "pipeline", "none"}));
   RETURN_IF_ERROR(Range("parallelism.world_size", p.world_size(), 0, 1 << 16));
   RETURN_IF_ERROR(Range("parallelism.micro_batches", p.micro_batches(), 1, 1 << 16));
+  RETURN_IF_ERROR(ValidatePipelineLayout(s));  // pipeline_layout.h
   if (!p.backend().empty()) {
     RETURN_IF_ERROR(OneOf("parallelism.backend", p.backend(),
                           {"cpu", "nccl", "nccl-lazy", "nccl-legacy"}));
@@ -326,7 +216,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
         "spec: empty; a job needs at least data.path or data.text_path (docs/job-spec.md)");
   }
   JobSpec spec;
-  RETURN_IF_ERROR(FillMessage(root, &spec, "", 0));
+  RETURN_IF_ERROR(FillFromYaml(root, &spec, "spec"));
   ApplyDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;

@@ -4,7 +4,9 @@
 
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
 #include "runtime/jobspec/spec.h"
+#include "runtime/jobspec/yaml_proto.h"
 
 namespace ember::spec {
 namespace {
@@ -167,6 +169,32 @@ TEST_CASE("a fuzzed corpus never crashes and never yields an invalid spec") {
     }
   }
   WARN("fuzzed specs accepted: " << accepted << " of 3000");
+}
+
+// The generic YAML -> proto (emberd's config uses it too): fields set, others untouched; the
+// document's name in errors about the document; single values from text (flags).
+TEST_CASE("ParseYamlInto and SetFieldFromText work on any message") {
+  JobSpec s;
+  s.set_steps(7);
+  REQUIRE(ParseYamlInto("name: x\nmodel: {n_layers: 3}\n", &s, "doc").ok());
+  CHECK(s.name() == "x");
+  CHECK(s.model().n_layers() == 3);
+  CHECK(s.steps() == 7);
+  REQUIRE(ParseYamlInto("", &s, "doc").ok());
+  auto bad = ParseYamlInto("[1, 2]", &s, "doc");
+  CHECK(absl::StartsWith(bad.message(), "doc: expected a mapping"));
+  bad = ParseYamlInto("{unclosed", &s, "doc");
+  CHECK(absl::StartsWith(bad.message(), "doc is not valid YAML/JSON"));
+  bad = ParseYamlInto("model: {n_layerz: 1}", &s, "doc");
+  CHECK(absl::StartsWith(bad.message(), "model.n_layerz: unknown field; allowed here: vocab_size"));
+  const auto* steps = JobSpec::descriptor()->FindFieldByName("steps");
+  REQUIRE(SetFieldFromText("12", steps, &s, "--steps").ok());
+  CHECK(s.steps() == 12);
+  bad = SetFieldFromText("many", steps, &s, "--steps");
+  CHECK(bad.message() == "--steps: 'many' is not a valid int64");
+  CHECK(s.steps() == 12);
+  const auto* model = JobSpec::descriptor()->FindFieldByName("model");
+  CHECK(absl::IsInvalidArgument(SetFieldFromText("1", model, &s, "--model")));
 }
 
 }  // namespace

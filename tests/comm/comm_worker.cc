@@ -54,18 +54,19 @@ int g_rank = 0, g_size = 1, g_failures = 0;
 double Value(int rank, size_t i) { return static_cast<double>((rank * 7 + i * 3) % 5) - 2.0; }
 
 void Fill(std::vector<char>* buf, DataType t, int rank, size_t count, size_t offset = 0) {
-  buf->resize(count * DataTypeSize(t));
+  buf->resize(count * DTypeSize(t));
   for (size_t i = 0; i < count; ++i) {
     double v = Value(rank, i + offset);
-    char* p = buf->data() + i * DataTypeSize(t);
+    char* p = buf->data() + i * DTypeSize(t);
     switch (t) {
       case DataType::kF32: { float f = v; std::memcpy(p, &f, 4); break; }
       case DataType::kF64: std::memcpy(p, &v, 8); break;
-      case DataType::kBF16: { uint16_t h = FloatToBF16(v); std::memcpy(p, &h, 2); break; }
-      case DataType::kF16: { uint16_t h = FloatToHalf(v); std::memcpy(p, &h, 2); break; }
+      case DataType::kBF16: { uint16_t h = base::F32ToBf16(v); std::memcpy(p, &h, 2); break; }
+      case DataType::kF16: { uint16_t h = base::F32ToF16(v); std::memcpy(p, &h, 2); break; }
       case DataType::kI32: { int32_t x = v; std::memcpy(p, &x, 4); break; }
       case DataType::kI64: { int64_t x = v; std::memcpy(p, &x, 8); break; }
       case DataType::kU8: { uint8_t x = static_cast<uint8_t>(v + 2); std::memcpy(p, &x, 1); break; }
+      default: break;  // not a reducible type: the caller only passes kAllDataTypes
     }
   }
 }
@@ -83,13 +84,13 @@ std::vector<char> Reference(DataType t, ReduceOp op, size_t count, size_t offset
 }
 
 std::string Name(const char* op, DataType t, size_t n, const char* rop = "") {
-  return absl::StrCat(op, " ", DataTypeName(t), " ", rop, " n=", n);
+  return absl::StrCat(op, " ", DTypeName(t), " ", rop, " n=", n);
 }
 
 absl::Status Correctness(ProcessGroup& pg) {
   const size_t counts[] = {0, 1, 3, 1000, 16411, 262147};
   for (DataType t : kAllDataTypes) {
-    size_t es = DataTypeSize(t);
+    size_t es = DTypeSize(t);
     for (size_t n : counts) {
       for (ReduceOp op : kAllReduceOps) {
         std::vector<char> buf;
@@ -150,8 +151,8 @@ uint16_t Random16(DataType t, int rank, size_t i) {
   return static_cast<uint16_t>(sign << 15 | (12 + e) << 10 | (z & 0x3ff));
 }
 
-double Decode16(DataType t, uint16_t h) { return t == DataType::kBF16 ? BF16ToFloat(h) : HalfToFloat(h); }
-uint16_t Round16(DataType t, float f) { return t == DataType::kBF16 ? FloatToBF16(f) : FloatToHalf(f); }
+double Decode16(DataType t, uint16_t h) { return t == DataType::kBF16 ? base::Bf16ToF32(h) : base::F16ToF32(h); }
+uint16_t Round16(DataType t, float f) { return t == DataType::kBF16 ? base::F32ToBf16(f) : base::F32ToF16(f); }
 
 // bf16/f16 sum and average against a float64 reference (docs/comm.md, "Precision"):
 // - direct shm path: one rounding. The f32 sum of these inputs is exact, so the sum must equal
@@ -212,7 +213,7 @@ absl::Status Numerics(ProcessGroup& pg) {
               ok = err <= gamma * (abs_sum / (op == ReduceOp::kAvg ? n : 1));
             }
             if (!ok && ++bad <= 3) {
-              CHECK_OR_FAIL(false, scatter ? "reduce_scatter " : "all_reduce ", DataTypeName(t), " ",
+              CHECK_OR_FAIL(false, scatter ? "reduce_scatter " : "all_reduce ", DTypeName(t), " ",
                             ReduceOpName(op), " n=", count, " element ", i, ": got ", got,
                             " exact ", exact, direct ? " (want one rounding)" : " (ring bound)");
             }
@@ -220,7 +221,7 @@ absl::Status Numerics(ProcessGroup& pg) {
           if (g_rank == 0) {
             std::fprintf(stderr, "[rank 0] %s %s %s count %zu: max error %.3f ulp = %.3f u*sum|x| "
                          "(bound %.3f), %zu/%zu inexact sums\n",
-                         scatter ? "reduce_scatter" : "all_reduce", DataTypeName(t),
+                         scatter ? "reduce_scatter" : "all_reduce", DTypeName(t),
                          ReduceOpName(op), count, max_err_ulps, max_err_u,
                          direct ? 1.0 : gamma / u, rounded, count);
           }

@@ -12,6 +12,10 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 cp -rL "$FIXTURE" "$T/good"; chmod -R u+w "$T/good"  # -L: runfiles are symlinks into the source tree
 timeout 20 "$EMBERCTL" ckpt inspect "$T/good" --verify > "$T/out" 2>&1 || fail "good: rc=$? $(cat "$T/out")"
 grep -q "all checksums OK" "$T/out" || fail "good: $(cat "$T/out")"
+# --json (as the former ember-ckpt spelled it) is --output json.
+timeout 20 "$EMBERCTL" ckpt inspect "$T/good" --json > "$T/j1" 2>&1 || fail "inspect --json: $(cat "$T/j1")"
+timeout 20 "$EMBERCTL" --output json ckpt inspect "$T/good" > "$T/j2" 2>&1 || fail "--output json inspect"
+grep -q '^{' "$T/j1" && cmp -s "$T/j1" "$T/j2" || fail "inspect --json: $(head -c 300 "$T/j1")"
 
 # One flipped byte near the end of a data file: DATA_LOSS is printed and the exit code is 1.
 cp -r "$T/good" "$T/bad"
@@ -39,6 +43,13 @@ mkdir -p "$T/dev"; ln -s /dev/zero "$T/dev/metadata.json"
 out=$(timeout 20 "$EMBERCTL" ckpt inspect "$T/dev" 2>&1); rc=$?
 [ $rc -ne 124 ] || fail "inspect of /dev/zero as metadata.json hung"
 echo "$out" | grep -q "character device" || fail "device message ($rc): $out"
+# fr analyze (the former fr_analyze): an unparsable dump is named (exit 2); no dumps is exit 5.
+mkdir -p "$T/frbad" "$T/frnone"; echo '{bad' > "$T/frbad/rank-0.json"
+out=$(timeout 20 "$EMBERCTL" fr analyze "$T/frbad" 2>&1); rc=$?
+[ $rc -eq 2 ] || fail "fr analyze of a bad dump: rc=$rc, want 2: $out"
+echo "$out" | grep -q "rank-0.json" || fail "fr analyze names the bad dump: $out"
+timeout 20 "$EMBERCTL" fr analyze "$T/frnone" > /dev/null 2>&1; rc=$?
+[ $rc -eq 5 ] || fail "fr analyze of a directory without dumps: rc=$rc, want 5"
 mkdir -p "$T/fr"; mkfifo "$T/fr/rank-0.json"
 out=$(timeout 20 "$EMBERCTL" fr analyze "$T/fr" 2>&1); rc=$?
 [ $rc -ne 124 ] || fail "fr analyze of a FIFO hung"

@@ -16,9 +16,15 @@ head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/token"
 echo "wrong-token-wrong-token-wrong" > "$T/bad"
 
 "$EMBERCTL" --help | grep -q "run --standalone" || fail "top --help"
+# Usage is generated from the command table: `help`, `help CMD` and `CMD --help` agree.
+"$EMBERCTL" help | grep -q "ckpt export CKPT OUT" || fail "help lists the commands"
 for c in run submit status list logs cancel nodes dump fr ckpt; do
-  "$EMBERCTL" "$c" --help >/dev/null || fail "$c --help"
+  "$EMBERCTL" "$c" --help > "$T/h1" || fail "$c --help"
+  grep -q "^usage: emberctl $c" "$T/h1" || fail "$c --help: $(cat "$T/h1")"
+  "$EMBERCTL" help "$c" > "$T/h2" || fail "help $c"
+  cmp -s "$T/h1" "$T/h2" || fail "help $c differs from $c --help"
 done
+"$EMBERCTL" ckpt --help | grep -q -- "--max-shard-bytes N" || fail "ckpt --help lists the options"
 "$EMBERCTL" bogus >/dev/null 2>&1; [ $? -eq 2 ] || fail "unknown command must exit 2"
 # Unknown options are usage errors (exit 2, with the command's usage), for every command, before
 # anything is read or dialed; an option of another command is unknown too.

@@ -1,0 +1,286 @@
+// emberctl's job commands: run --standalone, submit, status, list, logs, cancel, dump.
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "launcher/cli.h"
+#include "launcher/standalone.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ember::cli {
+namespace {
+
+namespace v1 = ::ember::jobs::v1;
+namespace fs = std::filesystem;
+
+std::string ProgressLine(const v1::Progress& p) {
+  if (p.step() == 0) return "";
+  std::string eta = p.eta_s() > 0 ? absl::StrFormat(" eta %.0fs", p.eta_s()) : "";
+  return absl::StrFormat("step %d/%d loss %.4f %.0f tok/s%s", p.step(), p.steps(), p.loss(),
+                         p.tokens_per_s(), eta);
+}
+
+void PrintJob(const Ctl& ctl, const v1::Job& j, bool detail) {
+  if (ctl.json()) {
+    std::cout << Ctl::ToJson(j) << "\n";
+    return;
+  }
+  std::cout << absl::StrFormat("%-32s %-10s %d x %s  %s", j.id(), v1::JobState_Name(j.state()),
+                               j.world_size(), j.device_type(), ProgressLine(j.progress()));
+  if (!j.reason().empty()) std::cout << "  (" << j.reason() << ")";
+  std::cout << "\n";
+  if (!detail) return;
+  std::cout << "  name: " << j.name() << "\n  job dir: " << j.job_dir() << "\n";
+  for (const auto& at : j.attempts()) {
+    std::vector<std::string> where;
+    for (const auto& na : at.assignment().nodes())
+      where.push_back(absl::StrCat(na.node(), "[", absl::StrJoin(na.devices(), ","), "]"));
+    std::cout << "  attempt " << at.number() << ": " << absl::StrJoin(where, " ");
+    if (at.end_unix_ms() > 0 && at.start_unix_ms() > 0) {
+      std::cout << absl::StrFormat("  ran %.1fs", (at.end_unix_ms() - at.start_unix_ms()) / 1e3);
+    }
+    if (at.last_step() > 0) std::cout << "  last step " << at.last_step();
+    std::cout << "\n";
+    if (!at.reason().empty()) std::cout << "    reason: " << at.reason() << "\n";
+    if (!at.verdict().empty()) std::cout << "    flight recorder: " << at.verdict() << "\n";
+  }
+  if (j.has_root_cause() && !j.root_cause().last_log_lines().empty()) {
+    std::cout << "  last lines of rank " << j.root_cause().rank() << ":\n";
+    for (const auto& l : j.root_cause().last_log_lines()) std::cout << "    | " << l << "\n";
+  }
+}
+
+int ExitFor(v1::JobState s) {
+  return s == v1::SUCCEEDED ? kOk : s == v1::CANCELLED ? kCancelled : kJobFailed;
+}
+
+// Follows a job with a live progress line until it ends; returns the exit code for its state.
+int Follow(Ctl& ctl, Client& c, const std::string& id) {
+  const bool tty = isatty(2), json = ctl.json();
+  v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
+  int64_t last_step = -1;
+  absl::Status s = c.StreamMetrics(id, true, 250, [&](const v1::MetricsUpdate& u) {
+    if (json) {
+      std::cout << Ctl::ToJson(u) << "\n" << std::flush;
+    } else {
+      std::string line = absl::StrCat("[", v1::JobState_Name(u.state()), "] ");
+      auto it = u.ranks().find(0);
+      if (it != u.ranks().end()) line += ProgressLine(it->second);
+      if (tty) {
+        std::cerr << "\r\033[K" << line << std::flush;
+      } else if (u.state() != last_state ||
+                 (it != u.ranks().end() && it->second.step() / 10 != last_step / 10)) {
+        std::cerr << line << "\n";  // not a terminal: a line per state change / 10 steps
+      }
+      if (it != u.ranks().end()) last_step = it->second.step();
+    }
+    last_state = u.state();
+    return !Interrupted();
+  });
+  if (tty && !json) std::cerr << "\n";
+  if (Interrupted()) {
+    std::cerr << "emberctl: interrupted; cancelling " << id << "\n";
+    (void)c.Cancel(id);
+  }
+  if (!s.ok()) return ctl.Fail(s);
+  auto job = c.Wait(id, absl::Seconds(30));
+  if (!job.ok()) return ctl.Fail(job.status());
+  if (!json) PrintJob(ctl, *job, job->state() != v1::SUCCEEDED);
+  return ExitFor(job->state());
+}
+
+// Reads a spec and the small relative files it names (uploaded into the job directory).
+absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
+                      std::map<std::string, std::string>* files) {
+  std::ifstream f(path);
+  if (!f) return absl::NotFoundError("cannot read " + path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  *yaml = ss.str();
+  YAML::Node root;
+  try {
+    root = YAML::Load(*yaml);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
+  }
+  if (nproc > 0 && root.IsMap()) {
+    root["parallelism"]["world_size"] = nproc;
+    YAML::Emitter out;
+    out << root;
+    *yaml = out.c_str();
+  }
+  fs::path base = fs::absolute(path).parent_path();
+  auto upload = [&](const char* section, const char* key) {
+    if (!root.IsMap() || !root[section] || !root[section].IsMap() || !root[section][key]) return;
+    std::string rel = root[section][key].as<std::string>("");
+    if (rel.empty() || rel[0] == '/' || absl::StrContains(rel, "..")) return;
+    fs::path p = base / rel;
+    std::error_code ec;
+    if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > (8u << 20)) return;
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream b;
+    b << in.rdbuf();
+    (*files)[rel] = b.str();
+  };
+  upload("data", "path");
+  upload("data", "text_path");
+  upload("checkpoint", "init_from_safetensors");
+  return absl::OkStatus();
+}
+
+void PrintJobs(const Ctl& ctl, const std::vector<v1::Job>& jobs) {
+  if (ctl.json()) {
+    v1::ListJobsResponse r;
+    for (const auto& j : jobs) *r.add_jobs() = j;
+    std::cout << Ctl::ToJson(r) << "\n";
+    return;
+  }
+  if (jobs.empty()) std::cout << "no jobs\n";
+  for (const auto& j : jobs) PrintJob(ctl, j, false);
+}
+
+}  // namespace
+
+int RunStandalone(Ctl& ctl) {
+  const Args& a = ctl.args();
+  if (!a.Has("--standalone")) {
+    std::cerr << CommandHelp("run");
+    return kUsage;
+  }
+  int nproc = 0;
+  if (!ctl.IntOption("--nproc", 1, &nproc)) return kUsage;
+  std::string yaml;
+  std::map<std::string, std::string> files;
+  absl::Status s = ReadSpec(Ctl::UserPath(ctl.rest()[0]), nproc, &yaml, &files);
+  if (!s.ok()) return ctl.Fail(s);
+  StandaloneOptions so;
+  so.work_root = Ctl::UserPath(a.Get("--work-root", "ember-jobs"));
+  so.worker_binary = a.Get("--worker");
+  so.argv0 = ctl.argv0();
+  so.ranks = nproc;
+  if (!ctl.IntOption("--max-ranks", 1, &so.max_ranks)) return kUsage;
+  // SIGTERM and SIGHUP clean up like Ctrl-C: cancel the job, stop the workers, exit.
+  for (int sig : {SIGTERM, SIGHUP}) {
+    struct sigaction sa = {};
+    sa.sa_handler = OnInterrupt;
+    sigaction(sig, &sa, nullptr);
+  }
+  auto cluster = StandaloneCluster::Start(so, yaml);
+  if (!cluster.ok()) return ctl.Fail(cluster.status());
+  auto c = (*cluster)->Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  auto r = c->Submit(yaml, "", files);
+  if (!r.ok()) return ctl.Fail(r.status());
+  if (!ctl.json()) {
+    std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
+              << " ranks, logs in " << r->job().job_dir() << "/logs)\n";
+  }
+  // Follow notices a signal only when a progress update arrives; a job that makes none (still
+  // starting, or hung) is cancelled from here, which ends the stream.
+  absl::Notification followed;
+  std::thread watch([&] {
+    while (!followed.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
+      if (Interrupted()) {
+        (void)c->Cancel(r->job().id());
+        return;
+      }
+    }
+  });
+  int rc = Follow(ctl, *c, r->job().id());
+  followed.Notify();
+  watch.join();
+  return rc;
+}
+
+int RunSubmit(Ctl& ctl) {
+  // The spec is read before dialing: a bad path fails fast.
+  std::string yaml;
+  std::map<std::string, std::string> files;
+  absl::Status s = ReadSpec(Ctl::UserPath(ctl.rest()[0]), 0, &yaml, &files);
+  if (!s.ok()) return ctl.Fail(s);
+  auto c = ctl.Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  auto r = c->Submit(yaml, ctl.args().Get("--id"), files);
+  if (!r.ok()) return ctl.Fail(r.status());
+  if (ctl.json()) std::cout << Ctl::ToJson(*r) << "\n";
+  else std::cout << r->job().id() << (r->already_existed() ? " (already submitted)" : "") << "\n";
+  if (ctl.args().Has("--follow")) return Follow(ctl, *c, r->job().id());
+  return kOk;
+}
+
+int RunStatus(Ctl& ctl) {
+  auto c = ctl.Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  if (!ctl.rest().empty()) {
+    auto j = c->Get(ctl.rest()[0]);
+    if (!j.ok()) return ctl.Fail(j.status());
+    PrintJob(ctl, *j, true);
+    return kOk;
+  }
+  auto jobs = c->List(/*active_only=*/true, 0);
+  if (!jobs.ok()) return ctl.Fail(jobs.status());
+  PrintJobs(ctl, *jobs);
+  return kOk;
+}
+
+int RunList(Ctl& ctl) {
+  int limit = 0;
+  if (!ctl.IntOption("--limit", 0, &limit)) return kUsage;
+  auto c = ctl.Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  auto jobs = c->List(/*active_only=*/false, limit);
+  if (!jobs.ok()) return ctl.Fail(jobs.status());
+  PrintJobs(ctl, *jobs);
+  return kOk;
+}
+
+int RunLogs(Ctl& ctl) {
+  int tail = 0, rank = -1;
+  if (!ctl.IntOption("--tail", 0, &tail) || !ctl.IntOption("--rank", 0, &rank)) return kUsage;
+  auto c = ctl.Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  absl::Status s = c->StreamLogs(ctl.rest()[0], rank, ctl.args().Has("--follow"), tail,
+                                 [&](const v1::LogLine& l) {
+    if (ctl.json()) std::cout << Ctl::ToJson(l) << "\n";
+    else if (rank >= 0) std::cout << l.line() << "\n";
+    else std::cout << "[" << l.rank() << "] " << l.line() << "\n";
+    std::cout.flush();
+    return !Interrupted();
+  });
+  return s.ok() ? kOk : ctl.Fail(s);
+}
+
+int RunCancel(Ctl& ctl) {
+  auto c = ctl.Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  auto j = c->Cancel(ctl.rest()[0]);
+  if (!j.ok()) return ctl.Fail(j.status());
+  PrintJob(ctl, *j, false);
+  return kOk;
+}
+
+int RunDump(Ctl& ctl) {
+  auto c = ctl.Connect();
+  if (!c.ok()) return ctl.Fail(c.status());
+  auto d = c->Dump(ctl.rest()[0]);
+  if (!d.ok()) return ctl.Fail(d.status());
+  if (ctl.json()) std::cout << Ctl::ToJson(*d) << "\n";
+  else std::cout << "dump requested (attempt " << d->attempt() << "); ranks write to "
+                 << d->directory() << "\nthen: emberctl fr analyze " << d->directory() << "\n";
+  return kOk;
+}
+
+}  // namespace ember::cli

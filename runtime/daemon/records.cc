@@ -1,0 +1,60 @@
+// Job records, nodes and device claims in the store (keys.h). Called from any thread (the control
+// thread, gRPC handlers), never with Impl::mu held.
+#include <cstring>
+
+#include "runtime/base/status_macros.h"
+#include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/keys.h"
+
+namespace ember::daemon {
+
+absl::StatusOr<std::pair<Job, std::string>> Daemon::Impl::ReadRecord(const std::string& id) {
+  ASSIGN_OR_RETURN(std::string raw, store->Get(keys::Record(id)));
+  Job job;
+  if (!job.ParseFromString(raw)) return absl::DataLossError("job record " + id + " is corrupt");
+  return std::make_pair(std::move(job), std::move(raw));
+}
+
+absl::StatusOr<Job> Daemon::Impl::UpdateRecord(const std::string& id,
+                                               const std::function<bool(Job*)>& mutate) {
+  for (int tries = 0; tries < 50; ++tries) {
+    ASSIGN_OR_RETURN(auto rec, ReadRecord(id));
+    Job job = rec.first;
+    if (!mutate(&job)) return rec.first;
+    ASSIGN_OR_RETURN(store::CompareSetResult r,
+                     store->CompareSet(keys::Record(id), rec.second, job.SerializeAsString()));
+    if (r.swapped) return job;
+  }
+  return absl::AbortedError("job record " + id + " kept changing; try again");
+}
+
+absl::StatusOr<std::vector<jobs::v1::Node>> Daemon::Impl::ReadNodes() {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, store->ListKeys("nodes/"));
+  ASSIGN_OR_RETURN(auto values, store->MultiGet(names));
+  std::vector<jobs::v1::Node> out;
+  for (const auto& v : values) {
+    jobs::v1::Node n;
+    if (v && n.ParseFromString(*v)) out.push_back(std::move(n));
+  }
+  return out;
+}
+
+absl::StatusOr<std::map<std::string, std::string>> Daemon::Impl::ReadAllocs() {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, store->ListKeys("alloc/"));
+  ASSIGN_OR_RETURN(auto values, store->MultiGet(names));
+  std::map<std::string, std::string> out;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (values[i]) out[names[i].substr(strlen("alloc/"))] = *values[i];
+  }
+  return out;
+}
+
+void Daemon::Impl::FillProgress(Job* job) {
+  if (job->attempts_size() == 0) return;
+  int n = job->attempts(job->attempts_size() - 1).number();
+  auto v = store->Get(keys::Progress(job->id(), n, 0));
+  if (!v.ok()) return;
+  if (!job->mutable_progress()->ParseFromString(*v)) job->clear_progress();
+}
+
+}  // namespace ember::daemon

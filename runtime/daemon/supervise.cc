@@ -1,0 +1,344 @@
+// Supervision (every node, on the control thread): starts the ranks the scheduler placed on this
+// node, reaps them, reports their exits to the store, stops attempts and gives devices back.
+// The lock rule (daemon_impl.h): mu is held only to copy attempts out of `local` and to merge the
+// results back; forks, store calls, waits and file writes happen on the copies without it.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/keys.h"
+#include "runtime/daemon/placement.h"
+#include "runtime/daemon/process.h"
+#include "runtime/job/env.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::daemon {
+
+namespace fs = std::filesystem;
+using jobs::v1::RankExit;
+
+namespace {
+
+// A job directory (0750 whatever the umask). Failures surface when the worker uses it.
+void MakeJobDir(const std::string& d) {
+  std::error_code ec;
+  fs::create_directories(d, ec);
+  ::chmod(d.c_str(), 0750);
+}
+
+// A file of the job directory, 0640; never follows a symlink at `path`.
+void WriteJobFile(const std::string& path, const std::string& data) {
+  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+  if (fd < 0) {
+    spdlog::error("cannot write {}: {}", path, strerror(errno));
+    return;
+  }
+  ::fchmod(fd, 0640);
+  for (size_t off = 0; off < data.size();) {
+    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) {
+      spdlog::error("cannot write {}: {}", path, strerror(errno));
+      break;
+    }
+    off += static_cast<size_t>(w);
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
+  const jobs::v1::Attempt& at = job.attempts(job.attempts_size() - 1);
+  const jobs::v1::NodeAssignment* mine = nullptr;
+  for (const auto& na : at.assignment().nodes())
+    if (na.node() == opts.node_name) mine = &na;
+  if (mine == nullptr) return std::nullopt;
+  LocalAttempt la;
+  la.job = job.id();
+  la.attempt = at.number();
+  la.devices.assign(mine->devices().begin(), mine->devices().end());
+
+  std::string dir = JobDir(job.id());
+  // Files the daemon writes (job.yaml) and the user's uploads live apart: uploads go under
+  // uploads/, so no upload can replace the validated spec. Directories 0750, files 0640
+  // (docs/operations.md, "File permissions").
+  const std::string uploads = dir + "/uploads";
+  std::string fr_dir = absl::StrCat(dir, "/flight/attempt-", at.number());
+  for (const std::string& d : {dir, dir + "/logs", dir + "/checkpoints", dir + "/flight", fr_dir, uploads}) {
+    MakeJobDir(d);
+  }
+  if (!fs::exists(dir + "/job.yaml")) {
+    auto spec = store->Get(keys::SpecYaml(job.id()));
+    if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
+    const std::string prefix = keys::FilesPrefix(job.id());
+    auto names = store->ListKeys(prefix);
+    if (names.ok()) {
+      for (const std::string& k : *names) {
+        auto v = store->Get(k);
+        const std::string rel = k.substr(prefix.size());  // CheckUploadName: no "..", no leading "/"
+        for (size_t i = rel.find('/'); i != std::string::npos; i = rel.find('/', i + 1)) {
+          MakeJobDir(absl::StrCat(uploads, "/", rel.substr(0, i)));
+        }
+        if (v.ok()) WriteJobFile(absl::StrCat(uploads, "/", rel), *v);
+      }
+    }
+  }
+  const int local_world = mine->devices_size();
+  for (int i = 0; i < local_world; ++i) {
+    LocalWorker w;
+    w.rank = mine->first_rank() + i;
+    w.local_rank = i;
+    w.device = mine->devices(i);
+    w.log_path = absl::StrCat(dir, "/logs/rank-", w.rank, ".log");
+    SpawnOptions so;
+    so.argv = {opts.worker_binary};
+    so.cwd = dir;
+    so.log_path = w.log_path;
+    so.die_with_parent = opts.workers_die_with_daemon;  // forked on the control thread
+    so.header = absl::StrCat("=== ember: attempt ", at.number(), " rank ", w.rank, " on ",
+                             opts.node_name, " device ", w.device, " ===");
+    std::string dev = DeviceOfKind(w.device, "cuda") ? w.device : "cpu";
+    ember::job::WorkerEnv we;  // the worker's environment (runtime/job/env.h)
+    we.store_addr = store_addr;
+    we.job_id = job.id();
+    we.attempt = at.number();
+    we.rank = w.rank;
+    we.world_size = at.assignment().world_size();
+    we.local_rank = i;
+    we.local_world_size = local_world;
+    we.node_rank = mine->node_rank();
+    we.device = dev;
+    we.job_dir = dir;
+    we.fr_dump_dir = fr_dir;
+    we.upload_dir = uploads;
+    if (!opts.auth_token.empty()) we.auth_token_file = token_file;
+    // Workers dial the store as this daemon does: its CA, and its certificate for mTLS (paths
+    // only; the key stays in its file).
+    we.tls.ca_file = opts.tls.ca_file;
+    if (!opts.tls.cert_file.empty()) {
+      we.tls.cert_file = opts.tls.cert_file;
+      we.tls.key_file = opts.tls.key_file;
+    }
+    so.env = {{"PATH", "/usr/local/bin:/usr/bin:/bin"}};
+    for (auto& kv : we.ToEnv()) so.env.push_back(std::move(kv));
+    for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
+      if (const char* v = getenv(pass)) so.env.push_back({pass, v});
+    }
+    for (const auto& kv : opts.worker_env) so.env.push_back(kv);
+    auto pid = SpawnWorker(so);
+    if (!pid.ok()) {
+      spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
+      w.exited = true;
+      w.exit_code = 127;
+      RankExit e;
+      e.set_rank(w.rank);
+      e.set_node(opts.node_name);
+      e.set_exit_code(127);
+      e.add_last_log_lines(pid.status().ToString());
+      e.set_unix_ms(NowMs());
+      (void)store->Set(keys::Exit(job.id(), at.number(), w.rank), e.SerializeAsString());
+      (void)store->CompareSet(keys::Failure(job.id(), at.number()), std::nullopt,
+                              e.SerializeAsString());
+    } else {
+      w.pid = *pid;
+      if (auto info = ReadProcInfo(w.pid)) w.start_ticks = info->start_ticks;
+    }
+    la.workers.push_back(w);
+  }
+  spdlog::info("job {} attempt {}: started ranks {}..{} on {}", job.id(), at.number(),
+               mine->first_rank(), mine->first_rank() + local_world - 1, opts.node_name);
+  return la;
+}
+
+void Daemon::Impl::StopAttempt(LocalAttempt* a, const std::string& reason) {
+  if (a->stopping) return;
+  a->stopping = true;
+  a->stop_reason = reason;
+  a->term_sent = clock->Now();
+  for (const auto& w : a->workers) {
+    if (!w.exited) SignalGroup(w.pid, SIGTERM);
+  }
+  spdlog::info("job {} attempt {}: stopping local ranks ({})", a->job, a->attempt, reason);
+}
+
+bool Daemon::Impl::Reap(const LocalAttempt& a, LocalWorker* w, std::string* note) {
+  if (!w->adopted) return TryReap(w->pid, &w->exit_code, &w->signal);
+  // A re-attached worker may still be our child (a daemon restarted inside one process).
+  int r = TryReapChild(w->pid, &w->exit_code, &w->signal);
+  if (r == 1) return true;
+  if (r == 0) return false;
+  if (ProcessAlive(w->pid, w->start_ticks)) return false;
+  // Not our child and gone: the worker leaves its own exit status in the store.
+  auto v = store->Get(keys::WorkerExit(a.job, a.attempt, w->rank));
+  w->signal = 0;
+  jobs::v1::WorkerExit we;
+  if (v.ok() && we.ParseFromString(*v)) {
+    w->exit_code = we.exit_code();
+    return true;
+  }
+  w->exit_code = -1;
+  *note = "ember: exit status unknown (the worker ended while its daemon was restarting, or was "
+          "killed)";
+  return true;
+}
+
+void Daemon::Impl::Supervise() {
+  // 1. Start what the scheduler placed here.
+  auto active = store->ListKeys("active/");
+  std::map<std::string, Job> records;
+  if (active.ok()) {
+    for (const std::string& k : *active) {
+      std::string id = k.substr(strlen("active/"));
+      auto rec = ReadRecord(id);
+      if (rec.ok()) records[id] = rec->first;
+    }
+  }
+  std::vector<const Job*> placed;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [id, job] : records) {
+      if (job.state() != jobs::v1::RUNNING || job.attempts_size() == 0 || draining) continue;
+      int n = job.attempts(job.attempts_size() - 1).number();
+      if (!local.count(absl::StrCat(id, "#", n))) placed.push_back(&job);
+    }
+  }
+  for (const Job* job : placed) StartPlaced(*job);
+
+  // 2. Reap, report, stop: on copies of the unreleased attempts, merged back after.
+  const int64_t oom_now = ReadOomKillCount();
+  if (oom_kills_seen >= 0 && oom_now > oom_kills_seen) last_oom_kill = clock->Now();
+  oom_kills_seen = oom_now;
+  // An OOM victim may take a while to exit (its memory is torn down first), so a SIGKILL reaped
+  // within a second of a rise of the count is taken as that kill.
+  const bool oom_recent = clock->Now() - last_oom_kill < absl::Seconds(1);
+  std::vector<LocalAttempt> pass;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [key, a] : local) {
+      if (!a.released) pass.push_back(a);
+    }
+  }
+  bool changed = false;
+  for (LocalAttempt& a : pass) changed = SuperviseAttempt(&a, records, oom_recent) || changed;
+  {
+    absl::MutexLock l(&mu);
+    for (const LocalAttempt& a : pass) MergeAttempt(a);
+  }
+  if (changed) Persist();
+}
+
+void Daemon::Impl::StartPlaced(const Job& job) {
+  const std::string& id = job.id();
+  const int n = job.attempts(job.attempts_size() - 1).number();
+  // Never start an attempt that was already told to stop.
+  if (store->Get(keys::Stop(id, n)).ok()) return;
+  std::optional<LocalAttempt> started = SpawnAttempt(job);
+  if (!started) return;
+  std::string drain_stop;
+  {
+    absl::MutexLock l(&mu);
+    LocalAttempt& a = local[absl::StrCat(id, "#", n)];
+    a = std::move(*started);
+    // DrainNow stops every attempt in `local` after setting `draining`; this one was forked while
+    // it did: stop it as DrainNow would have.
+    if (draining) {
+      drain_stop = "node " + opts.node_name + " draining";
+      StopAttempt(&a, drain_stop);
+    }
+  }
+  if (!drain_stop.empty()) (void)store->CompareSet(keys::Stop(id, n), std::nullopt, drain_stop);
+  Persist();
+}
+
+bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string, Job>& records,
+                                    bool oom_recent) {
+  LocalAttempt& a = *ap;
+  bool changed = false;
+  for (auto& w : a.workers) {
+    if (w.exited) continue;
+    std::string note;
+    if (!Reap(a, &w, &note)) continue;
+    w.exited = true;
+    changed = true;
+    RankExit e;
+    e.set_rank(w.rank);
+    e.set_node(opts.node_name);
+    e.set_exit_code(w.exit_code);
+    e.set_signal(w.signal);
+    e.set_pid(w.pid);
+    e.set_unix_ms(NowMs());
+    // Another process OOM-killed within that second would be mistaken for this kill.
+    e.set_oom_killed(w.signal == SIGKILL && !a.stopping && oom_recent);
+    bool failed = w.exit_code != 0 || w.signal != 0;
+    if (failed) {
+      for (auto& line : TailLines(w.log_path, opts.last_log_lines)) e.add_last_log_lines(line);
+      if (!note.empty()) e.add_last_log_lines(note);
+    }
+    (void)store->Set(keys::Exit(a.job, a.attempt, w.rank), e.SerializeAsString());
+    // A rank that fails on its own (not one we stopped, not one that obeyed the stop key with
+    // exit code 75) is a root-cause candidate; the first writer of the failure key wins across
+    // every node.
+    const bool obeyed_stop = w.signal == 0 && w.exit_code == 75;
+    if (failed && !a.stopping && !obeyed_stop && !store->Get(keys::Stop(a.job, a.attempt)).ok()) {
+      auto r = store->CompareSet(keys::Failure(a.job, a.attempt), std::nullopt,
+                                 e.SerializeAsString());
+      if (r.ok() && r->swapped) {
+        spdlog::warn("job {} attempt {}: {}", a.job, a.attempt, DescribeExit(e));
+        (void)store->Set(keys::Stop(a.job, a.attempt), DescribeExit(e));
+      }
+      StopAttempt(&a, DescribeExit(e));
+    }
+  }
+  bool all_exited = std::all_of(a.workers.begin(), a.workers.end(),
+                                [](const LocalWorker& w) { return w.exited; });
+  if (!a.stopping && !all_exited) {
+    auto it = records.find(a.job);
+    bool terminal = it == records.end() ? true : IsTerminal(it->second.state());
+    auto stop_key = store->Get(keys::Stop(a.job, a.attempt));
+    if (stop_key.ok()) StopAttempt(&a, *stop_key);
+    else if (terminal && it != records.end()) StopAttempt(&a, "job ended");
+  }
+  if (a.stopping && !all_exited && clock->Now() - a.term_sent > opts.kill_grace) {
+    for (const auto& w : a.workers) {
+      if (!w.exited) SignalGroup(w.pid, SIGKILL);
+    }
+  }
+  if (all_exited) {
+    // Sweep stragglers of the groups (a worker's own children), then give the devices back.
+    for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
+    for (const auto& d : a.devices) (void)store->Delete(keys::Alloc(opts.node_name, d));
+    a.released = true;
+    changed = true;
+    spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);
+  }
+  return changed;
+}
+
+void Daemon::Impl::MergeAttempt(const LocalAttempt& from) {
+  auto it = local.find(absl::StrCat(from.job, "#", from.attempt));
+  if (it == local.end()) return;
+  LocalAttempt& to = it->second;
+  for (size_t i = 0; i < to.workers.size() && i < from.workers.size(); ++i) {
+    if (to.workers[i].exited || !from.workers[i].exited) continue;
+    to.workers[i].exited = true;
+    to.workers[i].exit_code = from.workers[i].exit_code;
+    to.workers[i].signal = from.workers[i].signal;
+  }
+  // DrainNow may have stopped the attempt meanwhile: its stop (sent first) stands.
+  if (from.stopping && !to.stopping) {
+    to.stopping = true;
+    to.stop_reason = from.stop_reason;
+    to.term_sent = from.term_sent;
+  }
+  to.released = to.released || from.released;
+}
+
+}  // namespace ember::daemon
