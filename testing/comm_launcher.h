@@ -1,4 +1,4 @@
-// Test helper: runs N ranks of tests/comm/comm_worker as child processes with a hard deadline;
+// Test helper: runs N ranks of tests/comm/comm_worker (or another tests/comm worker) as child processes with a hard deadline;
 // every child is killed (SIGKILL) if the deadline passes. Thread-compatible.
 #ifndef EMBER_TESTING_COMM_LAUNCHER_H_
 #define EMBER_TESTING_COMM_LAUNCHER_H_
@@ -19,9 +19,9 @@
 
 namespace ember::comm::testing {
 
-inline std::string WorkerPath() {
+inline std::string WorkerPath(const std::string& worker = "comm_worker") {
   const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/comm_worker";
+  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/" + worker;
 }
 
 inline std::string TempDir(const std::string& tag) {
@@ -39,9 +39,10 @@ struct RunResult {
 
 // `env` entries are "KEY=VALUE" added to each child's environment.
 inline RunResult RunRanks(int n, const std::vector<std::string>& args,
-                          const std::vector<std::string>& env, double timeout_s) {
+                          const std::vector<std::string>& env, double timeout_s,
+                          const std::string& worker = "comm_worker") {
   std::vector<pid_t> pids(n);
-  std::string path = WorkerPath();
+  std::string path = WorkerPath(worker);
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
