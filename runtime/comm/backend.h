@@ -42,6 +42,7 @@ struct OpDesc {
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;              // broadcast
   int64_t seq = 0;           // collective sequence number (same on every rank)
+  void* stream = nullptr;    // device backends: the submitting thread's current stream
 };
 
 struct BackendOptions {

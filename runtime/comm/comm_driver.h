@@ -88,6 +88,12 @@ class CommDriver {
                                        const std::vector<OpDesc>& ops) = 0;
 };
 
+// The calling thread's current CUDA stream (a cudaStream_t; null = the default stream). Device ops
+// submitted from this thread wait on it before they start (ProcessGroup captures it per op in
+// OpDesc::stream), and Work::Wait makes it wait on the op. Thread-local.
+void SetCurrentStream(void* stream);
+void* CurrentStream();
+
 // The real NCCL driver (nccl_driver.cc). UNIMPLEMENTED unless the binary links
 // //runtime/comm:nccl_driver and the build found NCCL (EMBER_WITH_NCCL), so CPU-only binaries
 // never load libnccl. The driver checks the CUDA driver, runtime and compute capability of `device`

@@ -254,6 +254,7 @@ class DeviceBackend : public Backend {
     size_t bytes;
     int tag;
     std::function<void(absl::Status)> done;
+    void* stream = CurrentStream();  // the submitter's; NCCL's p2p waits on it
   };
 
   struct PairSlot {
@@ -346,16 +347,19 @@ class DeviceBackend : public Backend {
   }
 
   static void Issue(Communicator& c, int peer, PendingP2P& op) {
+    void* prev = CurrentStream();
+    SetCurrentStream(op.stream);
     if (op.send) {
       c.PostSend(op.data, op.bytes, peer, op.tag, std::move(op.done));
     } else {
       c.PostRecv(op.data, op.bytes, peer, op.tag, std::move(op.done));
     }
+    SetCurrentStream(prev);
   }
 
   void Post(bool send, void* data, size_t bytes, int peer, int tag,
             std::function<void(absl::Status)> done) {
-    PendingP2P op{send, data, bytes, tag, std::move(done)};
+    PendingP2P op{send, data, bytes, tag, std::move(done), CurrentStream()};
     const char* what = send ? "send to " : "recv from ";
     if (mode_ == DeviceMode::kEager) {
       absl::Status st = EnsureMain();
@@ -457,6 +461,12 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeDeviceBackend(BackendOptions option
 namespace {
 std::atomic<CommDriverFactory> g_nccl_factory{nullptr};
 }  // namespace
+
+namespace {
+thread_local void* t_stream = nullptr;
+}  // namespace
+void SetCurrentStream(void* stream) { t_stream = stream; }
+void* CurrentStream() { return t_stream; }
 
 void RegisterNcclDriverFactory(CommDriverFactory f) { g_nccl_factory.store(f); }
 

@@ -176,6 +176,7 @@ std::shared_ptr<Work> ProcessGroup::Submit(OpDesc desc, size_t bytes, OpOptions 
   }
   auto op = std::make_shared<PendingOp>();
   op->desc = desc;
+  op->desc.stream = CurrentStream();  // device ops wait on the submitter's stream
   op->name = OpTypeName(desc.type);
   op->bytes = bytes;
   op->timeout = o.timeout > absl::ZeroDuration() ? o.timeout : opts_.timeout;
