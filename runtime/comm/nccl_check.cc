@@ -34,9 +34,10 @@ absl::StatusOr<int> CheckCudaDevice(const std::string& device) {
   cudaRuntimeGetVersion(&runtime);
   if (driver < runtime) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA driver supports CUDA ", driver == 0 ? "none (no driver found)" : Version(driver),
-        " but this build's runtime is CUDA ", Version(runtime), "; the minimum is a driver for CUDA ",
-        Version(runtime), " or newer: update the NVIDIA driver"));
+        driver == 0 ? std::string("no CUDA driver found")
+                    : absl::StrCat("the CUDA driver supports CUDA ", Version(driver)),
+        "; this build's runtime is CUDA ", Version(runtime), ", which needs a driver for CUDA ",
+        Version(runtime), " or newer (the minimum): install or update the NVIDIA driver"));
   }
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
