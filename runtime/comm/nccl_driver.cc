@@ -333,13 +333,7 @@ class NcclDriver : public CommDriver {
     // The split is collective on the parent: wait for it there, then for the child.
     RETURN_IF_ERROR(WaitReady(p.comm(), o.timeout, absl::StrCat("ncclCommSplit(", o.tag, ")")));
     if (color < 0 || c == nullptr) return nullptr;
-    RETURN_IF_ERROR(WaitReady(c, o.timeout, absl::StrCat("ncclCommSplit child (", o.tag, ")")));
-    int r = 0, n = 0;
-    ncclCommUserRank(c, &r);
-    ncclCommCount(c, &n);
-    auto out = Wrap(c, p.device(), r, n, o.tag, before);
-    RETURN_IF_ERROR(static_cast<NcclCommunicator&>(*out).Setup());
-    return out;
+    return Ready(c, p.device(), o, before, "ncclCommSplit child");
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(Communicator& parent,
@@ -361,13 +355,7 @@ class NcclDriver : public CommDriver {
     RETURN_IF_ERROR(NcclStatus(ncclCommShrink(p.comm(), ex.data(), static_cast<int>(ex.size()), &c,
                                               &cfg, flags),
                                "ncclCommShrink", p.comm()));
-    RETURN_IF_ERROR(WaitReady(c, o.timeout, absl::StrCat("ncclCommShrink(", o.tag, ")")));
-    int r = 0, n = 0;
-    ncclCommUserRank(c, &r);
-    ncclCommCount(c, &n);
-    auto out = Wrap(c, p.device(), r, n, o.tag, before);
-    RETURN_IF_ERROR(static_cast<NcclCommunicator&>(*out).Setup());
-    return out;
+    return Ready(c, p.device(), o, before, "ncclCommShrink");
 #endif
   }
 
@@ -381,6 +369,19 @@ class NcclDriver : public CommDriver {
   }
 
  private:
+  // Waits for a split/shrink child, then wraps it with its rank and size.
+  absl::StatusOr<std::unique_ptr<Communicator>> Ready(ncclComm_t c, int device,
+                                                      const CommInitOptions& o, size_t before,
+                                                      const char* what) {
+    RETURN_IF_ERROR(WaitReady(c, o.timeout, absl::StrCat(what, "(", o.tag, ")")));
+    int r = 0, n = 0;
+    ncclCommUserRank(c, &r);
+    ncclCommCount(c, &n);
+    auto out = Wrap(c, device, r, n, o.tag, before);
+    RETURN_IF_ERROR(static_cast<NcclCommunicator&>(*out).Setup());
+    return out;
+  }
+
   std::unique_ptr<Communicator> Wrap(ncclComm_t c, int device, int rank, int size,
                                      const std::string& tag, size_t free_before) {
     const size_t after = FreeBytes(device);

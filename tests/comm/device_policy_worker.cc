@@ -22,6 +22,7 @@
 #include "runtime/comm/device_backend.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/store_rendezvous.h"
+#include "runtime/job/keys.h"
 #include "runtime/store/client.h"
 
 ABSL_FLAG(std::string, scenario, "creation", "creation|legacy|split|abort|async|shrink");
@@ -29,7 +30,8 @@ ABSL_FLAG(std::string, backend, "nccl", "nccl|nccl-lazy|nccl-legacy (shrink: als
 ABSL_FLAG(int, rank, 0, "");
 ABSL_FLAG(int, size, 2, "");
 ABSL_FLAG(std::string, store, "", "store address host:port");
-ABSL_FLAG(std::string, store_prefix, "jobs/test/attempt/0/", "job/attempt key prefix");
+ABSL_FLAG(std::string, store_prefix, ember::job::keys::AttemptPrefix("test", 0),
+          "job/attempt key prefix");
 
 namespace ember::comm {
 namespace {
