@@ -235,7 +235,12 @@ void ProcessGroup::Execute(PendingOp* op) {
   absl::Status st = EnsureConnected();
   if (st.ok()) st = backend_->Run(op->desc);
   if (st.ok()) {
-    if (std::shared_ptr<DeviceEvents> ev = backend_->TakeOpEvents()) op->work->SetDeviceEvents(ev);
+    if (std::shared_ptr<DeviceEvents> ev = backend_->TakeOpEvents()) {
+      op->work->SetDeviceEvents(ev);
+      // The watchdog copies the device times into the recorder once the events completed.
+      absl::MutexLock l(&mu_);
+      if (opts_.recorder && device_timed_.size() < 4096) device_timed_.emplace_back(op->record_id, ev);
+    }
   }
   if (!st.ok()) {
     // The byte streams are now in an unknown state: abort so peers fail fast too.
@@ -504,6 +509,26 @@ void ProcessGroup::OnTimeout(const std::string& message) {
   DumpIfRequested(absl::StrCat("request:", request), "timeout: " + message);
 }
 
+void ProcessGroup::RecordDeviceTimes() {
+  std::vector<std::pair<uint64_t, std::shared_ptr<DeviceEvents>>> pending;
+  {
+    absl::MutexLock l(&mu_);
+    if (device_timed_.empty()) return;
+    pending.swap(device_timed_);
+  }
+  std::vector<std::pair<uint64_t, std::shared_ptr<DeviceEvents>>> keep;
+  for (auto& [id, ev] : pending) {
+    int64_t s = 0, e = 0;
+    if (ev->TimesNs(&s, &e)) {
+      opts_.recorder->SetDeviceTimes(id, s, e);
+    } else {
+      keep.emplace_back(id, std::move(ev));
+    }
+  }
+  absl::MutexLock l(&mu_);
+  device_timed_.insert(device_timed_.begin(), keep.begin(), keep.end());
+}
+
 void ProcessGroup::WatchdogLoop() {
   last_signal_count_ = flight::DumpSignalCount();
   absl::Time next_poll = absl::Now();
@@ -546,6 +571,7 @@ void ProcessGroup::WatchdogLoop() {
       p2p_pending_.swap(keep);
     }
     if (!timeout_msg.empty()) OnTimeout(timeout_msg);
+    RecordDeviceTimes();
     if (!aborted_) {
       // Device backends: the library's async error, another group's abort, or a device op past its
       // deadline (cpu: always OK).

@@ -156,6 +156,7 @@ class ProcessGroup {
   void Execute(PendingOp* op);
   void ExecutorLoop();
   void WatchdogLoop();
+  void RecordDeviceTimes();  // watchdog thread
   void OnTimeout(const std::string& message);
   void DumpIfRequested(const std::string& reason_key, const std::string& reason);
   absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateSubgroup(const std::string& name,
@@ -192,6 +193,8 @@ class ProcessGroup {
   std::deque<std::shared_ptr<PendingOp>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<PendingOp> running_ ABSL_GUARDED_BY(mu_);  // on executor or inline
   std::vector<std::shared_ptr<PendingOp>> p2p_pending_ ABSL_GUARDED_BY(mu_);
+  // Device ops whose events have not reported their device times yet (record id, events).
+  std::vector<std::pair<uint64_t, std::shared_ptr<DeviceEvents>>> device_timed_ ABSL_GUARDED_BY(mu_);
   uint64_t last_signal_count_ = 0;  // watchdog thread only
 
   std::thread executor_;

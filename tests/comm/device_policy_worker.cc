@@ -22,6 +22,7 @@
 #include "runtime/comm/device_backend.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/store_rendezvous.h"
+#include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
 #include "runtime/store/client.h"
 
@@ -98,7 +99,11 @@ int64_t SumFactor(int n) { return static_cast<int64_t>(n) * (n + 1) / 2; }
 // communicator per peer pair at the first send/recv; legacy at the first collective.
 absl::Status Creation(const std::string& backend) {
   const int peers = g_size == 2 ? 1 : 2;  // the ring talks to next and prev
-  ASSIGN_OR_RETURN(auto pg, ProcessGroup::Create(g_rdzv, g_rank, g_size, Options("world", backend)));
+  flight::FlightRecorder recorder;
+  GroupOptions o = Options("world", backend);
+  o.recorder = &recorder;
+  o.watchdog_period = absl::Milliseconds(20);
+  ASSIGN_OR_RETURN(auto pg, ProcessGroup::Create(g_rdzv, g_rank, g_size, o));
   const int at_create = Count("init main");
   CHECK_OR_FAIL(at_create == (backend == "nccl" ? 1 : 0), backend, ": main inits at creation ",
                 at_create, " log: ", LogText());
@@ -112,6 +117,13 @@ absl::Status Creation(const std::string& backend) {
   CheckAllReduce(*pg, "second all_reduce", SumFactor(g_size));
   CHECK_OR_FAIL(Count("init p2p") == p2p && Count("init main") == 1,
                 "communicators are created once: ", LogText());
+  // The watchdog copies each collective's device times (here: host times) into the recorder.
+  absl::SleepFor(absl::Milliseconds(200));
+  int timed = 0;
+  for (const flight::Entry& e : recorder.Entries()) {
+    if (e.collective_seq > 0 && e.device_start_ns > 0 && e.device_end_ns >= e.device_start_ns) ++timed;
+  }
+  CHECK_OR_FAIL(timed == 2, "collectives with device times in the recorder: ", timed);
   CHECK_OR_FAIL(internal::LegacyWarningCount() == (backend == "nccl-legacy" ? 1 : 0),
                 "legacy warnings ", internal::LegacyWarningCount());
   return pg->Barrier()->Wait(absl::Seconds(30));
