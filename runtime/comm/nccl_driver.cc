@@ -239,10 +239,14 @@ class NcclCommunicator : public Communicator {
   absl::Status P2P(bool send, void* data, size_t bytes, int peer) {
     if (aborted_.load()) return absl::AbortedError(absl::StrCat("communicator ", tag_, " aborted"));
     cudaSetDevice(device_);
-    RETURN_IF_ERROR(Join(stream_, static_cast<cudaStream_t>(CurrentStream())));
+    cudaStream_t caller = static_cast<cudaStream_t>(CurrentStream());
+    RETURN_IF_ERROR(Join(stream_, caller));
     ncclResult_t r = send ? ncclSend(data, bytes, ncclUint8, peer, comm_, stream_)
                           : ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_);
-    return NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm_);
+    RETURN_IF_ERROR(NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm_));
+    // No events for p2p: the submitter's stream waits on the op at once, so work it enqueues
+    // after the Work completed sees the received bytes.
+    return Join(caller, stream_);
   }
 
   const ncclComm_t comm_;
