@@ -177,7 +177,11 @@ class DeviceBackend : public Backend {
   }
 
   absl::Status AsyncError() override {
-    RETURN_IF_ERROR(set_->status());
+    if (absl::Status st = set_->status(); !st.ok()) {
+      // Another group's abort (ABORTED here even when that group timed out: this one did not).
+      return absl::AbortedError(absl::StrCat(
+          "every communicator of this process was aborted: ", st.message()));
+    }
     std::vector<std::shared_ptr<Communicator>> comms;
     {
       absl::MutexLock l(&set_->mu);
