@@ -1,5 +1,5 @@
-// Backend: what a transport/algorithm implementation ("cpu" now; "nccl", "nccl-lazy",
-// "nccl-legacy" later) provides to ProcessGroup. ProcessGroup owns ordering, sequence numbers,
+// Backend: what a transport/algorithm implementation ("cpu"; the device backends "nccl",
+// "nccl-lazy", "nccl-legacy" in device_backend.h) provides to ProcessGroup. ProcessGroup owns ordering, sequence numbers,
 // the flight recorder, Work and the watchdog; a Backend only moves bytes.
 //
 // Contract: Run() is called by one thread at a time, in issue order, and blocks until the op is
