@@ -25,6 +25,7 @@
 #include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
 #include "runtime/store/client.h"
+#include "tests/comm/worker_rendezvous.h"
 
 ABSL_FLAG(std::string, scenario, "creation", "creation|legacy|split|abort|async|shrink");
 ABSL_FLAG(std::string, backend, "nccl", "nccl|nccl-lazy|nccl-legacy (shrink: also cpu)");
@@ -275,14 +276,12 @@ int main(int argc, char** argv) {
   g_rank = absl::GetFlag(FLAGS_rank);
   g_size = absl::GetFlag(FLAGS_size);
   const std::string scenario = absl::GetFlag(FLAGS_scenario), backend = absl::GetFlag(FLAGS_backend);
-  auto client = ember::store::Client::Connect({.address = absl::GetFlag(FLAGS_store),
-                                               .default_timeout = absl::Seconds(60),
-                                               .connect_timeout = absl::Seconds(20)});
-  if (!client.ok()) {
-    std::fprintf(stderr, "[rank %d] store connect: %s\n", g_rank, client.status().ToString().c_str());
+  auto rdzv = testing::WorkerRendezvous(absl::GetFlag(FLAGS_store), absl::GetFlag(FLAGS_store_prefix), "");
+  if (!rdzv.ok()) {
+    std::fprintf(stderr, "[rank %d] store connect: %s\n", g_rank, rdzv.status().ToString().c_str());
     return 2;
   }
-  g_rdzv = MakeStoreRendezvous(client->WithPrefix(absl::GetFlag(FLAGS_store_prefix)));
+  g_rdzv = *rdzv;
   g_driver = std::make_shared<CpuCommDriver>(g_rdzv, BackendOptions{});
   absl::Status s;
   if (scenario == "creation") s = Creation(backend);
