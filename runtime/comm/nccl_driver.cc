@@ -98,6 +98,18 @@ absl::Status WaitReady(ncclComm_t comm, absl::Duration timeout, const std::strin
   }
 }
 
+bool WaitFinalized(ncclComm_t comm, absl::Duration budget) {
+  const absl::Time deadline = absl::Now() + budget;
+  while (absl::Now() < deadline) {
+    ncclResult_t state = ncclInProgress;
+    if (ncclCommGetAsyncError(comm, &state) != ncclSuccess) return false;
+    if (state == ncclSuccess) return true;
+    if (state != ncclInProgress) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return false;
+}
+
 size_t FreeBytes(int device) {
   size_t free_b = 0, total = 0;
   cudaSetDevice(device);
@@ -129,7 +141,10 @@ class NcclCommunicator : public Communicator {
     if (!aborted_.load()) {
       ncclResult_t state = ncclSuccess;
       ncclCommGetAsyncError(comm_, &state);
-      if (state == ncclSuccess) {
+      // Non-blocking communicators: finalize and poll (bounded), then destroy; abort otherwise.
+      bool finalized = state == ncclSuccess && ncclCommFinalize(comm_) != ncclInternalError &&
+                       WaitFinalized(comm_, absl::Seconds(10));
+      if (finalized) {
         ncclCommDestroy(comm_);
       } else {
         ncclCommAbort(comm_);
