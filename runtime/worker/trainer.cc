@@ -178,7 +178,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match ", job::kEnvWorldSize, "=", env.world_size));
   }
   if (!par.backend().empty() && par.backend() != "cpu") {
-    return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs a device build; use cpu"));
+    return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
   ASSIGN_OR_RETURN(p.model, ModelConfig(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
