@@ -137,9 +137,11 @@ absl::Status PipelineGpt::PlanReductions(const std::vector<int>& owner, DataPara
       sl.stage = st;
       const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
       sl.row_numel = rows > 0 ? spec.numel() / rows : 0;
+      sl.total_rows = rows;
       sl.chunk = (rows + W - 1) / W;  // torch.chunk on dim 0, as runtime/fsdp and checkpoints
-      sl.row_begin = std::min(me * sl.chunk, rows);
-      sl.rows = std::min((me + 1) * sl.chunk, rows) - sl.row_begin;
+      const auto [b, e] = sl.Chunk(me);
+      sl.row_begin = b;
+      sl.rows = e - b;
       sl.shard_off = r.base + r.packed;
       r.params.push_back(static_cast<int>(i));
       r.packed += sl.chunk * sl.row_numel;
@@ -183,9 +185,8 @@ absl::Status PipelineGpt::IssueReduce(int stage) {
   std::fill(dst, dst + W * r.packed, 0.0f);
   for (int i : r.params) {
     const Slot& sl = slots_[i];
-    const int64_t all_rows = layout_[i].first.numel() / std::max<int64_t>(1, sl.row_numel);
     for (int j = 0; j < W; ++j) {
-      const int64_t b = std::min(j * sl.chunk, all_rows), e = std::min((j + 1) * sl.chunk, all_rows);
+      const auto [b, e] = sl.Chunk(j);
       std::memcpy(dst + j * r.packed + (sl.shard_off - r.base), G(layout_[i].second) + b * sl.row_numel,
                   static_cast<size_t>((e - b) * sl.row_numel) * sizeof(float));
     }
@@ -248,9 +249,8 @@ absl::Status PipelineGpt::OptimizerStep(const kernels::ExecContext& ctx) {
                                    op.tag));
     for (int i : r.params) {
       const Slot& sl = slots_[i];
-      const int64_t all_rows = layout_[i].first.numel() / std::max<int64_t>(1, sl.row_numel);
       for (int j = 0; j < dp_size_; ++j) {
-        const int64_t b = std::min(j * sl.chunk, all_rows), e = std::min((j + 1) * sl.chunk, all_rows);
+        const auto [b, e] = sl.Chunk(j);
         std::memcpy(P(layout_[i].second) + b * sl.row_numel,
                     r.wide.data() + j * r.packed + (sl.shard_off - r.base),
                     static_cast<size_t>((e - b) * sl.row_numel) * sizeof(float));

@@ -43,10 +43,12 @@
 #ifndef EMBER_RUNTIME_PIPELINE_STAGE_H_
 #define EMBER_RUNTIME_PIPELINE_STAGE_H_
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -171,7 +173,11 @@ class PipelineGpt {
   // (`chunk` rows reserved, zero-padded), and the stage whose ReduceGrad reduces it.
   struct Slot {
     int stage = 0;
-    int64_t row_begin = 0, rows = 0, row_numel = 0, chunk = 0, shard_off = 0;
+    int64_t total_rows = 0, row_begin = 0, rows = 0, row_numel = 0, chunk = 0, shard_off = 0;
+    // Stage-group rank j's rows [begin, end).
+    std::pair<int64_t, int64_t> Chunk(int j) const {
+      return {std::min(j * chunk, total_rows), std::min((j + 1) * chunk, total_rows)};
+    }
   };
   std::vector<Slot> slots_;
   // Per local stage: its layout_ indices, its block [base, base + packed) of gshard_, the

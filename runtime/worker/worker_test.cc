@@ -212,15 +212,20 @@ TEST_CASE("a garbage latest resumes from the newest good checkpoint, not from st
 
 // A pipeline job spec (or, with stages 0, the unpipelined reference on the same data: one rank,
 // one batch of micro_batches x batch_size sequences per step).
-void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
-                       int micro_batches, int layers = 2) {
-  std::ofstream f(dir + "/job.yaml");
+// The spec lines every pipeline test job shares (no parallelism or batch yet).
+void WriteModelSpec(std::ofstream& f, int64_t steps, int layers) {
   f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: " << layers
     << ", n_heads: 2, d_model: 32}\n"
        "data: {text_path: corpus.txt}\n"
        "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
        "checkpoint: {every_steps: 5}\n"
     << "steps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+}
+
+void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
+                       int micro_batches, int layers = 2) {
+  std::ofstream f(dir + "/job.yaml");
+  WriteModelSpec(f, steps, layers);
   if (stages > 1) {
     f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
       << ", pipeline_schedule: " << schedule << ", pipeline_micro_batches: " << micro_batches << "}\n";
@@ -294,11 +299,7 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the u
 // `world` ranks (stages 0; batch 4 / world).
 void WriteLayoutSpec(const std::string& dir, int64_t steps, int stages, int world) {
   std::ofstream f(dir + "/job.yaml");
-  f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: 4, n_heads: 2, d_model: 32}\n"
-       "data: {text_path: corpus.txt}\n"
-       "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
-       "checkpoint: {every_steps: 5}\n"
-    << "steps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+  WriteModelSpec(f, steps, 4);
   if (stages > 1) {
     f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
       << ", pipeline_micro_batches: " << 4 / (world / stages) << ", world_size: " << world << "}\n";
