@@ -375,6 +375,7 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups
   po.adamw = plan.fsdp.adamw;
   po.timeout = absl::Seconds(plan.spec.collective_timeout_s());
   po.data = {groups.stage.get(), /*shard=*/true};
+  po.pool.preallocate = plan.spec.parallelism().pipeline_preallocate();
   ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.model, plan.fsdp.seed, schedule, groups.pipe(),
                                                              plan.spec.batch_size(), plan.model.context, po));
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));

@@ -223,12 +223,13 @@ void WriteModelSpec(std::ofstream& f, int64_t steps, int layers) {
 }
 
 void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
-                       int micro_batches, int layers = 2) {
+                       int micro_batches, int layers = 2, bool preallocate = false) {
   std::ofstream f(dir + "/job.yaml");
   WriteModelSpec(f, steps, layers);
   if (stages > 1) {
     f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
-      << ", pipeline_schedule: " << schedule << ", pipeline_micro_batches: " << micro_batches << "}\n";
+      << ", pipeline_schedule: " << schedule << ", pipeline_micro_batches: " << micro_batches
+      << (preallocate ? ", pipeline_preallocate: true" : "") << "}\n";
   } else {
     f << "batch_size: " << micro_batches << "\nparallelism: {strategy: none}\n";
   }
@@ -264,10 +265,10 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the u
       CHECK(p.loss() == Approx(got.at(10)).epsilon(1e-6));
     }
     CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-10");
-    // The step-10 checkpoint resumes in another schedule (1F1B -> GPipe) or unpipelined on one
-    // rank (ZB-H1 -> none) and continues the reference run.
+    // The step-10 checkpoint resumes in another schedule (1F1B -> GPipe, with preallocated
+    // receive buffers) or unpipelined on one rank (ZB-H1 -> none) and continues the reference run.
     if (schedule == std::string("1f1b")) {
-      WritePipelineSpec(dir, 12, 2, "gpipe", 4);
+      WritePipelineSpec(dir, 12, 2, "gpipe", 4, 2, /*preallocate=*/true);
       REQUIRE(RunJob(addr, id, dir, 2, 1) == std::vector<int>{0, 0});
     } else {
       WritePipelineSpec(dir, 12, 0, "", 4);
