@@ -1,0 +1,2 @@
+#include "kernels/cuda/gpu_test_util.h"
+EMBER_CUDA_SKIP_FILE("lce")
