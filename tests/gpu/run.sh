@@ -14,6 +14,7 @@ case "${1:-}" in
     bazel build //runtime/base:devices_test
     mkdir -p tests/gpu/bin
     cp -f "$(bazel info bazel-bin 2>/dev/null)/runtime/base/devices_test" tests/gpu/bin/
+    bash tests/gpu/cuda_kernels.sh build
     echo "built tests/gpu/bin; carry it to the device"
     ;;
   check)
@@ -21,6 +22,7 @@ case "${1:-}" in
     # cudart comes from the toolkit on the device machine.
     export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     EMBER_EXPECT_GPUS=1 tests/gpu/bin/devices_test
+    bash tests/gpu/cuda_kernels.sh check
     ;;
   *)
     echo "usage: $0 build|check" >&2
