@@ -5,6 +5,7 @@
 #
 #   base, proto           <- bench:report (the report library every *_bench uses)
 #   <- store, flight, spec/job (the daemon<->worker contract), kernels, data
+#   <- kernels/cuda (the GPU ops, above the CPU references they are checked against)
 #   <- comm, model, checkpoint  <- fsdp, pipeline, onesided  <- worker, daemon  <- launcher
 #   <- testing (in-process clusters, test helpers)  <- tests/*, bench
 #
@@ -27,6 +28,7 @@ ROOT 5
 proto 5
 deploy 5
 third_party 5
+tools 5
 runtime/base 10
 examples 10
 //bench:report 15
@@ -35,6 +37,7 @@ runtime/flight 20
 runtime/jobspec 20
 runtime/job 20
 kernels 20
+kernels/cuda 25
 runtime/data 20
 runtime/comm 30
 runtime/model 30
