@@ -28,6 +28,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/ops.h"
@@ -123,6 +124,18 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(CudaContext& ctx, const LceOpt
                                                   const int32_t* targets, int64_t N, int64_t d,
                                                   int64_t V, float* dh, float* dW,
                                                   float dloss = 1.0f, int64_t budget_bytes = 0);
+
+// Causal attention with optional sliding window (kernels/attention.h contract, fp32, flash-style:
+// fully masked key tiles are skipped). Head sizes 32 and 64 only (InvalidArgument otherwise).
+// Backward is always deterministic (dq per query tile, dk/dv per key tile, fixed order). CUDA
+// cores only (no tensor cores): correct first, not fast.
+absl::Status AttentionForward(CudaContext& ctx, const AttentionShape& s, const float* q,
+                              const float* k, const float* v, int64_t qkv_stride, float* o,
+                              int64_t o_stride, float* lse);
+absl::Status AttentionBackward(CudaContext& ctx, const AttentionShape& s, const float* q,
+                               const float* k, const float* v, int64_t qkv_stride, const float* o,
+                               const float* dout, int64_t o_stride, const float* lse, float* dq,
+                               float* dk, float* dv);
 
 #endif  // EMBER_WITH_CUDA
 

@@ -91,6 +91,18 @@ cudaError_t LceGradTile(float* z, int64_t rows, int64_t cols, int64_t v0, int64_
                         float z_loss, const float* state, const double* valid, bool mean,
                         float dloss, cudaStream_t s);
 
+// Causal (sliding-window) attention (attention.cu), kernels/attention.h's layout; hd 32 or 64
+// (cudaErrorInvalidValue otherwise). delta: B*H*T floats of scratch.
+struct AttentionDims {
+  int64_t B, T, H, hd, window, qkv_stride, o_stride;
+};
+bool AttentionSupportsHeadDim(int64_t hd);
+cudaError_t AttentionForward(const AttentionDims& s, const float* q, const float* k,
+                             const float* v, float* o, float* lse, cudaStream_t st);
+cudaError_t AttentionBackward(const AttentionDims& s, const float* q, const float* k,
+                              const float* v, const float* o, const float* dout, const float* lse,
+                              float* delta, float* dq, float* dk, float* dv, cudaStream_t st);
+
 }  // namespace ember::kernels::cuda::detail
 
 #endif  // EMBER_KERNELS_CUDA_LAUNCH_H_

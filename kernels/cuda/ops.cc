@@ -199,6 +199,38 @@ absl::StatusOr<double> ClipGradNorm(CudaContext& ctx,
   return Norm(ctx, v, max_norm, /*clip=*/true);
 }
 
+namespace {
+absl::StatusOr<detail::AttentionDims> Dims(const AttentionShape& s, int64_t qkv_stride,
+                                           int64_t o_stride) {
+  if (!detail::AttentionSupportsHeadDim(s.hd)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA attention supports head sizes 32 and 64, got ", s.hd, "; use the CPU kernel"));
+  }
+  return detail::AttentionDims{s.B, s.T, s.H, s.hd, s.window, qkv_stride, o_stride};
+}
+}  // namespace
+
+absl::Status AttentionForward(CudaContext& ctx, const AttentionShape& s, const float* q,
+                              const float* k, const float* v, int64_t qkv_stride, float* o,
+                              int64_t o_stride, float* lse) {
+  absl::StatusOr<detail::AttentionDims> d = Dims(s, qkv_stride, o_stride);
+  if (!d.ok()) return d.status();
+  return CudaStatus(detail::AttentionForward(*d, q, k, v, o, lse, S(ctx)), "AttentionForward");
+}
+
+absl::Status AttentionBackward(CudaContext& ctx, const AttentionShape& s, const float* q,
+                               const float* k, const float* v, int64_t qkv_stride, const float* o,
+                               const float* dout, int64_t o_stride, const float* lse, float* dq,
+                               float* dk, float* dv) {
+  absl::StatusOr<detail::AttentionDims> d = Dims(s, qkv_stride, o_stride);
+  if (!d.ok()) return d.status();
+  Scratch scratch(ctx.allocator());
+  EMBER_ASSIGN_OR_RETURN_PTR(delta, scratch.Get<float>(std::max<int64_t>(s.B * s.H * s.T, 1)));
+  return CudaStatus(
+      detail::AttentionBackward(*d, q, k, v, o, dout, lse, delta, dq, dk, dv, S(ctx)),
+      "AttentionBackward");
+}
+
 absl::StatusOr<LceResult> FusedLinearCrossEntropy(CudaContext& ctx, const LceOptions& opt,
                                                   const float* h, const float* W,
                                                   const int32_t* targets, int64_t N, int64_t d,
