@@ -3,7 +3,7 @@
 // training step against the same model in PyTorch (run in the same process tree, same threads).
 //
 //   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
-//       [--threads=N]
+//       [--threads=N] [--device=cpu|cuda]
 //
 // One table of figures (value, reference, ratio); those with a goal are also targets
 // (bench/report.h: the goal applies to value/peer; a PyTorch peer that fails leaves its target not
@@ -33,6 +33,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
+#include "bench/kernel_bench_cuda.h"
 #include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/model/gpt.h"
@@ -48,6 +49,9 @@ ABSL_FLAG(int, profile_steps, 0,
           "print wall and process-CPU time per step; for profilers");
 ABSL_FLAG(bool, profile_deterministic, false, "--profile_steps in deterministic mode");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu: the CPU figures; cuda: the GPU figures (bench/kernel_bench_cuda.h), which report "
+          "met: false with reason \"no GPU\" where there is none");
 
 namespace ember::kernels {
 namespace {
@@ -296,6 +300,17 @@ int Main(int argc, char** argv) {
   const std::string only = absl::GetFlag(FLAGS_only);
   auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
 
+  if (absl::GetFlag(FLAGS_device) == "cuda") {
+    for (bench::CudaFigure& f : bench::BenchCuda(quick, reps))
+      t.push_back({f.name, f.value, f.peer, f.goal, f.higher_is_better, f.unit, f.note,
+                   f.peer_error});
+    return Print(report, t, threads, load_begin);
+  }
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    std::fprintf(stderr, "kernel_bench: --device must be cpu or cuda, got %s\n",
+                 absl::GetFlag(FLAGS_device).c_str());
+    return 2;
+  }
   if (want("lce")) {
     if (quick) {
       BenchLce(ctx, 512, 8192, 128, &t);
