@@ -72,18 +72,7 @@ double TimeMedian(int reps, const std::function<void()>& fn) {
   return Median(t);
 }
 
-// One measured figure. `peer` is the reference it is compared with (ours in another mode, or
-// PyTorch); figures with a goal become report targets (goal on value/peer).
-struct Target {
-  std::string name;
-  double value;
-  std::optional<double> peer;
-  std::optional<double> goal;
-  bool higher_is_better;
-  std::string unit;
-  std::string note;
-  std::string peer_error;  // why a PyTorch peer figure is missing
-};
+using Target = bench::KernelFigure;  // bench/kernel_bench_cuda.h
 
 std::vector<float> Rand(int64_t n, uint64_t seed, float scale) {
   std::vector<float> v(n);
@@ -301,9 +290,7 @@ int Main(int argc, char** argv) {
   auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
 
   if (absl::GetFlag(FLAGS_device) == "cuda") {
-    for (bench::CudaFigure& f : bench::BenchCuda(quick, reps))
-      t.push_back({f.name, f.value, f.peer, f.goal, f.higher_is_better, f.unit, f.note,
-                   f.peer_error});
+    t = bench::BenchCuda(quick, reps);
     return Print(report, t, threads, load_begin);
   }
   if (absl::GetFlag(FLAGS_device) != "cpu") {

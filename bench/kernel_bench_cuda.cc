@@ -27,7 +27,7 @@ Shapes ShapesFor(bool quick) {
   return {4096, 128256, 65536, 4096, 8192, 128256, 768};
 }
 
-std::vector<CudaFigure> NoGpu(const Shapes& s, const std::string& why) {
+std::vector<KernelFigure> NoGpu(const Shapes& s, const std::string& why) {
   const std::string reason = "no GPU: " + why;
   return {
       {"cuda_softmax_vs_d2d_copy", 0, std::nullopt, 0.8, true, "GB/s",
@@ -77,7 +77,7 @@ double CopyBandwidth(CudaContext& ctx, void* dst, const void* src, size_t bytes,
 
 }  // namespace
 
-std::vector<CudaFigure> BenchCuda(bool quick, int reps) {
+std::vector<KernelFigure> BenchCuda(bool quick, int reps) {
   const Shapes sh = ShapesFor(quick);
   absl::StatusOr<std::unique_ptr<CudaContext>> made = CudaContext::Create(0);
   if (!made.ok()) return NoGpu(sh, std::string(made.status().message()));
@@ -86,7 +86,7 @@ std::vector<CudaFigure> BenchCuda(bool quick, int reps) {
 #else
   CudaContext& ctx = **made;
   auto& alloc = ctx.allocator();
-  std::vector<CudaFigure> out;
+  std::vector<KernelFigure> out;
   auto failed = [&](const std::string& why) { return NoGpu(sh, "GPU run failed: " + why); };
   reps = std::max(reps, 3);
   {  // softmax and RMSNorm vs copy bandwidth; buffers sized for the larger of the two

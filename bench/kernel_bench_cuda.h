@@ -11,8 +11,10 @@
 
 namespace ember::bench {
 
-// Same fields, in the same order, as kernel_bench.cc's Target.
-struct CudaFigure {
+// One measured figure of kernel_bench. `peer` is the reference it is compared with (ours in
+// another mode, PyTorch, or copy bandwidth); figures with a goal become report targets (goal on
+// value/peer). peer_error says why a peer figure is missing.
+struct KernelFigure {
   std::string name;
   double value;
   std::optional<double> peer;
@@ -23,7 +25,7 @@ struct CudaFigure {
   std::string peer_error;
 };
 
-std::vector<CudaFigure> BenchCuda(bool quick, int reps);
+std::vector<KernelFigure> BenchCuda(bool quick, int reps);
 
 }  // namespace ember::bench
 

@@ -8,18 +8,9 @@ EMBER_CUDA_SKIP_FILE("attention")
 #else
 
 #include "kernels/attention.h"
-#include "testing/kernel_test_util.h"
 
 namespace ember::kernels::cuda {
 namespace {
-
-using kernels::testing::ErrRatio;
-using kernels::testing::Random;
-using testing::DeviceBuffer;
-using testing::GpuOrSkip;
-using testing::RunTwice;
-
-const ExecContext kCpu{};
 
 TEST_CASE("cuda attention forward/backward match the CPU flash kernel") {
   CudaContext* ctx = GpuOrSkip("attention");

@@ -46,6 +46,22 @@ __device__ __forceinline__ float BlockMax(float v, float* shared) {
   return WarpMax(v);
 }
 
+// Online softmax statistics: folds e into (running max m, sum s of exp(x - m)).
+__device__ __forceinline__ void OnlineAdd(float e, float& m, float& s) {
+  if (e > m) {
+    s = s * expf(m - e) + 1.0f;
+    m = e;
+  } else {
+    s += expf(e - m);
+  }
+}
+// Block-wide merge of every thread's (m, s): returns the row max M; *S gets sum exp(x - M).
+__device__ __forceinline__ float BlockOnlineMerge(float m, float s, float* S, float* shared) {
+  const float M = BlockMax(m, shared);
+  *S = BlockSum(m == -INFINITY ? 0.0f : s * expf(m - M), shared);
+  return M;
+}
+
 __device__ __forceinline__ float Bf16BitsToF32(uint16_t b) {
   return __uint_as_float(static_cast<uint32_t>(b) << 16);
 }

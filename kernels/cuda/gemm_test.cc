@@ -11,18 +11,9 @@ EMBER_CUDA_SKIP_FILE("gemm")
 #include "kernels/cast.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "testing/kernel_test_util.h"
 
 namespace ember::kernels::cuda {
 namespace {
-
-using kernels::testing::ErrRatio;
-using kernels::testing::Random;
-using testing::DeviceBuffer;
-using testing::GpuOrSkip;
-using testing::RunTwice;
-
-const ExecContext kCpu{};
 
 TEST_CASE("cuda fp32 GEMM matches the CPU in every transpose combination") {
   CudaContext* ctx = GpuOrSkip("gemm_f32");

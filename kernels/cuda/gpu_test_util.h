@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/cuda/cuda_ops.h"
+#include "testing/kernel_test_util.h"
 
 // In a build without CUDA a test file compiles only this: one test that prints the skip.
 #define EMBER_CUDA_SKIP_FILE(group)                                                        \
@@ -126,6 +127,16 @@ std::vector<std::vector<T>> RunTwice(CudaContext* ctx, std::vector<Output<T>> ou
 }
 
 }  // namespace ember::kernels::cuda::testing
+
+namespace ember::kernels::cuda {
+// What every CUDA op test uses; the CPU reference runs on one thread.
+using kernels::testing::ErrRatio;
+using kernels::testing::Random;
+using testing::DeviceBuffer;
+using testing::GpuOrSkip;
+using testing::RunTwice;
+inline const ExecContext kCpu{};
+}  // namespace ember::kernels::cuda
 
 #endif  // EMBER_WITH_CUDA
 #endif  // EMBER_KERNELS_CUDA_GPU_TEST_UTIL_H_

@@ -32,15 +32,10 @@ __global__ void UpdateRowsKernel(const float* __restrict__ z, int64_t rows, int6
   for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
     const float e = zr[j];
     sum += e;
-    if (e > m) {
-      s = s * expf(m - e) + 1.0f;
-      m = e;
-    } else {
-      s += expf(e - m);
-    }
+    OnlineAdd(e, m, s);
   }
-  const float M = BlockMax(m, red);
-  const float S = BlockSum(m == -INFINITY ? 0.0f : s * expf(m - M), red);
+  float S;
+  const float M = BlockOnlineMerge(m, s, &S, red);
   const float Z = BlockSum(sum, red);
   if (threadIdx.x == 0) {
     const float m_old = state[r], s_old = state[rows + r];

@@ -12,18 +12,9 @@ EMBER_CUDA_SKIP_FILE("lce")
 
 #include "kernels/cross_entropy.h"
 #include "kernels/cuda/plan.h"
-#include "testing/kernel_test_util.h"
 
 namespace ember::kernels::cuda {
 namespace {
-
-using kernels::testing::ErrRatio;
-using kernels::testing::Random;
-using testing::DeviceBuffer;
-using testing::GpuOrSkip;
-using testing::RunTwice;
-
-const ExecContext kCpu{};
 
 TEST_CASE("cuda fused LCE matches the CPU loss and gradients") {
   CudaContext* ctx = GpuOrSkip("lce");

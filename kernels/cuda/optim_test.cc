@@ -10,19 +10,11 @@ EMBER_CUDA_SKIP_FILE("optim")
 #include <cmath>
 
 #include "kernels/ops.h"
-#include "testing/kernel_test_util.h"
 
 namespace ember::kernels::cuda {
 namespace {
 
-using kernels::testing::ErrRatio;
-using kernels::testing::Random;
-using testing::DeviceBuffer;
-using testing::GpuOrSkip;
-using testing::RunTwice;
-
 constexpr double kF32Tol = 1e-5;
-const ExecContext kCpu{};
 
 // Tensor sizes: 40 tensors (> one batch of 24), one of them > 320 chunks of 16K, one empty.
 std::vector<int64_t> Sizes() {

@@ -127,18 +127,10 @@ __global__ void SoftmaxForwardKernel(const float* __restrict__ x, int64_t C,
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const T v = xr[i];
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float e = Vec<V>::Get(v, j);
-      if (e > m) {
-        s = s * expf(m - e) + 1.0f;
-        m = e;
-      } else {
-        s += expf(e - m);
-      }
-    }
+    for (int j = 0; j < V; ++j) OnlineAdd(Vec<V>::Get(v, j), m, s);
   }
-  const float M = BlockMax(m, red);
-  const float S = BlockSum(m == -INFINITY ? 0.0f : s * expf(m - M), red);
+  float S;
+  const float M = BlockOnlineMerge(m, s, &S, red);
   const float inv = 1.0f / S;
   for (int64_t i = threadIdx.x; i < nv; i += blockDim.x) {
     const T v = xr[i];

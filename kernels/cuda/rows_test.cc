@@ -8,19 +8,11 @@ EMBER_CUDA_SKIP_FILE("rows")
 #else
 
 #include "kernels/ops.h"
-#include "testing/kernel_test_util.h"
 
 namespace ember::kernels::cuda {
 namespace {
 
-using kernels::testing::ErrRatio;
-using kernels::testing::Random;
-using testing::DeviceBuffer;
-using testing::GpuOrSkip;
-using testing::RunTwice;
-
 constexpr double kF32Tol = 1e-5;
-const ExecContext kCpu{};
 
 TEST_CASE("cuda RMSNorm forward/backward match the CPU") {
   CudaContext* ctx = GpuOrSkip("rmsnorm");
