@@ -76,6 +76,9 @@ class DeviceBuffer {
   void Upload(const std::vector<T>& host) {
     REQUIRE(host.size() == n_);
     REQUIRE(cudaMemcpy(p_, host.data(), n_ * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+    // The ops run on the context's non-blocking stream, which does not wait for the legacy
+    // default stream: finish the copy before anything is queued.
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
   }
   std::vector<T> Download() {
     std::vector<T> host(n_);
@@ -84,7 +87,10 @@ class DeviceBuffer {
     return host;
   }
   // All bytes 0xFF: NaN for f32 and bf16, -1 for integers.
-  void Poison() { REQUIRE(cudaMemset(p_, 0xFF, n_ * sizeof(T)) == cudaSuccess); }
+  void Poison() {
+    REQUIRE(cudaMemset(p_, 0xFF, n_ * sizeof(T)) == cudaSuccess);
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);  // see Upload
+  }
 
  private:
   CudaContext* ctx_;

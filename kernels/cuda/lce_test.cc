@@ -76,7 +76,7 @@ TEST_CASE("cuda fused LCE peak memory is the plan's workspace, not the logits") 
   for (int64_t i = 0; i < N; ++i) t[i] = static_cast<int32_t>((i * 7919) % V);
   DeviceBuffer<float> dh_in(ctx, h), dW_in(ctx, W), dh(ctx, N * d), dW(ctx, V * d);
   DeviceBuffer<int32_t> dt(ctx, t);
-  REQUIRE(cudaMemset(dW.get(), 0, V * d * 4) == cudaSuccess);
+  dW.Upload(std::vector<float>(V * d, 0.0f));
   const int64_t budget = int64_t{16} << 20;
   ctx->allocator().ResetPeak();
   const int64_t before = ctx->allocator().stats().allocated_bytes;

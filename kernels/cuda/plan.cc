@@ -26,7 +26,8 @@ ColumnReducePlan PlanColumnReduce(int64_t N, int64_t C) {
   if (N <= 0 || C <= 0) return {};
   // About 64 rows per segment keeps the partial buffer at N/64 x C floats while giving
   // ceil(C/256) x segments blocks of parallelism.
-  const int64_t rows = std::max<int64_t>(1, std::min<int64_t>(64, N));
+  // Segments are a grid dimension (at most 65535).
+  const int64_t rows = std::max({int64_t{1}, std::min<int64_t>(64, N), CeilDiv(N, 65535)});
   return {CeilDiv(N, rows), rows};
 }
 

@@ -30,7 +30,8 @@ Launch RowLaunch(int64_t N, int64_t C, int vec, int items_per_thread = 8);
 
 // Deterministic column sums out[c] += sum_n f(n, c): rows are cut into `segments` fixed runs of
 // `rows_per_segment` (a function of N alone, never of the device), each summed in order into a
-// partial row; the partial rows are then added in segment order.
+// partial row; the partial rows are then added in segment order. At most 65535 segments (a grid
+// dimension): 64 rows each up to 4M rows, more beyond.
 struct ColumnReducePlan {
   int64_t segments = 0;
   int64_t rows_per_segment = 0;

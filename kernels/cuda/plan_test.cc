@@ -39,6 +39,9 @@ TEST_CASE("PlanColumnReduce partitions rows by N only and covers them exactly") 
     CHECK(q.segments == p.segments);
   }
   CHECK(PlanColumnReduce(0, 10).segments == 0);
+  ColumnReducePlan huge = PlanColumnReduce(int64_t{10} << 20, 8);  // 10M rows
+  CHECK(huge.segments <= 65535);
+  CHECK(huge.segments * huge.rows_per_segment >= (int64_t{10} << 20));
 }
 
 TEST_CASE("PlanMultiTensor: every chunk once, in order, within the batch limits") {
