@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/attention.h"
 #include "kernels/cross_entropy.h"
+#include "kernels/moe.h"
 #include "kernels/cuda/allocator.h"
 #include "kernels/ops.h"
 
@@ -136,6 +137,18 @@ absl::Status AttentionBackward(CudaContext& ctx, const AttentionShape& s, const 
                                const float* k, const float* v, int64_t qkv_stride, const float* o,
                                const float* dout, int64_t o_stride, const float* lse, float* dq,
                                float* dk, float* dv);
+
+// MoE (kernels/moe.h contracts, device pointers). k <= 8 (InvalidArgument otherwise).
+absl::Status MoeRoute(CudaContext& ctx, const float* logits, int64_t N, int64_t E, int k,
+                      int32_t* expert, float* weight);
+absl::Status MoePermute(CudaContext& ctx, const int32_t* expert, int64_t S, int64_t E,
+                        int32_t* order, int64_t* offsets);
+// Grouped expert GEMM: one cuBLASLt call per non-empty expert. X [S, in] and W [E, out, in] are
+// f32 or bf16 (`in`); Y fp32. offsets is on the device; it is read back (one sync) to size the
+// calls.
+absl::Status GroupedLinearForward(CudaContext& ctx, GemmInput in_type, const void* X,
+                                  const void* W, const int64_t* offsets, int64_t E, int64_t in,
+                                  int64_t out, float* Y);
 
 #endif  // EMBER_WITH_CUDA
 

@@ -103,6 +103,13 @@ cudaError_t AttentionBackward(const AttentionDims& s, const float* q, const floa
                               const float* v, const float* o, const float* dout, const float* lse,
                               float* delta, float* dq, float* dk, float* dv, cudaStream_t st);
 
+// MoE (moe.cu), kernels/moe.h; k <= MoeMaxK() (cudaErrorInvalidValue otherwise).
+int MoeMaxK();
+cudaError_t MoeRoute(const float* logits, int64_t N, int64_t E, int k, int32_t* expert,
+                     float* weight, int64_t grid, cudaStream_t s);
+cudaError_t MoePermute(const int32_t* expert, int64_t S, int64_t E, int32_t* order,
+                       int64_t* offsets, cudaStream_t s);
+
 }  // namespace ember::kernels::cuda::detail
 
 #endif  // EMBER_KERNELS_CUDA_LAUNCH_H_

@@ -231,6 +231,42 @@ absl::Status AttentionBackward(CudaContext& ctx, const AttentionShape& s, const 
       "AttentionBackward");
 }
 
+absl::Status MoeRoute(CudaContext& ctx, const float* logits, int64_t N, int64_t E, int k,
+                      int32_t* expert, float* weight) {
+  if (k < 1 || k > detail::MoeMaxK() || k > E) {
+    return absl::InvalidArgumentError(absl::StrCat("MoeRoute: k = ", k, " must be in [1, min(",
+                                                   detail::MoeMaxK(), ", E = ", E, ")]"));
+  }
+  return CudaStatus(detail::MoeRoute(logits, N, E, k, expert, weight, Grid(N), S(ctx)),
+                    "MoeRoute");
+}
+
+absl::Status MoePermute(CudaContext& ctx, const int32_t* expert, int64_t S_, int64_t E,
+                        int32_t* order, int64_t* offsets) {
+  return CudaStatus(detail::MoePermute(expert, S_, E, order, offsets, S(ctx)), "MoePermute");
+}
+
+absl::Status GroupedLinearForward(CudaContext& ctx, GemmInput in_type, const void* X,
+                                  const void* W, const int64_t* offsets, int64_t E, int64_t in,
+                                  int64_t out, float* Y) {
+  std::vector<int64_t> off(E + 1);
+  EMBER_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(off.data(), offsets, (E + 1) * sizeof(int64_t),
+                                             cudaMemcpyDeviceToHost, S(ctx)),
+                             "offsets readback");
+  if (absl::Status s = ctx.Synchronize(); !s.ok()) return s;
+  const size_t esize = in_type == GemmInput::kBF16 ? 2 : 4;
+  const char* x = static_cast<const char*>(X);
+  const char* w = static_cast<const char*>(W);
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t rows = off[e + 1] - off[e];
+    if (rows == 0) continue;
+    absl::Status s = Gemm(ctx, in_type, false, true, rows, out, in, 1.0f, x + off[e] * in * esize,
+                          in, w + e * out * in * esize, in, 0.0f, Y + off[e] * out, out);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LceResult> FusedLinearCrossEntropy(CudaContext& ctx, const LceOptions& opt,
                                                   const float* h, const float* W,
                                                   const int32_t* targets, int64_t N, int64_t d,
