@@ -22,13 +22,13 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # package (or exact label) -> layer; the longest matching entry wins. ROOT is the top-level
-# package (exported files only: README.md, docs/benchmarks.md, tools/gen_benchmarks.py).
+# package (exported files only: README.md, docs/benchmarks.md, tools/gen_benchmarks.py,
+# tools/cuda_resources.sh).
 LAYERS='
 ROOT 5
 proto 5
 deploy 5
 third_party 5
-tools 5
 runtime/base 10
 examples 10
 //bench:report 15
