@@ -10,6 +10,8 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev catch2 libopenblas-dev libsystemd-dev libyaml-cpp-dev libzstd-dev
   libxxhash-dev libssl-dev
+  # one-sided transfers (runtime/onesided) and their benchmark peer (ucx_perftest)
+  libucx-dev ucx-utils
   # benchmark peers and test tools (openssl: the TLS tests make their certificates with it)
   python3-torch procps openmpi-bin libopenmpi-dev openssl
   # fuzzing (tools/fuzz.sh: clang++ -fsanitize=fuzzer,address); .ci/run skips it without clang

@@ -111,7 +111,7 @@ void LinearForward(const ExecContext& ctx, const float* x, const float* W, const
 void LinearBackward(const ExecContext& ctx, const float* x, const float* W, const float* dy,
                     int64_t N, int64_t in, int64_t out, float* dx, float* dW, float* db) {
   if (dx != nullptr) Gemm(ctx, false, false, N, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
-  Gemm(ctx, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  if (dW != nullptr) Gemm(ctx, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
   if (db != nullptr) {
     ColumnReduce(ctx, N, out, db, [&](int64_t n, int64_t c0, int64_t c1, float* d) {
       const float* g = dy + n * out;

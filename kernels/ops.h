@@ -38,7 +38,8 @@ void RmsNormBackward(const ExecContext& ctx, const float* x, const float* w, con
 // y[N,out] = x[N,in] @ W[out,in]^T + b[out] (b may be null).
 void LinearForward(const ExecContext& ctx, const float* x, const float* W, const float* b,
                    int64_t N, int64_t in, int64_t out, float* y);
-// dx[N,in] written (skipped when null); dW[out,in] and db[out] accumulated (db may be null).
+// dx[N,in] written (skipped when null, and then W may be null); dW[out,in] and db[out]
+// accumulated (either may be null: skipped).
 void LinearBackward(const ExecContext& ctx, const float* x, const float* W, const float* dy,
                     int64_t N, int64_t in, int64_t out, float* dx, float* dW, float* db);
 

@@ -1,4 +1,4 @@
-// Test helper: runs N ranks of tests/comm/comm_worker as child processes with a hard deadline;
+// Test helper: runs N ranks of tests/comm/comm_worker (or any program) as child processes with a hard deadline;
 // every child is killed (SIGKILL) if the deadline passes. Thread-compatible.
 #ifndef EMBER_TESTING_COMM_LAUNCHER_H_
 #define EMBER_TESTING_COMM_LAUNCHER_H_
@@ -19,9 +19,9 @@
 
 namespace ember::comm::testing {
 
-inline std::string WorkerPath() {
+inline std::string WorkerPath(const std::string& worker = "comm_worker") {
   const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/comm_worker";
+  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/" + worker;
 }
 
 inline std::string TempDir(const std::string& tag) {
@@ -37,11 +37,11 @@ struct RunResult {
   bool timed_out = false;
 };
 
-// `env` entries are "KEY=VALUE" added to each child's environment.
-inline RunResult RunRanks(int n, const std::vector<std::string>& args,
-                          const std::vector<std::string>& env, double timeout_s) {
+// Runs n copies of the program at `path` (rank r gets --rank=r --size=n, then `args`); `env`
+// entries are "KEY=VALUE" added to each child's environment.
+inline RunResult RunProgram(const std::string& path, int n, const std::vector<std::string>& args,
+                            const std::vector<std::string>& env, double timeout_s) {
   std::vector<pid_t> pids(n);
-  std::string path = WorkerPath();
   for (int r = 0; r < n; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
@@ -80,6 +80,13 @@ inline RunResult RunRanks(int n, const std::vector<std::string>& args,
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   return res;
+}
+
+// RunProgram with tests/comm/<worker> (comm_worker by default).
+inline RunResult RunRanks(int n, const std::vector<std::string>& args,
+                          const std::vector<std::string>& env, double timeout_s,
+                          const std::string& worker = "comm_worker") {
+  return RunProgram(WorkerPath(worker), n, args, env, timeout_s);
 }
 
 inline bool AllExitZero(const RunResult& r) {

@@ -23,6 +23,8 @@ ORDER = [
     ("launch_bench", "Launcher (issue 7)", "//bench:launch_bench"),
     ("recovery_bench", "Recovery (issue 8)", "//bench:recovery_bench"),
     ("recorder_bench", "Flight recorder (issue 9)", "//runtime/flight:recorder_bench"),
+    ("pipeline_bench", "Pipeline parallelism (issue 15)", "//bench:pipeline_bench"),
+    ("onesided_bench", "One-sided transfers (issue 16)", "//runtime/onesided:onesided_bench"),
 ]
 
 

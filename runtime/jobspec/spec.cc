@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/jobspec/yaml_proto.h"
 #include "yaml-cpp/yaml.h"
 
@@ -158,6 +159,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(OneOf("parallelism.strategy", p.strategy(), {"fsdp", "pipeline", "none"}));
   RETURN_IF_ERROR(Range("parallelism.world_size", p.world_size(), 0, 1 << 16));
   RETURN_IF_ERROR(Range("parallelism.micro_batches", p.micro_batches(), 1, 1 << 16));
+  RETURN_IF_ERROR(ValidatePipelineLayout(s));  // pipeline_layout.h
   if (!p.backend().empty()) {
     RETURN_IF_ERROR(OneOf("parallelism.backend", p.backend(),
                           {"cpu", "nccl", "nccl-lazy", "nccl-legacy"}));

@@ -252,13 +252,69 @@ absl::StatusOr<BlockActivationsPtr> Block::Forward(const ExecContext& ctx,
   return a;
 }
 
+// One deferred linear weight gradient: dW[k] += dy[N,out]^T x[N,in].
+struct DeferredLinear {
+  int k = 0;
+  Tensor x, dy;
+  int64_t N = 0, in = 0, out = 0;
+};
+
+struct BlockWeightGrads {
+  std::vector<DeferredLinear> linears;
+};
+
+void BlockWeightGradsDeleter::operator()(BlockWeightGrads* w) const { delete w; }
+
 absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* const> w,
                              absl::Span<float* const> g, BlockActivationsPtr a, const float* dy,
                              float* dx) const {
+  return BackwardImpl(ctx, w, g, std::move(a), dy, dx, nullptr);
+}
+
+absl::StatusOr<BlockWeightGradsPtr> Block::BackwardInput(const ExecContext& ctx,
+                                                         absl::Span<const float* const> w,
+                                                         absl::Span<float* const> g,
+                                                         BlockActivationsPtr a, const float* dy,
+                                                         float* dx) const {
+  BlockWeightGradsPtr saved(new BlockWeightGrads);
+  RETURN_IF_ERROR(BackwardImpl(ctx, w, g, std::move(a), dy, dx, saved.get()));
+  return saved;
+}
+
+absl::Status Block::BackwardWeight(const ExecContext& ctx, absl::Span<float* const> g,
+                                   BlockWeightGradsPtr saved) const {
+  if (saved == nullptr || g.size() != BlockParamSpecs(cfg_, layer_).size())
+    return absl::InvalidArgumentError(absl::StrCat("Block ", layer_, ": bad BackwardWeight arguments"));
+  // In Backward's order, so each gradient sees the same sequence of accumulations.
+  for (DeferredLinear& d : saved->linears) {
+    kernels::LinearBackward(ctx, d.x.data<float>(), nullptr, d.dy.data<float>(), d.N, d.in, d.out,
+                            nullptr, g[d.k], nullptr);
+    d = DeferredLinear{};
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Block::BackwardImpl(const ExecContext& ctx, absl::Span<const float* const> w,
+                                 absl::Span<float* const> g, BlockActivationsPtr a,
+                                 const float* dy, float* dx, BlockWeightGrads* defer) const {
   const size_t want = BlockParamSpecs(cfg_, layer_).size();
   if (w.size() != want || g.size() != want || a == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("Block ", layer_, ": bad Backward arguments"));
   const int64_t B = a->B, T = a->T, N = B * T, C = cfg_.d_model, F = cfg_.ff();
+  // The backward of linear k (input x[n,in], output gradient dyt[n,out]) into dxp; its weight
+  // gradient now, or saved in `defer` (dyt copied when the caller changes it afterwards).
+  auto linear = [&](const Tensor& x, int k, const Tensor& dyt, bool dy_changes, int64_t n,
+                    int64_t in, int64_t out, float* dxp) {
+    kernels::LinearBackward(ctx, x.data<float>(), w[k], dyt.data<float>(), n, in, out, dxp,
+                            defer ? nullptr : g[k], nullptr);
+    if (defer == nullptr) return;
+    Tensor saved_dy = dyt;
+    if (dy_changes) {
+      saved_dy = F32({n, out});
+      std::memcpy(saved_dy.data<float>(), dyt.data<float>(), n * out * sizeof(float));
+    }
+    defer->linears.push_back({k, x, std::move(saved_dy), n, in, out});
+  };
   // dres: gradient of the residual stream between the two halves (starts as dy).
   Tensor dres = F32({N, C});
   float* dr = dres.data<float>();
@@ -268,7 +324,7 @@ absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* con
     const bool swiglu = cfg_.mlp == GptConfig::Mlp::kSwiGlu;
     const int64_t F1 = swiglu ? 2 * F : F;
     Tensor dact = F32({N, F});
-    kernels::LinearBackward(ctx, a->act.data<float>(), w[kFc2], dr, N, F, C, dact.data<float>(), g[kFc2], nullptr);
+    linear(a->act, kFc2, dres, true, N, F, C, dact.data<float>());
     a->act.Reset();
     Tensor dfc1 = swiglu ? F32({N, F1}) : dact;  // GELU backward runs in place
     if (swiglu) {
@@ -278,8 +334,7 @@ absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* con
     }
     a->fc1.Reset();
     dact.Reset();
-    kernels::LinearBackward(ctx, a->ln2.data<float>(), w[kFc1], dfc1.data<float>(), N, C, F1,
-                            dln2.data<float>(), g[kFc1], nullptr);
+    linear(a->ln2, kFc1, dfc1, false, N, C, F1, dln2.data<float>());
   } else {
     const int64_t E = cfg_.n_expert, K = cfg_.top_k;
     const float* ln2 = a->ln2.data<float>();
@@ -303,13 +358,11 @@ absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* con
         std::memcpy(xe.data<float>() + r * C, ln2 + n * C, C * sizeof(float));
       }
       ex.y.Reset();
-      kernels::LinearBackward(ctx, ex.a.data<float>(), w[kGate + 2 + 2 * e], dye.data<float>(), Ne, F, C,
-                              da.data<float>(), g[kGate + 2 + 2 * e], nullptr);
+      linear(ex.a, kGate + 2 + 2 * e, dye, false, Ne, F, C, da.data<float>());
       ex.a.Reset();
       kernels::GeluBackward(ctx, ex.h.data<float>(), da.data<float>(), da.data<float>(), Ne * F);
       ex.h.Reset();
-      kernels::LinearBackward(ctx, xe.data<float>(), w[kGate + 1 + 2 * e], da.data<float>(), Ne, C, F,
-                              dxe.data<float>(), g[kGate + 1 + 2 * e], nullptr);
+      linear(xe, kGate + 1 + 2 * e, da, false, Ne, C, F, dxe.data<float>());
       for (int64_t r = 0; r < Ne; ++r)
         kernels::AddInPlace(ExecContext{}, dxe.data<float>() + r * C, dl2 + ex.rows[r] * C, C);
     }
@@ -321,7 +374,8 @@ absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* con
         dlogits[n * E + a->topk_idx[n * K + k]] = a->topk_w[n * K + k] * (dwt[n * K + k] - s);
     }
     Tensor dgate = F32({N, C});
-    kernels::LinearBackward(ctx, ln2, w[kGate], dlogits.data(), N, C, E, dgate.data<float>(), g[kGate], nullptr);
+    linear(a->ln2, kGate, Tensor::Borrow(dlogits.data(), DType::kF32, {N, E}), true, N, C, E,
+           dgate.data<float>());
     kernels::AddInPlace(ctx, dgate.data<float>(), dl2, N * C);
     a->experts.clear();
   }
@@ -337,7 +391,7 @@ absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* con
   a->rstd2.Reset();
   // Attention half.
   Tensor datt = F32({N, C});
-  kernels::LinearBackward(ctx, a->att.data<float>(), w[kProj], dr, N, C, C, datt.data<float>(), g[kProj], nullptr);
+  linear(a->att, kProj, dres, false, N, C, C, datt.data<float>());
   Tensor dqkv = F32({N, 3 * C});
   kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window};
   const float* qkv = a->qkv.data<float>();
@@ -348,7 +402,7 @@ absl::Status Block::Backward(const ExecContext& ctx, absl::Span<const float* con
   a->lse.Reset();
   datt.Reset();
   Tensor dln1 = F32({N, C});
-  kernels::LinearBackward(ctx, a->ln1.data<float>(), w[kQkv], dq, N, C, 3 * C, dln1.data<float>(), g[kQkv], nullptr);
+  linear(a->ln1, kQkv, dqkv, false, N, C, 3 * C, dln1.data<float>());
   a->qkv.Reset();
   a->ln1.Reset();
   dqkv.Reset();

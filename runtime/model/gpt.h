@@ -94,6 +94,12 @@ struct BlockActivations;
 struct BlockActivationsDeleter { void operator()(BlockActivations* a) const; };
 using BlockActivationsPtr = std::unique_ptr<BlockActivations, BlockActivationsDeleter>;
 
+// The weight gradients Block::BackwardInput deferred: the inputs and output gradients of the
+// block's linear layers, until Block::BackwardWeight. Opaque; movable.
+struct BlockWeightGrads;
+struct BlockWeightGradsDeleter { void operator()(BlockWeightGrads* w) const; };
+using BlockWeightGradsPtr = std::unique_ptr<BlockWeightGrads, BlockWeightGradsDeleter>;
+
 class Block {
  public:
   Block(const GptConfig& cfg, int64_t layer);
@@ -111,7 +117,25 @@ class Block {
                         absl::Span<float* const> g, BlockActivationsPtr acts, const float* dy,
                         float* dx) const;
 
+  // Backward split in two (zero-bubble schedules). BackwardInput is Backward without the linear
+  // layers' weight gradients: it writes dx, accumulates the norm weights' gradients into `g`
+  // (O(N*C) work) and returns what BackwardWeight needs to accumulate the linear weights'
+  // gradients into `g` later (their inputs and output gradients; the rest of `acts` is freed).
+  // BackwardInput then BackwardWeight leave dx and `g` bitwise equal to Backward.
+  absl::StatusOr<BlockWeightGradsPtr> BackwardInput(const kernels::ExecContext& ctx,
+                                                    absl::Span<const float* const> w,
+                                                    absl::Span<float* const> g,
+                                                    BlockActivationsPtr acts, const float* dy,
+                                                    float* dx) const;
+  absl::Status BackwardWeight(const kernels::ExecContext& ctx, absl::Span<float* const> g,
+                              BlockWeightGradsPtr saved) const;
+
  private:
+  // Backward; with `defer` set, the linear weight gradients are saved there instead.
+  absl::Status BackwardImpl(const kernels::ExecContext& ctx, absl::Span<const float* const> w,
+                            absl::Span<float* const> g, BlockActivationsPtr acts,
+                            const float* dy, float* dx, BlockWeightGrads* defer) const;
+
   const GptConfig cfg_;
   const int64_t layer_;
 };

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
 
 namespace ember::pipeline {
@@ -24,6 +25,11 @@ Action Make(ActionType t, int stage, int mb) {
   a.stage = stage;
   a.micro_batch = mb;
   return a;
+}
+
+bool IsCompute(ActionType t) {
+  return t == ActionType::kForward || t == ActionType::kBackward ||
+         t == ActionType::kBackwardInput || t == ActionType::kBackwardWeight;
 }
 
 }  // namespace
@@ -91,6 +97,7 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
     p->lnf_ = add(all.back());
     if (p->wte_ < 0) p->wte_ = add(all[0]);
   }
+  p->layout_ = layout;
   p->params_.assign(total, 0.0f);
   for (const auto& [spec, off] : layout) model::InitParam(spec, seed, 0, spec.numel(), p->P(off));
   p->grads_.assign(total, 0.0f);
@@ -105,6 +112,18 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   return p;
 }
 
+std::vector<ParamView> PipelineGpt::Params() {
+  std::vector<ParamView> out;
+  const int first_rank = schedule_.RankOfStage(0);
+  for (const auto& [spec, off] : layout_) {
+    ParamView v{spec.name, spec.shape, spec.numel(), P(off), adam_m_.data() + off,
+                adam_v_.data() + off, true};
+    v.primary = !(off == wte_ && rank_ != first_rank);
+    out.push_back(std::move(v));
+  }
+  return out;
+}
+
 PipelineGpt::StageState& PipelineGpt::Local(int stage) {
   return *local_stages_[stage / schedule_.options.ranks];
 }
@@ -114,7 +133,9 @@ absl::StatusOr<const float*> PipelineGpt::Received(const Action& recv) {
   if (it == recvs_.end()) {
     return absl::InternalError(absl::StrCat("no receive posted for ", ActionToString(recv)));
   }
+  const absl::Time t0 = absl::Now();
   absl::Status st = it->second.first->Wait(opts_.timeout);
+  recv_wait_s_ += absl::ToDoubleSeconds(absl::Now() - t0);  // not compute (StepTiming)
   const float* buf = it->second.second;
   recvs_.erase(it);
   RETURN_IF_ERROR(base::Annotate(st, absl::StrCat("receive for ", ActionToString(recv))));
@@ -206,6 +227,13 @@ absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action
       w.push_back(P(off));
       g.push_back(G(off));
     }
+    if (a.type == ActionType::kBackwardInput) {  // weight gradients wait for BackwardWeight
+      ASSIGN_OR_RETURN(model::BlockWeightGradsPtr saved,
+                       ss.blocks[i].BackwardInput(ctx, w, g, std::move(acts->second[i]),
+                                                  dx.data(), dx.data()));
+      wgrads_[{s, mb}].push_back(std::move(saved));
+      continue;
+    }
     RETURN_IF_ERROR(ss.blocks[i].Backward(ctx, w, g, std::move(acts->second[i]), dx.data(),
                                           dx.data()));
   }
@@ -219,15 +247,35 @@ absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action
   return absl::OkStatus();
 }
 
+absl::Status PipelineGpt::BackwardWeight(const kernels::ExecContext& ctx, const Action& a) {
+  auto it = wgrads_.find({a.stage, a.micro_batch});
+  if (it == wgrads_.end()) return absl::InternalError("weight-grad before its input-grad");
+  StageState& ss = Local(a.stage);
+  // wgrads_ holds the blocks last to first, as BackwardInput ran them.
+  for (size_t j = 0; j < it->second.size(); ++j) {
+    const size_t i = ss.blocks.size() - 1 - j;
+    std::vector<float*> g;
+    for (int64_t off : ss.offsets[i]) g.push_back(G(off));
+    RETURN_IF_ERROR(ss.blocks[i].BackwardWeight(ctx, g, std::move(it->second[j])));
+  }
+  wgrads_.erase(it);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const int32_t* tokens,
                                          const int32_t* targets) {
   RETURN_IF_ERROR(pool_->BeginStep());
   loss_sum_ = 0;
+  timing_ = {};
+  const absl::Time step_start = absl::Now();
   const size_t n = static_cast<size_t>(N_ * cfg_.d_model);
   comm::OpOptions op;
   op.timeout = opts_.timeout;
   for (const Action& a : schedule_.ranks[rank_]) {
     absl::Status st;
+    const bool compute = IsCompute(a.type);
+    const absl::Time t0 = compute ? absl::Now() : absl::InfinitePast();
+    recv_wait_s_ = 0;
     switch (a.type) {
       case ActionType::kRecvActivation:
       case ActionType::kRecvGrad: {
@@ -262,8 +310,9 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         st = Backward(ctx, a, tokens);
         if (st.ok()) st = pool_->AfterCompute(a);
         break;
-      case ActionType::kBackwardWeight:  // the fused backward ran at BackwardInput
-        st = pool_->AfterCompute(a);
+      case ActionType::kBackwardWeight:
+        st = BackwardWeight(ctx, a);
+        if (st.ok()) st = pool_->AfterCompute(a);
         break;
       case ActionType::kReduceGrad:  // no data-parallel reduction yet (stage.h)
         break;
@@ -282,12 +331,18 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         }
         break;
     }
+    if (compute) {
+      const absl::Time t1 = absl::Now();
+      timing_.compute_s += absl::ToDoubleSeconds(t1 - t0) - recv_wait_s_;
+      timing_.recv_wait_s += recv_wait_s_;
+      timing_.span_s = absl::ToDoubleSeconds(t1 - step_start);
+    }
     RETURN_IF_ERROR(base::Annotate(
         st, absl::StrCat("pipeline rank ", rank_, " at ", ActionToString(a))));
   }
   RETURN_IF_ERROR(pool_->EndStep(opts_.timeout));
   if (!recvs_.empty() || !outputs_.empty() || !handover_.empty() || !acts_.empty() ||
-      !head_dx_.empty()) {
+      !head_dx_.empty() || !wgrads_.empty()) {
     return absl::InternalError(absl::StrCat("pipeline rank ", rank_,
                                             ": the step left data behind (a schedule bug)"));
   }

@@ -16,9 +16,10 @@
 // the receive, the compute that needs it waits for it; a compute that feeds a Send writes into a
 // pool buffer, which the pool frees once the send's Work completes; stages on the same rank hand
 // over in memory. Each micro-batch's loss gradient is scaled by 1/micro_batches, so the step's
-// gradient is that of the mean loss over the whole batch. ZB-H1's BackwardInput runs the model's
-// fused backward and BackwardWeight is a no-op: the model has no split backward yet, so ZB-H1 runs
-// correctly but without its bubble saving. Gradient clipping is not supported.
+// gradient is that of the mean loss over the whole batch. ZB-H1's BackwardInput runs the blocks'
+// model::Block::BackwardInput (input gradient and norm-weight gradients; the embedding gradient on
+// stage 0) and BackwardWeight their deferred linear weight gradients, bitwise equal to the fused
+// backward. Gradient clipping is not supported.
 //
 // Errors: a failed or timed-out receive/send/all-reduce comes back as its Status, annotated with
 // the action; the step is then unusable (abort the group). Thread-compatible: one step at a time.
@@ -31,6 +32,7 @@
 
 #include <map>
 #include <memory>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -45,6 +47,27 @@
 #include "runtime/pipeline/schedule.h"
 
 namespace ember::pipeline {
+
+// Where one rank's last step spent its time (for pipeline_bench's measured bubble).
+struct StepTiming {
+  double compute_s = 0;  // in forward / backward / backward-input / backward-weight computes,
+                         // less their waits for received data
+  double span_s = 0;     // from the step's start to the end of the rank's last such compute
+  double recv_wait_s = 0;  // computes waiting for their received input (part of the idle time)
+};
+
+// One parameter this rank holds, with its AdamW state (views into the PipelineGpt, valid for its
+// life). `primary` is false only for the last stage's copy of the tied wte when stage 0 sits on
+// another rank: the two copies are equal, and a checkpoint saves the primary one.
+struct ParamView {
+  std::string name;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  float* param = nullptr;
+  float* exp_avg = nullptr;
+  float* exp_avg_sq = nullptr;
+  bool primary = true;
+};
 
 struct PipelineOptions {
   BufferPoolOptions pool;
@@ -71,7 +94,15 @@ class PipelineGpt {
   absl::StatusOr<double> Step(const kernels::ExecContext& ctx, const int32_t* tokens,
                               const int32_t* targets);
 
+  // This rank's parameters in its layout order (checkpoints). Writing through the views between
+  // steps changes the model (resume); the tied wte must then be written on both of its ranks.
+  std::vector<ParamView> Params();
+  int64_t optimizer_step() const { return adam_step_; }    // AdamW steps taken (bias correction)
+  void set_optimizer_step(int64_t step) { adam_step_ = step; }
+  void set_learning_rate(float lr) { opts_.adamw.lr = lr; }  // for the following steps
+
   const BufferPool& pool() const { return *pool_; }
+  const StepTiming& last_step_timing() const { return timing_; }
   int64_t num_params() const { return static_cast<int64_t>(params_.size()); }
   // The stages this rank holds, in increasing order.
   const std::vector<int>& stages() const { return stage_ids_; }
@@ -82,7 +113,9 @@ class PipelineGpt {
   PipelineGpt() = default;
   absl::Status Forward(const kernels::ExecContext& ctx, const Action& a, const int32_t* tokens,
                        const int32_t* targets);
+  // Backward or BackwardInput (by a.type) of one stage and micro-batch.
   absl::Status Backward(const kernels::ExecContext& ctx, const Action& a, const int32_t* tokens);
+  absl::Status BackwardWeight(const kernels::ExecContext& ctx, const Action& a);
   // The buffer holding the received data of `recv` once its receive completed.
   absl::StatusOr<const float*> Received(const Action& recv);
   // Where a compute writes the output that crosses to `peer_stage`: a pool send buffer, or a local
@@ -101,6 +134,7 @@ class PipelineGpt {
   std::vector<int> stage_ids_;
   std::vector<std::unique_ptr<StageState>> local_stages_;
   int64_t wte_ = -1, wpe_ = -1, lnf_ = -1;  // offsets into params_/grads_, -1: not on this rank
+  std::vector<std::pair<model::ParamSpec, int64_t>> layout_;  // every parameter and its offset
   std::vector<float> params_, grads_, adam_m_, adam_v_;
   int64_t adam_step_ = 0;
   std::unique_ptr<comm::ProcessGroup> tied_;  // {rank of stage 0, rank of the last stage}
@@ -112,7 +146,11 @@ class PipelineGpt {
   std::map<Key, std::vector<float>> handover_;       // same-rank stage to stage
   std::map<std::pair<int, int>, std::vector<model::BlockActivationsPtr>> acts_;
   std::map<int, kernels::Tensor> head_dx_;           // last stage: dloss/dx per micro-batch
+  // ZB-H1: (stage, micro-batch) -> per block, last to first, what BackwardWeight needs.
+  std::map<std::pair<int, int>, std::vector<model::BlockWeightGradsPtr>> wgrads_;
   double loss_sum_ = 0;
+  StepTiming timing_;
+  double recv_wait_s_ = 0;  // of the current compute
 };
 
 }  // namespace ember::pipeline

@@ -15,6 +15,12 @@ namespace ember::worker {
 absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
   ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
   const ckpt::Metadata& meta = reader->metadata();
+  if (auto it = meta.parallelism.find(kPipelineKey); it != meta.parallelism.end()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        reader->dir(), " was saved by a pipeline run (", it->second, "); an FSDP run cannot "
+        "resume from it (cross-layout resume is not built): resume with the same pipeline "
+        "layout, or start in a new checkpoint.dir"));
+  }
   for (const fsdp::ShardView& v : m.Shards()) {
     const std::pair<std::string, float*> parts[] = {{v.name, v.param},
                                                     {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
@@ -102,5 +108,72 @@ ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int6
   return st;
 }
 
+
+namespace {
+
+absl::string_view Bytes(const float* p, int64_t n) {
+  return absl::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
+}
+
+}  // namespace
+
+ckpt::RankState SnapshotPipeline(pipeline::PipelineGpt& m, const data::TokenLoader& loader,
+                                 int64_t step, uint64_t seed, const std::string& layout) {
+  ckpt::RankState st;
+  st.step = step;
+  for (const pipeline::ParamView& v : m.Params()) {
+    if (!v.primary) continue;
+    st.tensors.push_back({v.name, ckpt::DType::kF32, v.shape, 0, Bytes(v.param, v.numel)});
+    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg"), ckpt::DType::kF32, v.shape,
+                          0, Bytes(v.exp_avg, v.numel)});
+    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg_sq"), ckpt::DType::kF32,
+                          v.shape, 0, Bytes(v.exp_avg_sq, v.numel)});
+  }
+  st.rng_state = absl::StrCat("seed=", seed);
+  st.data_loader_state = loader.SaveState();
+  st.extra["optimizer_step"] = absl::StrCat(m.optimizer_step());
+  st.parallelism[kPipelineKey] = layout;
+  return st;
+}
+
+absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::PipelineGpt& m,
+                                        data::TokenLoader& loader, const std::string& layout) {
+  ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
+  const ckpt::Metadata& meta = reader->metadata();
+  auto saved = meta.parallelism.find(kPipelineKey);
+  if (saved == meta.parallelism.end() || saved->second != layout) {
+    std::string was;
+    for (const auto& [k, v] : meta.parallelism) absl::StrAppend(&was, was.empty() ? "" : ", ", k, "=", v);
+    return absl::FailedPreconditionError(absl::StrCat(
+        reader->dir(), " was saved with parallelism {", was, "}, this run is pipeline=", layout,
+        "; a pipeline run resumes only from a checkpoint of the same layout (cross-layout "
+        "resume is not built): keep the layout, or start in a new checkpoint.dir"));
+  }
+  for (const pipeline::ParamView& v : m.Params()) {
+    const std::pair<std::string, float*> parts[] = {
+        {v.name, v.param},
+        {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
+        {absl::StrCat("optim.", v.name, ".exp_avg_sq"), v.exp_avg_sq}};
+    for (const auto& [name, dst] : parts) {
+      const ckpt::TensorMeta* t = meta.Find(name);
+      if (t == nullptr) return absl::NotFoundError(absl::StrCat(reader->dir(), ": no tensor ", name));
+      if (t->shape != v.shape) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(reader->dir(), ": ", name, " has another shape than the model"));
+      }
+      ASSIGN_OR_RETURN(std::string bytes, reader->ReadFull(name, ckpt::DType::kF32));
+      if (static_cast<int64_t>(bytes.size()) != v.numel * 4) {
+        return absl::DataLossError(absl::StrCat(name, ": ", bytes.size(), " bytes, want ", v.numel * 4));
+      }
+      std::memcpy(dst, bytes.data(), bytes.size());
+    }
+  }
+  ASSIGN_OR_RETURN(std::string ds, reader->ReadBlob(0, "data_loader"));
+  RETURN_IF_ERROR(loader.RestoreState(ds));
+  auto it = meta.extra.find("optimizer_step");
+  m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
+  spdlog::info("resumed from {} (step {}, pipeline {})", reader->dir(), meta.step, layout);
+  return meta.step;
+}
 
 }  // namespace ember::worker

@@ -22,8 +22,12 @@
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
+#include "runtime/jobspec/pipeline_layout.h"
+#include "runtime/pipeline/schedule.h"
+#include "runtime/pipeline/stage.h"
 #include "runtime/store/client.h"
 #include "runtime/worker/model_state.h"
+#include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
 #include "spdlog/spdlog.h"
 
@@ -40,32 +44,6 @@ absl::Status Bad(const std::string& field, const std::string& why) {
 
 std::string Resolve(const std::string& job_dir, const std::string& p) {
   return p.empty() || p[0] == '/' ? p : absl::StrCat(job_dir, "/", p);
-}
-
-int64_t PeakRssBytes() {
-  struct rusage ru;
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<int64_t>(ru.ru_maxrss) * 1024;
-}
-
-std::string BytesJson(const std::map<std::string, int64_t>& m) {
-  std::vector<std::string> parts;
-  for (const auto& [k, v] : m) parts.push_back(absl::StrCat("\"", k, "\":", v));
-  return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
-}
-
-std::string BytesHuman(const std::map<std::string, int64_t>& m) {
-  std::vector<std::string> parts;
-  for (const auto& [k, v] : m) parts.push_back(absl::StrCat(k, "=", v));
-  return parts.empty() ? "-" : absl::StrJoin(parts, ",");
-}
-
-// %.9g keeps fp32 values exact in JSON.
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
 }
 
 }  // namespace
@@ -147,8 +125,15 @@ float LearningRate(const spec::JobSpec& s, int64_t step) {
 
 namespace {
 
-// This rank's data order: a deterministic shuffle of (seed, position), resumable.
+// This rank's data order: a deterministic shuffle of (seed, position), resumable. A pipeline
+// (one replica) reads one stream on every rank: a step's micro-batches, batch_size sequences each.
 data::LoaderOptions LoaderFor(const Plan& p) {
+  const spec::PipelineLayout pl = spec::PipelineLayoutOf(p.spec);
+  if (pl.enabled()) {
+    return {.seq_len = p.model.context, .batch = p.spec.batch_size() * pl.micro_batches,
+            .rank = 0, .world = 1, .seed = p.fsdp.seed, .shuffle = true,
+            .start_token = p.spec.data().start_position()};
+  }
   return {.seq_len = p.model.context, .batch = p.spec.batch_size(), .rank = p.env.rank,
           .world = p.env.world_size, .seed = p.fsdp.seed, .shuffle = true,
           .start_token = p.spec.data().start_position()};
@@ -168,7 +153,24 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker build has CPU kernels only; use cpu"));
   }
   const auto& par = s.parallelism();
-  if (par.strategy() == "pipeline") return Bad("parallelism.strategy", "'pipeline' is not implemented by ember-worker; use fsdp or none");
+  if (const spec::PipelineLayout pl = spec::PipelineLayoutOf(s); pl.enabled()) {
+    // Pipeline-only: no data-parallel replicas or FSDP inside a stage yet (docs/pipeline.md).
+    if (env.world_size != pl.ranks) {
+      return Bad("parallelism.pipeline_stages", absl::StrCat(
+          pl.ranks, " stages on ", job::kEnvWorldSize, "=", env.world_size, " ranks: this worker "
+          "runs one pipeline replica (pipeline x data-parallel is not built); use ", pl.ranks, " ranks"));
+    }
+    if (s.optimizer().grad_clip() > 0) {
+      return Bad("optimizer.grad_clip", absl::StrCat(s.optimizer().grad_clip(), ": pipeline jobs do not clip gradients yet; use 0"));
+    }
+    if (s.precision().param_dtype() != "f32" || s.precision().overrides_size() > 0 ||
+        !s.precision().reduce_dtype().empty()) {
+      return Bad("precision", "pipeline jobs train in f32 only; leave precision unset");
+    }
+    if (!s.checkpoint().init_from_safetensors().empty()) {
+      return Bad("checkpoint.init_from_safetensors", "not supported for pipeline jobs yet");
+    }
+  }
   if (par.strategy() == "none" && env.world_size != 1) {
     return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, ", job::kEnvWorldSize, " is ", env.world_size));
   }
@@ -176,7 +178,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match ", job::kEnvWorldSize, "=", env.world_size));
   }
   if (!par.backend().empty() && par.backend() != "cpu") {
-    return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs a device build; use cpu"));
+    return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
   ASSIGN_OR_RETURN(p.model, ModelConfig(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
@@ -273,7 +275,7 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   auto rdzv = comm::MakeStoreRendezvous(attempt);
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  if (plan.separate_reduce_scatter && env.world_size > 1) {
+  if (plan.separate_reduce_scatter && env.world_size > 1 && !spec::PipelineLayoutOf(plan.spec).enabled()) {
     go.name = "reduce_scatter";
     ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   }
@@ -296,131 +298,6 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, fsdp::FsdpGpt& model, dat
   if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, model));
   return 0;
 }
-
-// Checkpoint cadence: every checkpoint.every_steps and at the last step, committed through the
-// attempt's store keys (synchronously, or in the background with checkpoint.async).
-class Checkpointer {
- public:
-  Checkpointer(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model, const data::TokenLoader& loader)
-      : plan_(plan), model_(model), loader_(loader),
-        protocol_(std::make_shared<ckpt::StoreCommitProtocol>(attempt)),
-        options_{.root = plan.checkpoint_root, .rank = plan.env.rank, .world_size = plan.env.world_size,
-                 .keep_last = std::max(1, plan.spec.checkpoint().keep_last()),
-                 .commit_timeout = absl::Seconds(plan.spec.collective_timeout_s())} {
-    (void)base::MakeDirs(plan.checkpoint_root);  // best effort: a failure shows at the first save
-    if (plan.spec.checkpoint().async()) async_ = std::make_unique<ckpt::AsyncSaver>(options_, protocol_);
-  }
-
-  bool Due(int64_t step) const {
-    const int every = plan_.spec.checkpoint().every_steps();
-    return (every > 0 && step % every == 0) || step == plan_.spec.steps();
-  }
-
-  absl::Status Save(int64_t step) {
-    const absl::Time t0 = absl::Now();
-    ckpt::RankState st = Snapshot(model_, loader_, step, plan_.fsdp.seed);
-    if (async_) {
-      RETURN_IF_ERROR(async_->Start(st));
-    } else {
-      RETURN_IF_ERROR(ckpt::SaveCheckpoint(options_, st, protocol_.get()));
-    }
-    spdlog::info("checkpoint step {} {} in {}", step, async_ ? "started" : "committed",
-                 absl::FormatDuration(absl::Now() - t0));
-    return absl::OkStatus();
-  }
-
-  // Waits for a background save still in flight.
-  absl::Status Finish() { return async_ ? async_->Wait() : absl::OkStatus(); }
-
- private:
-  const Plan& plan_;
-  fsdp::FsdpGpt& model_;
-  const data::TokenLoader& loader_;
-  std::shared_ptr<ckpt::StoreCommitProtocol> protocol_;
-  ckpt::SaveOptions options_;
-  std::unique_ptr<ckpt::AsyncSaver> async_;
-};
-
-// One optimizer step's numbers, as TrainStep measured them.
-struct StepResult {
-  int64_t step = 0;
-  double loss = 0;        // mean over every rank
-  double local_loss = 0;  // this rank's, over its micro-batches
-  float lr = 0;
-  double grad_norm = 0;
-  double seconds = 0;
-};
-
-// Reporting every log_every steps and at the last: the log line (step, loss, tokens/s, ETA), the
-// progress record (jobs.v1.Progress under the attempt's progress/<rank>, which emberctl shows)
-// and a line of <job_dir>/metrics/rank-<r>.jsonl.
-class Reporter {
- public:
-  Reporter(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model, int64_t first_step)
-      : plan_(plan), attempt_(attempt), model_(model), first_(first_step), start_(absl::Now()) {
-    (void)base::MakeDirs(absl::StrCat(plan.env.job_dir, "/metrics"));  // best effort, as before
-    metrics_.open(plan.metrics_path, std::ios::app);
-  }
-
-  void Start() const {
-    spdlog::info("{} | rank {}/{} | {} params, {} state bytes/rank | {} threads | from step {}",
-                 spec::Summarize(plan_.spec), plan_.env.rank, plan_.env.world_size,
-                 model::ParamSpecs(plan_.model).size(), model_.state_bytes(), plan_.threads, first_);
-  }
-
-  bool Due(int64_t step) const { return step % plan_.spec.log_every() == 0 || step == plan_.spec.steps(); }
-
-  absl::Status Report(const StepResult& r) {
-    const spec::JobSpec& s = plan_.spec;
-    const double tokens = static_cast<double>(plan_.env.world_size) * s.batch_size() *
-                          plan_.model.context * s.parallelism().micro_batches();
-    const double tps = tokens / r.seconds;
-    const double avg = absl::ToDoubleSeconds(absl::Now() - start_) / static_cast<double>(r.step - first_);
-    const double eta = avg * static_cast<double>(s.steps() - r.step);
-    const double comm_wait = absl::ToDoubleSeconds(model_.comm_wait());
-    const auto& b = model_.comm_bytes();
-    const int64_t rss = PeakRssBytes();
-    spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {} peak_rss {:.1f}MB "
-                 "comm_wait {:.0f}% ag[{}] rs[{}]",
-                 r.step, s.steps(), r.loss, r.lr, r.grad_norm, tps,
-                 absl::FormatDuration(absl::Seconds(std::round(eta))), rss / 1e6,
-                 100 * comm_wait / r.seconds, BytesHuman(b.all_gather), BytesHuman(b.reduce_scatter));
-    jobs::v1::Progress p;
-    p.set_step(r.step);
-    p.set_steps(s.steps());
-    p.set_loss(r.loss);
-    p.set_lr(r.lr);
-    p.set_grad_norm(r.grad_norm);
-    p.set_tokens_per_s(tps);
-    p.set_eta_s(eta);
-    p.set_peak_rss_bytes(rss);
-    RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
-    metrics_ << absl::StrCat(
-                    "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
-                    ",\"lr\":", Num(r.lr), ",\"grad_norm\":", Num(r.grad_norm), ",\"tokens_per_s\":", Num(tps),
-                    ",\"step_s\":", Num(r.seconds), ",\"comm_wait_s\":", Num(comm_wait),
-                    ",\"peak_rss_bytes\":", rss, ",\"state_bytes\":", model_.state_bytes(),
-                    ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
-                    ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
-                    ",\"all_reduce\":", BytesJson(b.all_reduce),
-                    ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}}")
-             << "\n"
-             << std::flush;
-    return absl::OkStatus();
-  }
-
-  void Done(int64_t step) const {
-    spdlog::info("done: {} steps in {}", step - first_, absl::FormatDuration(absl::Now() - start_));
-  }
-
- private:
-  const Plan& plan_;
-  store::Client& attempt_;
-  fsdp::FsdpGpt& model_;
-  const int64_t first_;
-  const absl::Time start_;
-  std::ofstream metrics_;
-};
 
 // One optimizer step: M micro-batches of forward+backward, the loss averaged over every rank, the
 // optimizer update. A non-finite mean loss is INTERNAL (the run has diverged).
@@ -448,6 +325,8 @@ class Stepper {
     ASSIGN_OR_RETURN(r.loss, model_.AllReduceMean(r.local_loss));
     ASSIGN_OR_RETURN(r.grad_norm, model_.OptimizerStep(ctx_, r.lr));
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    r.comm_wait_s = absl::ToDoubleSeconds(model_.comm_wait());
+    r.bytes = model_.comm_bytes();
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
     return r;
   }
@@ -461,15 +340,82 @@ class Stepper {
   std::vector<int32_t> tok_, tgt_;
 };
 
+// The pipeline's schedule for the spec's layout.
+absl::StatusOr<pipeline::Schedule> PipelineSchedule(const spec::PipelineLayout& pl) {
+  using pipeline::ScheduleKind;
+  const ScheduleKind kind = pl.schedule == "gpipe"              ? ScheduleKind::kGPipe
+                            : pl.schedule == "interleaved_1f1b" ? ScheduleKind::kInterleaved1F1B
+                            : pl.schedule == "zbh1"             ? ScheduleKind::kZBH1
+                                                                : ScheduleKind::k1F1B;
+  return pipeline::BuildSchedule({kind, pl.stages(), pl.ranks, pl.micro_batches});
+}
+
+// A pipeline job's training loop (one replica; spec checked by Prepare): every rank reads the
+// same batches, PipelineGpt::Step runs the rank's schedule, and the loss it returns is the mean
+// over the batch on every rank.
+absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, comm::ProcessGroup& world) {
+  const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
+  const std::string layout = absl::StrCat("stages=", pl.stages(), ",ranks=", pl.ranks, ",schedule=",
+                                          pl.schedule, ",micro_batches=", pl.micro_batches);
+  ASSIGN_OR_RETURN(pipeline::Schedule schedule, PipelineSchedule(pl));
+  pipeline::PipelineOptions po;
+  po.adamw = plan.fsdp.adamw;
+  po.timeout = absl::Seconds(plan.spec.collective_timeout_s());
+  ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.model, plan.fsdp.seed, schedule, &world,
+                                                             plan.spec.batch_size(), plan.model.context, po));
+  data::TokenLoader loader(plan.tokens, LoaderFor(plan));
+  int64_t step = 0;
+  absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
+  if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
+  if (resume.ok()) {
+    ASSIGN_OR_RETURN(step, RestorePipeline(*resume, *model, loader, layout));
+  }
+  Checkpointer checkpoints(plan, attempt, [&](int64_t at) {
+    return SnapshotPipeline(*model, loader, at, plan.fsdp.seed, layout);
+  });
+  int64_t state_bytes = 0;
+  for (const pipeline::ParamView& v : model->Params()) state_bytes += 4 * 4 * v.numel;  // p, g, m, v
+  Reporter report(plan, attempt, state_bytes, step);
+  kernels::ThreadPool threads(plan.threads);
+  const kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
+  const size_t n = static_cast<size_t>(plan.spec.batch_size() * pl.micro_batches * plan.model.context);
+  std::vector<int32_t> tok(n), tgt(n);
+  const int64_t hang_at = HangStep(plan.env);
+  report.Start();
+  while (step < plan.spec.steps()) {
+    ++step;
+    if (step == hang_at) Hang(plan.env, step);
+    StepResult r;
+    r.step = step;
+    r.lr = LearningRate(plan.spec, step);
+    r.grad_norm = std::nan("");  // not computed: no clipping in pipeline jobs
+    model->set_learning_rate(r.lr);
+    const absl::Time t0 = absl::Now();
+    RETURN_IF_ERROR(loader.Next(tok.data(), tgt.data()));
+    ASSIGN_OR_RETURN(r.loss, model->Step(ctx, tok.data(), tgt.data()));
+    r.local_loss = r.loss;
+    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
+    if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
+  }
+  RETURN_IF_ERROR(checkpoints.Finish());
+  report.Done(step);
+  return absl::OkStatus();
+}
+
 // The training loop of one attempt (stopping is StopWatcher's: it ends the process from its own
 // thread when the attempt's stop key appears, see Train).
 absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
   ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
+  if (spec::PipelineLayoutOf(plan.spec).enabled()) return PipelineLoop(plan, attempt, *groups.world);
   ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.model, groups.fsdp(), plan.fsdp));
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
   ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, *model, loader));
-  Checkpointer checkpoints(plan, attempt, *model, loader);
-  Reporter report(plan, attempt, *model, step);
+  Checkpointer checkpoints(plan, attempt, [&](int64_t at) {
+    return Snapshot(*model, loader, at, plan.fsdp.seed);
+  });
+  Reporter report(plan, attempt, model->state_bytes(), step);
   Stepper stepper(plan, *model, loader);
   const int64_t hang_at = HangStep(plan.env);
   report.Start();

@@ -209,12 +209,95 @@ TEST_CASE("a garbage latest resumes from the newest good checkpoint, not from st
   CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-12");
 }
 
+// A pipeline job spec (or, with stages 0, the unpipelined reference on the same data: one rank,
+// one batch of micro_batches x batch_size sequences per step).
+void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
+                       int micro_batches, int layers = 2) {
+  std::ofstream f(dir + "/job.yaml");
+  f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: " << layers
+    << ", n_heads: 2, d_model: 32}\n"
+       "data: {text_path: corpus.txt}\n"
+       "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
+       "checkpoint: {every_steps: 5}\n"
+    << "steps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+  if (stages > 1) {
+    f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
+      << ", pipeline_schedule: " << schedule << ", pipeline_micro_batches: " << micro_batches << "}\n";
+  } else {
+    f << "batch_size: " << micro_batches << "\nparallelism: {strategy: none}\n";
+  }
+}
+
+TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the unpipelined losses; resume",
+          "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  const std::string ref = NewJobDir("pp-ref");
+  WritePipelineSpec(ref, 12, 0, "", 4);
+  REQUIRE(RunJob(addr, "pp-ref", ref, 1, 0) == std::vector<int>{0});
+  const std::map<int64_t, double> want = Losses(ref);
+  REQUIRE(want.size() == 12);
+  REQUIRE(want.at(12) < 0.9 * want.at(1));  // it learns, so a wrong update would show
+  for (const std::string schedule : {"1f1b", "zbh1"}) {
+    INFO(schedule);
+    const std::string id = "pp-" + schedule, dir = NewJobDir(id);
+    WritePipelineSpec(dir, 10, 2, schedule, 4);
+    REQUIRE(RunJob(addr, id, dir, 2, 0) == std::vector<int>{0, 0});
+    std::map<int64_t, double> got = Losses(dir);
+    REQUIRE(got.size() == 10);
+    for (const auto& [step, l] : got) CheckClose(l, want.at(step), 1e-5);
+    auto client = store::Client::Connect({.address = addr});
+    REQUIRE(client.ok());
+    for (int r = 0; r < 2; ++r) {  // progress from both stages, with the global loss
+      auto v = client->Get(job::keys::Progress(id, 0, r));
+      REQUIRE(v.ok());
+      jobs::v1::Progress p;
+      REQUIRE(p.ParseFromString(*v));
+      CHECK(p.step() == 10);
+      CHECK(p.loss() == Approx(got.at(10)).epsilon(1e-6));
+    }
+    CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-10");
+    // Another layout refuses the checkpoint (exit 1, nothing trained); the same one resumes at 10
+    // and continues the reference run.
+    WritePipelineSpec(dir, 12, 2, "gpipe", 4);
+    CHECK(RunJob(addr, id, dir, 2, 1) == std::vector<int>{1, 1});
+    WritePipelineSpec(dir, 12, 0, "", 4);
+    CHECK(RunJob(addr, id, dir, 1, 2) == std::vector<int>{1});  // FSDP/none from a pipeline checkpoint
+    CHECK(Losses(dir).size() == 10);
+    WritePipelineSpec(dir, 12, 2, schedule, 4);
+    REQUIRE(RunJob(addr, id, dir, 2, 3) == std::vector<int>{0, 0});
+    got = Losses(dir);
+    REQUIRE(got.size() == 12);
+    for (int64_t step : {11, 12}) CheckClose(got.at(step), want.at(step), 1e-5);
+  }
+  // Interleaved 1F1B: 4 model stages (of one block each) on the 2 ranks, and GPipe.
+  const std::string ref4 = NewJobDir("pp-ref4");
+  WritePipelineSpec(ref4, 6, 0, "", 4, 4);
+  REQUIRE(RunJob(addr, "pp-ref4", ref4, 1, 0) == std::vector<int>{0});
+  const std::map<int64_t, double> want4 = Losses(ref4);
+  REQUIRE(want4.size() == 6);
+  for (const std::string schedule : {"interleaved_1f1b", "gpipe"}) {
+    INFO(schedule);
+    const std::string id = "pp4-" + schedule, dir = NewJobDir(id);
+    WritePipelineSpec(dir, 6, 2, schedule, 4, 4);
+    REQUIRE(RunJob(addr, id, dir, 2, 0) == std::vector<int>{0, 0});
+    const std::map<int64_t, double> got = Losses(dir);
+    REQUIRE(got.size() == 6);
+    for (const auto& [step, l] : got) CheckClose(l, want4.at(step), 1e-5);
+  }
+}
+
 TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string dir = NewJobDir("bad");
-  WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline}\n");
+  WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline}\n");  // no stages
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
+  // A 2-stage pipeline on 1 rank; one with gradient clipping (not supported by pipeline jobs).
+  WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline, pipeline_stages: 2}\n");
+  CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
+  CHECK(RunJob((*server)->address(), "bad", dir, 2, 0) == std::vector<int>{2, 2});
   WriteSpec(dir, 2, 1, "precision: {param_dtype: f8}\n");
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
   // An override pattern that matches no parameter (norms are ln1/ln2/ln_f, not "norm").

@@ -4,11 +4,14 @@
 //     uninterrupted run (deterministic mode);
 //   * a rank that hangs in a collective -> the watchdog fires, every rank dumps, the job's reason
 //     leads with the analyzer's verdict naming that rank and the op;
+//   * the same for a pipeline job (kill -9 of a stage rank);
 //   * a worker that always fails -> FAILED, not retried forever, the reason says why.
 // Every test bounds its waits and ends with no worker process left (/proc scan).
 #include <signal.h>
 
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -41,33 +44,41 @@ absl::StatusOr<std::unique_ptr<e2e::TestCluster>> RealCluster(
   return c;
 }
 
+// Runs `spec` (24 steps) uninterrupted as <name>-ref and returns that job, then submits it again
+// as <name>-run and kill -9s its rank 1 once it has passed step 11; *id is the second job.
+template <typename Client>
+auto RunRefThenKillRank1(Client& c, const std::string& spec, const std::string& name,
+                         std::string* id) {
+  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
+  auto ref = c.Submit(spec, name + "-ref", files);
+  REQUIRE(ref.ok());
+  auto ref_done = c.Wait(ref->job().id(), absl::Seconds(90));
+  REQUIRE(ref_done.ok());
+  INFO(ref_done->reason());
+  REQUIRE(ref_done->state() == v1::SUCCEEDED);
+  REQUIRE(ref_done->progress().step() == 24);
+  auto r = c.Submit(spec, name + "-run", files);
+  REQUIRE(r.ok());
+  *id = r->job().id();
+  REQUIRE(WaitFor([&] {
+    auto j = c.Get(*id);
+    return j.ok() && j->progress().step() >= 11;
+  }, absl::Seconds(60)));
+  const pid_t victim = RankPid(*id, 0, 1);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+  return *ref_done;
+}
+
 TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoint, same loss") {
   auto cluster = RealCluster(2, 2);
   REQUIRE(cluster.ok());
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());
   const std::string spec = TinySpec("rec-kill", 4, 24, 8, "max_restarts: 2\n");
-  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
-
-  // The reference: the same spec, uninterrupted.
-  auto ref = c->Submit(spec, "rec-kill-ref", files);
-  REQUIRE(ref.ok());
-  auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
-  REQUIRE(ref_done.ok());
-  INFO(ref_done->reason());
-  REQUIRE(ref_done->state() == v1::SUCCEEDED);
-  REQUIRE(ref_done->progress().step() == 24);
-
-  auto r = c->Submit(spec, "rec-kill-run", files);
-  REQUIRE(r.ok());
-  const std::string id = r->job().id();
-  REQUIRE(WaitFor([&] {
-    auto j = c->Get(id);
-    return j.ok() && j->progress().step() >= 11;
-  }, absl::Seconds(60)));
-  const pid_t victim = RankPid(id, 0, 1);
-  REQUIRE(victim > 0);
-  REQUIRE(kill(victim, SIGKILL) == 0);
+  // The reference: the same spec, uninterrupted; then the run whose rank 1 is killed.
+  std::string id;
+  const auto ref_done = RunRefThenKillRank1(*c, spec, "rec-kill", &id);
   const absl::Time t0 = absl::Now();
   // The other ranks stop within seconds (not a collective timeout: that is 600 s here).
   REQUIRE(WaitFor([&] {
@@ -97,9 +108,41 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
   REQUIRE(absl::StrContains(log, "resumed from"));
   // Deterministic mode: exactly the loss of the uninterrupted run.
   REQUIRE(done->progress().step() == 24);
-  REQUIRE(done->progress().loss() == ref_done->progress().loss());
+  REQUIRE(done->progress().loss() == ref_done.progress().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
   WARN("kill -9 -> other ranks stopped in " << absl::FormatDuration(stopped));
+}
+
+TEST_CASE("kill -9 of a pipeline stage rank: restart from the checkpoint, same loss") {
+  auto cluster = RealCluster(1, 2);
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  // Two stages of one block, 1F1B over 4 micro-batches (docs/pipeline.md); cosine schedule with
+  // warmup, so a resumed step count or learning rate that is off changes the loss.
+  const std::string spec = absl::StrCat(
+      "name: rec-pp\n",
+      "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n",
+      "data: {text_path: data/tiny_corpus.txt}\n",
+      "optimizer: {name: adamw, lr: 0.003, schedule: cosine, warmup_steps: 4}\n",
+      "parallelism: {strategy: pipeline, world_size: 2, pipeline_stages: 2, "
+      "pipeline_schedule: 1f1b, pipeline_micro_batches: 4}\n",
+      "checkpoint: {dir: checkpoints, every_steps: 8, keep_last: 2}\n",
+      "resources: {device_type: cpu}\nsteps: 24\nbatch_size: 1\nseed: 1\nthreads: 1\n",
+      "log_every: 1\ndeterministic: true\nmax_restarts: 2\n");
+  std::string id;
+  const auto ref_done = RunRefThenKillRank1(*c, spec, "rec-pp", &id);  // rank 1: the last stage
+  auto done = c->Wait(id, absl::Seconds(90));
+  REQUIRE(done.ok());
+  INFO(done->reason());
+  REQUIRE(done->state() == v1::SUCCEEDED);
+  REQUIRE(done->attempts_size() == 2);
+  REQUIRE(absl::StartsWith(done->attempts(0).reason(), "rank 1 on "));
+  const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-0.log"));
+  REQUIRE(absl::StrContains(log, "resumed from"));
+  REQUIRE(done->progress().step() == 24);
+  REQUIRE(done->progress().loss() == ref_done.progress().loss());
+  REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }
 
 TEST_CASE("a hung rank: the watchdog fires, every rank dumps, the reason names rank and op") {

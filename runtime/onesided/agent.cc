@@ -1,0 +1,575 @@
+// The UCX implementation of onesided::Agent (agent.h states the contract).
+#include "runtime/onesided/agent.h"
+
+#include <poll.h>
+#include <ucp/api/ucp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <functional>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/flight/recorder.h"
+#include "runtime/onesided/descriptor.h"
+#include "runtime/onesided/ucx_connection.h"
+
+namespace ember::onesided {
+namespace {
+
+using internal::ConnectionImpl;
+using internal::FromUcs;
+using internal::PeerFailure;
+using internal::Remote;
+using internal::WorkerProgressor;
+
+constexpr unsigned kNotifyAmId = 17;
+constexpr absl::Duration kSpinAfterActivity = absl::Microseconds(200);
+constexpr int kIdlePollMs = 50;
+
+class AgentImpl;
+
+struct LocalRegion {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  ucp_mem_h memh = nullptr;
+};
+
+// user_data of one UCX request: keeps the transfer's state (and a notify's message) alive.
+struct Part {
+  std::shared_ptr<internal::WorkState> state;
+  AgentImpl* agent = nullptr;
+  ConnectionImpl* conn = nullptr;
+  std::string header, message;  // Notify only: sender name and the message
+};
+
+class AgentImpl : public Agent {
+ public:
+  explicit AgentImpl(const AgentOptions& o) : opt_(o) {
+    if (opt_.name.empty()) opt_.name = absl::StrCat("rank", opt_.rank);
+  }
+  ~AgentImpl() override;
+  absl::Status Init();
+
+  const std::string& name() const override { return opt_.name; }
+  absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) override;
+  absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
+  absl::Status Deregister(uint64_t id) override;
+  absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
+  Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
+    return Transfer(true, c, l, r);
+  }
+  Work Get(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
+    return Transfer(false, c, l, r);
+  }
+  Work Notify(Connection* conn, absl::string_view message) override;
+  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override;
+
+  // Request completion (progress thread).
+  static void OnSend(void* request, ucs_status_t st, void* user_data);
+  static void OnFlushed(void* request, ucs_status_t st, void* user_data);
+  static ucs_status_t OnNotify(void* arg, const void* header, size_t header_length, void* data,
+                               size_t length, const ucp_am_recv_param_t* param);
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t st) {
+    static_cast<ConnectionImpl*>(arg)->Fail(st);
+  }
+
+ private:
+  // Packs the descriptor of a mapped region and records it (takes over `memh`).
+  absl::StatusOr<Registration> Publish(void* ptr, uint64_t bytes, ucp_mem_h memh);
+  Work Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
+                const std::vector<RemoteDesc>& remote);
+  // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
+  void Finish(Part* part, ucs_status_ptr_t req, absl::string_view what);
+  void SendNotify(Part* part);
+  uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
+  void ProgressLoop();
+  void Wake() {
+    if (efd_ >= 0) ucp_worker_signal(worker_);
+  }
+
+  AgentOptions opt_;
+  ucp_context_h ctx_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  int fr_group_ = -1;
+  std::shared_ptr<WorkerProgressor> progressor_;
+  std::thread progress_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> in_flight_{0};
+  std::atomic<uint64_t> remote_handles_{0};
+  std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
+
+  mutable absl::Mutex mu_;
+  uint64_t next_reg_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint64_t, LocalRegion> regions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> connects_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::unique_ptr<ConnectionImpl>> conns_ ABSL_GUARDED_BY(mu_);
+  std::deque<Notification> notes_ ABSL_GUARDED_BY(mu_);
+  int64_t failures_ ABSL_GUARDED_BY(mu_) = 0;  // connections failed so far
+};
+
+absl::Status AgentImpl::Init() {
+  if (opt_.store == nullptr) return absl::InvalidArgumentError("AgentOptions.store is null");
+  ucp_config_t* config = nullptr;
+  ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
+  if (st != UCS_OK) return FromUcs(st, "reading the UCX configuration (check UCX_* variables)");
+  // A dead peer is noticed by keepalive on transports without a connection to reset (shared
+  // memory); UCX's default of 20 s is longer than most transfer timeouts.
+  if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+  ucp_params_t p = {};
+  p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
+  p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
+  p.mt_workers_shared = 0;
+  st = ucp_init(&p, config, &ctx_);
+  ucp_config_release(config);
+  if (st != UCS_OK) return FromUcs(st, "ucp_init (UCX_TLS may name no usable transport)");
+  ucp_worker_params_t wp = {};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  wp.thread_mode = UCS_THREAD_MODE_MULTI;
+  st = ucp_worker_create(ctx_, &wp, &worker_);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_create");
+  if (ucp_worker_get_efd(worker_, &efd_) != UCS_OK) efd_ = -1;  // then poll by sleeping
+  ucp_am_handler_param_t ap = {};
+  ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
+                  UCP_AM_HANDLER_PARAM_FIELD_ARG;
+  ap.id = kNotifyAmId;
+  ap.cb = &AgentImpl::OnNotify;
+  ap.arg = this;
+  st = ucp_worker_set_am_recv_handler(worker_, &ap);
+  if (st != UCS_OK) return FromUcs(st, "registering the notification handler");
+  if (opt_.recorder != nullptr) {
+    fr_group_ = opt_.recorder->RegisterGroup(
+        {.name = absl::StrCat("onesided:", opt_.name), .rank = 0, .size = 1,
+         .global_rank = opt_.rank, .backend = "ucx"});
+  }
+  progressor_ = std::make_shared<WorkerProgressor>(worker_);
+  progress_ = std::thread([this] { ProgressLoop(); });
+  return absl::OkStatus();
+}
+
+// Spins while requests are in flight and no waiter drives progress itself (or briefly after
+// traffic); otherwise sleeps on the worker's event fd (1 ms at most while requests are in flight,
+// in case a transport raises no event for them).
+void AgentImpl::ProgressLoop() {
+  absl::Time last_activity = absl::Now();
+  while (!stop_.load(std::memory_order_acquire)) {
+    const bool waiter_drives = progressor_->spinning.load(std::memory_order_acquire) > 0;
+    bool any = false;
+    if (!waiter_drives) {
+      while (ucp_worker_progress(worker_) != 0) any = true;
+    }
+    const absl::Time now = absl::Now();
+    if (any) last_activity = now;
+    const bool busy = in_flight_.load(std::memory_order_acquire) > 0;
+    if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
+    if (efd_ < 0 || waiter_drives) {
+      absl::SleepFor(absl::Microseconds(200));
+      continue;
+    }
+    if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
+    pollfd pfd{efd_, POLLIN, 0};
+    poll(&pfd, 1, busy ? 1 : kIdlePollMs);
+  }
+}
+
+AgentImpl::~AgentImpl() {
+  if (progress_.joinable()) {
+    stop_.store(true, std::memory_order_release);
+    Wake();
+    progress_.join();
+  }
+  std::deque<std::unique_ptr<ConnectionImpl>> conns;
+  std::map<uint64_t, LocalRegion> regions;
+  {
+    absl::MutexLock l(&mu_);
+    conns.swap(conns_);
+    regions.swap(regions_);
+  }
+  std::vector<ucs_status_ptr_t> closing;
+  for (auto& c : conns) {
+    c->DestroyRkeys();
+    if (c->ep == nullptr) continue;
+    ucp_request_param_t cp = {};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // ends requests in flight with an error
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c->ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (ucs_status_ptr_t r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && absl::Now() < deadline) {
+      ucp_worker_progress(worker_);
+    }
+    ucp_request_free(r);
+  }
+  for (auto& [id, reg] : regions)
+    if (reg.memh != nullptr) ucp_mem_unmap(ctx_, reg.memh);
+  if (progressor_ != nullptr) progressor_->Clear();  // waiters stop driving the worker
+  if (worker_ != nullptr) ucp_worker_destroy(worker_);
+  if (ctx_ != nullptr) ucp_cleanup(ctx_);
+}
+
+absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) {
+  if (kind == MemoryKind::kCuda) {
+    return absl::UnimplementedError(
+        "RegisterMemory(kCuda): the CUDA IPC backend is not built; register host memory");
+  }
+  if (ptr == nullptr && bytes > 0) {
+    return absl::InvalidArgumentError(absl::StrCat("RegisterMemory: null pointer for ", bytes, " bytes"));
+  }
+  ucp_mem_h memh = nullptr;
+  if (bytes > 0) {
+    ucp_mem_map_params_t mp = {};
+    mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+    mp.address = ptr;
+    mp.length = bytes;
+    ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
+    if (st != UCS_OK) {
+      return FromUcs(st, absl::StrCat("registering ", bytes, " bytes at ",
+                                      absl::Hex(reinterpret_cast<uintptr_t>(ptr))));
+    }
+  }
+  return Publish(ptr, bytes, memh);
+}
+
+absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh) {
+  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, ""};
+  if (memh != nullptr) {
+    void* rkey = nullptr;
+    size_t rkey_size = 0;
+    ucs_status_t st = ucp_rkey_pack(ctx_, memh, &rkey, &rkey_size);
+    if (st != UCS_OK) {
+      ucp_mem_unmap(ctx_, memh);
+      return FromUcs(st, "packing the remote key");
+    }
+    d.rkey.assign(static_cast<const char*>(rkey), rkey_size);
+    ucp_rkey_buffer_release(rkey);
+  }
+  Registration out{0, ptr, bytes, MemoryKind::kHost, PackDescriptor(d)};
+  absl::MutexLock l(&mu_);
+  out.id = ++next_reg_;
+  regions_[out.id] = LocalRegion{ptr, bytes, memh};
+  return out;
+}
+
+absl::StatusOr<Registration> AgentImpl::AllocateMemory(uint64_t bytes) {
+  if (bytes == 0) return RegisterMemory(nullptr, 0, MemoryKind::kHost);
+  ucp_mem_map_params_t mp = {};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
+  if (st != UCS_OK) return FromUcs(st, absl::StrCat("allocating ", bytes, " bytes through UCX"));
+  ucp_mem_attr_t attr = {};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  st = ucp_mem_query(memh, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(ctx_, memh);
+    return FromUcs(st, "ucp_mem_query");
+  }
+  return Publish(attr.address, bytes, memh);
+}
+
+absl::Status AgentImpl::Deregister(uint64_t id) {
+  LocalRegion reg;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = regions_.find(id);
+    if (it == regions_.end()) {
+      return absl::NotFoundError(absl::StrCat("Deregister: region ", id, " is not registered"));
+    }
+    reg = it->second;
+    regions_.erase(it);
+  }
+  if (reg.memh != nullptr) {
+    ucs_status_t st = ucp_mem_unmap(ctx_, reg.memh);
+    if (st != UCS_OK) return FromUcs(st, absl::StrCat("deregistering region ", id));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
+  if (peer == opt_.name) return absl::InvalidArgumentError(absl::StrCat("Connect: '", peer, "' is this agent"));
+  int n;
+  {
+    absl::MutexLock l(&mu_);
+    n = ++connects_[std::string(peer)];
+  }
+  ucp_worker_attr_t wa = {};
+  wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+  ucs_status_t st = ucp_worker_query(worker_, &wa);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_query");
+  std::string mine = absl::StrCat(opt_.rank, ":",
+      absl::Base64Escape(absl::string_view(reinterpret_cast<const char*>(wa.address), wa.address_length)));
+  ucp_worker_release_address(worker_, wa.address);
+  const std::string base = absl::StrCat(opt_.key_prefix, "addr/");
+  RETURN_IF_ERROR(opt_.store->Set(absl::StrCat(base, opt_.name, "/", peer, "/", n), mine));
+  const std::string their_key = absl::StrCat(base, peer, "/", opt_.name, "/", n);
+  auto theirs = opt_.store->Get(their_key, {.wait = true, .timeout = opt_.connect_timeout});
+  if (!theirs.ok()) {
+    return absl::Status(theirs.status().code(),
+                        absl::StrCat("Connect #", n, " to '", peer, "': the peer did not publish ",
+                                     their_key, ": ", theirs.status().message(),
+                                     " (is it running and calling Connect('", opt_.name, "')?)"));
+  }
+  const size_t colon = theirs->find(':');
+  int peer_rank = -1;
+  std::string addr;
+  if (colon == std::string::npos || !absl::SimpleAtoi(theirs->substr(0, colon), &peer_rank) ||
+      !absl::Base64Unescape(theirs->substr(colon + 1), &addr)) {
+    return absl::InvalidArgumentError(absl::StrCat("Connect: malformed address under ", their_key));
+  }
+  auto conn = std::make_unique<ConnectionImpl>(std::string(peer), peer_rank);
+  conn->handle_counter = &remote_handles_;
+  conn->on_failure = [this] {
+    absl::MutexLock l(&mu_);
+    ++failures_;
+  };
+  ucp_ep_params_t ep = {};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
+  ep.err_mode = opt_.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  ep.err_handler.cb = &AgentImpl::OnEpError;
+  ep.err_handler.arg = conn.get();
+  st = ucp_ep_create(worker_, &ep, &conn->ep);
+  if (st == UCS_ERR_UNREACHABLE && opt_.detect_peer_failure) {
+    // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
+    // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
+    // surface as transfer errors (CMA) or as Wait/WaitNotification timeouts.
+    ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker_, &ep, &conn->ep);
+  }
+  if (st != UCS_OK) return FromUcs(st, absl::StrCat("creating the endpoint to ", peer));
+  Wake();
+  absl::MutexLock l(&mu_);
+  conns_.push_back(std::move(conn));
+  return conns_.back().get();
+}
+
+uint64_t AgentImpl::Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag) {
+  if (opt_.recorder == nullptr) return 0;
+  return opt_.recorder->Record({.group_id = fr_group_, .p2p_seq = static_cast<int64_t>(conn->NextSeq()),
+                                .op = op, .in_numel = static_cast<int64_t>(bytes),
+                                .in_dtype = "uint8", .peer = conn->peer_rank(), .tag = tag});
+}
+
+void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, absl::string_view what) {
+  if (UCS_PTR_IS_PTR(req)) {
+    Wake();
+    return;  // the callback ends the part
+  }
+  ucs_status_t st = UCS_PTR_STATUS(req);
+  in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  part->state->PartDone(FromUcs(st, what));
+  delete part;
+}
+
+void AgentImpl::OnSend(void* request, ucs_status_t st, void* user_data) {
+  auto* part = static_cast<Part*>(user_data);
+  part->agent->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+  if (st != UCS_OK && PeerFailure(st)) part->conn->Fail(st);
+  part->state->PartDone(FromUcs(st, part->state->what()));
+  delete part;
+  ucp_request_free(request);
+}
+
+Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
+                         const std::vector<RemoteDesc>& remote) {
+  const char* verb = put ? "Put" : "Get";
+  auto* conn = static_cast<ConnectionImpl*>(c);
+  if (conn == nullptr) return Work::Finished(absl::InvalidArgumentError(absl::StrCat(verb, ": null connection")));
+  if (local.size() != remote.size()) {
+    return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
+        verb, ": ", local.size(), " local descriptors but ", remote.size(), " remote ones")));
+  }
+  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; };
+  std::vector<Op> ops;
+  uint64_t total = 0;
+  for (size_t i = 0; i < local.size(); ++i) {
+    const LocalDesc& l = local[i];
+    const RemoteDesc& r = remote[i];
+    if (l.length != r.length) {
+      return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
+          verb, ": descriptor ", i, " has local length ", l.length, " but remote length ", r.length)));
+    }
+    LocalRegion reg;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = regions_.find(l.registration);
+      if (it == regions_.end()) {
+        return Work::Finished(absl::FailedPreconditionError(absl::StrCat(
+            verb, ": descriptor ", i, " names local region ", l.registration,
+            ", which is not registered (deregistered, or never registered by this agent)")));
+      }
+      reg = it->second;
+    }
+    if (!InBounds(l.offset, l.length, reg.bytes)) {
+      return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
+          verb, ": descriptor ", i, " reads/writes [", l.offset, ", +", l.length, ") outside local region ",
+          l.registration, " of ", reg.bytes, " bytes")));
+    }
+    auto rem = conn->Lookup(r.region);
+    if (!rem.ok()) return Work::Finished(rem.status());
+    if (!InBounds(r.offset, r.length, rem->length)) {
+      return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
+          verb, ": descriptor ", i, " accesses [", r.offset, ", +", r.length, ") outside ",
+          conn->peer(), "'s region of ", rem->length, " bytes")));
+    }
+    total += l.length;
+    if (l.length == 0) continue;
+    ops.push_back({static_cast<char*>(reg.base) + l.offset, reg.memh, rem->base + r.offset, rem->rkey,
+                   l.length});
+  }
+  if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
+  auto state = std::make_shared<internal::WorkState>(
+      absl::StrCat(put ? "put" : "get", " of ", total, " bytes in ", local.size(), " regions ",
+                   put ? "to " : "from ", conn->peer()),
+      static_cast<int>(ops.size()) + 1, progressor_);
+  state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  if (put && !ops.empty()) conn->unflushed_puts.fetch_add(ops.size(), std::memory_order_acq_rel);
+  for (const Op& op : ops) {
+    auto* part = new Part{state, this, conn};
+    ucp_request_param_t rp = {};
+    rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
+    rp.cb.send = &AgentImpl::OnSend;
+    rp.user_data = part;
+    rp.memh = op.memh;
+    in_flight_.fetch_add(1, std::memory_order_acq_rel);
+    ucs_status_ptr_t req = put ? ucp_put_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp)
+                               : ucp_get_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp);
+    Finish(part, req, state->what());
+  }
+  state->PartDone(absl::OkStatus());  // everything is posted
+  return Work(state);
+}
+
+Work AgentImpl::Notify(Connection* c, absl::string_view message) {
+  auto* conn = static_cast<ConnectionImpl*>(c);
+  if (conn == nullptr) return Work::Finished(absl::InvalidArgumentError("Notify: null connection"));
+  if (message.size() > kMaxNotificationBytes) {
+    return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
+        "Notify: message of ", message.size(), " bytes is over the limit of ", kMaxNotificationBytes)));
+  }
+  if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
+  auto state = std::make_shared<internal::WorkState>(
+      absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer()), 1, progressor_);
+  state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
+  auto* part = new Part{state, this, conn, opt_.name, std::string(message)};
+  if (conn->unflushed_puts.exchange(0, std::memory_order_acq_rel) == 0) {
+    SendNotify(part);  // no put to wait for
+    return Work(state);
+  }
+  // Flush the endpoint first: every put issued before is then complete at the peer, so the message
+  // (sent from the flush's completion) arrives after the data it announces.
+  ucp_request_param_t rp = {};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = &AgentImpl::OnFlushed;
+  rp.user_data = part;
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(conn->ep, &rp);
+  if (UCS_PTR_IS_PTR(req)) {
+    Wake();
+  } else {
+    in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+    OnFlushed(nullptr, UCS_PTR_STATUS(req), part);
+  }
+  return Work(state);
+}
+
+void AgentImpl::OnFlushed(void* request, ucs_status_t st, void* user_data) {
+  auto* part = static_cast<Part*>(user_data);
+  if (request != nullptr) {
+    part->agent->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
+    ucp_request_free(request);
+  }
+  if (st != UCS_OK) {
+    if (PeerFailure(st)) part->conn->Fail(st);
+    part->state->PartDone(FromUcs(st, absl::StrCat(part->state->what(), " (flushing the puts before it)")));
+    delete part;
+    return;
+  }
+  part->agent->SendNotify(part);
+}
+
+void AgentImpl::SendNotify(Part* part) {
+  ucp_request_param_t rp = {};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_FLAGS;
+  rp.cb.send = &AgentImpl::OnSend;
+  rp.user_data = part;
+  rp.flags = UCP_AM_SEND_FLAG_EAGER;  // small: the receiver gets the data in its handler
+  in_flight_.fetch_add(1, std::memory_order_acq_rel);
+  ucs_status_ptr_t req = ucp_am_send_nbx(part->conn->ep, kNotifyAmId, part->header.data(),
+                                         part->header.size(), part->message.data(),
+                                         part->message.size(), &rp);
+  const std::string what = part->state->what();
+  Finish(part, req, what);
+}
+
+ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AgentImpl*>(arg);
+  Notification n;
+  n.peer.assign(static_cast<const char*>(header), header_length);
+  if (param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) {
+    n.message = "<notification lost: sent by rendezvous, which this agent does not accept>";
+  } else {
+    n.message.assign(static_cast<const char*>(data), length);
+  }
+  absl::MutexLock l(&self->mu_);
+  self->notes_.push_back(std::move(n));
+  self->note_count_.fetch_add(1);
+  return UCS_OK;
+}
+
+absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
+  absl::MutexLock l(&mu_);
+  const int64_t failures_before = failures_;
+  auto any = [this, failures_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return !notes_.empty() || failures_ > failures_before;
+  };
+  const bool woke =
+      mu_.AwaitWithTimeout(absl::Condition(&any), std::max(absl::ZeroDuration(), deadline - absl::Now()));
+  if (notes_.empty()) {
+    std::string failed;
+    for (const auto& c : conns_) {
+      if (absl::Status h = c->health(); !h.ok()) absl::StrAppend(&failed, " ", h.message(), ";");
+    }
+    if (woke) {
+      return absl::UnavailableError(absl::StrCat(
+          opt_.name, ": a connection failed while waiting for a notification:", failed));
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        opt_.name, ": no notification within ", absl::FormatDuration(timeout),
+        failed.empty() ? "" : absl::StrCat("; failed connections:", failed)));
+  }
+  Notification n = std::move(notes_.front());
+  notes_.pop_front();
+  note_count_.fetch_sub(1);
+  return n;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Agent>> Agent::Create(const AgentOptions& options) {
+  auto agent = std::make_unique<AgentImpl>(options);
+  RETURN_IF_ERROR(agent->Init());
+  return std::unique_ptr<Agent>(std::move(agent));
+}
+
+}  // namespace ember::onesided

@@ -1,0 +1,168 @@
+// ember::onesided: one-sided transfers (put, get, notify) between processes on UCX, connected
+// through the rendezvous store instead of a process group. The shape follows NIXL's: one Agent per
+// process, registered memory with a packed descriptor a peer can use, transfer descriptor lists
+// (several regions in one transfer), and small notifications delivered after the data is visible.
+//
+//   ASSIGN_OR_RETURN(auto agent, Agent::Create({.store = job_store, .key_prefix = "onesided/",
+//                                               .name = "rank1", .rank = 1}));
+//   ASSIGN_OR_RETURN(Registration reg, agent->RegisterMemory(buf, bytes));
+//   RETURN_IF_ERROR(job_store.Set("weights/desc/1", reg.descriptor));   // to the peer
+//   ASSIGN_OR_RETURN(Connection* c, agent->Connect("rank0"));
+//   ASSIGN_OR_RETURN(RemoteRegion dst, c->ImportRegion(peer_descriptor));
+//   Work w = agent->Put(c, {{reg.id, 0, n}}, {{dst, 4096, n}});
+//   RETURN_IF_ERROR(w.Wait(absl::Seconds(10)));
+//   RETURN_IF_ERROR(agent->Notify(c, "step 12").Wait(absl::Seconds(10)));   // after the put
+//   // on rank0: ASSIGN_OR_RETURN(Notification n, agent->WaitNotification(absl::Seconds(10)));
+//
+// Ownership: the caller owns registered memory and keeps it alive and registered until every
+// transfer that uses it has finished (Wait returned OK or an error other than DEADLINE_EXCEEDED) or
+// the Agent is destroyed. The Agent owns the UCX context and worker, its Connections (valid until
+// the Agent is destroyed) and the unpacked remote keys. A Work shares state with the Agent's
+// in-flight request and may outlive the Agent (its Wait then returns the final status).
+//
+// Progress: each Agent runs one progress thread that drives ucp_worker_progress: it serves the
+// peers' transfers that need the target's help (UCX emulates put/get over TCP with messages),
+// receives notifications and completes this process's requests, spinning while requests are in
+// flight or traffic arrived in the last 200 us, otherwise asleep on the worker's event fd. A thread
+// in Work::Wait or WaitNotification drives progress itself for up to 20 ms (the progress thread
+// then stands aside, so two threads never spin on one worker) and then sleeps on a condition
+// variable, leaving progress to the thread. Callers never need to call anything to make progress.
+//
+// Thread safety: every Agent, Connection and Work method is thread-safe (the UCX worker runs in
+// UCS_THREAD_MODE_MULTI). Transports: UCX chooses (shared memory, CMA, TCP, RDMA where present);
+// UCX_TLS in the environment overrides, e.g. UCX_TLS=tcp or UCX_TLS=sm.
+//
+// Errors: INVALID_ARGUMENT for a malformed descriptor, mismatched lists or an access beyond a
+// region (checked before anything reaches UCX); FAILED_PRECONDITION for a deregistered or unknown
+// local region; UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
+// when a wait times out (the transfer's outcome is then unknown, never reported as success).
+#ifndef EMBER_RUNTIME_ONESIDED_AGENT_H_
+#define EMBER_RUNTIME_ONESIDED_AGENT_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "runtime/onesided/work.h"
+#include "runtime/store/client.h"
+
+namespace ember::flight {
+class FlightRecorder;
+}
+
+namespace ember::onesided {
+
+enum class MemoryKind { kHost, kCuda };
+
+struct AgentOptions {
+  store::Client* store = nullptr;  // borrowed; must outlive Create() and every Connect()
+  // Prefix of every store key this agent writes, e.g. an attempt-scoped "jobs/j/attempt/3/onesided/".
+  std::string key_prefix = "onesided/";
+  std::string name;   // unique among the agents sharing key_prefix; empty = "rank<rank>"
+  int rank = -1;      // for the flight recorder and messages; -1 = unknown
+  absl::Duration connect_timeout = absl::Seconds(60);  // Connect waits this long for the peer
+  flight::FlightRecorder* recorder = nullptr;  // borrowed, optional: one entry per transfer
+  // true: endpoints report a dead peer (UCP_ERR_HANDLING_MODE_PEER), so transfers to it fail with
+  // UNAVAILABLE; UCX then uses only transports that can (TCP, CMA; where none can, as with
+  // UCX_TLS=sm, the endpoint is made without it). false: every transport, including shared-memory
+  // mapping of AllocateMemory regions (the fastest path on one host); a dead peer is then seen only
+  // as Wait/WaitNotification timeouts.
+  bool detect_peer_failure = true;
+};
+
+// A registered local region. `descriptor` is the packed form a peer imports (UCX rkey, base
+// address and length); it is plain bytes, safe to send through the store.
+struct Registration {
+  uint64_t id = 0;
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  MemoryKind kind = MemoryKind::kHost;
+  std::string descriptor;
+};
+
+// A peer's region as imported on one connection (ImportRegion).
+struct RemoteRegion {
+  uint64_t handle = 0;
+};
+
+// One element of a transfer list: `length` bytes at `offset` into a region.
+struct LocalDesc {
+  uint64_t registration = 0;  // Registration::id
+  uint64_t offset = 0, length = 0;
+};
+struct RemoteDesc {
+  RemoteRegion region;
+  uint64_t offset = 0, length = 0;
+};
+
+struct Notification {
+  std::string peer;     // the sending agent's name
+  std::string message;
+};
+
+class Agent;
+
+// A connection to one peer agent; owned by the Agent that made it.
+class Connection {
+ public:
+  virtual ~Connection() = default;
+  virtual const std::string& peer() const = 0;
+  virtual int peer_rank() const = 0;
+  // Unpacks a peer's Registration::descriptor for use on this connection.
+  virtual absl::StatusOr<RemoteRegion> ImportRegion(absl::string_view descriptor) = 0;
+  // OK while the peer is reachable; the error that broke the connection otherwise.
+  virtual absl::Status health() const = 0;
+};
+
+class Agent {
+ public:
+  // Opens UCX (context + worker, UCX_TLS honoured) and starts the progress thread.
+  static absl::StatusOr<std::unique_ptr<Agent>> Create(const AgentOptions& options);
+  virtual ~Agent() = default;
+
+  virtual const std::string& name() const = 0;
+
+  // Registers [ptr, ptr + bytes) for transfers; bytes may be 0 (an empty region). kCuda is
+  // UNIMPLEMENTED (the CUDA IPC backend is not built).
+  virtual absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes,
+                                                      MemoryKind kind = MemoryKind::kHost) = 0;
+  // Allocates `bytes` of host memory through UCX and registers it (released by Deregister or the
+  // Agent's destruction). On one host, a peer with detect_peer_failure=false can then map it and
+  // put/get with plain loads and stores instead of a system call or a socket per transfer.
+  virtual absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) = 0;
+  // Transfers started later that name this region fail with FAILED_PRECONDITION. Transfers in
+  // flight must have finished first (the caller's duty). NOT_FOUND for an unknown id.
+  virtual absl::Status Deregister(uint64_t registration_id) = 0;
+
+  // Connects to `peer` through the store: publishes this worker's address under
+  // <prefix>addr/<name>/<peer>/<n> and reads <prefix>addr/<peer>/<name>/<n>, where n counts this
+  // agent's Connect calls to `peer` (the N-th Connect on one side pairs with the N-th on the other).
+  // Both sides must call it. DEADLINE_EXCEEDED when the peer does not publish in time.
+  virtual absl::StatusOr<Connection*> Connect(absl::string_view peer) = 0;
+
+  // Writes each local[i] into remote[i] (Put) or reads remote[i] into local[i] (Get); the lists
+  // must have equal sizes and local[i].length == remote[i].length. Argument errors come back as a
+  // Work that is already finished with the error.
+  virtual Work Put(Connection* conn, const std::vector<LocalDesc>& local,
+                   const std::vector<RemoteDesc>& remote) = 0;
+  virtual Work Get(Connection* conn, const std::vector<LocalDesc>& local,
+                   const std::vector<RemoteDesc>& remote) = 0;
+  // Sends `message` (at most kMaxNotificationBytes) to the peer after every put issued on `conn`
+  // before this call is visible in the peer's memory (endpoint flush, then an active message).
+  virtual Work Notify(Connection* conn, absl::string_view message) = 0;
+  // The next notification from any peer, in arrival order (per peer: in send order).
+  // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE as soon as one of this agent's connections
+  // fails during the wait (the message names it), so a dead sender does not cost the full timeout.
+  virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
+};
+
+inline constexpr size_t kMaxNotificationBytes = 4096;
+
+}  // namespace ember::onesided
+
+#endif  // EMBER_RUNTIME_ONESIDED_AGENT_H_

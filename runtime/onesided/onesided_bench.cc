@@ -1,0 +1,411 @@
+// onesided_bench: put and get bandwidth of onesided::Agent between two processes on this host, 4 KiB
+// to 64 MiB, against UCX's own ucx_perftest (ucp_put_bw, ucp_get) run as a server/client pair with
+// the same UCX_TLS, in interleaved rounds (median per point); a single-thread memcpy as the
+// reference row; and 8-byte notification latency against ucx_perftest's ucp_am_lat.
+//
+//   onesided_bench [--json] [--quick] [--tls=,tcp] [--max_bytes=N] [--rounds=R] [--no_peer]
+//
+// Ours: this process (rank 0) starts an in-process store server and re-executes itself as rank 1
+// (--role=target), which registers a buffer and serves. A bandwidth sample posts `iters` transfers
+// of one size back to back and waits for all (puts end with a Notify, whose flush makes them
+// remotely complete, as ucx_perftest's flush does). Latency: half the round trip of a Notify answered
+// by a Notify. ucx_perftest reports MB/s with MB = 2^20 bytes: MiB/s here too.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <netinet/in.h>
+#include <unistd.h>
+
+#include <fcntl.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "bench/report.h"
+#include "runtime/base/flags.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/onesided/agent.h"
+#include "runtime/store/client.h"
+#include "runtime/store/server.h"
+
+ABSL_FLAG(std::string, tls, ",tcp",
+          "comma-separated UCX_TLS settings, each measured for ours and ucx_perftest alike (an "
+          "empty item: UCX's own choice)");
+ABSL_FLAG(int64_t, min_bytes, 4096, "smallest transfer");
+ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest transfer (--quick: 1 MiB)");
+ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --quick: 1");
+ABSL_FLAG(int64_t, bytes_per_sample, 256 << 20,
+          "bytes moved per sample, within 8-256 transfers (--quick: 8 MiB); a non-empty --tls item "
+          "moves 1/16 of it, within 2-256 transfers");
+ABSL_FLAG(int64_t, forced_tls_max_bytes, 16 << 20,
+          "largest transfer for a non-empty --tls item (ucx_perftest's TCP put runs at tens of MiB/s)");
+ABSL_FLAG(int, lat_iters, 2000, "notification round trips per latency sample (--quick: 200)");
+ABSL_FLAG(bool, no_peer, false, "skip ucx_perftest");
+ABSL_FLAG(int, settle_ms, 300,
+          "pause after each ucx_perftest run (its exit, freeing its shared memory, slowed the next "
+          "sample)");
+ABSL_FLAG(bool, detect_peer_failure, false,
+          "AgentOptions.detect_peer_failure (false, like ucx_perftest: every transport usable)");
+ABSL_FLAG(bool, ucx_memory, true,
+          "buffers from Agent::AllocateMemory (shared-memory mappable, like ucx_perftest's); "
+          "false: RegisterMemory of ordinary heap memory");
+ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
+ABSL_FLAG(std::string, role, "", "internal: target");
+ABSL_FLAG(std::string, store, "", "internal");
+ABSL_FLAG(std::string, prefix, "bench/", "internal");
+
+namespace ember::onesided {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// A registered buffer of `bytes`: UCX-allocated (--ucx_memory) or in `heap`.
+absl::StatusOr<Registration> Buffer(Agent* agent, int64_t bytes, std::vector<char>* heap) {
+  if (absl::GetFlag(FLAGS_ucx_memory)) {
+    ASSIGN_OR_RETURN(Registration r, agent->AllocateMemory(bytes));
+    memset(r.base, 1, bytes);
+    return r;
+  }
+  heap->assign(bytes, 1);
+  return agent->RegisterMemory(heap->data(), heap->size());
+}
+
+// --- rank 1: registers a buffer, answers pings, exits on "done" --------------------------------
+int RunTarget() {
+  auto c = store::Client::Connect({.address = absl::GetFlag(FLAGS_store)});
+  if (!c.ok()) return 1;
+  store::Client s = c->WithPrefix(absl::GetFlag(FLAGS_prefix));
+  auto agent = Agent::Create(
+      {.store = &s, .rank = 1, .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)});
+  if (!agent.ok()) {
+    fprintf(stderr, "target: %s\n", agent.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<char> heap;
+  auto reg = Buffer(agent->get(), absl::GetFlag(FLAGS_max_bytes), &heap);
+  auto conn = (*agent)->Connect("rank0");
+  if (!reg.ok() || !conn.ok() || !s.Set("desc/1", reg->descriptor).ok()) return 1;
+  while (true) {
+    auto n = (*agent)->WaitNotification(absl::Seconds(300));
+    if (!n.ok() || n->message == "done") return n.ok() ? 0 : 1;
+    if (n->message[0] == 'p' && !(*agent)->Notify(*conn, n->message).Wait(kTimeout).ok()) return 1;
+  }
+}
+
+// --- ucx_perftest --------------------------------------------------------------------------------
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+    port = ntohs(a.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Starts `args` with UCX_TLS set as asked; the child's stdout goes to `out_fd` (-1: /dev/null).
+pid_t Spawn(const std::vector<std::string>& args, int out_fd) {
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  const std::string tls = absl::GetFlag(FLAGS_tls);
+  if (!tls.empty()) setenv("UCX_TLS", tls.c_str(), 1);
+  int null = open("/dev/null", O_WRONLY);
+  dup2(out_fd >= 0 ? out_fd : null, 1);
+  dup2(null, 2);
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  execv(argv[0], argv.data());
+  _exit(127);
+}
+
+// Waits for `pid` up to `timeout`, then kills it. True when it exited 0.
+bool Reap(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  int st = 0;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (absl::Now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return false;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+// One ucx_perftest run; returns the "Final:" line's overall bandwidth (MiB/s) or, for latency
+// tests, its average latency (us).
+absl::StatusOr<double> PerftestOnce(const std::string& test, int64_t bytes, int64_t iters, bool latency,
+                                    absl::Duration listen_wait) {
+  const std::string bin = absl::GetFlag(FLAGS_perftest);
+  if (access(bin.c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat(bin, " not found (apt-get install ucx-utils)"));
+  }
+  const std::string port = absl::StrCat(FreePort());
+  const std::vector<std::string> common = {"-t", test, "-s", absl::StrCat(bytes), "-n",
+                                           absl::StrCat(iters), "-w", absl::StrCat(iters / 10 + 1),
+                                           "-p", port};
+  std::vector<std::string> server = {bin};
+  server.insert(server.end(), common.begin(), common.end());
+  pid_t spid = Spawn(server, -1);
+  absl::SleepFor(listen_wait);  // until it listens
+  int p[2];
+  if (pipe(p) != 0) return absl::InternalError("pipe");
+  std::vector<std::string> client = {bin, "127.0.0.1"};
+  client.insert(client.end(), common.begin(), common.end());
+  pid_t cpid = Spawn(client, p[1]);
+  close(p[1]);
+  std::string out;
+  char buf[4096];
+  for (ssize_t k; (k = read(p[0], buf, sizeof(buf))) > 0;) out.append(buf, k);
+  close(p[0]);
+  const bool cok = Reap(cpid, absl::Seconds(30));
+  Reap(spid, absl::Seconds(5));
+  const size_t at = out.find("Final:");
+  if (!cok || at == std::string::npos) {
+    return absl::UnavailableError(absl::StrCat("ucx_perftest -t ", test, " -s ", bytes,
+                                               " failed or printed no Final: line"));
+  }
+  std::vector<std::string> f = absl::StrSplit(out.substr(at, out.find('\n', at) - at), ' ', absl::SkipEmpty());
+  // Final: iters lat50 lat_avg lat_overall bw_avg bw_overall rate_avg rate_overall
+  double v = 0;
+  if (f.size() < 9 || !absl::SimpleAtod(f[latency ? 3 : 6], &v)) {
+    return absl::InternalError(absl::StrCat("cannot parse ucx_perftest output: ", out.substr(at, 200)));
+  }
+  return v;
+}
+
+absl::StatusOr<double> Perftest(const std::string& test, int64_t bytes, int64_t iters, bool latency) {
+  auto v = PerftestOnce(test, bytes, iters, latency, absl::Milliseconds(150));
+  if (v.ok() || v.status().code() == absl::StatusCode::kNotFound) return v;
+  return PerftestOnce(test, bytes, iters, latency, absl::Milliseconds(600));  // slow server start
+}
+
+// --- rank 0 ----------------------------------------------------------------------------------------
+struct Ours {
+  Agent* agent;
+  Connection* conn;
+  RemoteRegion remote;
+  Registration local;
+};
+
+absl::StatusOr<double> OursBandwidth(const Ours& o, bool put, int64_t bytes, int64_t iters) {
+  const uint64_t n = static_cast<uint64_t>(bytes);
+  // Warm-up (untimed, like ucx_perftest's -w): the first access maps and faults in the pages.
+  RETURN_IF_ERROR((put ? o.agent->Put(o.conn, {{o.local.id, 0, n}}, {{o.remote, 0, n}})
+                       : o.agent->Get(o.conn, {{o.local.id, 0, n}}, {{o.remote, 0, n}}))
+                      .Wait(kTimeout));
+  std::vector<Work> works;
+  works.reserve(iters + 1);
+  const absl::Time t0 = absl::Now();
+  for (int64_t i = 0; i < iters; ++i) {
+    works.push_back(put ? o.agent->Put(o.conn, {{o.local.id, 0, n}}, {{o.remote, 0, n}})
+                        : o.agent->Get(o.conn, {{o.local.id, 0, n}}, {{o.remote, 0, n}}));
+  }
+  if (put) works.push_back(o.agent->Notify(o.conn, "f"));  // flush: the puts are remotely complete
+  for (const Work& w : works) RETURN_IF_ERROR(w.Wait(kTimeout));
+  const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+  return static_cast<double>(bytes) * iters / s / (1 << 20);
+}
+
+absl::StatusOr<double> OursLatencyUs(const Ours& o, int iters) {
+  const std::string ping = "p0000000";  // 8 bytes
+  absl::Time t0;
+  for (int i = -iters / 10 - 1; i < iters; ++i) {
+    if (i == 0) t0 = absl::Now();
+    RETURN_IF_ERROR(o.agent->Notify(o.conn, ping).Wait(kTimeout));
+    ASSIGN_OR_RETURN(Notification n, o.agent->WaitNotification(kTimeout));
+  }
+  return absl::ToDoubleMicroseconds(absl::Now() - t0) / iters / 2;
+}
+
+double Memcpy(int64_t bytes, int64_t iters, std::vector<char>& a, std::vector<char>& b) {
+  const absl::Time t0 = absl::Now();
+  for (int64_t i = 0; i < iters; ++i) {
+    memcpy(b.data(), a.data(), bytes);
+    a[i % bytes] ^= b[(i * 7) % bytes];  // keep the copies observable
+  }
+  return static_cast<double>(bytes) * iters / absl::ToDoubleSeconds(absl::Now() - t0) / (1 << 20);
+}
+
+std::string SizeName(int64_t b) {
+  return b >= (1 << 20) ? absl::StrCat(b >> 20, "MiB") : absl::StrCat(b >> 10, "KiB");
+}
+
+struct Settings {
+  int64_t max_bytes = 0, per_sample = 0;
+  int rounds = 1, lat_iters = 1;
+};
+
+// Measures one transport configuration (`tls`, "" = UCX's choice): a fresh target process and
+// agent (UCX reads UCX_TLS when it starts), then tables and targets named after the transport.
+absl::Status MeasureTransport(bench::Report& report, const std::string& store_addr,
+                              const std::string& tls, const Settings& cfg) {
+  absl::SetFlag(&FLAGS_tls, tls);  // Spawn() passes it to ucx_perftest
+  if (tls.empty()) {
+    unsetenv("UCX_TLS");
+  } else {
+    setenv("UCX_TLS", tls.c_str(), 1);
+  }
+  const std::string tls_name = tls.empty() ? "UCX default" : tls;
+  const std::string suffix = tls.empty() ? "" : absl::StrCat("_", tls);
+  const std::string prefix = absl::StrCat("bench/", tls.empty() ? "default" : tls, "/");
+  const pid_t target = fork();
+  if (target == 0) {
+    std::vector<std::string> a = {
+        "/proc/self/exe", "--role=target", "--store=" + store_addr, "--prefix=" + prefix,
+        absl::StrCat("--max_bytes=", cfg.max_bytes),
+        absl::StrCat("--detect_peer_failure=", absl::GetFlag(FLAGS_detect_peer_failure)),
+        absl::StrCat("--ucx_memory=", absl::GetFlag(FLAGS_ucx_memory))};
+    std::vector<char*> av;
+    for (auto& x : a) av.push_back(x.data());
+    av.push_back(nullptr);
+    execv(av[0], av.data());
+    _exit(127);
+  }
+  ASSIGN_OR_RETURN(store::Client client, store::Client::Connect({.address = store_addr}));
+  store::Client s = client.WithPrefix(prefix);
+  ASSIGN_OR_RETURN(std::unique_ptr<Agent> agent,
+                   Agent::Create({.store = &s, .rank = 0,
+                                  .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)}));
+  std::vector<char> heap, a(cfg.max_bytes, 3), b(cfg.max_bytes, 4);
+  ASSIGN_OR_RETURN(Registration reg, Buffer(agent.get(), cfg.max_bytes, &heap));
+  ASSIGN_OR_RETURN(Connection* conn, agent->Connect("rank1"));
+  ASSIGN_OR_RETURN(std::string desc, s.Get("desc/1", {.wait = true, .timeout = kTimeout}));
+  ASSIGN_OR_RETURN(RemoteRegion remote, conn->ImportRegion(desc));
+  Ours o{agent.get(), conn, remote, reg};
+
+  const int64_t max_bytes =
+      tls.empty() ? cfg.max_bytes : std::min(cfg.max_bytes, absl::GetFlag(FLAGS_forced_tls_max_bytes));
+  std::vector<int64_t> sizes;
+  for (int64_t sz = absl::GetFlag(FLAGS_min_bytes); sz <= max_bytes; sz *= 4) sizes.push_back(sz);
+  const size_t P = sizes.size();
+  // samples[kind][size]: kind 0 ours put, 1 perftest put, 2 ours get, 3 perftest get, 4 memcpy.
+  std::vector<std::vector<std::vector<double>>> samples(5, std::vector<std::vector<double>>(P));
+  std::string peer_error;
+  if (absl::GetFlag(FLAGS_no_peer)) peer_error = "skipped (--no_peer)";
+  bench::LoadAverage load0 = bench::ReadLoadAverage();
+  for (int r = 0; r < cfg.rounds; ++r) {
+    for (size_t i = 0; i < P; ++i) {
+      const int64_t iters = tls.empty() ? std::clamp<int64_t>(cfg.per_sample / sizes[i], 8, 256)
+                                        : std::clamp<int64_t>(cfg.per_sample / 16 / sizes[i], 2, 256);
+      for (int kind = 0; kind < 5; ++kind) {
+        absl::StatusOr<double> v;
+        if (kind == 0 || kind == 2) {
+          ASSIGN_OR_RETURN(v, OursBandwidth(o, kind == 0, sizes[i], iters));
+        } else if (kind == 4) {
+          v = Memcpy(sizes[i], iters, a, b);
+        } else {
+          if (!peer_error.empty()) continue;
+          v = Perftest(kind == 1 ? "ucp_put_bw" : "ucp_get", sizes[i], iters, false);
+          absl::SleepFor(absl::Milliseconds(absl::GetFlag(FLAGS_settle_ms)));
+          if (!v.ok()) {
+            peer_error = std::string(v.status().message());
+            continue;
+          }
+        }
+        samples[kind][i].push_back(*v);
+      }
+    }
+  }
+  bench::LoadAverage load1 = bench::ReadLoadAverage();
+  auto med = [&](int kind, size_t i) -> std::optional<double> {
+    if (samples[kind][i].empty()) return std::nullopt;
+    return bench::Median(samples[kind][i]);
+  };
+  bench::Table& t = report.AddTable(
+      absl::StrCat("bandwidth, 2 processes, UCX_TLS=", tls_name, " (MiB/s, median of ", cfg.rounds, ")"),
+      {"bytes", "ember put", "perftest ucp_put_bw", "ember get", "perftest ucp_get", "memcpy 1 thread"});
+  for (size_t i = 0; i < P; ++i) {
+    t.AddRow({sizes[i], bench::Cell(med(0, i)), bench::Cell(med(1, i)), bench::Cell(med(2, i)),
+              bench::Cell(med(3, i)), bench::Cell(med(4, i))});
+  }
+  t.SetLoad(load0, load1);
+  t.AddNote("ember: back-to-back Put/Get Works of one size, then Wait on all (puts end with a Notify, "
+            "whose endpoint flush makes them remotely complete); perftest: its own window and flush");
+  for (size_t i = 0; i < P; ++i) {
+    if (sizes[i] < (1 << 20)) continue;
+    for (int put = 1; put >= 0; --put) {
+      const int ours = put ? 0 : 2, peer = put ? 1 : 3;
+      report.AddTarget(bench::Target::VsPeer(
+          absl::StrCat(put ? "put" : "get", "_bw_", SizeName(sizes[i]), suffix, "_vs_ucx_perftest"),
+          *med(ours, i), med(peer, i), 0.9, bench::kHigherIsBetter, "MiB/s", peer_error,
+          absl::StrCat("UCX_TLS=", tls_name, "; memcpy ", static_cast<int64_t>(*med(4, i)), " MiB/s")));
+    }
+  }
+  // Notification latency.
+  std::vector<double> ours_lat, peer_lat;
+  std::string lat_error = peer_error;
+  for (int r = 0; r < cfg.rounds; ++r) {
+    ASSIGN_OR_RETURN(double v, OursLatencyUs(o, cfg.lat_iters));
+    ours_lat.push_back(v);
+    if (!lat_error.empty()) continue;
+    auto p = Perftest("ucp_am_lat", 8, cfg.lat_iters * 10, true);
+    if (p.ok()) {
+      peer_lat.push_back(*p);
+    } else {
+      lat_error = std::string(p.status().message());
+    }
+  }
+  const std::optional<double> peer_med =
+      peer_lat.empty() ? std::nullopt : std::optional<double>(bench::Median(peer_lat));
+  bench::Table& lt = report.AddTable(
+      absl::StrCat("8-byte notification latency, UCX_TLS=", tls_name, " (us, one way)"),
+      {"ember Notify", "perftest ucp_am_lat"});
+  lt.AddRow({bench::Median(ours_lat), bench::Cell(peer_med)});
+  lt.AddNote("ember: half the round trip of Notify (endpoint flush + active message) answered by a "
+             "Notify, the waiting thread driving progress (work.h); perftest: busy-polling ping-pong");
+  report.AddTarget(bench::Target::VsPeer(absl::StrCat("notify_latency_8B", suffix, "_vs_ucp_am_lat"),
+                                         bench::Median(ours_lat), peer_med, 2.0, bench::kLowerIsBetter,
+                                         "us", lat_error, absl::StrCat("UCX_TLS=", tls_name)));
+  agent->Notify(conn, "done").Wait(kTimeout).IgnoreError();
+  agent.reset();
+  Reap(target, absl::Seconds(10));
+  return absl::OkStatus();
+}
+
+int Main(int argc, char** argv) {
+  bench::Report report("onesided_bench", argc, argv);
+  const bool quick = bench::Quick();
+  Settings cfg;
+  cfg.max_bytes = quick ? std::min<int64_t>(absl::GetFlag(FLAGS_max_bytes), 1 << 20)
+                        : absl::GetFlag(FLAGS_max_bytes);
+  cfg.rounds = quick ? 1 : absl::GetFlag(FLAGS_rounds);
+  cfg.per_sample = quick ? (8 << 20) : absl::GetFlag(FLAGS_bytes_per_sample);
+  cfg.lat_iters = quick ? 200 : absl::GetFlag(FLAGS_lat_iters);
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  if (!server.ok()) return report.Fail(server.status());
+  std::vector<std::string> transports = absl::StrSplit(absl::GetFlag(FLAGS_tls), ',');
+  for (const std::string& tls : transports) {
+    absl::Status st = MeasureTransport(report, (*server)->address(), tls, cfg);
+    if (!st.ok()) return report.Fail(st);
+  }
+  report.SetMeta("ucx_tls", json::Value::Str(absl::StrJoin(transports, ",")));
+  report.SetMeta("detect_peer_failure", json::Value::Bool(absl::GetFlag(FLAGS_detect_peer_failure)));
+  report.SetMeta("ucx_memory", json::Value::Bool(absl::GetFlag(FLAGS_ucx_memory)));
+  return report.Finish();
+}
+
+}  // namespace
+}  // namespace ember::onesided
+
+int main(int argc, char** argv) {
+  ember::base::ParseFlagsAndInitLogging(argc, argv, "onesided_bench");
+  if (absl::GetFlag(FLAGS_role) == "target") return ember::onesided::RunTarget();
+  return ember::onesided::Main(argc, argv);
+}

@@ -1,0 +1,111 @@
+// Internal to runtime/onesided: UCX status mapping, the Connection implementation and the
+// worker Progressor shared by agent.cc. Not part of the API (agent.h is). Thread-safe as stated
+// per class.
+#ifndef EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
+#define EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
+
+#include <ucp/api/ucp.h>
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <utility>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/onesided/agent.h"
+#include "runtime/onesided/work.h"
+
+namespace ember::onesided::internal {
+
+// Whether `st` means the peer is gone or unreachable.
+bool PeerFailure(ucs_status_t st);
+// OK for UCS_OK; UNAVAILABLE for a peer failure, CANCELLED for a shut-down agent, INTERNAL else.
+absl::Status FromUcs(ucs_status_t st, absl::string_view what);
+
+struct Remote {
+  uint64_t base = 0, length = 0;
+  ucp_rkey_h rkey = nullptr;
+};
+
+// One UCX endpoint to a peer agent, its imported remote regions and its health. Owned by the
+// agent; thread-safe.
+class ConnectionImpl : public Connection {
+ public:
+  ConnectionImpl(std::string peer, int peer_rank) : peer_(std::move(peer)), peer_rank_(peer_rank) {}
+  const std::string& peer() const override { return peer_; }
+  int peer_rank() const override { return peer_rank_; }
+  absl::StatusOr<RemoteRegion> ImportRegion(absl::string_view descriptor) override;
+  absl::Status health() const override {
+    absl::MutexLock l(&mu_);
+    return health_;
+  }
+  // Marks the connection failed (first error wins) and wakes WaitNotification callers.
+  void Fail(ucs_status_t st) {
+    {
+      absl::MutexLock l(&mu_);
+      if (!health_.ok()) return;
+      health_ = FromUcs(st, absl::StrCat("connection to ", peer_));
+    }
+    if (on_failure) on_failure();
+  }
+  absl::StatusOr<Remote> Lookup(RemoteRegion r) const {
+    absl::MutexLock l(&mu_);
+    auto it = remotes_.find(r.handle);
+    if (it == remotes_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "remote region handle ", r.handle, " was not imported on the connection to ", peer_,
+          " (use this connection's ImportRegion)"));
+    }
+    return it->second;
+  }
+  uint64_t NextSeq() { return ++seq_; }
+  void DestroyRkeys() {
+    absl::MutexLock l(&mu_);
+    for (auto& [h, r] : remotes_)
+      if (r.rkey != nullptr) ucp_rkey_destroy(r.rkey);
+    remotes_.clear();
+  }
+
+  ucp_ep_h ep = nullptr;
+  std::atomic<uint64_t>* handle_counter = nullptr;
+  // Puts posted since the last Notify's flush: a Notify with none skips the flush (a round trip
+  // on TCP) and sends its message at once.
+  std::atomic<uint64_t> unflushed_puts{0};
+  std::function<void()> on_failure;  // set before the endpoint exists
+
+ private:
+  const std::string peer_;
+  const int peer_rank_;
+  std::atomic<uint64_t> seq_{0};
+  mutable absl::Mutex mu_;
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Remote> remotes_ ABSL_GUARDED_BY(mu_);
+};
+
+// The worker, for waiters that drive progress themselves (work.h); cleared before it is destroyed.
+class WorkerProgressor : public Progressor {
+ public:
+  explicit WorkerProgressor(ucp_worker_h w) : worker_(w) {}
+  bool Progress() override {
+    absl::ReaderMutexLock l(&mu_);
+    return worker_ != nullptr && ucp_worker_progress(worker_) != 0;
+  }
+  void Clear() {
+    absl::MutexLock l(&mu_);
+    worker_ = nullptr;
+  }
+
+ private:
+  absl::Mutex mu_;
+  ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ember::onesided::internal
+
+#endif  // EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_

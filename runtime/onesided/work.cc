@@ -1,0 +1,82 @@
+#include "runtime/onesided/work.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "runtime/flight/recorder.h"
+
+namespace ember::onesided {
+namespace internal {
+
+void WorkState::SetRecord(flight::FlightRecorder* fr, uint64_t record_id) {
+  absl::MutexLock l(&mu_);
+  fr_ = fr;
+  record_id_ = record_id;
+  if (fr_ != nullptr) fr_->Start(record_id_);
+}
+
+void WorkState::AddParts(int n) {
+  absl::MutexLock l(&mu_);
+  pending_ += n;
+}
+
+void WorkState::PartDone(absl::Status st) {
+  absl::MutexLock l(&mu_);
+  if (!st.ok() && status_.ok()) status_ = std::move(st);
+  if (--pending_ > 0) return;
+  if (fr_ == nullptr) return;
+  if (status_.ok()) {
+    fr_->Complete(record_id_);
+  } else {
+    fr_->Fail(record_id_, status_.message());
+  }
+}
+
+bool WorkState::done() const {
+  absl::MutexLock l(&mu_);
+  return pending_ <= 0;
+}
+
+bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline) {
+  if (p == nullptr) return done();
+  const absl::Time until = std::min(deadline, absl::Now() + kSpinBudget);
+  p->spinning.fetch_add(1, std::memory_order_acq_rel);
+  bool ok = done();
+  for (int i = 0; !ok; ++i) {
+    p->Progress();
+    if ((i & 63) == 63 && absl::Now() >= until) break;
+    ok = done();
+  }
+  p->spinning.fetch_sub(1, std::memory_order_acq_rel);
+  return ok;
+}
+
+absl::Status WorkState::Wait(absl::Duration timeout) {
+  const absl::Duration asked = timeout;
+  const absl::Time deadline = absl::Now() + timeout;
+  SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  absl::MutexLock l(&mu_);
+  timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
+  auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };
+  if (!mu_.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        what_, ": not complete after ", absl::FormatDuration(asked),
+        " (started ", absl::FormatDuration(absl::Now() - start_),
+        " ago); its outcome is unknown and the destination may be partly written. Keep the "
+        "local buffer registered until a later Wait returns, or destroy the Agent"));
+  }
+  return status_;
+}
+
+}  // namespace internal
+
+Work Work::Finished(absl::Status status) {
+  auto s = std::make_shared<internal::WorkState>("finished transfer", 1);
+  s->PartDone(std::move(status));
+  return Work(std::move(s));
+}
+
+absl::Status Work::Wait(absl::Duration timeout) const { return state_->Wait(timeout); }
+bool Work::Done() const { return state_->done(); }
+
+}  // namespace ember::onesided
