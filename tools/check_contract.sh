@@ -23,6 +23,7 @@ launcher/cli.cc	"EMBER_TLS_KEY	emberctl's own client settings
 launcher/emberctl.cc	"EMBER_DEBUG	emberctl's log level
 launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone` starts
 runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has
+kernels/cuda/gpu_test_util.h	"EMBER_EXPECT_GPUS	the GPU script makes the CUDA op tests fail instead of skip without a GPU
 LIST
 )
 

@@ -23,6 +23,7 @@ case "${1:-}" in
         grep -E 'libabsl_|libspdlog|libfmt|libstdc\+\+|libgcc_s' | sort -u |
         while read -r lib; do cp -fL "$lib" tests/gpu/bin/lib/; done
     done
+    bash tests/gpu/cuda_kernels.sh build
     du -sh tests/gpu/bin
     echo "built tests/gpu/bin; carry it to the device"
     ;;
@@ -36,6 +37,7 @@ case "${1:-}" in
     EMBER_EXPECT_GPUS=1 timeout 60 tests/gpu/bin/devices_test || rc=1
     # World size 1 only: NCCL refuses two ranks on one GPU.
     timeout 300 tests/gpu/bin/nccl_gpu_check || rc=1
+    timeout 240 bash tests/gpu/cuda_kernels.sh check || rc=1
     exit $rc
     ;;
   *)
