@@ -2,6 +2,7 @@
 //
 //   ember-store --listen=127.0.0.1:29500 --auth-token-file=F [--data-dir=/var/lib/ember/store]
 //               [--tls-cert=C --tls-key=K [--tls-ca=CA]]
+//               [--backend=etcd --etcd-endpoints=a:2379,b:2379 [--etcd-prefix=/ember/] ...]
 //
 // Authentication is on by default: without --auth-token-file it refuses to start (exit 2) unless
 // given --insecure-no-auth (tests only), as emberd does. TLS: --tls-cert/--tls-key serve TLS (the
@@ -32,6 +33,7 @@
 #include "runtime/base/auth.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/store/backend_flags.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "runtime/store/server.h"
 #include "spdlog/spdlog.h"
@@ -192,14 +194,18 @@ int main(int argc, char** argv) {
     }
     opts.credentials = *creds;  // also turns the plaintext fast path off
   }
+  auto backend = ember::store::ConfigureBackendFromFlags(&opts);  // --backend, --etcd-*
+  if (!backend.ok()) {
+    spdlog::error("{}", std::string(backend.status().message()));
+    return 2;
+  }
   auto server = ember::store::StoreServer::Start(opts);
   if (!server.ok()) {
     spdlog::error("ember-store failed to start: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {}, tls: {}, open files: {})",
-               (*server)->address(),
-               opts.backend.data_dir.empty() ? "none, in-memory" : opts.backend.data_dir,
+  spdlog::info("ember-store listening on {} (backend: {}, auth: {}, tls: {}, open files: {})",
+               (*server)->address(), *backend,
                opts.auth_token.empty() ? "OFF" : "token",
                tls.mutual() ? "mutual (client certificates required)"
                             : (tls.enabled() ? "on" : "off"),
