@@ -68,11 +68,11 @@ void EtcdWatcher::Loop() {
       ctx_ = nullptr;
       if (stop_) return;
     }
-    if (!s.ok()) {
+    if (!s.ok() && failures == 0) {  // once per outage
       spdlog::warn("store: etcd watch on '{}' broke ({}); resuming from revision {}", key_,
                    s.error_message(), next_revision_);
-      client_->Rotate();
     }
+    if (!s.ok()) client_->Rotate();
     absl::MutexLock l(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stop_), EtcdClient::Backoff(++failures));
   }
