@@ -15,6 +15,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/store/etcd_mapping.h"
+#include "runtime/store/idempotent.h"
 #include "runtime/store/etcd_watch.h"
 #include "runtime/store/state.h"
 #include "spdlog/spdlog.h"
@@ -25,84 +27,14 @@ namespace {
 using v1::Request;
 using v1::Response;
 namespace pb = etcdserverpb;
-
-constexpr int kMaxOpsPerTxn = 128;  // etcd's default --max-txn-ops
-
-// Whether applying `r` twice gives the same state and answer (as client_retry.h's rule).
-bool Idempotent(const Request& r) {
-  switch (r.op_case()) {
-    case Request::kAdd:
-    case Request::kAppend:
-    case Request::kCompareSet:
-    case Request::kDeletePrefix:
-    case Request::kLeaseGrant:
-      return false;
-    default:
-      return true;
-  }
-}
-
-// The store keys an operation reads and may write (prefix reads: see PrefixOf).
-std::vector<std::string> KeysOf(const Request& r) {
-  std::vector<std::string> keys;
-  switch (r.op_case()) {
-    case Request::kSet: keys.push_back(r.set().key()); break;
-    case Request::kAdd: keys.push_back(r.add().key()); break;
-    case Request::kCompareSet: keys.push_back(r.compare_set().key()); break;
-    case Request::kDelete: keys.push_back(r.delete_().key()); break;
-    case Request::kAppend: keys.push_back(r.append().key()); break;
-    case Request::kCheck: keys.assign(r.check().keys().begin(), r.check().keys().end()); break;
-    case Request::kMultiSet:
-      for (const auto& kv : r.multi_set().kvs()) keys.push_back(kv.key());
-      break;
-    default: keys = KeysWaitedFor(r); break;
-  }
-  std::sort(keys.begin(), keys.end());
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
-  return keys;
-}
-
-const std::string* PrefixOf(const Request& r) {
-  if (r.has_num_keys()) return &r.num_keys().prefix();
-  if (r.has_list_keys()) return &r.list_keys().prefix();
-  return nullptr;
-}
-
-// The lease a Set names exists as far as the apply function can tell; etcd checks it for real.
-void AssumeLease(const Request& r, StoreState* view) {
-  if (r.has_set() && r.set().lease_id() != 0) view->leases[r.set().lease_id()];
-}
-
-// The mutations an apply function made, last one per key.
-class Recorder : public StateObserver {
- public:
-  struct Change {
-    bool put = false;
-    std::string value;
-    int64_t lease = 0;
-  };
-  void OnPut(const std::string& key, const Entry& e) override {
-    changes[key] = Change{true, e.value, e.lease};
-  }
-  void OnDelete(const std::string& key, int64_t) override { changes[key] = Change{}; }
-  void OnLeaseGrant(int64_t, int64_t, int64_t) override {}
-  void OnLeaseRevoke(int64_t, int64_t) override {}
-  std::map<std::string, Change> changes;
-};
-
-void SetStatus(Response* r, const absl::Status& s) {
-  SetError(r, s.code(), std::string(s.message()));
-}
-
-// The answer the in-memory backend gives to `req` on an empty state (its validation and
-// not-found messages, which depend on nothing stored).
-Response OnEmptyState(const Request& req, const BackendOptions& options) {
-  StoreState empty;
-  ApplyContext ctx{options, base::RealClock(), nullptr};
-  Response r;
-  Apply(empty, ctx, req, &r);
-  return r;
-}
+using etcd_mapping::AssumeLease;
+using etcd_mapping::CompareAndWrite;
+using etcd_mapping::kMaxOpsPerTxn;
+using etcd_mapping::KeysOf;
+using etcd_mapping::OnEmptyState;
+using etcd_mapping::PrefixOf;
+using etcd_mapping::Recorder;
+using etcd_mapping::SetStatus;
 
 class EtcdBackend : public Backend {
  public:
@@ -341,33 +273,11 @@ class EtcdBackend : public Backend {
         *r = std::move(out);
         return Applied::kAnswered;
       }
-      pb::TxnRequest txn;
-      for (const std::string& k : keys) {
-        pb::Compare* c = txn.add_compare();
-        c->set_key(etcd_.prefix + k);
-        auto it = read_at.find(k);
-        if (it != read_at.end()) {
-          c->set_target(pb::Compare::MOD);
-          c->set_mod_revision(it->second);
-        } else {
-          c->set_target(pb::Compare::CREATE);
-          c->set_create_revision(0);
-        }
-      }
-      for (const auto& [k, change] : rec.changes) {
-        if (change.put) {
-          pb::PutRequest* p = txn.add_success()->mutable_request_put();
-          p->set_key(etcd_.prefix + k);
-          p->set_value(change.value);
-          p->set_lease(change.lease);
-        } else {
-          txn.add_success()->mutable_request_delete_range()->set_key(etcd_.prefix + k);
-        }
-      }
+      const pb::TxnRequest txn = CompareAndWrite(etcd_.prefix, keys, read_at, rec.changes);
       pb::TxnResponse resp;
       s = client_->Call(absl::StrCat("a write of ", rec.changes.size(), " key(s) from '",
                                      rec.changes.begin()->first, "'"),
-                        Idempotent(req), deadline,
+                        IdempotentRequest(req), deadline,
                         [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
                           return st.kv->Txn(c, txn, &resp);
                         });
