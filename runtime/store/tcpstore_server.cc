@@ -57,7 +57,11 @@ class Connection {
     while (Read(&type, 1)) {
       absl::Status s = Handle(type);
       if (!s.ok()) {
-        spdlog::warn("store: TCPStore connection closed: {}", s.ToString());
+        if (absl::IsCancelled(s)) {
+          spdlog::debug("store: TCPStore client went away: {}", s.ToString());
+        } else {
+          spdlog::warn("store: TCPStore connection closed: {}", s.ToString());
+        }
         break;
       }
     }
