@@ -19,6 +19,7 @@
 #include "runtime/store/idempotent.h"
 #include "runtime/store/etcd_watch.h"
 #include "runtime/store/state.h"
+#include "runtime/store/strand_pool.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::store {
@@ -35,6 +36,9 @@ using etcd_mapping::OnEmptyState;
 using etcd_mapping::PrefixOf;
 using etcd_mapping::Recorder;
 using etcd_mapping::SetStatus;
+
+// Requests waiting on etcd at once (each pool thread runs one caller's requests at a time).
+constexpr int kPoolThreads = 16;
 
 class EtcdBackend : public Backend {
  public:
@@ -59,20 +63,41 @@ class EtcdBackend : public Backend {
     return absl::OkStatus();
   }
 
+  // Runs on the pool: each caller (owner) on its own strand, so its answers keep request order
+  // while other callers' requests wait on etcd in parallel. Unary calls (owner 0) run alone.
   void Execute(const std::vector<const Request*>& requests, const Done& done,
                uint64_t owner) override {
-    for (const Request* req : requests) {
-      Response r;
-      r.set_id(req->id());
-      if (Run(*req, &r) == Applied::kMustWait) {
-        Park(*req, done, owner);
-      } else {
-        done(std::move(r));
-      }
-    }
+    auto batch = std::make_shared<std::vector<Request>>();
+    batch->reserve(requests.size());
+    for (const Request* r : requests) batch->push_back(*r);
+    const uint64_t strand = owner != 0 ? owner : (uint64_t{1} << 63) | next_unary_.fetch_add(1);
+    pool_.Post(
+        strand,
+        [this, batch, done, owner] {
+          for (const Request& req : *batch) {
+            Response r;
+            r.set_id(req.id());
+            if (Run(req, &r) == Applied::kMustWait) {
+              Park(req, done, owner);
+            } else {
+              done(std::move(r));
+            }
+          }
+        },
+        [batch, done] {
+          for (const Request& req : *batch) {
+            Response r;
+            r.set_id(req.id());
+            SetError(&r, absl::StatusCode::kCancelled,
+                     "request dropped before it ran: its caller went away or the store server "
+                     "is shutting down");
+            done(std::move(r));
+          }
+        });
   }
 
   void CancelOwner(uint64_t owner) override {
+    pool_.Drop(owner);
     std::vector<Waiter> cancelled;
     {
       absl::MutexLock l(&mu_);
@@ -140,6 +165,10 @@ class EtcdBackend : public Backend {
       absl::MutexLock l(&mu_);
       if (shutdown_) return;
       shutdown_ = true;
+    }
+    pool_.Stop();  // (running requests finish: each ends within op_timeout)
+    {
+      absl::MutexLock l(&mu_);
       while (!waiters_.empty()) left.push_back(TakeLocked(waiters_.begin()->first));
       for (Waiter& w : woken_) left.push_back(std::move(w));
       woken_.clear();
@@ -552,6 +581,8 @@ class EtcdBackend : public Backend {
   std::unique_ptr<EtcdWatcher> waker_;    // set in Open
   std::thread timer_, worker_;
   std::atomic<int64_t> revision_{0};
+  std::atomic<uint64_t> next_unary_{0};
+  StrandPool pool_{kPoolThreads};
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);

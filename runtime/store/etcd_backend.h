@@ -13,7 +13,8 @@
 // operations (Add, Append, CompareSet, DeletePrefix, LeaseGrant) are not re-sent when the outcome
 // of an attempt is unknown and fail with UNAVAILABLE saying so.
 //
-// Thread-safety: as backend.h. Execute runs each non-blocking request on the calling thread.
+// Thread-safety: as backend.h. Execute returns at once: requests run on a pool of 16 threads, one
+// caller (owner) at a time per thread, so a caller's answers keep its request order.
 #ifndef EMBER_RUNTIME_STORE_ETCD_BACKEND_H_
 #define EMBER_RUNTIME_STORE_ETCD_BACKEND_H_
 
