@@ -3,6 +3,7 @@
 // across an etcd restart, failure within the deadline, and kill -9 of the raft leader under load.
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,11 +25,14 @@ using testing::EtcdTestCluster;
 // An in-process store server on `endpoints`, and a client of it.
 struct EtcdStore {
   EtcdStore(std::vector<std::string> endpoints, std::string prefix = "/t/",
-            absl::Duration op_timeout = absl::Seconds(15)) {
+            absl::Duration op_timeout = absl::Seconds(15), std::string user = "",
+            std::string password = "") {
     EtcdOptions e;
     e.endpoints = std::move(endpoints);
     e.prefix = std::move(prefix);
     e.op_timeout = op_timeout;
+    e.user = std::move(user);
+    e.password = std::move(password);
     StoreServerOptions opts;
     opts.make_backend = [e](const BackendOptions& b, base::Clock*) {
       return NewEtcdBackend(e, b);
@@ -149,6 +153,35 @@ TEST_CASE("with etcd down an op fails within its deadline naming the endpoints, 
   REQUIRE(etcd.WaitHealthy(20));
   REQUIRE(c.Set("k", "x").ok());
   REQUIRE(*c.Get("k") == "x");
+}
+
+TEST_CASE("etcd user/password auth: the right password works, a wrong one fails naming the user") {
+  EtcdTestCluster etcd(1);
+  const std::string ctl =
+      absl::StrCat("ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=", etcd.endpoints()[0], " ");
+  REQUIRE(std::system((ctl + "user add root --new-user-password=s3cret >/dev/null 2>&1").c_str()) == 0);
+  REQUIRE(std::system((ctl + "auth enable >/dev/null").c_str()) == 0);
+  {
+    EtcdStore s(etcd.endpoints(), "/t/", absl::Seconds(15), "root", "s3cret");
+    REQUIRE(s.client->Set("k", "v").ok());
+    std::thread setter([&] {
+      absl::SleepFor(absl::Milliseconds(200));
+      REQUIRE(s.client->Set("late", "1").ok());
+    });
+    auto late = s.client->Get("late", {.wait = true, .timeout = absl::Seconds(10)});  // watch
+    setter.join();
+    REQUIRE(late.ok());
+    REQUIRE(*s.client->Get("k") == "v");
+  }
+  EtcdOptions e;
+  e.endpoints = etcd.endpoints();
+  e.user = "root";
+  e.password = "wrong";
+  auto b = NewEtcdBackend(e, BackendOptions{});
+  REQUIRE_FALSE(b.ok());
+  INFO(b.status().ToString());
+  REQUIRE(b.status().message().find("user 'root'") != std::string::npos);
+  REQUIRE(b.status().message().find("wrong") == std::string::npos);  // never the password
 }
 
 TEST_CASE("kill -9 of the etcd leader under a write load loses no acknowledged write") {
