@@ -99,8 +99,23 @@ EtcdClient::Stubs EtcdClient::Current() {
 void EtcdClient::Rotate() { current_.fetch_add(1); }
 
 void EtcdClient::PrepareContext(grpc::ClientContext* ctx) {
+  std::string token;
+  {
+    absl::MutexLock l(&mu_);
+    token = token_;
+  }
+  if (token.empty() && !options_.user.empty()) {  // a stream after InvalidateToken()
+    Authenticate(current_.load() % endpoints_.size(), absl::Now() + kAttemptTimeout)
+        .IgnoreError();  // without a token the call fails UNAUTHENTICATED and says so
+    absl::MutexLock l(&mu_);
+    token = token_;
+  }
+  if (!token.empty()) ctx->AddMetadata("token", token);
+}
+
+void EtcdClient::InvalidateToken() {
   absl::MutexLock l(&mu_);
-  if (!token_.empty()) ctx->AddMetadata("token", token_);
+  token_.clear();
 }
 
 absl::Status EtcdClient::Authenticate(size_t index, absl::Time deadline) {

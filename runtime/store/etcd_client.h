@@ -59,6 +59,8 @@ class EtcdClient {
   Stubs Current();
   void PrepareContext(grpc::ClientContext* ctx);
   void Rotate();
+  // Forgets the auth token after etcd rejected it (UNAUTHENTICATED): the next call gets a new one.
+  void InvalidateToken();
   const std::string& endpoint_list() const { return endpoint_list_; }
   // Shared waiting helper: backoff after `failures` failed attempts.
   static absl::Duration Backoff(int failures);

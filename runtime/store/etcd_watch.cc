@@ -72,6 +72,7 @@ void EtcdWatcher::Loop() {
       spdlog::warn("store: etcd watch on '{}' broke ({}); resuming from revision {}", key_,
                    s.error_message(), next_revision_);
     }
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) client_->InvalidateToken();
     if (!s.ok()) client_->Rotate();
     absl::MutexLock l(&mu_);
     mu_.AwaitWithTimeout(absl::Condition(&stop_), EtcdClient::Backoff(++failures));
