@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -52,7 +53,17 @@ std::string Run(const std::string& cmd) {
 EtcdTestCluster::EtcdTestCluster(int members) {
   std::string base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "";
   if (base.empty()) base = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
-  std::string templ = base + "/ember-etcd-XXXXXX";
+  // A test that crashed left its dirs (tmpfs is memory): remove those whose process is gone.
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(base, ec)) {
+    const std::string name = e.path().filename().string();
+    int pid = 0;
+    if (std::sscanf(name.c_str(), "ember-etcd-%d-", &pid) == 1 && pid > 0 &&
+        kill(pid, 0) != 0 && errno == ESRCH) {
+      std::filesystem::remove_all(e.path(), ec);
+    }
+  }
+  std::string templ = absl::StrCat(base, "/ember-etcd-", getpid(), "-XXXXXX");
   REQUIRE(mkdtemp(templ.data()) != nullptr);
   root_ = templ;
   std::vector<std::string> peers;
