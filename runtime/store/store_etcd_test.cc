@@ -1,6 +1,12 @@
 // The etcd backend against real etcd processes (etcd_test_util.h): what the shared suite
 // (store_test.cc on etcd) cannot show: leases on etcd's clock, several stores on one etcd, a watch
-// across an etcd restart, failure within the deadline, and kill -9 of the raft leader under load.
+// across an etcd restart, failure within the deadline, etcd auth, the ember-store binary's flags,
+// and kill -9 of the raft leader under load.
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -16,6 +22,7 @@
 #include "runtime/store/etcd_backend.h"
 #include "runtime/store/etcd_test_util.h"
 #include "runtime/store/server.h"
+#include "runtime/store/store_process_test_util.h"
 
 namespace ember::store {
 namespace {
@@ -182,6 +189,45 @@ TEST_CASE("etcd user/password auth: the right password works, a wrong one fails 
   INFO(b.status().ToString());
   REQUIRE(b.status().message().find("user 'root'") != std::string::npos);
   REQUIRE(b.status().message().find("wrong") == std::string::npos);  // never the password
+}
+
+TEST_CASE("ember-store --backend=etcd keeps its keys in etcd under --etcd-prefix") {
+  EtcdTestCluster etcd(1);
+  const std::string dir = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";
+  const std::string port_file = absl::StrCat(dir, "/etcd-store-port-", getpid());
+  unlink(port_file.c_str());
+  std::vector<std::string> args = {testing::StoreBinary(), "--listen=127.0.0.1:0",
+                                   "--insecure-no-auth", "--backend=etcd",
+                                   "--etcd-endpoints=http://" + etcd.endpoints()[0],
+                                   "--etcd-prefix=/cli/", "--port-file=" + port_file,
+                                   "--log_level=warn"};
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  const int port = testing::WaitPort(port_file);
+  auto c = Client::Connect(ClientOptions{.address = absl::StrCat("127.0.0.1:", port)});
+  REQUIRE(c.ok());
+  REQUIRE(c->Set("k", "from-cli").ok());
+  const std::string got = [&] {
+    std::string out;
+    FILE* p = popen(absl::StrCat("ETCDCTL_API=3 /usr/bin/etcdctl --endpoints=", etcd.endpoints()[0],
+                                 " get /cli/k --print-value-only").c_str(), "r");
+    char buf[256];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    pclose(p);
+    return out;
+  }();
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+  REQUIRE(got == "from-cli\n");
 }
 
 TEST_CASE("kill -9 of the etcd leader under a write load loses no acknowledged write") {
