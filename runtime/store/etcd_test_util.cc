@@ -1,10 +1,8 @@
 // EtcdTestCluster: see etcd_test_util.h.
 #include "runtime/store/etcd_test_util.h"
 
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -20,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "runtime/store/store_process_test_util.h"
 
 namespace ember::store::testing {
 namespace {
@@ -103,19 +102,7 @@ void EtcdTestCluster::Spawn(int i) {
       "--initial-cluster", initial_cluster_, "--initial-cluster-state", "new",
       "--initial-cluster-token", absl::StrCat("ember-test-", getpid()),
       "--logger", "zap", "--log-outputs", absl::StrCat(root_, "/", name, ".log")};
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that died
-    int null = open("/dev/null", O_WRONLY);
-    dup2(null, 1);
-    dup2(null, 2);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  pid_t pid = SpawnChild(std::move(args), "/dev/null");  // etcd logs to --log-outputs
   m.pid = pid;
 }
 

@@ -3,7 +3,6 @@
 // across an etcd restart, failure within the deadline, etcd auth, the ember-store binary's flags,
 // and kill -9 of the raft leader under load.
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -201,16 +200,7 @@ TEST_CASE("ember-store --backend=etcd keeps its keys in etcd under --etcd-prefix
                                    "--etcd-endpoints=http://" + etcd.endpoints()[0],
                                    "--etcd-prefix=/cli/", "--port-file=" + port_file,
                                    "--log_level=warn"};
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  const pid_t pid = testing::SpawnChild(std::move(args));
   const int port = testing::WaitPort(port_file);
   auto c = Client::Connect(ClientOptions{.address = absl::StrCat("127.0.0.1:", port)});
   REQUIRE(c.ok());
