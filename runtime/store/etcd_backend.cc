@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <thread>
@@ -16,8 +15,8 @@
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/etcd_mapping.h"
-#include "runtime/store/idempotent.h"
 #include "runtime/store/etcd_watch.h"
+#include "runtime/store/idempotent.h"
 #include "runtime/store/state.h"
 #include "runtime/store/strand_pool.h"
 #include "spdlog/spdlog.h"
