@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <map>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -69,11 +70,24 @@ absl::Status WriteSnapshot(const WeightsManifest& m, const char* buffer, int64_t
 }  // namespace
 
 absl::StatusOr<int64_t> SubscribeWeights(const SubscribeOptions& o) {
-  if (o.store == nullptr || o.job.empty() || o.out_dir.empty()) {
+  if ((o.store == nullptr && o.store_address.empty()) || o.job.empty() || o.out_dir.empty()) {
     return absl::InvalidArgumentError("SubscribeWeights needs a store, a job id and an output directory");
   }
-  ASSIGN_OR_RETURN(int attempt_n, FindAttempt(*o.store, o.job, o.manifest_timeout));
-  store::Client attempt = o.store->WithPrefix(job::keys::AttemptPrefix(o.job, attempt_n));
+  std::optional<store::Client> own;
+  if (o.store == nullptr) {
+    store::ClientOptions so;
+    so.address = o.store_address;
+    so.auth_token = o.token;
+    if (o.tls.enabled()) {
+      ASSIGN_OR_RETURN(so.credentials, base::MakeChannelCredentials(o.tls));
+    }
+    absl::StatusOr<store::Client> c = store::Client::Connect(so);
+    if (!c.ok()) return base::Annotate(c.status(), absl::StrCat("the store at ", o.store_address));
+    own.emplace(*std::move(c));
+  }
+  store::Client& root = o.store ? *o.store : *own;
+  ASSIGN_OR_RETURN(int attempt_n, FindAttempt(root, o.job, o.manifest_timeout));
+  store::Client attempt = root.WithPrefix(job::keys::AttemptPrefix(o.job, attempt_n));
   ASSIGN_OR_RETURN(std::string text, attempt.Get(job::keys::kWeightsManifest));
   ASSIGN_OR_RETURN(WeightsManifest m, ParseManifest(text));
   RETURN_IF_ERROR(base::MakeDirs(o.out_dir));

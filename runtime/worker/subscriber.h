@@ -19,12 +19,16 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "runtime/base/auth.h"
 #include "runtime/store/client.h"
 
 namespace ember::worker {
 
 struct SubscribeOptions {
-  store::Client* store = nullptr;  // borrowed, unprefixed
+  store::Client* store = nullptr;  // borrowed, unprefixed; nullptr: connect to store_address
+  std::string store_address;       // with the cluster token and TLS files, as emberd does
+  std::string token;
+  base::TlsOptions tls;
   std::string job;
   std::string out_dir;
   int64_t steps = 0;               // snapshots to write; 0 = until the attempt's ranks exit
