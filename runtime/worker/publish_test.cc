@@ -100,8 +100,8 @@ TEST_CASE("a subscriber's snapshot of step N equals the checkpoint of step N; lo
   CHECK(WaitAll({sub}, absl::Seconds(60)) == std::vector<int>{0});  // ends when the ranks exit
 
   const std::set<int64_t> steps = Snapshots(out);
-  INFO(steps.size() << " snapshots");
   REQUIRE(!steps.empty());
+  WARN(steps.size() << " snapshots, steps " << *steps.begin() << ".." << *steps.rbegin());
   for (int64_t n : steps) {
     CHECK(n % 20 == 0);
     const std::string exported = absl::StrCat(dir, "/export-", n, ".safetensors");
@@ -142,7 +142,7 @@ TEST_CASE("a subscriber killed mid-run is dropped; the job finishes with the sam
   REQUIRE(client.ok());
   for (int r = 0; r < 2; ++r) {
     std::map<std::string, int64_t> s = Stats(*client, "kill", r);
-    INFO("rank " << r << " published " << s["published"] << " skipped " << s["skipped"] << " dropped " << s["dropped"]);
+    WARN("rank " << r << " published " << s["published"] << " skipped " << s["skipped"] << " dropped " << s["dropped"]);
     CHECK(s["published"] >= 1);
     CHECK(s["skipped"] + s["dropped"] > 0);
     CHECK(s["dropped"] == 1);
