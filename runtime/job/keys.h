@@ -59,8 +59,9 @@ inline std::string FilesPrefix(absl::string_view job) { return absl::StrCat(JobP
 inline std::string File(absl::string_view job, absl::string_view name) {
   return absl::StrCat(FilesPrefix(job), name);
 }
+inline std::string AttemptsPrefix(absl::string_view job) { return absl::StrCat(JobPrefix(job), "attempt/"); }
 inline std::string AttemptPrefix(absl::string_view job, int attempt) {
-  return absl::StrCat(JobPrefix(job), "attempt/", attempt, "/");
+  return absl::StrCat(AttemptsPrefix(job), attempt, "/");
 }
 inline std::string Stop(absl::string_view job, int attempt) {
   return absl::StrCat(AttemptPrefix(job, attempt), kStop);

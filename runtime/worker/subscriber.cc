@@ -27,7 +27,7 @@ constexpr absl::Duration kStaleAfter = absl::Seconds(5);  // a step some ranks n
 
 // The newest attempt of `job` whose rank 0 wrote a manifest.
 absl::StatusOr<int> FindAttempt(store::Client& root, const std::string& job, absl::Duration timeout) {
-  const std::string prefix = absl::StrCat(job::keys::JobPrefix(job), "attempt/");
+  const std::string prefix = job::keys::AttemptsPrefix(job);
   const std::string suffix = absl::StrCat("/", job::keys::kWeightsManifest);
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
