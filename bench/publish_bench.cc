@@ -15,7 +15,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
-#include <filesystem>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -33,15 +32,7 @@ ABSL_FLAG(int, every, 5, "publish.every_steps of the job with a subscriber");
 namespace ember {
 namespace {
 
-namespace fs = std::filesystem;
 using recovery::WaitFor;
-
-std::string Runfile(const char* argv0, const std::string& rel) {
-  for (std::string c : {rel, absl::StrCat(argv0, ".runfiles/ember/", rel)}) {
-    if (fs::exists(c)) return fs::absolute(c).string();
-  }
-  return rel;
-}
 
 std::string BenchSpec(const std::string& name, int steps, int every) {
   return absl::StrCat(
@@ -120,10 +111,8 @@ int Main(int argc, char** argv) {
   e2e::ClusterOptions o;
   o.nodes = 1;
   o.slots = 2;
-  o.worker = Runfile(argv[0], "runtime/worker/ember-worker");
-  if (!fs::exists("examples/data/tiny_corpus.txt")) {
-    fs::current_path(fs::path(Runfile(argv[0], "examples/data/tiny_corpus.txt")).parent_path() / "../..");
-  }
+  o.worker = recovery::Runfile(argv[0], "runtime/worker/ember-worker");
+  recovery::EnterRunfiles(argv[0]);
   auto cluster = e2e::TestCluster::Start(o);
   if (!cluster.ok()) return report.Fail(cluster.status());
   auto c = (*cluster)->Connect(0);
