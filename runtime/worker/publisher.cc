@@ -1,5 +1,6 @@
 #include "runtime/worker/publisher.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <set>
@@ -163,8 +164,8 @@ class PublisherImpl : public Publisher {
     for (const Subscriber& s : subs) {
       std::vector<onesided::RemoteDesc> remote = remote_;
       for (auto& r : remote) r.region = s.region;
-      absl::Status st = agent_->Put(s.conn, local_, remote).Wait(deadline - absl::Now());
-      if (st.ok()) st = agent_->Notify(s.conn, StepMessage(step)).Wait(deadline - absl::Now());
+      absl::Status st = Await(agent_->Put(s.conn, local_, remote), deadline);
+      if (st.ok()) st = Await(agent_->Notify(s.conn, StepMessage(step)), deadline);
       if (!st.ok()) {
         Drop(s.name, st);
       } else {
@@ -173,11 +174,7 @@ class PublisherImpl : public Publisher {
     }
     const size_t sent = pending.size();
     while (!pending.empty()) {
-      absl::Time until = deadline;
-      {
-        absl::MutexLock l(&mu_);
-        if (stop_) until = std::min(until, stop_deadline_);
-      }
+      const absl::Time until = std::min(deadline, StopDeadline());
       if (absl::Now() >= until) {
         for (const std::string& name : pending) {
           Drop(name, absl::DeadlineExceededError(absl::StrCat("no ack for step ", step, " within ",
@@ -199,6 +196,22 @@ class PublisherImpl : public Publisher {
       }
     }
     if (sent > 0) ++published_;
+  }
+
+  // The end of the exit grace once the Publisher is stopping, else the infinite future.
+  absl::Time StopDeadline() {
+    absl::MutexLock l(&mu_);
+    return stop_ ? stop_deadline_ : absl::InfiniteFuture();
+  }
+
+  // w.Wait until `deadline` or the exit grace, whichever comes first (a subscriber that stopped
+  // making progress must not hold the worker's exit for the full ack timeout).
+  absl::Status Await(const onesided::Work& w, absl::Time deadline) {
+    for (;;) {
+      const absl::Time until = std::min(deadline, StopDeadline());
+      absl::Status st = w.Wait(std::clamp(until - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100)));
+      if (!absl::IsDeadlineExceeded(st) || absl::Now() >= until) return st;
+    }
   }
 
   void WriteStats() {
