@@ -128,7 +128,7 @@ TEST_CASE("a subscriber killed or stopped mid-run never stalls the job; skipped 
   const absl::Duration base_time = absl::Now() - t0;
 
   for (int sig : {SIGKILL, SIGSTOP}) {
-    const std::string job = sig == SIGKILL ? "kill" : "stop";
+    const std::string job = sig == SIGKILL ? "sigkill" : "sigstop";
     const std::string dir = NewJobDir(job), out = dir + "/snapshots";
     WriteSpec(dir, kSteps, 2, "publish: {every_steps: 20}\n", kCheckpoints);
     const pid_t sub = SpawnSubscriber(addr, job, out);
