@@ -153,13 +153,18 @@ TEST_CASE("a subscriber killed or stopped mid-run never stalls the job; skipped 
     CHECK(took < base_time + absl::Seconds(20));  // at most the 5 s exit grace, plus this machine's noise
     auto client = store::Client::Connect({.address = addr});
     REQUIRE(client.ok());
+    // Each rank published the first snapshot's step and then skipped or dropped; a rank whose ack
+    // arrived before the signal may not have tried again (the other rank's skip is agreed on).
+    int64_t dropped = 0;
     for (int r = 0; r < 2; ++r) {
       std::map<std::string, int64_t> s = Stats(*client, job, r);
       WARN(job << " rank " << r << ": published " << s["published"] << " skipped " << s["skipped"] << " dropped " << s["dropped"]);
       CHECK(s["published"] >= 1);
-      CHECK(s["dropped"] == 1);
-      if (sig == SIGSTOP) CHECK(s["skipped"] > 0);
+      CHECK(s["skipped"] + s["dropped"] > 0);
+      CHECK(s["dropped"] <= 1);
+      dropped += s["dropped"];
     }
+    CHECK(dropped >= 1);
     // The subscriber's key is gone.
     auto left = client->ListKeys(job::keys::AttemptPrefix(job, 0) + std::string(job::keys::kWeightsSubscribers));
     REQUIRE(left.ok());

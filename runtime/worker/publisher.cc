@@ -25,6 +25,9 @@ constexpr absl::Duration kAckTimeout = absl::Seconds(30);
 constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
 constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
 constexpr absl::Duration kGraceAtExit = absl::Seconds(5);  // an in-flight publish at the end
+// Each onesided wait spins (drives UCX progress) for up to 20 ms before it sleeps: slices this long
+// keep the spinning to a few percent of a core while the exit grace is still honoured promptly.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
 
 class PublisherImpl : public Publisher {
  public:
@@ -106,6 +109,7 @@ class PublisherImpl : public Publisher {
         job_ = -1;
       } else {
         Discover();
+        DropFailed();
       }
     }
   }
@@ -135,6 +139,19 @@ class PublisherImpl : public Publisher {
     absl::MutexLock l(&mu_);
     live_.push_back({name, conn, region});
     return absl::OkStatus();
+  }
+
+  // Drops subscribers whose connection failed while idle (UCX keepalive notices a dead peer), so a
+  // rank that had nothing to publish does not keep a dead subscriber and skip for it forever.
+  void DropFailed() {
+    std::vector<Subscriber> subs;
+    {
+      absl::MutexLock l(&mu_);
+      subs = live_;
+    }
+    for (const Subscriber& s : subs) {
+      if (absl::Status h = s.conn->health(); !h.ok()) Drop(s.name, h);
+    }
   }
 
   void Drop(const std::string& name, const absl::Status& why) {
@@ -172,7 +189,7 @@ class PublisherImpl : public Publisher {
         pending.insert(s.name);
       }
     }
-    const size_t sent = pending.size();
+    if (!pending.empty()) ++published_;  // put + notify delivered to a subscriber
     while (!pending.empty()) {
       const absl::Time until = std::min(deadline, StopDeadline());
       if (absl::Now() >= until) {
@@ -183,7 +200,7 @@ class PublisherImpl : public Publisher {
         return;
       }
       absl::StatusOr<onesided::Notification> note =
-          agent_->WaitNotification(std::min(until - absl::Now(), absl::Milliseconds(100)));
+          agent_->WaitNotification(std::min(until - absl::Now(), kWaitSlice));
       if (note.ok()) {
         if (ParseMessage(note->message, "ack") == step) pending.erase(note->peer);
       } else if (absl::IsUnavailable(note.status())) {
@@ -195,7 +212,6 @@ class PublisherImpl : public Publisher {
         }
       }
     }
-    if (sent > 0) ++published_;
   }
 
   // The end of the exit grace once the Publisher is stopping, else the infinite future.
@@ -209,7 +225,7 @@ class PublisherImpl : public Publisher {
   absl::Status Await(const onesided::Work& w, absl::Time deadline) {
     for (;;) {
       const absl::Time until = std::min(deadline, StopDeadline());
-      absl::Status st = w.Wait(std::clamp(until - absl::Now(), absl::ZeroDuration(), absl::Milliseconds(100)));
+      absl::Status st = w.Wait(std::clamp(until - absl::Now(), absl::ZeroDuration(), kWaitSlice));
       if (!absl::IsDeadlineExceeded(st) || absl::Now() >= until) return st;
     }
   }

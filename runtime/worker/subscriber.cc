@@ -24,6 +24,9 @@ namespace ember::worker {
 namespace {
 
 constexpr absl::Duration kStaleAfter = absl::Seconds(5);  // a step some ranks never completed
+// Each WaitNotification spins up to 20 ms before sleeping: long slices keep an idle subscriber's
+// spinning near 1% of a core.
+constexpr absl::Duration kWaitSlice = absl::Seconds(2);
 
 // The newest attempt of `job` whose rank 0 wrote a manifest.
 absl::StatusOr<int> FindAttempt(store::Client& root, const std::string& job, absl::Duration timeout) {
@@ -119,7 +122,7 @@ absl::StatusOr<int64_t> SubscribeWeights(const SubscribeOptions& o) {
   absl::Time last_note = absl::Now();
   absl::Status result;
   while (o.steps == 0 || written < o.steps) {
-    absl::StatusOr<onesided::Notification> note = agent->WaitNotification(absl::Milliseconds(500));
+    absl::StatusOr<onesided::Notification> note = agent->WaitNotification(kWaitSlice);
     if (!note.ok()) {
       if (job_ended()) break;
       if (absl::IsUnavailable(note.status())) {
