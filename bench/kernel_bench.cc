@@ -3,7 +3,7 @@
 // training step against the same model in PyTorch (run in the same process tree, same threads).
 //
 //   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
-//       [--threads=N]
+//       [--threads=N] [--device=cpu|cuda]
 //
 // One table of figures (value, reference, ratio); those with a goal are also targets
 // (bench/report.h: the goal applies to value/peer; a PyTorch peer that fails leaves its target not
@@ -33,6 +33,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
+#include "bench/kernel_bench_cuda.h"
 #include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/model/gpt.h"
@@ -48,6 +49,9 @@ ABSL_FLAG(int, profile_steps, 0,
           "print wall and process-CPU time per step; for profilers");
 ABSL_FLAG(bool, profile_deterministic, false, "--profile_steps in deterministic mode");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
+ABSL_FLAG(std::string, device, "cpu",
+          "cpu: the CPU figures; cuda: the GPU figures (bench/kernel_bench_cuda.h), which report "
+          "met: false with reason \"no GPU\" where there is none");
 
 namespace ember::kernels {
 namespace {
@@ -68,18 +72,7 @@ double TimeMedian(int reps, const std::function<void()>& fn) {
   return Median(t);
 }
 
-// One measured figure. `peer` is the reference it is compared with (ours in another mode, or
-// PyTorch); figures with a goal become report targets (goal on value/peer).
-struct Target {
-  std::string name;
-  double value;
-  std::optional<double> peer;
-  std::optional<double> goal;
-  bool higher_is_better;
-  std::string unit;
-  std::string note;
-  std::string peer_error;  // why a PyTorch peer figure is missing
-};
+using Target = bench::KernelFigure;  // bench/kernel_bench_cuda.h
 
 std::vector<float> Rand(int64_t n, uint64_t seed, float scale) {
   std::vector<float> v(n);
@@ -296,6 +289,15 @@ int Main(int argc, char** argv) {
   const std::string only = absl::GetFlag(FLAGS_only);
   auto want = [&](const char* g) { return only.empty() || only.find(g) != std::string::npos; };
 
+  if (absl::GetFlag(FLAGS_device) == "cuda") {
+    t = bench::BenchCuda(quick, reps);
+    return Print(report, t, threads, load_begin);
+  }
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    std::fprintf(stderr, "kernel_bench: --device must be cpu or cuda, got %s\n",
+                 absl::GetFlag(FLAGS_device).c_str());
+    return 2;
+  }
   if (want("lce")) {
     if (quick) {
       BenchLce(ctx, 512, 8192, 128, &t);

@@ -14,6 +14,8 @@ PKGS=(
   libucx-dev ucx-utils
   # benchmark peers and test tools (openssl: the TLS tests make their certificates with it)
   python3-torch procps openmpi-bin libopenmpi-dev openssl
+  # etcd backend tests (runtime/store/etcd_*_test start a real etcd on loopback)
+  etcd-server etcd-client
   # fuzzing (tools/fuzz.sh: clang++ -fsanitize=fuzzer,address); .ci/run skips it without clang
   clang libfuzzer-14-dev make
 )

@@ -19,9 +19,9 @@
 
 namespace ember::comm::testing {
 
-inline std::string WorkerPath() {
+inline std::string WorkerPath(const std::string& worker = "comm_worker") {
   const char* srcdir = getenv("TEST_SRCDIR");
-  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/comm_worker";
+  return std::string(srcdir ? srcdir : ".") + "/ember/tests/comm/" + worker;
 }
 
 inline std::string TempDir(const std::string& tag) {
@@ -82,10 +82,11 @@ inline RunResult RunProgram(const std::string& path, int n, const std::vector<st
   return res;
 }
 
-// RunProgram with tests/comm/comm_worker.
+// RunProgram with tests/comm/<worker> (comm_worker by default).
 inline RunResult RunRanks(int n, const std::vector<std::string>& args,
-                          const std::vector<std::string>& env, double timeout_s) {
-  return RunProgram(WorkerPath(), n, args, env, timeout_s);
+                          const std::vector<std::string>& env, double timeout_s,
+                          const std::string& worker = "comm_worker") {
+  return RunProgram(WorkerPath(worker), n, args, env, timeout_s);
 }
 
 inline bool AllExitZero(const RunResult& r) {

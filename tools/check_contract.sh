@@ -24,6 +24,7 @@ launcher/emberctl.cc	"EMBER_DEBUG	emberctl's log level
 launcher/cmd_weights.cc	"EMBER_STORE	emberctl's own client setting (the store for weights subscribe), not the worker's EMBER_STORE_ADDR
 launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone` starts
 runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has
+kernels/cuda/gpu_test_util.h	"EMBER_EXPECT_GPUS	the GPU script makes the CUDA op tests fail instead of skip without a GPU
 LIST
 )
 

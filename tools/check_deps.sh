@@ -5,6 +5,7 @@
 #
 #   base, proto           <- bench:report (the report library every *_bench uses)
 #   <- store, flight, spec/job (the daemon<->worker contract), kernels, data
+#   <- kernels/cuda (the GPU ops, above the CPU references they are checked against)
 #   <- comm, model, checkpoint  <- fsdp, pipeline, onesided  <- worker, daemon  <- launcher
 #   <- testing (in-process clusters, test helpers)  <- tests/*, bench
 #
@@ -21,7 +22,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 # package (or exact label) -> layer; the longest matching entry wins. ROOT is the top-level
-# package (exported files only: README.md, docs/benchmarks.md, tools/gen_benchmarks.py).
+# package (exported files only: README.md, docs/benchmarks.md, tools/gen_benchmarks.py,
+# tools/cuda_resources.sh).
 LAYERS='
 ROOT 5
 proto 5
@@ -35,6 +37,7 @@ runtime/flight 20
 runtime/jobspec 20
 runtime/job 20
 kernels 20
+kernels/cuda 25
 runtime/data 20
 runtime/comm 30
 runtime/model 30

@@ -1,5 +1,5 @@
-// Backend: what a transport/algorithm implementation ("cpu" now; "nccl", "nccl-lazy",
-// "nccl-legacy" later) provides to ProcessGroup. ProcessGroup owns ordering, sequence numbers,
+// Backend: what a transport/algorithm implementation ("cpu"; the device backends "nccl",
+// "nccl-lazy", "nccl-legacy" in device_backend.h) provides to ProcessGroup. ProcessGroup owns ordering, sequence numbers,
 // the flight recorder, Work and the watchdog; a Backend only moves bytes.
 //
 // Contract: Run() is called by one thread at a time, in issue order, and blocks until the op is
@@ -14,13 +14,18 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/comm/types.h"
 
 namespace ember::comm {
+
+class CommDriver;    // comm_driver.h
+class DeviceEvents;  // work.h
 
 enum class OpType : uint8_t {
   kAllReduce, kBroadcast, kAllGather, kReduceScatter, kAllToAll, kBarrier, kSend, kRecv,
@@ -37,6 +42,7 @@ struct OpDesc {
   ReduceOp reduce = ReduceOp::kSum;
   int root = 0;              // broadcast
   int64_t seq = 0;           // collective sequence number (same on every rank)
+  void* stream = nullptr;    // device backends: the submitting thread's current stream
 };
 
 struct BackendOptions {
@@ -50,7 +56,10 @@ struct BackendOptions {
   std::string host = "127.0.0.1";      // address peers use to reach this rank
   size_t shm_ring_bytes = 1 << 20;     // per direction and kind; power of two
   size_t small_bytes = 64 << 10;       // <= this: latency-optimal algorithms
-  std::string device = "cpu";
+  std::string device = "cpu";          // device backends: "cuda:N" ("cuda:0,cuda:1": nccl-legacy)
+  std::string backend = "cpu";         // "cpu", "nccl", "nccl-lazy", "nccl-legacy"
+  std::shared_ptr<CommDriver> comm_driver;  // device backends; null = NCCL (device builds)
+  absl::Duration op_timeout = absl::Minutes(10);  // device backends: in-flight op deadline
 };
 
 class Backend {
@@ -65,6 +74,31 @@ class Backend {
   virtual void Abort(const absl::Status& why) = 0;
   // One line describing the transports per peer, e.g. "shm x3" or "tcp x3".
   virtual std::string Describe() const = 0;
+
+  // Device backends (the defaults suit the cpu backend):
+  // An error the library reports asynchronously, or an in-flight op past its deadline; the group's
+  // watchdog polls it and aborts the group on a non-OK status.
+  virtual absl::Status AsyncError() { return absl::OkStatus(); }
+  // The events of the op the last Run enqueued (null: the op is complete when Run returns).
+  virtual std::shared_ptr<DeviceEvents> TakeOpEvents() { return nullptr; }
+  // True when subgroups come from Split/Shrink below (the communicator library splits) instead
+  // of a fresh bootstrap through the store.
+  virtual bool SplitsInPlace() const { return false; }
+  // Collective over this backend's ranks: color < 0 = not a member (FAILED_PRECONDITION, which
+  // ProcessGroup turns into "no group"). `child` names the new group.
+  virtual absl::StatusOr<std::unique_ptr<Backend>> Split(int color, int key, BackendOptions child) {
+    return absl::UnimplementedError("split is not provided by this backend");
+  }
+  // Called by the survivors only: a backend over this one's ranks minus `excluded`.
+  virtual absl::StatusOr<std::unique_ptr<Backend>> Shrink(const std::vector<int>& excluded,
+                                                          BackendOptions child) {
+    return absl::UnimplementedError("shrink is not provided by this backend");
+  }
+  // This rank and the group's size (split children learn them from the library); -1 = as created.
+  virtual int GroupRank() const { return -1; }
+  virtual int GroupSize() const { return -1; }
+  // Bytes the communication library holds outside any allocator (reported in dumps/progress).
+  virtual size_t MemoryBytes() const { return 0; }
 };
 
 // "cpu": shared memory between ranks with the same boot id, TCP otherwise. When every peer is on

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/comm/device_backend.h"
 #include "runtime/comm/env_knobs.h"
 #include "spdlog/spdlog.h"
 
@@ -34,28 +35,40 @@ bool EnvTrue(const char* name) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(
-    std::shared_ptr<Rendezvous> rdzv, int rank, int size, GroupOptions options) {
+absl::Status ProcessGroup::CheckAndDefault(int rank, int size, GroupOptions* options) {
   if (size < 1 || rank < 0 || rank >= size)
     return absl::InvalidArgumentError(absl::StrCat("bad rank ", rank, " / size ", size));
-  if (!rdzv) return absl::InvalidArgumentError("no rendezvous");
-  if (options.backend.rfind("nccl", 0) == 0)
-    return absl::UnimplementedError(absl::StrCat("backend '", options.backend,
-                                                 "' is not built yet; use \"cpu\""));
-  if (options.backend != "cpu")
-    return absl::InvalidArgumentError(absl::StrCat("unknown backend '", options.backend, "'"));
-  if (options.name.empty() || options.name.find(' ') != std::string::npos)
+  if (options->backend != "cpu" && !ParseDeviceBackend(options->backend).ok())
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown backend '", options->backend, "'; use cpu, nccl, nccl-lazy or nccl-legacy"));
+  if (options->name.empty() || options->name.find(' ') != std::string::npos)
     return absl::InvalidArgumentError("group name must be non-empty without spaces");
-  if (EnvTrue(kEnvDisableShm)) options.enable_shm = false;
-  if (options.host.empty()) {
+  if (EnvTrue(kEnvDisableShm)) options->enable_shm = false;
+  if (options->host.empty()) {
     const char* h = getenv(kEnvHost);
-    options.host = h ? h : "127.0.0.1";
+    options->host = h ? h : "127.0.0.1";
   }
-  if (options.dump_dir.empty()) {
-    if (const char* d = getenv(kEnvFrDumpDir)) options.dump_dir = d;
+  if (options->dump_dir.empty()) {
+    if (const char* d = getenv(kEnvFrDumpDir)) options->dump_dir = d;
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Create(
+    std::shared_ptr<Rendezvous> rdzv, int rank, int size, GroupOptions options) {
+  if (!rdzv) return absl::InvalidArgumentError("no rendezvous");
+  RETURN_IF_ERROR(CheckAndDefault(rank, size, &options));
   std::unique_ptr<ProcessGroup> pg(new ProcessGroup(std::move(rdzv), rank, size, std::move(options)));
-  RETURN_IF_ERROR(pg->Init());
+  RETURN_IF_ERROR(pg->Init(nullptr));
+  return pg;
+}
+
+absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::CreateWithBackend(
+    std::shared_ptr<Rendezvous> rdzv, int rank, int size, GroupOptions options,
+    std::unique_ptr<Backend> backend) {
+  RETURN_IF_ERROR(CheckAndDefault(rank, size, &options));
+  std::unique_ptr<ProcessGroup> pg(new ProcessGroup(std::move(rdzv), rank, size, std::move(options)));
+  RETURN_IF_ERROR(pg->Init(std::move(backend)));
   return pg;
 }
 
@@ -70,7 +83,26 @@ ProcessGroup::ProcessGroup(std::shared_ptr<Rendezvous> rdzv, int rank, int size,
   if (opts_.global_rank < 0) opts_.global_rank = opts_.global_ranks[rank_];
 }
 
-absl::Status ProcessGroup::Init() {
+BackendOptions ProcessGroup::MakeBackendOptions(int rank, int size, const std::string& name) const {
+  BackendOptions bo;
+  bo.group_name = name;
+  bo.rank = rank;
+  bo.size = size;
+  bo.rendezvous = rdzv_;
+  bo.key_prefix = absl::StrCat("pg/", name, "/");
+  bo.bootstrap_timeout = opts_.bootstrap_timeout;
+  bo.enable_shm = opts_.enable_shm;
+  bo.host = opts_.host;
+  bo.shm_ring_bytes = opts_.shm_ring_bytes;
+  bo.small_bytes = opts_.small_bytes;
+  bo.device = opts_.device;
+  bo.backend = opts_.backend;
+  bo.comm_driver = opts_.comm_driver;
+  bo.op_timeout = opts_.timeout;
+  return bo;
+}
+
+absl::Status ProcessGroup::Init(std::unique_ptr<Backend> given) {
   if (opts_.recorder) {
     flight::GroupInfo g;
     g.name = opts_.name;
@@ -81,20 +113,18 @@ absl::Status ProcessGroup::Init() {
     g.backend = opts_.backend;
     fr_group_ = opts_.recorder->RegisterGroup(std::move(g));
   }
-  BackendOptions bo;
-  bo.group_name = opts_.name;
-  bo.rank = rank_;
-  bo.size = size_;
-  bo.rendezvous = rdzv_;
-  bo.key_prefix = prefix_;
-  bo.bootstrap_timeout = opts_.bootstrap_timeout;
-  bo.enable_shm = opts_.enable_shm;
-  bo.host = opts_.host;
-  bo.shm_ring_bytes = opts_.shm_ring_bytes;
-  bo.small_bytes = opts_.small_bytes;
-  bo.device = opts_.device;
-  backend_ = MakeCpuBackend(std::move(bo));
-  if (!opts_.lazy_init) RETURN_IF_ERROR(EnsureConnected());
+  if (given) {
+    backend_ = std::move(given);
+    absl::MutexLock l(&connect_mu_);
+    connected_ = true;
+    connected_fast_.store(true, std::memory_order_release);
+  } else if (opts_.backend == "cpu") {
+    backend_ = MakeCpuBackend(MakeBackendOptions(rank_, size_, opts_.name));
+  } else {
+    ASSIGN_OR_RETURN(backend_, MakeDeviceBackend(MakeBackendOptions(rank_, size_, opts_.name)));
+  }
+  // Device backends decide themselves when communicators are created (Connect may do nothing).
+  if (!opts_.lazy_init || opts_.backend != "cpu") RETURN_IF_ERROR(EnsureConnected());
   executor_ = std::thread([this] { ExecutorLoop(); });
   watchdog_ = std::thread([this] { WatchdogLoop(); });
   return absl::OkStatus();
@@ -146,6 +176,7 @@ std::shared_ptr<Work> ProcessGroup::Submit(OpDesc desc, size_t bytes, OpOptions 
   }
   auto op = std::make_shared<PendingOp>();
   op->desc = desc;
+  op->desc.stream = CurrentStream();  // device ops wait on the submitter's stream
   op->name = OpTypeName(desc.type);
   op->bytes = bytes;
   op->timeout = o.timeout > absl::ZeroDuration() ? o.timeout : opts_.timeout;
@@ -203,6 +234,14 @@ void ProcessGroup::Execute(PendingOp* op) {
   if (opts_.recorder) opts_.recorder->Start(op->record_id);
   absl::Status st = EnsureConnected();
   if (st.ok()) st = backend_->Run(op->desc);
+  if (st.ok()) {
+    if (std::shared_ptr<DeviceEvents> ev = backend_->TakeOpEvents()) {
+      op->work->SetDeviceEvents(ev);
+      // The watchdog copies the device times into the recorder once the events completed.
+      absl::MutexLock l(&mu_);
+      if (opts_.recorder && device_timed_.size() < 4096) device_timed_.emplace_back(op->record_id, ev);
+    }
+  }
   if (!st.ok()) {
     // The byte streams are now in an unknown state: abort so peers fail fast too.
     Abort(st.message());
@@ -404,60 +443,6 @@ std::shared_ptr<Work> ProcessGroup::Recv(void* data, size_t count, DataType t, i
   return SubmitP2P(false, data, count, t, src, tag, std::move(o));
 }
 
-// --- subgroups --------------------------------------------------------------------------------
-
-absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::NewGroup(const std::vector<int>& ranks,
-                                                                     const std::string& name) {
-  std::vector<int> sorted = ranks;
-  std::sort(sorted.begin(), sorted.end());
-  if (sorted.empty() || sorted.front() < 0 || sorted.back() >= size_ ||
-      std::adjacent_find(sorted.begin(), sorted.end()) != sorted.end())
-    return absl::InvalidArgumentError(absl::StrCat("new_group: ranks [", absl::StrJoin(ranks, ","),
-                                                   "] are not distinct ranks of group '",
-                                                   opts_.name, "' (size ", size_, ")"));
-  // A collective over this group whose descriptor carries a hash of the rank list: ranks that
-  // pass different lists, or that are doing something else, get a clear mismatch error.
-  uint64_t h = 1469598103934665603ull;
-  for (int r : ranks) h = (h ^ static_cast<uint64_t>(r + 1)) * 1099511628211ull;
-  OpDesc d;
-  d.type = OpType::kGroupCreate;
-  d.dtype = DataType::kU8;
-  d.count = h & 0xffffffffull;
-  std::shared_ptr<Work> w = Submit(d, 1, {.tag = "new_group"});
-  RETURN_IF_ERROR(w->Wait());
-  if (std::find(ranks.begin(), ranks.end(), rank_) == ranks.end()) return nullptr;
-  return CreateSubgroup(name.empty() ? absl::StrCat(opts_.name, ".g", w->seq()) : name, ranks);
-}
-
-absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::Split(int color, int key,
-                                                                  const std::string& name) {
-  std::vector<int64_t> mine = {color, key};
-  std::vector<int64_t> all(2 * size_);
-  std::shared_ptr<Work> w = AllGatherSingle(mine.data(), all.data(), 2, DataType::kI64,
-                                            {.tag = "split"});
-  RETURN_IF_ERROR(w->Wait());
-  if (color < 0) return nullptr;
-  std::vector<std::pair<int64_t, int>> order;
-  for (int r = 0; r < size_; ++r)
-    if (all[2 * r] == color) order.emplace_back(all[2 * r + 1], r);
-  std::sort(order.begin(), order.end());
-  std::vector<int> members;
-  for (auto& [k, r] : order) members.push_back(r);
-  return CreateSubgroup(
-      name.empty() ? absl::StrCat(opts_.name, ".s", w->seq(), ".c", color) : name, members);
-}
-
-absl::StatusOr<std::unique_ptr<ProcessGroup>> ProcessGroup::CreateSubgroup(
-    const std::string& name, const std::vector<int>& members) {
-  GroupOptions o = opts_;
-  o.name = name;
-  o.global_ranks.clear();
-  for (int r : members) o.global_ranks.push_back(opts_.global_ranks[r]);
-  o.global_rank = opts_.global_rank;
-  int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
-  return Create(rdzv_, new_rank, static_cast<int>(members.size()), std::move(o));
-}
-
 // --- watchdog and dumps -----------------------------------------------------------------------
 
 std::string ProcessGroup::DumpPath() const {
@@ -524,6 +509,26 @@ void ProcessGroup::OnTimeout(const std::string& message) {
   DumpIfRequested(absl::StrCat("request:", request), "timeout: " + message);
 }
 
+void ProcessGroup::RecordDeviceTimes() {
+  std::vector<std::pair<uint64_t, std::shared_ptr<DeviceEvents>>> pending;
+  {
+    absl::MutexLock l(&mu_);
+    if (device_timed_.empty()) return;
+    pending.swap(device_timed_);
+  }
+  std::vector<std::pair<uint64_t, std::shared_ptr<DeviceEvents>>> keep;
+  for (auto& [id, ev] : pending) {
+    int64_t s = 0, e = 0;
+    if (ev->TimesNs(&s, &e)) {
+      opts_.recorder->SetDeviceTimes(id, s, e);
+    } else {
+      keep.emplace_back(id, std::move(ev));
+    }
+  }
+  absl::MutexLock l(&mu_);
+  device_timed_.insert(device_timed_.begin(), keep.begin(), keep.end());
+}
+
 void ProcessGroup::WatchdogLoop() {
   last_signal_count_ = flight::DumpSignalCount();
   absl::Time next_poll = absl::Now();
@@ -566,6 +571,17 @@ void ProcessGroup::WatchdogLoop() {
       p2p_pending_.swap(keep);
     }
     if (!timeout_msg.empty()) OnTimeout(timeout_msg);
+    RecordDeviceTimes();
+    if (!aborted_) {
+      // Device backends: the library's async error, another group's abort, or a device op past its
+      // deadline (cpu: always OK).
+      absl::Status async = backend_->AsyncError();
+      if (absl::IsDeadlineExceeded(async)) {
+        OnTimeout(std::string(async.message()));
+      } else if (!async.ok()) {
+        Abort(async.message());
+      }
+    }
     uint64_t sig = flight::DumpSignalCount();
     if (sig != last_signal_count_) {
       last_signal_count_ = sig;

@@ -1,7 +1,8 @@
 // ProcessGroup: a set of ranks that run collectives and tagged point-to-point ops together.
 //
-// A group is created through the rendezvous store (a job/attempt-scoped view) with a backend name
-// ("cpu"; "nccl", "nccl-lazy", "nccl-legacy" are reserved for the device backends). Store keys
+// A group is created through the rendezvous store (a job/attempt-scoped view) with a backend name:
+// "cpu", or the device backends "nccl", "nccl-lazy", "nccl-legacy" (device_backend.h: their
+// communicator policy; NCCL itself only in builds with CUDA, else GroupOptions::comm_driver). Store keys
 // derive from the group name: pg/<name>/... . Every rank must create groups and issue collectives
 // on a group in the same order (like c10d/NCCL); mismatches are detected by a per-op descriptor
 // exchange and fail with INVALID_ARGUMENT instead of corrupting memory.
@@ -36,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "runtime/comm/backend.h"
+#include "runtime/comm/comm_driver.h"
 #include "runtime/comm/rendezvous.h"
 #include "runtime/comm/types.h"
 #include "runtime/comm/work.h"
@@ -59,6 +61,9 @@ struct GroupOptions {
   size_t inline_max_bytes = 256 << 10;  // run on the caller's thread when idle, at or below this
   std::string device = "cpu";  // device binding (cuda:N for device backends)
   bool lazy_init = false;      // connect on the first op instead of in Create
+  // Device backends: the communicator library. Null = NCCL (UNIMPLEMENTED in a build without it);
+  // CPU-only tests pass a CpuCommDriver (cpu_comm_driver.h) to run the policy on cpu communicators.
+  std::shared_ptr<CommDriver> comm_driver;
   absl::Duration watchdog_period = absl::Milliseconds(100);
   absl::Duration dump_poll_period = absl::Milliseconds(400);
 };
@@ -114,6 +119,19 @@ class ProcessGroup {
   // Ranks with the same color form a group, ordered by (key, rank); color < 0 = not a member.
   absl::StatusOr<std::unique_ptr<ProcessGroup>> Split(int color, int key,
                                                       const std::string& name = "");
+  // Device backends split through the library (ncclCommSplit): every rank takes part, a
+  // non-member gets nullptr (never a hang; a rank that does not take part makes the members fail
+  // after bootstrap_timeout). Queued ops of this group run first.
+
+  // Called by the survivors only (excluded ranks may be dead; this group may be aborted): a new
+  // group of this group's ranks minus `excluded_ranks`, renumbered in order. cpu: bootstrapped
+  // through the store; nccl*: ncclCommShrink. Its name is `name`, else
+  // <this name>.shrink<n>.x<excluded> (n counts this group's shrinks). INVALID_ARGUMENT if this
+  // rank is excluded or the ranks are not distinct ranks of the group.
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> Shrink(const std::vector<int>& excluded_ranks,
+                                                       const std::string& name = "");
+  // Bytes the communication library holds outside any allocator (0 for cpu).
+  size_t CommMemoryBytes() const { return backend_ ? backend_->MemoryBytes() : 0; }
 
   // Fails the running and queued ops with ABORTED(why) and unblocks every thread.
   void Abort(absl::string_view why);
@@ -124,7 +142,13 @@ class ProcessGroup {
 
  private:
   ProcessGroup(std::shared_ptr<Rendezvous> rdzv, int rank, int size, GroupOptions options);
-  absl::Status Init();
+  static absl::Status CheckAndDefault(int rank, int size, GroupOptions* options);
+  // Takes a backend that is already connected (device split/shrink results).
+  static absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateWithBackend(
+      std::shared_ptr<Rendezvous> rdzv, int rank, int size, GroupOptions options,
+      std::unique_ptr<Backend> backend);
+  BackendOptions MakeBackendOptions(int rank, int size, const std::string& name) const;
+  absl::Status Init(std::unique_ptr<Backend> given);
   absl::Status EnsureConnected();
   std::shared_ptr<Work> Submit(OpDesc op, size_t bytes, OpOptions o);
   std::shared_ptr<Work> SubmitP2P(bool send, void* data, size_t count, DataType t, int peer,
@@ -132,10 +156,16 @@ class ProcessGroup {
   void Execute(PendingOp* op);
   void ExecutorLoop();
   void WatchdogLoop();
+  void RecordDeviceTimes();  // watchdog thread
   void OnTimeout(const std::string& message);
   void DumpIfRequested(const std::string& reason_key, const std::string& reason);
   absl::StatusOr<std::unique_ptr<ProcessGroup>> CreateSubgroup(const std::string& name,
                                                                const std::vector<int>& members);
+  GroupOptions ChildOptions(const std::string& name, const std::vector<int>& members) const;
+  absl::StatusOr<std::unique_ptr<ProcessGroup>> DeviceSplit(int color, int key,
+                                                            const std::string& name,
+                                                            const char* kind,
+                                                            const std::vector<int>& members);
   int DumpRank() const { return opts_.global_rank >= 0 ? opts_.global_rank : rank_; }
   std::string DumpPath() const;
 
@@ -153,6 +183,7 @@ class ProcessGroup {
   std::atomic<bool> stop_{false};
   std::atomic<bool> aborted_{false};
   std::atomic<int64_t> p2p_seq_{0};
+  std::atomic<int> shrinks_{0};
 
   mutable absl::Mutex mu_;
   absl::CondVar cv_;
@@ -162,6 +193,8 @@ class ProcessGroup {
   std::deque<std::shared_ptr<PendingOp>> queue_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<PendingOp> running_ ABSL_GUARDED_BY(mu_);  // on executor or inline
   std::vector<std::shared_ptr<PendingOp>> p2p_pending_ ABSL_GUARDED_BY(mu_);
+  // Device ops whose events have not reported their device times yet (record id, events).
+  std::vector<std::pair<uint64_t, std::shared_ptr<DeviceEvents>>> device_timed_ ABSL_GUARDED_BY(mu_);
   uint64_t last_signal_count_ = 0;  // watchdog thread only
 
   std::thread executor_;

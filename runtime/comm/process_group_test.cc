@@ -37,5 +37,27 @@ TEST_CASE("reducing collectives reject element types comm cannot reduce; others 
   std::filesystem::remove_all(tmpl);
 }
 
+TEST_CASE("device backends: no NCCL in this binary, unknown names, several devices") {
+  char tmpl[] = "/tmp/pg_test_XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  GroupOptions go;
+  go.name = "dev";
+  go.backend = "nccl";
+  go.device = "cuda:0";
+  // This test does not link //runtime/comm:nccl_driver, so there is no NCCL to use.
+  auto pg = ProcessGroup::Create(MakeFileRendezvous(tmpl), 0, 1, go);
+  CHECK(pg.status().code() == absl::StatusCode::kUnimplemented);
+  CHECK(std::string(pg.status().message()).find("use backend cpu") != std::string::npos);
+  go.backend = "nccl-legacy-2";
+  pg = ProcessGroup::Create(MakeFileRendezvous(tmpl), 0, 1, go);
+  CHECK(pg.status().code() == absl::StatusCode::kInvalidArgument);
+  go.backend = "nccl-lazy";
+  go.device = "cuda:0,cuda:1";
+  pg = ProcessGroup::Create(MakeFileRendezvous(tmpl), 0, 1, go);
+  CHECK(pg.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(std::string(pg.status().message()).find("nccl-legacy") != std::string::npos);
+  std::filesystem::remove_all(tmpl);
+}
+
 }  // namespace
 }  // namespace ember::comm

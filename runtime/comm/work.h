@@ -9,7 +9,9 @@
 //
 // Stream semantics: for the cpu backend an op is complete when the data is in the caller's buffer.
 // A device backend completes Work when the op has been enqueued on the group's stream and
-// Wait() makes the caller's current stream wait on it (the NCCL convention).
+// Wait() makes the caller's current stream wait on it (the NCCL convention): the backend attaches
+// the op's DeviceEvents before completing the Work; Wait(timeout, /*block_host=*/true) also blocks
+// the host until the device finished the op.
 #ifndef EMBER_RUNTIME_COMM_WORK_H_
 #define EMBER_RUNTIME_COMM_WORK_H_
 
@@ -17,12 +19,29 @@
 #include <cstdint>
 #include <string>
 
+#include <memory>
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 
 namespace ember::comm {
+
+// The start/end events of one device op (CUDA events recorded on the op's stream). Thread-safe.
+class DeviceEvents {
+ public:
+  virtual ~DeviceEvents() = default;
+  // Makes the calling thread's current stream wait for the op's end event (no host sync).
+  virtual absl::Status StreamWait() = 0;
+  // Blocks the host until the op finished on the device, or `timeout` passes.
+  virtual absl::Status Synchronize(absl::Duration timeout) = 0;
+  // True once the op finished on the device.
+  virtual bool Done() = 0;
+  // Device start/end times (CLOCK_REALTIME ns, from the events' elapsed time anchored at the
+  // enqueue time); false until Done().
+  virtual bool TimesNs(int64_t* start_ns, int64_t* end_ns) = 0;
+};
 
 class Work {
  public:
@@ -33,7 +52,9 @@ class Work {
   // Blocks until the op completes (returns its status) or `timeout` passes (returns
   // DEADLINE_EXCEEDED; the op keeps running and the group's watchdog still applies). Spins briefly
   // before sleeping so short ops return with low latency.
-  absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration());
+  // Device ops: then makes the current stream wait on the op, or with block_host, blocks until the
+  // device finished it.
+  absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration(), bool block_host = false);
   bool IsCompleted() const { return done_.load(std::memory_order_acquire); }
   // The final status; OK while still running.
   absl::Status status() const;
@@ -43,6 +64,9 @@ class Work {
 
   // Sets the result (first call wins). Returns false if already completed.
   bool Finish(absl::Status s);
+  // Device backends: attaches the op's events; call before Finish.
+  void SetDeviceEvents(std::shared_ptr<DeviceEvents> e);
+  std::shared_ptr<DeviceEvents> device_events() const;
 
  private:
   const std::string op_;
@@ -50,6 +74,7 @@ class Work {
   std::atomic<bool> done_{false};
   mutable absl::Mutex mu_;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<DeviceEvents> events_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ember::comm

@@ -88,6 +88,7 @@ uint64_t FlightRecorder::Record(const OpRecord& r) {
   e.time_created_ns = now;
   e.time_started_ns = 0;
   e.time_completed_ns = 0;
+  e.device_start_ns = e.device_end_ns = 0;
   e.timeout_ms = r.timeout_ms;
   CopyTrunc(e.tag, sizeof(e.tag), r.tag);
   e.error[0] = '\0';
@@ -105,6 +106,14 @@ void FlightRecorder::Start(uint64_t id) {
     auto& g = groups_[e.group_id];
     g.last_started_seq = std::max(g.last_started_seq, e.collective_seq);
   }
+}
+
+void FlightRecorder::SetDeviceTimes(uint64_t id, int64_t start_ns, int64_t end_ns) {
+  absl::MutexLock l(&mu_);
+  Entry& e = ring_[id % capacity_];
+  if (e.record_id != id) return;
+  e.device_start_ns = start_ns;
+  e.device_end_ns = end_ns;
 }
 
 void FlightRecorder::Complete(uint64_t id) {
@@ -191,6 +200,8 @@ std::string FlightRecorder::DumpJson(absl::string_view reason, int rank) const {
     absl::StrAppend(&out, ", \"time_created_ns\": ", e.time_created_ns,
                     ", \"time_started_ns\": ", e.time_started_ns,
                     ", \"time_completed_ns\": ", e.time_completed_ns,
+                    ", \"device_start_ns\": ", e.device_start_ns,
+                    ", \"device_end_ns\": ", e.device_end_ns,
                     ", \"timeout_ms\": ", e.timeout_ms, ", \"tag\": ", Quote(e.tag),
                     ", \"error\": ", Quote(e.error), "}");
   }

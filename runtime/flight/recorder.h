@@ -60,6 +60,9 @@ struct Entry {
   int peer = -1;
   State state = State::kScheduled;
   int64_t time_created_ns = 0, time_started_ns = 0, time_completed_ns = 0;  // CLOCK_REALTIME
+  // Device ops: when the op ran on the device (from its CUDA events; 0 = unknown). For them
+  // time_completed_ns is when the op was enqueued.
+  int64_t device_start_ns = 0, device_end_ns = 0;
   int64_t timeout_ms = 0;
   char tag[64] = {};
   char error[160] = {};
@@ -96,6 +99,8 @@ class FlightRecorder {
   void Start(uint64_t record_id);
   void Complete(uint64_t record_id);
   void Fail(uint64_t record_id, absl::string_view error);
+  // Device ops: the op's device start/end times (CLOCK_REALTIME ns), once its events completed.
+  void SetDeviceTimes(uint64_t record_id, int64_t start_ns, int64_t end_ns);
 
   size_t capacity() const { return capacity_; }
   // Entries oldest first (a copy) and the groups.

@@ -46,7 +46,8 @@ absl::Status ValidatePipelineLayout(const v1::JobSpec& spec) {
   if (!pipeline && pl.enabled()) {
     return Bad("pipeline_stages", absl::StrCat(
         p.pipeline_stages(), " stages with strategy '", p.strategy(),
-        "': set parallelism.strategy: pipeline (pipeline x FSDP is not built)"));
+        "': set parallelism.strategy: pipeline (each stage is then FSDP-sharded over "
+        "world_size / pipeline_stages ranks)"));
   }
   if (!pl.enabled()) return absl::OkStatus();
   if (pl.virtual_stages != 1 && pl.schedule != "interleaved_1f1b") {
@@ -74,7 +75,10 @@ absl::Status ValidatePipelineLayout(const v1::JobSpec& spec) {
   if (p.world_size() != 0 && p.world_size() % pl.ranks != 0) {
     return Bad("world_size",
                absl::StrCat(p.world_size(), " ranks is not pipeline_stages (", pl.ranks,
-                            ") x data-parallel replicas; use a multiple of ", pl.ranks));
+                            ") x an FSDP size (", p.world_size(), " / ", pl.ranks,
+                            " is not whole); use a multiple of ", pl.ranks, ", e.g. ",
+                            pl.ranks * (p.world_size() / pl.ranks + 1), " = ", pl.ranks, " x ",
+                            p.world_size() / pl.ranks + 1));
   }
   if (p.micro_batches() > 1) {
     return Bad("micro_batches", absl::StrCat(p.micro_batches(), " gradient-accumulation steps "

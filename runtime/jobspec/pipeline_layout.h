@@ -32,7 +32,8 @@ PipelineLayout PipelineLayoutOf(const ::ember::spec::v1::JobSpec& spec);
 // strategy; model.n_layers not divisible by the model stages; fewer micro-batches than stages for
 // 1f1b / zbh1; micro-batches not a multiple of the stages for interleaved_1f1b; virtual stages on
 // a schedule other than interleaved_1f1b; world_size not a multiple of pipeline_stages (world =
-// stages x data-parallel); micro_batches (gradient accumulation) > 1 with a pipeline.
+// pipeline_stages x FSDP size: each stage is FSDP-sharded over world_size / pipeline_stages
+// ranks); micro_batches (gradient accumulation) > 1 with a pipeline.
 absl::Status ValidatePipelineLayout(const ::ember::spec::v1::JobSpec& spec);
 
 }  // namespace ember::spec

@@ -63,8 +63,12 @@ TEST_CASE("pipeline layout: impossible layouts are refused naming the numbers") 
         "parallelism.pipeline_micro_batches: 3 micro-batches is not a multiple of the 2 pipeline "
         "stages, which interleaved_1f1b needs");
   CHECK(Error("{strategy: pipeline, pipeline_stages: 2, world_size: 3}") ==
-        "parallelism.world_size: 3 ranks is not pipeline_stages (2) x data-parallel replicas; "
-        "use a multiple of 2");
+        "parallelism.world_size: 3 ranks is not pipeline_stages (2) x an FSDP size (3 / 2 is not "
+        "whole); use a multiple of 2, e.g. 4 = 2 x 2");
+  CHECK(Error("{strategy: pipeline, pipeline_stages: 4, world_size: 10}", 4) ==
+        "parallelism.world_size: 10 ranks is not pipeline_stages (4) x an FSDP size (10 / 4 is not "
+        "whole); use a multiple of 4, e.g. 12 = 4 x 3");
+  CHECK(Error("{strategy: pipeline, pipeline_stages: 2, world_size: 8}") == "ok");  // 2 x FSDP 4
   CHECK(Error("{strategy: pipeline, pipeline_stages: 2, pipeline_schedule: pipedream}") ==
         "parallelism.pipeline_schedule: 'pipedream' is not allowed; use one of gpipe, 1f1b, "
         "interleaved_1f1b, zbh1");
@@ -72,7 +76,7 @@ TEST_CASE("pipeline layout: impossible layouts are refused naming the numbers") 
         "parallelism.pipeline_stages: 0: strategy 'pipeline' needs at least 2 stages");
   CHECK(Error("{strategy: fsdp, pipeline_stages: 2}") ==
         "parallelism.pipeline_stages: 2 stages with strategy 'fsdp': set parallelism.strategy: "
-        "pipeline (pipeline x FSDP is not built)");
+        "pipeline (each stage is then FSDP-sharded over world_size / pipeline_stages ranks)");
   CHECK(Error("{strategy: pipeline, pipeline_stages: 2, pipeline_virtual_stages: 2}") ==
         "parallelism.pipeline_virtual_stages: 2 chunks per rank need pipeline_schedule "
         "interleaved_1f1b, not 1f1b");

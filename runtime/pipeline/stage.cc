@@ -1,5 +1,6 @@
 #include "runtime/pipeline/stage.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -69,9 +70,12 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   // [ln_f, wte] if it holds the last stage (wte once per rank).
   const std::vector<model::ParamSpec> all = model::ParamSpecs(cfg);
   std::vector<std::pair<model::ParamSpec, int64_t>> layout;
+  std::vector<int> owner;  // per layout entry: the stage whose ReduceGrad reduces it
   int64_t total = 0;
+  int cur = 0;
   auto add = [&](const model::ParamSpec& spec) {
     layout.emplace_back(spec, total);
+    owner.push_back(cur);
     total += spec.numel();
     return layout.back().second;
   };
@@ -82,6 +86,7 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   }
   const int64_t per_stage = cfg.n_layer / S;
   for (int st = p->rank_; st < S; st += R) {
+    cur = st;
     auto ss = std::make_unique<StageState>();
     ss->stage = st;
     for (int64_t l = st * per_stage; l < (st + 1) * per_stage; ++l) {
@@ -94,6 +99,7 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
     p->local_stages_.push_back(std::move(ss));
   }
   if (p->rank_ == last_rank) {
+    cur = S - 1;
     p->lnf_ = add(all.back());
     if (p->wte_ < 0) p->wte_ = add(all[0]);
   }
@@ -101,8 +107,7 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   p->params_.assign(total, 0.0f);
   for (const auto& [spec, off] : layout) model::InitParam(spec, seed, 0, spec.numel(), p->P(off));
   p->grads_.assign(total, 0.0f);
-  p->adam_m_.assign(total, 0.0f);
-  p->adam_v_.assign(total, 0.0f);
+  RETURN_IF_ERROR(p->PlanReductions(owner, options.data));
 
   if (first_rank != last_rank) {
     ASSIGN_OR_RETURN(p->tied_, pg->NewGroup({first_rank, last_rank}));
@@ -112,16 +117,147 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   return p;
 }
 
+absl::Status PipelineGpt::PlanReductions(const std::vector<int>& owner, DataParallel data) {
+  dp_ = data;
+  if (dp_.group != nullptr) {
+    dp_rank_ = dp_.group->rank();
+    dp_size_ = dp_.group->size();
+  }
+  if (dp_size_ <= 1) dp_ = {};  // one replica: nothing to reduce, every row is this rank's
+  const int W = dp_.shard ? dp_size_ : 1, me = dp_.shard ? dp_rank_ : 0;
+  slots_.assign(layout_.size(), {});
+  int64_t total = 0;
+  for (int st : stage_ids_) {
+    Reduction& r = reductions_[st];
+    r.base = total;
+    for (size_t i = 0; i < layout_.size(); ++i) {
+      if (owner[i] != st) continue;
+      const model::ParamSpec& spec = layout_[i].first;
+      Slot& sl = slots_[i];
+      sl.stage = st;
+      const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
+      sl.row_numel = rows > 0 ? spec.numel() / rows : 0;
+      sl.total_rows = rows;
+      sl.chunk = (rows + W - 1) / W;  // torch.chunk on dim 0, as runtime/fsdp and checkpoints
+      const auto [b, e] = sl.Chunk(me);
+      sl.row_begin = b;
+      sl.rows = e - b;
+      sl.shard_off = r.base + r.packed;
+      r.params.push_back(static_cast<int>(i));
+      r.packed += sl.chunk * sl.row_numel;
+    }
+    if (dp_.shard) r.wide.assign(static_cast<size_t>(W * r.packed), 0.0f);
+    total += r.packed;
+  }
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    if (reductions_.count(owner[i]) == 0 || slots_[i].stage != owner[i]) {
+      return absl::InternalError(absl::StrCat("pipeline: parameter ", layout_[i].first.name,
+                                              " has no owning stage on rank ", rank_));
+    }
+  }
+  gshard_.assign(total, 0.0f);
+  adam_m_.assign(total, 0.0f);
+  adam_v_.assign(total, 0.0f);
+  return absl::OkStatus();
+}
+
 std::vector<ParamView> PipelineGpt::Params() {
   std::vector<ParamView> out;
   const int first_rank = schedule_.RankOfStage(0);
-  for (const auto& [spec, off] : layout_) {
-    ParamView v{spec.name, spec.shape, spec.numel(), P(off), adam_m_.data() + off,
-                adam_v_.data() + off, true};
-    v.primary = !(off == wte_ && rank_ != first_rank);
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const auto& [spec, off] = layout_[i];
+    const Slot& sl = slots_[i];
+    ParamView v{spec.name, spec.shape, spec.numel(), P(off), sl.row_begin, sl.rows, sl.row_numel,
+                adam_m_.data() + sl.shard_off, adam_v_.data() + sl.shard_off, true};
+    v.primary = !(off == wte_ && rank_ != first_rank) && (dp_.shard || dp_rank_ == 0);
     out.push_back(std::move(v));
   }
   return out;
+}
+
+absl::Status PipelineGpt::IssueReduce(int stage) {
+  auto it = reductions_.find(stage);
+  if (it == reductions_.end()) return absl::InternalError("ReduceGrad of a stage not on this rank");
+  Reduction& r = it->second;
+  // Pack rank j's chunk of every parameter into block j (sharded) or the whole gradient (else).
+  const int W = dp_.shard ? dp_size_ : 1;
+  float* dst = dp_.shard ? r.wide.data() : gshard_.data() + r.base;
+  std::fill(dst, dst + W * r.packed, 0.0f);
+  for (int i : r.params) {
+    const Slot& sl = slots_[i];
+    for (int j = 0; j < W; ++j) {
+      const auto [b, e] = sl.Chunk(j);
+      std::memcpy(dst + j * r.packed + (sl.shard_off - r.base), G(layout_[i].second) + b * sl.row_numel,
+                  static_cast<size_t>((e - b) * sl.row_numel) * sizeof(float));
+    }
+  }
+  if (!dp_.group) return absl::OkStatus();
+  comm::OpOptions op;
+  op.timeout = opts_.timeout;
+  op.tag = absl::StrCat("pipeline ReduceGrad ", stage);
+  r.work = dp_.shard ? dp_.group->ReduceScatterSingle(r.wide.data(), gshard_.data() + r.base,
+                                                      r.packed, comm::DataType::kF32,
+                                                      comm::ReduceOp::kAvg, op)
+                     : dp_.group->AllReduce(gshard_.data() + r.base, r.packed, comm::DataType::kF32,
+                                            comm::ReduceOp::kAvg, op);
+  return absl::OkStatus();
+}
+
+absl::Status PipelineGpt::OptimizerStep(const kernels::ExecContext& ctx) {
+  for (auto& [stage, r] : reductions_) {
+    if (!r.work) continue;
+    absl::Status st = r.work->Wait(opts_.timeout);
+    r.work.reset();
+    RETURN_IF_ERROR(base::Annotate(st, absl::StrCat("gradient reduction of stage ", stage, " over ",
+                                                    dp_size_, " replicas")));
+  }
+  if (tied_) {  // the two wte copies' gradients (their rows on this rank) are summed
+    for (size_t i = 0; i < layout_.size(); ++i) {
+      if (layout_[i].second != wte_) continue;
+      const Slot& sl = slots_[i];
+      RETURN_IF_ERROR(base::Annotate(
+          tied_->AllReduce(gshard_.data() + sl.shard_off, sl.rows * sl.row_numel,
+                           comm::DataType::kF32, comm::ReduceOp::kSum, {opts_.timeout, ""})
+              ->Wait(opts_.timeout),
+          "tied-embedding gradient all-reduce"));
+    }
+  }
+  ++adam_step_;
+  for (size_t i = 0; i < layout_.size(); ++i) {
+    const Slot& sl = slots_[i];
+    kernels::AdamWStep(ctx, opts_.adamw, adam_step_, P(layout_[i].second) + sl.row_begin * sl.row_numel,
+                       gshard_.data() + sl.shard_off, adam_m_.data() + sl.shard_off,
+                       adam_v_.data() + sl.shard_off, sl.rows * sl.row_numel);
+  }
+  std::fill(grads_.begin(), grads_.end(), 0.0f);
+  if (!dp_.shard) return absl::OkStatus();
+  // Every replica gets every rank's updated rows back.
+  comm::OpOptions op;
+  op.timeout = opts_.timeout;
+  for (auto& [stage, r] : reductions_) {
+    std::vector<float> mine(static_cast<size_t>(r.packed), 0.0f);
+    for (int i : r.params) {
+      const Slot& sl = slots_[i];
+      std::memcpy(mine.data() + (sl.shard_off - r.base),
+                  P(layout_[i].second) + sl.row_begin * sl.row_numel,
+                  static_cast<size_t>(sl.rows * sl.row_numel) * sizeof(float));
+    }
+    op.tag = absl::StrCat("pipeline all-gather of stage ", stage);
+    RETURN_IF_ERROR(base::Annotate(dp_.group->AllGatherSingle(mine.data(), r.wide.data(), r.packed,
+                                                              comm::DataType::kF32, op)
+                                       ->Wait(opts_.timeout),
+                                   op.tag));
+    for (int i : r.params) {
+      const Slot& sl = slots_[i];
+      for (int j = 0; j < dp_size_; ++j) {
+        const auto [b, e] = sl.Chunk(j);
+        std::memcpy(P(layout_[i].second) + b * sl.row_numel,
+                    r.wide.data() + j * r.packed + (sl.shard_off - r.base),
+                    static_cast<size_t>((e - b) * sl.row_numel) * sizeof(float));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 PipelineGpt::StageState& PipelineGpt::Local(int stage) {
@@ -314,21 +450,11 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         st = BackwardWeight(ctx, a);
         if (st.ok()) st = pool_->AfterCompute(a);
         break;
-      case ActionType::kReduceGrad:  // no data-parallel reduction yet (stage.h)
+      case ActionType::kReduceGrad:
+        st = IssueReduce(a.stage);
         break;
       case ActionType::kOptimizer:
-        if (tied_) {
-          st = tied_->AllReduce(G(wte_), cfg_.vocab_size * cfg_.d_model, comm::DataType::kF32,
-                                comm::ReduceOp::kSum, op)
-                   ->Wait(opts_.timeout);
-          st = base::Annotate(st, "tied-embedding gradient all-reduce");
-        }
-        if (st.ok()) {
-          ++adam_step_;
-          kernels::AdamWStep(ctx, opts_.adamw, adam_step_, params_.data(), grads_.data(),
-                             adam_m_.data(), adam_v_.data(), num_params());
-          std::fill(grads_.begin(), grads_.end(), 0.0f);
-        }
+        st = OptimizerStep(ctx);
         break;
     }
     if (compute) {
@@ -350,6 +476,12 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
   RETURN_IF_ERROR(pg_->Broadcast(&loss, 1, comm::DataType::kF64,
                                  schedule_.RankOfStage(schedule_.options.stages - 1), op)
                       ->Wait(opts_.timeout));
+  if (dp_.group) {
+    RETURN_IF_ERROR(base::Annotate(
+        dp_.group->AllReduce(&loss, 1, comm::DataType::kF64, comm::ReduceOp::kAvg, op)
+            ->Wait(opts_.timeout),
+        "loss average over the replicas"));
+  }
   return loss;
 }
 

@@ -7,8 +7,21 @@
 // gradients are summed (an all-reduce on a two-rank subgroup) so both copies take the same step.
 // That all-reduce runs at the Optimizer action, not at ReduceGrad: the CPU backend runs small
 // collectives inline on the caller's thread, which at ReduceGrad could block a rank that still owes
-// its peer activations (interleaved 1F1B). ReduceGrad is otherwise a no-op here: there is no
-// data-parallel or FSDP reduction yet. Parameters are initialised exactly as
+// its peer activations (interleaved 1F1B).
+//
+// Data parallelism (PipelineOptions::data, the stage group: the ranks of the other pipeline
+// replicas that hold this rank's stages): at ReduceGrad(s) the stage's gradients (its blocks;
+// stage 0 also wte and wpe, the last stage ln_f and, on another rank than stage 0, its wte copy)
+// are packed and their reduction is issued on the stage group without waiting: an all-reduce
+// (average) when replicated, a reduce-scatter (average) into this rank's torch.chunk rows of every
+// parameter when `shard` is set. It overlaps the rank's remaining backward work; the Optimizer
+// action waits for every stage's reduction, then runs AdamW on this rank's rows only (sharded:
+// AdamW state holds only those rows) and, sharded, all-gathers the updated rows so every replica
+// holds the whole stage again (ZeRO-2: gradients and optimizer state sharded, parameters
+// replicated between steps; runtime/fsdp's units cannot be reused here, see docs/pipeline.md).
+// Every replica runs the same schedule, so stage-group collectives are issued in the same order
+// on every member and, being at the same place in each replica's action list, cannot deadlock
+// the pipeline even when the backend runs them inline. Parameters are initialised exactly as
 // model::Gpt::Create(cfg, seed) initialises them, so a pipelined run and an unpipelined one on the
 // same data agree to rounding (stage_test checks it).
 //
@@ -30,10 +43,12 @@
 #ifndef EMBER_RUNTIME_PIPELINE_STAGE_H_
 #define EMBER_RUNTIME_PIPELINE_STAGE_H_
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,22 +72,34 @@ struct StepTiming {
 };
 
 // One parameter this rank holds, with its AdamW state (views into the PipelineGpt, valid for its
-// life). `primary` is false only for the last stage's copy of the tied wte when stage 0 sits on
-// another rank: the two copies are equal, and a checkpoint saves the primary one.
+// life). `param` is the whole parameter; this rank updates (and owns the AdamW state of) global
+// rows [row_begin, row_begin + rows), each row_numel floats: all rows unless sharded, else the
+// torch.chunk rows of its rank in the stage group. exp_avg / exp_avg_sq point at those rows only.
+// `primary` is false for copies a checkpoint must not save twice: the last stage's copy of the
+// tied wte when stage 0 sits on another rank, and every parameter of a replicated (not sharded)
+// replica other than the stage group's rank 0.
 struct ParamView {
   std::string name;
   std::vector<int64_t> shape;
   int64_t numel = 0;
   float* param = nullptr;
+  int64_t row_begin = 0, rows = 0, row_numel = 0;
   float* exp_avg = nullptr;
   float* exp_avg_sq = nullptr;
   bool primary = true;
+};
+
+// The data-parallel side of a pipeline rank (see the top of this file).
+struct DataParallel {
+  comm::ProcessGroup* group = nullptr;  // the stage group; borrowed; null or size 1: one replica
+  bool shard = false;                   // reduce-scatter + sharded AdamW state (else all-reduce)
 };
 
 struct PipelineOptions {
   BufferPoolOptions pool;
   kernels::AdamWOptions adamw;
   absl::Duration timeout = absl::Minutes(5);  // for each wait on a receive, send or all-reduce
+  DataParallel data;
 };
 
 class PipelineGpt {
@@ -89,8 +116,9 @@ class PipelineGpt {
   ~PipelineGpt();
 
   // One training step (forward, backward, AdamW) on tokens/targets [micro_batches *
-  // micro_batch_size, T] (int32), the same on every rank: micro-batch k is rows [k*mbs, (k+1)*mbs).
-  // Returns the mean loss over the batch, on every rank (broadcast from the last stage).
+  // micro_batch_size, T] (int32), this replica's batch, the same on every rank of the replica:
+  // micro-batch k is rows [k*mbs, (k+1)*mbs). Returns the mean loss over every replica's batch, on
+  // every rank (broadcast from the last stage, averaged over the stage group).
   absl::StatusOr<double> Step(const kernels::ExecContext& ctx, const int32_t* tokens,
                               const int32_t* targets);
 
@@ -122,6 +150,12 @@ class PipelineGpt {
   // hand-over buffer when that stage is on this rank.
   absl::StatusOr<float*> OutputFor(ActionType send_type, int stage, int mb, int peer_stage);
   StageState& Local(int stage);
+  // Assigns each parameter's rows and AdamW state (Create; `owner`: per layout_ entry, its stage).
+  absl::Status PlanReductions(const std::vector<int>& owner, DataParallel data);
+  // ReduceGrad: packs the stage's gradients and issues their stage-group reduction.
+  absl::Status IssueReduce(int stage);
+  // Optimizer: waits for the reductions, sums the tied wte, AdamW, all-gathers (sharded).
+  absl::Status OptimizerStep(const kernels::ExecContext& ctx);
   float* P(int64_t offset) { return params_.data() + offset; }
   float* G(int64_t offset) { return grads_.data() + offset; }
 
@@ -135,7 +169,30 @@ class PipelineGpt {
   std::vector<std::unique_ptr<StageState>> local_stages_;
   int64_t wte_ = -1, wpe_ = -1, lnf_ = -1;  // offsets into params_/grads_, -1: not on this rank
   std::vector<std::pair<model::ParamSpec, int64_t>> layout_;  // every parameter and its offset
-  std::vector<float> params_, grads_, adam_m_, adam_v_;
+  // Per layout_ entry: the rows this rank updates and where they sit in gshard_ / adam_m_ / adam_v_
+  // (`chunk` rows reserved, zero-padded), and the stage whose ReduceGrad reduces it.
+  struct Slot {
+    int stage = 0;
+    int64_t total_rows = 0, row_begin = 0, rows = 0, row_numel = 0, chunk = 0, shard_off = 0;
+    // Stage-group rank j's rows [begin, end).
+    std::pair<int64_t, int64_t> Chunk(int j) const {
+      return {std::min(j * chunk, total_rows), std::min((j + 1) * chunk, total_rows)};
+    }
+  };
+  std::vector<Slot> slots_;
+  // Per local stage: its layout_ indices, its block [base, base + packed) of gshard_, the
+  // reduce-scatter input / all-gather output (dp x packed; sharded only) and the reduction in flight.
+  struct Reduction {
+    std::vector<int> params;
+    int64_t base = 0, packed = 0;
+    std::vector<float> wide;
+    std::shared_ptr<comm::Work> work;
+  };
+  std::map<int, Reduction> reductions_;
+  DataParallel dp_;
+  int dp_rank_ = 0, dp_size_ = 1;
+  std::vector<float> params_, grads_;
+  std::vector<float> gshard_, adam_m_, adam_v_;  // reduced gradient rows, AdamW state (rows)
   int64_t adam_step_ = 0;
   std::unique_ptr<comm::ProcessGroup> tied_;  // {rank of stage 0, rank of the last stage}
   std::unique_ptr<BufferPool> pool_;

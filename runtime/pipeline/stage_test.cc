@@ -1,7 +1,8 @@
 // Pipelined GPT against the unpipelined model: each schedule runs as 1, 2 or 4 real processes (fork, file
 // rendezvous, the cpu backend over loopback TCP/shm) for 20 AdamW steps and must give the same
 // per-step losses as model::Gpt on the same data within 1e-5 relative (fp32, deterministic
-// kernels). Children that hang are killed after a deadline, so the test always terminates.
+// kernels); so must 2 or more pipeline replicas (data-parallel, replicated or sharded), each on its
+// part of the same global batch. Children that hang are killed after a deadline, so the test always terminates.
 #include "runtime/pipeline/stage.h"
 
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -71,28 +73,60 @@ std::string TempDir(const std::string& tag) {
   return dir;
 }
 
-// Body of one rank process: returns "" and fills `losses`, or the error.
-std::string RunRank(const ScheduleOptions& so, int rank, const std::string& dir,
+// Data parallelism across pipeline replicas: `dp` replicas of so.ranks ranks each (world rank =
+// replica * so.ranks + pipeline rank); `shard`: reduce-scatter and sharded AdamW state.
+struct Replicas {
+  int dp = 1;
+  bool shard = false;
+};
+
+// Body of one rank process: returns "" and fills `losses`, or the error. Replica d trains on rows
+// [d, d+1) x (batch / dp) of each step's batch, as micro-batches of kMbs / dp rows.
+std::string RunRank(const ScheduleOptions& so, Replicas rep, int rank, const std::string& dir,
                     std::vector<double>* losses) {
   auto rdzv = comm::MakeFileRendezvous(dir + "/rdzv");
   comm::GroupOptions go;
   go.timeout = absl::Seconds(60);
   go.bootstrap_timeout = absl::Seconds(30);
-  auto pg = comm::ProcessGroup::Create(rdzv, rank, so.ranks, go);
-  if (!pg.ok()) return pg.status().ToString();
+  auto world = comm::ProcessGroup::Create(rdzv, rank, so.ranks * rep.dp, go);
+  if (!world.ok()) return world.status().ToString();
+  const int replica = rank / so.ranks, prank = rank % so.ranks;
+  std::unique_ptr<comm::ProcessGroup> pipe_owned, stage_group;
+  comm::ProcessGroup* pipe = world->get();
+  if (rep.dp > 1) {
+    auto g = (*world)->Split(replica, prank, absl::StrCat("pipeline", replica));
+    if (!g.ok()) return g.status().ToString();
+    pipe_owned = std::move(*g);
+    pipe = pipe_owned.get();
+    auto sg = (*world)->Split(prank, replica, absl::StrCat("stage", prank));
+    if (!sg.ok()) return sg.status().ToString();
+    stage_group = std::move(*sg);
+  }
   auto s = BuildSchedule(so);
   if (!s.ok()) return s.status().ToString();
   PipelineOptions po;
   po.adamw = Adam();
   po.timeout = absl::Seconds(60);
-  auto stage = PipelineGpt::Create(Config(), kSeed, *s, pg->get(), kMbs, kT, po);
+  po.data = {stage_group.get(), rep.shard};
+  const int mbs = kMbs / rep.dp;
+  auto stage = PipelineGpt::Create(Config(), kSeed, *s, pipe, mbs, kT, po);
   if (!stage.ok()) return stage.status().ToString();
+  int64_t numel = 0, owned = 0;
+  for (const ParamView& v : (*stage)->Params()) {
+    numel += v.numel;
+    owned += v.rows * v.row_numel;
+  }
+  if (rep.shard ? owned * rep.dp > numel + 64 * rep.dp * (*stage)->num_params() || owned >= numel
+                : owned != numel) {
+    return absl::StrCat("rank ", rank, " updates ", owned, " of its ", numel, " parameters");
+  }
   kernels::ThreadPool pool(1);
   kernels::ExecContext ctx{&pool, true};
   std::vector<int32_t> tok, tgt;
+  const size_t part = static_cast<size_t>(kMicroBatches * mbs * kT);
   for (int step = 0; step < kSteps; ++step) {
     Batch(step, &tok, &tgt);
-    auto loss = (*stage)->Step(ctx, tok.data(), tgt.data());
+    auto loss = (*stage)->Step(ctx, tok.data() + replica * part, tgt.data() + replica * part);
     if (!loss.ok()) return loss.status().ToString();
     if ((*stage)->pool().live_buffers() != 0) {
       return absl::StrCat("rank ", rank, ": ", (*stage)->pool().live_buffers(),
@@ -105,14 +139,14 @@ std::string RunRank(const ScheduleOptions& so, int rank, const std::string& dir,
 
 // Forks one process per rank (nothing in this process has started threads yet); each writes
 // "ok <losses...>" or "error <message>" to dir/rank-<r>. Kills every child after 120 s.
-std::vector<std::string> RunProcesses(const ScheduleOptions& so) {
+std::vector<std::string> RunProcesses(const ScheduleOptions& so, Replicas rep = {}) {
   const std::string dir = TempDir(std::string(ScheduleKindName(so.kind)));
   std::vector<pid_t> pids;
-  for (int r = 0; r < so.ranks; ++r) {
+  for (int r = 0; r < so.ranks * rep.dp; ++r) {
     pid_t pid = fork();
     if (pid == 0) {
       std::vector<double> losses;
-      std::string err = RunRank(so, r, dir, &losses);
+      std::string err = RunRank(so, rep, r, dir, &losses);
       std::ofstream out(absl::StrCat(dir, "/rank-", r));
       if (err.empty()) {
         out << "ok";  // the losses go to rank-<r>.bin at full precision
@@ -148,7 +182,7 @@ std::vector<std::string> RunProcesses(const ScheduleOptions& so) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   std::vector<std::string> out;
-  for (int r = 0; r < so.ranks; ++r) {
+  for (int r = 0; r < so.ranks * rep.dp; ++r) {
     std::ifstream in(absl::StrCat(dir, "/rank-", r));
     std::stringstream ss;
     ss << in.rdbuf();
@@ -184,11 +218,12 @@ std::vector<double> Unpipelined() {
   return losses;
 }
 
-TEST_CASE("1-, 2- and 4-process pipelines give the unpipelined losses") {
+TEST_CASE("1-, 2- and 4-process pipelines and pipeline replicas give the unpipelined losses") {
   // Children first: this process starts no threads before forking.
   struct Run {
     ScheduleOptions so;
     std::vector<std::string> out;
+    Replicas rep;
   };
   std::vector<Run> runs = {
       {{ScheduleKind::kGPipe, 2, 2, kMicroBatches}, {}},
@@ -199,14 +234,19 @@ TEST_CASE("1-, 2- and 4-process pipelines give the unpipelined losses") {
       {{ScheduleKind::k1F1B, 4, 4, kMicroBatches}, {}},
       // One process: stages hand over in memory.
       {{ScheduleKind::kInterleaved1F1B, 2, 1, kMicroBatches}, {}},
+      // PP x DP (all-reduce) and PP x FSDP (reduce-scatter, sharded AdamW state), 4 processes.
+      {{ScheduleKind::k1F1B, 2, 2, kMicroBatches}, {}, {2, false}},
+      {{ScheduleKind::kZBH1, 2, 2, kMicroBatches}, {}, {2, true}},
+      {{ScheduleKind::kInterleaved1F1B, 4, 2, kMicroBatches}, {}, {2, true}},
   };
-  for (Run& r : runs) r.out = RunProcesses(r.so);
+  for (Run& r : runs) r.out = RunProcesses(r.so, r.rep);
   const std::vector<double> want = Unpipelined();
   REQUIRE(want[kSteps - 1] < want[0]);  // it learns
   for (const Run& r : runs) {
-    INFO(ScheduleKindName(r.so.kind) << " stages=" << r.so.stages << " ranks=" << r.so.ranks);
-    REQUIRE(r.out.size() == static_cast<size_t>(r.so.ranks) + 1);
-    for (int rank = 0; rank < r.so.ranks; ++rank) {
+    INFO(ScheduleKindName(r.so.kind) << " stages=" << r.so.stages << " ranks=" << r.so.ranks
+                                      << " replicas=" << r.rep.dp << " shard=" << r.rep.shard);
+    REQUIRE(r.out.size() == static_cast<size_t>(r.so.ranks * r.rep.dp) + 1);
+    for (int rank = 0; rank < r.so.ranks * r.rep.dp; ++rank) {
       INFO("rank " << rank << ": " << r.out[rank]);
       REQUIRE(r.out[rank].rfind("ok", 0) == 0);
       std::vector<double> got = ReadLosses(r.out.back(), rank);

@@ -5,23 +5,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "runtime/store/idempotent.h"
 
 namespace ember::store::client_internal {
 
 using v1::Request;
 
-bool Idempotent(const Request& r) {
-  switch (r.op_case()) {
-    case Request::kAdd:
-    case Request::kAppend:
-    case Request::kCompareSet:
-    case Request::kDeletePrefix:
-    case Request::kLeaseGrant:
-      return false;
-    default:
-      return true;
-  }
-}
+bool Idempotent(const Request& r) { return IdempotentRequest(r); }
 
 std::string Describe(const Request& r) {
   switch (r.op_case()) {

@@ -338,25 +338,13 @@ class MemoryBackend : public Backend {
 
   // DEADLINE_EXCEEDED for a parked request, naming (up to 8 of) the keys still missing.
   Response TimedOut(const Request& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::vector<std::string> missing;
-    auto collect = [&](const auto& keys) {
-      for (const auto& k : keys) {
-        if (!state_.kv.contains(k)) missing.push_back(k);
-      }
-    };
-    if (q.has_get()) missing.push_back(q.get().key());
-    if (q.has_wait()) collect(q.wait().keys());
-    if (q.has_multi_get()) collect(q.multi_get().keys());
-    if (missing.size() > 8) {
-      size_t n = missing.size();
-      missing.resize(8);
-      missing.push_back(absl::StrCat("... (", n, " missing in all)"));
-    }
     Response r;
     r.set_id(q.id());
-    SetError(&r, absl::StatusCode::kDeadlineExceeded,
-             absl::StrCat("timed out waiting for key(s) [", absl::StrJoin(missing, ", "),
-                          "]; has every rank started and is the prefix the same?"));
+    SetWaitTimedOut(
+        q, [this](const std::string& k) ABSL_NO_THREAD_SAFETY_ANALYSIS {
+          return state_.kv.contains(k);
+        },
+        &r);
     return r;
   }
 

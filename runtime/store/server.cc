@@ -438,7 +438,9 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
         "frame carries (", frame_room, "); lower --max-response-bytes"));
   }
   auto impl = std::make_unique<Impl>();
-  ASSIGN_OR_RETURN(impl->backend, NewMemoryBackend(options.backend, options.clock));
+  ASSIGN_OR_RETURN(impl->backend, options.make_backend
+                                       ? options.make_backend(options.backend, options.clock)
+                                       : NewMemoryBackend(options.backend, options.clock));
   base::GrpcServerOptions gopts;
   gopts.address = options.address;
   gopts.credentials = options.credentials;

@@ -10,6 +10,7 @@
 #ifndef EMBER_RUNTIME_STORE_SERVER_H_
 #define EMBER_RUNTIME_STORE_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -30,6 +31,9 @@ struct StoreServerOptions {
   std::string auth_token;                   // if set, every call must carry it (UNAUTHENTICATED)
   std::shared_ptr<grpc::ServerCredentials> credentials;  // null = insecure
   BackendOptions backend;                   // limits, durability (data_dir), default timeouts
+  // Makes the backend from `backend` and `clock`; null = NewMemoryBackend (etcd: etcd_backend.h).
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(const BackendOptions&, base::Clock*)>
+      make_backend;
   base::Clock* clock = nullptr;             // null = real clock; borrowed, must outlive the server
   // Plain-TCP fast path (fast_path.h) on the same host; off when credentials (TLS) are set.
   bool fast_path = true;

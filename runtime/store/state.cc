@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "runtime/base/utf8.h"
 
 namespace ember::store {
@@ -115,6 +116,30 @@ void AnswerGet(const StoreState& s, const v1::GetRequest& q, Response* r) {
 void SetError(Response* r, absl::StatusCode code, std::string message) {
   r->set_code(static_cast<int>(code));
   r->set_message(std::move(message));
+}
+
+std::vector<std::string> KeysWaitedFor(const Request& q) {
+  std::vector<std::string> keys;
+  if (q.has_get()) keys.push_back(q.get().key());
+  if (q.has_wait()) keys.assign(q.wait().keys().begin(), q.wait().keys().end());
+  if (q.has_multi_get()) keys.assign(q.multi_get().keys().begin(), q.multi_get().keys().end());
+  return keys;
+}
+
+void SetWaitTimedOut(const Request& q, const std::function<bool(const std::string&)>& exists,
+                     Response* r) {
+  std::vector<std::string> missing;
+  for (std::string& k : KeysWaitedFor(q)) {
+    if (q.has_get() || !exists(k)) missing.push_back(std::move(k));
+  }
+  if (missing.size() > 8) {
+    size_t n = missing.size();
+    missing.resize(8);
+    missing.push_back(absl::StrCat("... (", n, " missing in all)"));
+  }
+  SetError(r, absl::StatusCode::kDeadlineExceeded,
+           absl::StrCat("timed out waiting for key(s) [", absl::StrJoin(missing, ", "),
+                        "]; has every rank started and is the prefix the same?"));
 }
 
 bool IsWrite(const Request& r) {

@@ -17,7 +17,9 @@
 #define EMBER_RUNTIME_STORE_STATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
@@ -119,6 +121,14 @@ void ApplyLeaseRefresh(StoreState& s, const ApplyContext& c, const v1::LeaseRefr
                        v1::Response* r);
 void ApplyLeaseRevoke(StoreState& s, const ApplyContext& c, const v1::LeaseRevokeRequest& q,
                       v1::Response* r);
+
+// The keys a Get, Wait or MultiGet names (empty for other ops).
+std::vector<std::string> KeysWaitedFor(const v1::Request& req);
+
+// DEADLINE_EXCEEDED for a blocking read that timed out, naming up to 8 of the keys still missing
+// (`exists` says whether a key exists now).
+void SetWaitTimedOut(const v1::Request& req, const std::function<bool(const std::string&)>& exists,
+                     v1::Response* r);
 
 // Dispatches on req.op_case() (INVALID_ARGUMENT when no op is set). Does not touch r->id().
 Applied Apply(StoreState& s, const ApplyContext& c, const v1::Request& req, v1::Response* r);

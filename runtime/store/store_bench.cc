@@ -33,6 +33,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "bench/report.h"
@@ -40,6 +41,7 @@
 #include "runtime/base/json.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/client.h"
+#include "runtime/store/etcd_backend.h"
 #include "runtime/store/server.h"
 
 ABSL_FLAG(double, seconds, 1.0, "measurement window per (op, clients) point and round");
@@ -53,6 +55,9 @@ ABSL_FLAG(std::vector<std::string>, ops, {},
           "ops rows to run (default all): add,add_pipelined,get,set,set_pipelined");
 ABSL_FLAG(std::string, server, "", "benchmark this running ember-store (host:port) instead of an "
           "in-process one");
+ABSL_FLAG(std::string, backend, "memory",
+          "backend of the in-process server: 'memory' or 'etcd' (needs --etcd_endpoints)");
+ABSL_FLAG(std::string, etcd_endpoints, "", "with --backend etcd: host:port,... of a running etcd");
 // Internal: child roles.
 ABSL_FLAG(std::string, role, "", "internal: ops | barrier");
 ABSL_FLAG(std::string, addr, "", "internal");
@@ -390,7 +395,22 @@ int Parent(int argc, char** argv) {
   std::unique_ptr<StoreServer> server;
   std::string addr = absl::GetFlag(FLAGS_server);
   if (addr.empty()) {
-    auto started = StoreServer::Start({.address = "127.0.0.1:0"});
+    StoreServerOptions opts{.address = "127.0.0.1:0"};
+    if (absl::GetFlag(FLAGS_backend) == "etcd") {
+      EtcdOptions e;
+      e.endpoints = absl::StrSplit(absl::GetFlag(FLAGS_etcd_endpoints), ',', absl::SkipEmpty());
+      if (e.endpoints.empty()) {
+        return report.Fail(absl::InvalidArgumentError("--backend etcd needs --etcd_endpoints"));
+      }
+      e.prefix = absl::StrCat("/ember-bench/", getpid(), "/");
+      opts.make_backend = [e](const BackendOptions& b, base::Clock*) {
+        return NewEtcdBackend(e, b);
+      };
+    } else if (absl::GetFlag(FLAGS_backend) != "memory") {
+      return report.Fail(absl::InvalidArgumentError("--backend is 'memory' or 'etcd'"));
+    }
+    report.SetMeta("backend", json::Value::Str(absl::GetFlag(FLAGS_backend)));
+    auto started = StoreServer::Start(std::move(opts));
     if (!started.ok()) return report.Fail(started.status());
     server = std::move(*started);
     addr = server->address();

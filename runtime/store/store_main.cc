@@ -2,6 +2,8 @@
 //
 //   ember-store --listen=127.0.0.1:29500 --auth-token-file=F [--data-dir=/var/lib/ember/store]
 //               [--tls-cert=C --tls-key=K [--tls-ca=CA]]
+//               [--backend=etcd --etcd-endpoints=a:2379,b:2379 [--etcd-prefix=/ember/] ...]
+//               [--tcpstore-port=P [--tcpstore-host=127.0.0.1]]
 //
 // Authentication is on by default: without --auth-token-file it refuses to start (exit 2) unless
 // given --insecure-no-auth (tests only), as emberd does. TLS: --tls-cert/--tls-key serve TLS (the
@@ -32,8 +34,10 @@
 #include "runtime/base/auth.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/store/backend_flags.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "runtime/store/server.h"
+#include "runtime/store/tcpstore_server.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:29500", "host:port to bind (port 0 = any free port)");
@@ -57,6 +61,11 @@ ABSL_FLAG(bool, repair, false,
           "if the write-ahead log is damaged in the middle (not just torn at the end by a crash), "
           "keep the records before the damage and drop the rest (a copy of the log is kept); "
           "without it the store refuses to start");
+ABSL_FLAG(int, tcpstore_port, 0,
+          "also serve PyTorch TCPStore clients (torch 1.13 protocol, NO authentication) on this "
+          "port; 0 = off");
+ABSL_FLAG(std::string, tcpstore_host, "127.0.0.1",
+          "address for --tcpstore-port; anything but loopback lets every host reach all keys");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
 
 namespace {
@@ -192,14 +201,30 @@ int main(int argc, char** argv) {
     }
     opts.credentials = *creds;  // also turns the plaintext fast path off
   }
+  auto backend = ember::store::ConfigureBackendFromFlags(&opts);  // --backend, --etcd-*
+  if (!backend.ok()) {
+    spdlog::error("{}", std::string(backend.status().message()));
+    return 2;
+  }
   auto server = ember::store::StoreServer::Start(opts);
   if (!server.ok()) {
     spdlog::error("ember-store failed to start: {}", server.status().ToString());
     return 1;
   }
-  spdlog::info("ember-store listening on {} (data-dir: {}, auth: {}, tls: {}, open files: {})",
-               (*server)->address(),
-               opts.backend.data_dir.empty() ? "none, in-memory" : opts.backend.data_dir,
+  std::unique_ptr<ember::store::TcpStoreServer> tcpstore;
+  if (const int p = absl::GetFlag(FLAGS_tcpstore_port); p > 0) {
+    auto t = ember::store::TcpStoreServer::Start(absl::GetFlag(FLAGS_tcpstore_host), p,
+                                                 (*server)->backend());
+    if (!t.ok()) {
+      spdlog::error("ember-store: --tcpstore-port: {}", t.status().ToString());
+      return 1;
+    }
+    tcpstore = std::move(*t);
+    spdlog::warn("ember-store: serving TCPStore clients on {}:{} WITHOUT authentication",
+                 absl::GetFlag(FLAGS_tcpstore_host), p);
+  }
+  spdlog::info("ember-store listening on {} (backend: {}, auth: {}, tls: {}, open files: {})",
+               (*server)->address(), *backend,
                opts.auth_token.empty() ? "OFF" : "token",
                tls.mutual() ? "mutual (client certificates required)"
                             : (tls.enabled() ? "on" : "off"),
@@ -251,6 +276,7 @@ int main(int argc, char** argv) {
     absl::SleepFor(absl::Milliseconds(100));
   }
   spdlog::info("ember-store: shutting down");
+  if (tcpstore != nullptr) tcpstore->Shutdown();
   (*server)->Shutdown();
   return 0;
 }

@@ -3,9 +3,15 @@
 #ifndef EMBER_RUNTIME_STORE_STORE_PROCESS_TEST_UTIL_H_
 #define EMBER_RUNTIME_STORE_STORE_PROCESS_TEST_UTIL_H_
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -18,6 +24,27 @@ inline std::string StoreBinary() {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   REQUIRE(srcdir != nullptr);
   return absl::StrCat(srcdir, "/ember/runtime/store/ember-store");
+}
+
+// Starts `args` (argv[0] a path) as a child that dies with the test (PR_SET_PDEATHSIG), its
+// stdout and stderr to `log` (empty: inherited; "/dev/null" to drop them). Returns its pid.
+inline pid_t SpawnChild(std::vector<std::string> args, const std::string& log = "") {
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a test that died
+    if (!log.empty()) {
+      int fd = open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+      dup2(fd, 1);
+      dup2(fd, 2);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
 }
 
 // The port ember-store wrote to `port_file` (--port-file), waiting up to 10 s for it.

@@ -1,4 +1,7 @@
-// Store semantics against an in-process server over real gRPC on loopback.
+// Store semantics against an in-process server over real gRPC on loopback. The same cases run on
+// the etcd backend (store_etcd_suite_test, see store_test_backend.h), except those tagged
+// [fake_clock] (etcd leases expire on etcd's clock) and [load] (minutes on etcd; smaller
+// concurrent-Add cases on etcd are in store_etcd_test.cc).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -20,12 +23,14 @@
 #include "runtime/base/clock.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
+#include "runtime/store/store_test_backend.h"
 
 namespace ember::store {
 namespace {
 
 struct Fixture {
   explicit Fixture(StoreServerOptions opts = {}, int transport = 0) {
+    testing::UseTestBackend(&opts);  // in-memory or etcd, per test binary (store_test_backend.h)
     auto s = StoreServer::Start(std::move(opts));
     REQUIRE(s.ok());
     server = std::move(*s);
@@ -89,7 +94,7 @@ TEST_CASE("blocking get wakes when the key is set, and times out naming the key"
   REQUIRE(t.status().message().find("never") != std::string::npos);
 }
 
-TEST_CASE("64 threads x 1000 Add give the exact total") {
+TEST_CASE("64 threads x 1000 Add give the exact total", "[load]") {
   const int transport = GENERATE(0, 1, 2);
   INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
   Fixture f({}, transport);
@@ -110,7 +115,8 @@ TEST_CASE("64 threads x 1000 Add give the exact total") {
   REQUIRE(absl::IsInvalidArgument(f.client->Add("text", 1).status()));
 }
 
-TEST_CASE("pipelined adds: 8 connections x 5000 adds, 16 in flight each, give the exact total") {
+TEST_CASE("pipelined adds: 8 connections x 5000 adds, 16 in flight each, give the exact total",
+          "[load]") {
   const int transport = GENERATE(0, 1, 2);
   INFO("transport: " << (transport == 0 ? "unix" : transport == 1 ? "tcp" : "grpc stream"));
   Fixture f({}, transport);
@@ -314,7 +320,7 @@ TEST_CASE("watch sees every change under its prefix, in order") {
   REQUIRE(events.back().type == WatchEvent::Type::kDelete);
 }
 
-TEST_CASE("leased keys expire unless refreshed") {
+TEST_CASE("leased keys expire unless refreshed", "[fake_clock]") {
   base::FakeClock clock;
   StoreServerOptions opts;
   opts.clock = &clock;

@@ -12,15 +12,20 @@
 
 namespace ember::worker {
 
+namespace {
+
+// ", pipeline stages=...": how a checkpoint's run was laid out, for the resume log line.
+std::string SavedLayout(const ckpt::Metadata& meta) {
+  std::string out;
+  for (const auto& [k, v] : meta.parallelism) absl::StrAppend(&out, ", ", k, " ", v);
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
   ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
   const ckpt::Metadata& meta = reader->metadata();
-  if (auto it = meta.parallelism.find(kPipelineKey); it != meta.parallelism.end()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        reader->dir(), " was saved by a pipeline run (", it->second, "); an FSDP run cannot "
-        "resume from it (cross-layout resume is not built): resume with the same pipeline "
-        "layout, or start in a new checkpoint.dir"));
-  }
   for (const fsdp::ShardView& v : m.Shards()) {
     const std::pair<std::string, float*> parts[] = {{v.name, v.param},
                                                     {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
@@ -42,8 +47,9 @@ absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::
   RETURN_IF_ERROR(loader.RestoreState(ds));
   auto it = meta.extra.find("optimizer_step");
   m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
-  spdlog::info("resumed from {} (step {}, saved by {} ranks, now {}{})", reader->dir(), meta.step,
-               meta.world_size, m.world(), meta.world_size != m.world() ? ": resharded" : "");
+  spdlog::info("resumed from {} (step {}, saved by {} ranks{}, now FSDP over {}{})", reader->dir(),
+               meta.step, meta.world_size, SavedLayout(meta), m.world(),
+               meta.world_size != m.world() ? ": resharded" : "");
   return meta.step;
 }
 
@@ -123,11 +129,13 @@ ckpt::RankState SnapshotPipeline(pipeline::PipelineGpt& m, const data::TokenLoad
   st.step = step;
   for (const pipeline::ParamView& v : m.Params()) {
     if (!v.primary) continue;
-    st.tensors.push_back({v.name, ckpt::DType::kF32, v.shape, 0, Bytes(v.param, v.numel)});
+    const int64_t n = v.rows * v.row_numel;
+    st.tensors.push_back({v.name, ckpt::DType::kF32, v.shape, v.row_begin,
+                          Bytes(v.param + v.row_begin * v.row_numel, n)});
     st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg"), ckpt::DType::kF32, v.shape,
-                          0, Bytes(v.exp_avg, v.numel)});
+                          v.row_begin, Bytes(v.exp_avg, n)});
     st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg_sq"), ckpt::DType::kF32,
-                          v.shape, 0, Bytes(v.exp_avg_sq, v.numel)});
+                          v.shape, v.row_begin, Bytes(v.exp_avg_sq, n)});
   }
   st.rng_state = absl::StrCat("seed=", seed);
   st.data_loader_state = loader.SaveState();
@@ -140,30 +148,29 @@ absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::Pipeli
                                         data::TokenLoader& loader, const std::string& layout) {
   ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
   const ckpt::Metadata& meta = reader->metadata();
-  auto saved = meta.parallelism.find(kPipelineKey);
-  if (saved == meta.parallelism.end() || saved->second != layout) {
-    std::string was;
-    for (const auto& [k, v] : meta.parallelism) absl::StrAppend(&was, was.empty() ? "" : ", ", k, "=", v);
-    return absl::FailedPreconditionError(absl::StrCat(
-        reader->dir(), " was saved with parallelism {", was, "}, this run is pipeline=", layout,
-        "; a pipeline run resumes only from a checkpoint of the same layout (cross-layout "
-        "resume is not built): keep the layout, or start in a new checkpoint.dir"));
-  }
   for (const pipeline::ParamView& v : m.Params()) {
-    const std::pair<std::string, float*> parts[] = {
-        {v.name, v.param},
-        {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
-        {absl::StrCat("optim.", v.name, ".exp_avg_sq"), v.exp_avg_sq}};
-    for (const auto& [name, dst] : parts) {
+    const std::string names[] = {v.name, absl::StrCat("optim.", v.name, ".exp_avg"),
+                                 absl::StrCat("optim.", v.name, ".exp_avg_sq")};
+    for (const std::string& name : names) {
       const ckpt::TensorMeta* t = meta.Find(name);
       if (t == nullptr) return absl::NotFoundError(absl::StrCat(reader->dir(), ": no tensor ", name));
       if (t->shape != v.shape) {
         return absl::FailedPreconditionError(
             absl::StrCat(reader->dir(), ": ", name, " has another shape than the model"));
       }
-      ASSIGN_OR_RETURN(std::string bytes, reader->ReadFull(name, ckpt::DType::kF32));
-      if (static_cast<int64_t>(bytes.size()) != v.numel * 4) {
-        return absl::DataLossError(absl::StrCat(name, ": ", bytes.size(), " bytes, want ", v.numel * 4));
+    }
+    // The whole parameter (every replica holds it), the AdamW state of this rank's rows.
+    const std::pair<std::string, std::pair<float*, std::pair<int64_t, int64_t>>> parts[] = {
+        {names[0], {v.param, {0, v.numel / std::max<int64_t>(1, v.row_numel)}}},
+        {names[1], {v.exp_avg, {v.row_begin, v.row_begin + v.rows}}},
+        {names[2], {v.exp_avg_sq, {v.row_begin, v.row_begin + v.rows}}}};
+    for (const auto& [name, where] : parts) {
+      const auto [dst, rows] = where;
+      ASSIGN_OR_RETURN(std::string bytes,
+                       reader->ReadRows(name, rows.first, rows.second, ckpt::DType::kF32));
+      if (static_cast<int64_t>(bytes.size()) != (rows.second - rows.first) * v.row_numel * 4) {
+        return absl::DataLossError(absl::StrCat(name, ": ", bytes.size(), " bytes, want ",
+                                                (rows.second - rows.first) * v.row_numel * 4));
       }
       std::memcpy(dst, bytes.data(), bytes.size());
     }
@@ -172,7 +179,12 @@ absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::Pipeli
   RETURN_IF_ERROR(loader.RestoreState(ds));
   auto it = meta.extra.find("optimizer_step");
   m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
-  spdlog::info("resumed from {} (step {}, pipeline {})", reader->dir(), meta.step, layout);
+  spdlog::info("resumed from {} (step {}, saved by {} ranks{}, now pipeline {}{})", reader->dir(),
+               meta.step, meta.world_size, SavedLayout(meta), layout,
+               meta.parallelism.count(kPipelineKey) != 0 &&
+                       meta.parallelism.at(kPipelineKey) == layout
+                   ? ""
+                   : ": resharded");
   return meta.step;
 }
 

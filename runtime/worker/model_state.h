@@ -22,16 +22,17 @@ inline constexpr char kPipelineKey[] = "pipeline";
 
 // Copies this rank's rows of every parameter and its AdamW state from the checkpoint in step
 // directory `dir` (any world size: ReadShard asks for our torch.chunk rows), and the data loader's
-// position. Returns the checkpoint's step.
-// FAILED_PRECONDITION for a checkpoint a pipeline run saved (its data-loader state is the
-// pipeline's single stream, not this rank's).
+// position (sequences consumed, the same at any layout). Returns the checkpoint's step. A
+// pipeline run's checkpoint is read the same way (it saves global names and full shapes).
 absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader);
 
-// Pipeline runs (pipeline::PipelineGpt): every parameter is saved whole, once (the tied wte by
-// stage 0's rank), with its AdamW state, the data loader's position and parallelism
-// {"pipeline": layout}, where `layout` names stages, schedule and micro-batches. Resume reads only
-// a checkpoint whose layout string equals ours: FAILED_PRECONDITION naming both layouts
-// otherwise (resuming across layouts is not built).
+// Pipeline runs (pipeline::PipelineGpt): each parameter is saved once under its global name and
+// full shape, as the rows this rank updates (row_begin = its torch.chunk offset in the stage
+// group when sharded; the tied wte by stage 0's ranks only), with the AdamW state of those rows,
+// the data loader's position and parallelism {"pipeline": layout} (stages, schedule,
+// micro-batches, FSDP size; informational). Resume reads any checkpoint of the same model, from
+// any pipeline layout or FSDP world size: the whole parameter, and the AdamW state of this rank's
+// rows. NOT_FOUND / FAILED_PRECONDITION for a missing tensor or another shape.
 ckpt::RankState SnapshotPipeline(pipeline::PipelineGpt& m, const data::TokenLoader& loader,
                                  int64_t step, uint64_t seed, const std::string& layout);
 absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::PipelineGpt& m,

@@ -126,14 +126,15 @@ float LearningRate(const spec::JobSpec& s, int64_t step) {
 
 namespace {
 
-// This rank's data order: a deterministic shuffle of (seed, position), resumable. A pipeline
-// (one replica) reads one stream on every rank: a step's micro-batches, batch_size sequences each.
+// This rank's data order: a deterministic shuffle of (seed, position), resumable. Every rank of a
+// pipeline replica reads its replica's slice of the global batch: the step's micro-batches,
+// batch_size sequences each (world rank = replica x pipeline_stages + pipeline rank).
 data::LoaderOptions LoaderFor(const Plan& p) {
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(p.spec);
   if (pl.enabled()) {
     return {.seq_len = p.model.context, .batch = p.spec.batch_size() * pl.micro_batches,
-            .rank = 0, .world = 1, .seed = p.fsdp.seed, .shuffle = true,
-            .start_token = p.spec.data().start_position()};
+            .rank = p.env.rank / pl.ranks, .world = std::max(1, p.env.world_size / pl.ranks),
+            .seed = p.fsdp.seed, .shuffle = true, .start_token = p.spec.data().start_position()};
   }
   return {.seq_len = p.model.context, .batch = p.spec.batch_size(), .rank = p.env.rank,
           .world = p.env.world_size, .seed = p.fsdp.seed, .shuffle = true,
@@ -155,11 +156,11 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   }
   const auto& par = s.parallelism();
   if (const spec::PipelineLayout pl = spec::PipelineLayoutOf(s); pl.enabled()) {
-    // Pipeline-only: no data-parallel replicas or FSDP inside a stage yet (docs/pipeline.md).
-    if (env.world_size != pl.ranks) {
+    // world = pipeline_stages x FSDP size (each stage FSDP-sharded over its stage group).
+    if (env.world_size % pl.ranks != 0) {
       return Bad("parallelism.pipeline_stages", absl::StrCat(
-          pl.ranks, " stages on ", job::kEnvWorldSize, "=", env.world_size, " ranks: this worker "
-          "runs one pipeline replica (pipeline x data-parallel is not built); use ", pl.ranks, " ranks"));
+          pl.ranks, " stages on ", job::kEnvWorldSize, "=", env.world_size, " ranks: the world "
+          "must be pipeline_stages x FSDP size; use a multiple of ", pl.ranks, " ranks"));
     }
     if (s.optimizer().grad_clip() > 0) {
       return Bad("optimizer.grad_clip", absl::StrCat(s.optimizer().grad_clip(), ": pipeline jobs do not clip gradients yet; use 0"));
@@ -179,7 +180,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match ", job::kEnvWorldSize, "=", env.world_size));
   }
   if (!par.backend().empty() && par.backend() != "cpu") {
-    return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs a device build; use cpu"));
+    return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
   ASSIGN_OR_RETURN(p.model, ModelConfig(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
@@ -258,10 +259,14 @@ int64_t HangStep(const job::WorkerEnv& env) {
 }
 
 // The process groups of one attempt: "world", and "reduce_scatter" when the plan separates it
-// (its own stream of collectives, so reduce-scatters overlap the next unit's all-gathers).
+// (its own stream of collectives, so reduce-scatters overlap the next unit's all-gathers). A
+// pipeline with R stages on W ranks also has, when W > R, "pipeline<d>" (replica d: world ranks
+// d*R .. d*R+R-1) and "stage<r>" (the W/R ranks of pipeline rank r, over which its stages are
+// sharded); with W == R the pipeline group is the world.
 struct Groups {
-  std::unique_ptr<comm::ProcessGroup> world, reduce_scatter;
+  std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage;
   fsdp::Groups fsdp() const { return {world.get(), reduce_scatter.get()}; }
+  comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
 };
 
 absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
@@ -276,9 +281,15 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   auto rdzv = comm::MakeStoreRendezvous(attempt);
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  if (plan.separate_reduce_scatter && env.world_size > 1 && !spec::PipelineLayoutOf(plan.spec).enabled()) {
+  const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
+  if (plan.separate_reduce_scatter && env.world_size > 1 && !pl.enabled()) {
     go.name = "reduce_scatter";
     ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
+  }
+  if (pl.enabled() && env.world_size > pl.ranks) {
+    const int replica = env.rank / pl.ranks, prank = env.rank % pl.ranks;
+    ASSIGN_OR_RETURN(g.pipeline, g.world->Split(replica, prank, absl::StrCat("pipeline", replica)));
+    ASSIGN_OR_RETURN(g.stage, g.world->Split(prank, replica, absl::StrCat("stage", prank)));
   }
   return g;
 }
@@ -351,18 +362,22 @@ absl::StatusOr<pipeline::Schedule> PipelineSchedule(const spec::PipelineLayout& 
   return pipeline::BuildSchedule({kind, pl.stages(), pl.ranks, pl.micro_batches});
 }
 
-// A pipeline job's training loop (one replica; spec checked by Prepare): every rank reads the
-// same batches, PipelineGpt::Step runs the rank's schedule, and the loss it returns is the mean
-// over the batch on every rank.
-absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, comm::ProcessGroup& world) {
+// A pipeline job's training loop (spec checked by Prepare): the ranks of a replica read the same
+// batches, PipelineGpt::Step runs the rank's schedule and reduce-scatters each stage's gradients
+// over its stage group (FSDP size = world / stages; sharded AdamW state), and the loss it returns
+// is the mean over the global batch on every rank.
+absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups& groups) {
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
   const std::string layout = absl::StrCat("stages=", pl.stages(), ",ranks=", pl.ranks, ",schedule=",
-                                          pl.schedule, ",micro_batches=", pl.micro_batches);
+                                          pl.schedule, ",micro_batches=", pl.micro_batches,
+                                          ",fsdp=", std::max(1, plan.env.world_size / pl.ranks));
   ASSIGN_OR_RETURN(pipeline::Schedule schedule, PipelineSchedule(pl));
   pipeline::PipelineOptions po;
   po.adamw = plan.fsdp.adamw;
   po.timeout = absl::Seconds(plan.spec.collective_timeout_s());
-  ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.model, plan.fsdp.seed, schedule, &world,
+  po.data = {groups.stage.get(), /*shard=*/true};
+  po.pool.preallocate = plan.spec.parallelism().pipeline_preallocate();
+  ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.model, plan.fsdp.seed, schedule, groups.pipe(),
                                                              plan.spec.batch_size(), plan.model.context, po));
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
   int64_t step = 0;
@@ -375,7 +390,9 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, comm::Proces
     return SnapshotPipeline(*model, loader, at, plan.fsdp.seed, layout);
   });
   int64_t state_bytes = 0;
-  for (const pipeline::ParamView& v : model->Params()) state_bytes += 4 * 4 * v.numel;  // p, g, m, v
+  for (const pipeline::ParamView& v : model->Params()) {
+    state_bytes += 4 * 2 * v.numel + 4 * 3 * v.rows * v.row_numel;  // p, g; reduced g, m, v rows
+  }
   Reporter report(plan, attempt, state_bytes, step);
   kernels::ThreadPool threads(plan.threads);
   const kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
@@ -409,7 +426,7 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, comm::Proces
 // thread when the attempt's stop key appears, see Train).
 absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
   ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
-  if (spec::PipelineLayoutOf(plan.spec).enabled()) return PipelineLoop(plan, attempt, *groups.world);
+  if (spec::PipelineLayoutOf(plan.spec).enabled()) return PipelineLoop(plan, attempt, groups);
   ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.model, groups.fsdp(), plan.fsdp));
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
   ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, *model, loader));

@@ -1,8 +1,9 @@
 // The training program of ember-worker: turn (environment, job spec) into a validated Plan, then
 // run it: rendezvous, process groups, FSDP model, data, the step loop with logging and progress,
 // periodic checkpoints, and resumption from `latest` (at any world size). A job with
-// parallelism.pipeline_stages > 1 runs one pipeline replica instead (pipeline::PipelineGpt;
-// resumption from a checkpoint of the same pipeline layout only; docs/pipeline.md). The environment and the
+// parallelism.pipeline_stages > 1 runs world / stages pipeline replicas instead
+// (pipeline::PipelineGpt, each stage FSDP-sharded over its stage group; checkpoints resume across
+// pipeline layouts and FSDP world sizes; docs/pipeline.md). The environment and the
 // store keys it reads and writes are the job contract (runtime/job).
 //
 // Exit-code contract (worker_main.cc): Prepare errors are bad spec/environment (exit 2, message

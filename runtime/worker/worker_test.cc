@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -107,18 +108,24 @@ TEST_CASE("a garbage latest resumes from the newest good checkpoint, not from st
 
 // A pipeline job spec (or, with stages 0, the unpipelined reference on the same data: one rank,
 // one batch of micro_batches x batch_size sequences per step).
-void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
-                       int micro_batches, int layers = 2) {
-  std::ofstream f(dir + "/job.yaml");
+// The spec lines every pipeline test job shares (no parallelism or batch yet).
+void WriteModelSpec(std::ofstream& f, int64_t steps, int layers) {
   f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: " << layers
     << ", n_heads: 2, d_model: 32}\n"
        "data: {text_path: corpus.txt}\n"
        "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
        "checkpoint: {every_steps: 5}\n"
     << "steps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+}
+
+void WritePipelineSpec(const std::string& dir, int64_t steps, int stages, const std::string& schedule,
+                       int micro_batches, int layers = 2, bool preallocate = false) {
+  std::ofstream f(dir + "/job.yaml");
+  WriteModelSpec(f, steps, layers);
   if (stages > 1) {
     f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
-      << ", pipeline_schedule: " << schedule << ", pipeline_micro_batches: " << micro_batches << "}\n";
+      << ", pipeline_schedule: " << schedule << ", pipeline_micro_batches: " << micro_batches
+      << (preallocate ? ", pipeline_preallocate: true" : "") << "}\n";
   } else {
     f << "batch_size: " << micro_batches << "\nparallelism: {strategy: none}\n";
   }
@@ -154,15 +161,15 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the u
       CHECK(p.loss() == Approx(got.at(10)).epsilon(1e-6));
     }
     CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-10");
-    // Another layout refuses the checkpoint (exit 1, nothing trained); the same one resumes at 10
-    // and continues the reference run.
-    WritePipelineSpec(dir, 12, 2, "gpipe", 4);
-    CHECK(RunJob(addr, id, dir, 2, 1) == std::vector<int>{1, 1});
-    WritePipelineSpec(dir, 12, 0, "", 4);
-    CHECK(RunJob(addr, id, dir, 1, 2) == std::vector<int>{1});  // FSDP/none from a pipeline checkpoint
-    CHECK(Losses(dir).size() == 10);
-    WritePipelineSpec(dir, 12, 2, schedule, 4);
-    REQUIRE(RunJob(addr, id, dir, 2, 3) == std::vector<int>{0, 0});
+    // The step-10 checkpoint resumes in another schedule (1F1B -> GPipe, with preallocated
+    // receive buffers) or unpipelined on one rank (ZB-H1 -> none) and continues the reference run.
+    if (schedule == std::string("1f1b")) {
+      WritePipelineSpec(dir, 12, 2, "gpipe", 4, 2, /*preallocate=*/true);
+      REQUIRE(RunJob(addr, id, dir, 2, 1) == std::vector<int>{0, 0});
+    } else {
+      WritePipelineSpec(dir, 12, 0, "", 4);
+      REQUIRE(RunJob(addr, id, dir, 1, 1) == std::vector<int>{0});
+    }
     got = Losses(dir);
     REQUIRE(got.size() == 12);
     for (int64_t step : {11, 12}) CheckClose(got.at(step), want.at(step), 1e-5);
@@ -181,6 +188,73 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the u
     const std::map<int64_t, double> got = Losses(dir);
     REQUIRE(got.size() == 6);
     for (const auto& [step, l] : got) CheckClose(l, want4.at(step), 1e-5);
+  }
+}
+
+// A 4-layer job on `world` ranks: `stages` >= 2 pipeline stages (1F1B, each FSDP-sharded over
+// world / stages ranks, micro-batches of one sequence making a global batch of 4), or FSDP over
+// `world` ranks (stages 0; batch 4 / world).
+void WriteLayoutSpec(const std::string& dir, int64_t steps, int stages, int world) {
+  std::ofstream f(dir + "/job.yaml");
+  WriteModelSpec(f, steps, 4);
+  if (stages > 1) {
+    f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
+      << ", pipeline_micro_batches: " << 4 / (world / stages) << ", world_size: " << world << "}\n";
+  } else {
+    f << "batch_size: " << 4 / world << "\nparallelism: {strategy: " << (world > 1 ? "fsdp" : "none")
+      << "}\n";
+  }
+}
+
+void CopyTree(const std::string& from, const std::string& to) {
+  std::filesystem::remove_all(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+}
+
+TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses; the checkpoint resumes as FSDP=4 and PP=4",
+          "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  const std::string ref = NewJobDir("ppf-ref");
+  WriteLayoutSpec(ref, 12, 0, 1);
+  REQUIRE(RunJob(addr, "ppf-ref", ref, 1, 0) == std::vector<int>{0});
+  const std::map<int64_t, double> want = Losses(ref);
+  REQUIRE(want.size() == 12);
+  REQUIRE(want.at(12) < 0.9 * want.at(1));
+  // Attempt 0: PP=2 x FSDP=2 for 10 steps (checkpoints at 5 and 10).
+  const std::string dir = NewJobDir("ppf");
+  WriteLayoutSpec(dir, 10, 2, 4);
+  REQUIRE(RunJob(addr, "ppf", dir, 4, 0) == std::vector<int>{0, 0, 0, 0});
+  std::map<int64_t, double> got = Losses(dir);
+  REQUIRE(got.size() == 10);
+  for (const auto& [step, l] : got) CheckClose(l, want.at(step), 1e-5);
+  {  // Saved with global names, full shapes and each FSDP rank's chunk of the rows.
+    auto reader = ckpt::CheckpointReader::Open(dir + "/checkpoints");
+    REQUIRE(reader.ok());
+    const ckpt::Metadata& meta = (*reader)->metadata();
+    CHECK(meta.step == 10);
+    CHECK(meta.world_size == 4);
+    CHECK(meta.parallelism.at("pipeline") == "stages=2,ranks=2,schedule=1f1b,micro_batches=2,fsdp=2");
+    const ckpt::TensorMeta* t = meta.Find("blocks.3.attn.qkv.weight");
+    REQUIRE(t != nullptr);
+    CHECK(t->shape[0] == 96);
+    for (const char* name : {"wte.weight", "wpe.weight", "ln_f.weight", "optim.wte.weight.exp_avg"}) {
+      INFO(name);
+      CHECK(meta.Find(name) != nullptr);
+    }
+  }
+  // Attempt 1, from copies of that job directory: FSDP=4 and PP=4 (one stage per rank).
+  for (int stages : {0, 4}) {
+    INFO("resume with " << (stages ? "PP=4" : "FSDP=4"));
+    const std::string id = absl::StrCat("ppf-", stages), to = NewJobDir(id);
+    CopyTree(dir + "/checkpoints", to + "/checkpoints");
+    CopyTree(dir + "/metrics", to + "/metrics");
+    WriteLayoutSpec(to, 12, stages, 4);
+    REQUIRE(RunJob(addr, id, to, 4, 1) == std::vector<int>{0, 0, 0, 0});
+    got = Losses(to);
+    REQUIRE(got.size() == 12);
+    for (int64_t step : {11, 12}) CheckClose(got.at(step), want.at(step), 1e-5);
   }
 }
 

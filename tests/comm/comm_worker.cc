@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "runtime/comm/process_group.h"
 #include "runtime/comm/store_rendezvous.h"
+#include "tests/comm/worker_rendezvous.h"
 #include "runtime/store/client.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
@@ -411,19 +412,13 @@ int main(int argc, char** argv) {
   o.bootstrap_timeout = absl::Seconds(30);
   if (scenario == "hang") o.timeout = absl::Seconds(3);
   if (scenario == "mismatch" || scenario == "kill") o.timeout = absl::Seconds(60);
-  std::shared_ptr<Rendezvous> rdzv;
-  if (const std::string addr = absl::GetFlag(FLAGS_store); !addr.empty()) {
-    auto client = ember::store::Client::Connect({.address = addr, .default_timeout = absl::Seconds(60),
-                                                 .connect_timeout = absl::Seconds(20)});
-    if (!client.ok()) {
-      std::fprintf(stderr, "[rank %d] store connect: %s\n", g_rank, client.status().ToString().c_str());
-      return 2;
-    }
-    rdzv = MakeStoreRendezvous(client->WithPrefix(absl::GetFlag(FLAGS_store_prefix)));
-  } else {
-    rdzv = MakeFileRendezvous(absl::GetFlag(FLAGS_rdzv_dir));
+  auto rdzv = testing::WorkerRendezvous(absl::GetFlag(FLAGS_store), absl::GetFlag(FLAGS_store_prefix),
+                                        absl::GetFlag(FLAGS_rdzv_dir));
+  if (!rdzv.ok()) {
+    std::fprintf(stderr, "[rank %d] store connect: %s\n", g_rank, rdzv.status().ToString().c_str());
+    return 2;
   }
-  auto pg = ProcessGroup::Create(rdzv, g_rank, g_size, o);
+  auto pg = ProcessGroup::Create(*rdzv, g_rank, g_size, o);
   if (!pg.ok()) {
     std::fprintf(stderr, "[rank %d] create: %s\n", g_rank, pg.status().ToString().c_str());
     return 2;

@@ -1,26 +1,44 @@
 #!/usr/bin/env bash
 # GPU checks, prepared here and run on a lent GPU machine (one H200) with the device tool:
-#   1. here:   bash tests/gpu/run.sh build     (builds the GPU test binaries into tests/gpu/bin)
-#   2. device: run(command="bash tests/gpu/run.sh check", carry=["tests/gpu/bin"], timeout_s=300)
-# The device machine has CUDA and NCCL (inside Python wheels) but no Bazel or gRPC, so only
-# binaries free of gRPC/protobuf are carried.
-#
-# Today the only GPU-facing code is device discovery (runtime/base/devices.h): CUDA kernels and the
-# nccl backends are later issues. This script is where their checks go.
+#   1. here:   bash tests/gpu/run.sh build     (builds the GPU test binaries into tests/gpu/bin,
+#              with the shared libraries they need that the GPU machine lacks in tests/gpu/bin/lib)
+#   2. device: run(command="bash tests/gpu/run.sh check", carry=["tests/gpu/bin"], timeout_s=480)
+# The device machine has CUDA and NCCL (inside Python wheels) but no Bazel, gRPC, Abseil or spdlog,
+# so only binaries free of gRPC/protobuf are carried, with their Abseil/spdlog/fmt libraries.
+# docs/gpu-testing.md lists what each check shows and what has run on a GPU so far (nothing yet
+# for the NCCL checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check"
 case "${1:-}" in
   build)
-    bazel build //runtime/base:devices_test
-    mkdir -p tests/gpu/bin
-    cp -f "$(bazel info bazel-bin 2>/dev/null)/runtime/base/devices_test" tests/gpu/bin/
+    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check
+    bin="$(bazel info bazel-bin 2>/dev/null)"
+    mkdir -p tests/gpu/bin/lib
+    for b in $BINS; do
+      cp -f "$bin/$b" tests/gpu/bin/
+      # Libraries from this machine's /usr/lib that the GPU machine may not have (CUDA, NCCL and
+      # glibc come from the GPU machine).
+      ldd "$bin/$b" | awk '/=>/ {print $3}' |
+        grep -E 'libabsl_|libspdlog|libfmt|libstdc\+\+|libgcc_s' | sort -u |
+        while read -r lib; do cp -fL "$lib" tests/gpu/bin/lib/; done
+    done
+    bash tests/gpu/cuda_kernels.sh build
+    du -sh tests/gpu/bin
     echo "built tests/gpu/bin; carry it to the device"
     ;;
   check)
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || true
-    # cudart comes from the toolkit on the device machine.
-    export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
-    EMBER_EXPECT_GPUS=1 tests/gpu/bin/devices_test
+    nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv || true
+    # cudart from the toolkit; NCCL from the nvidia-nccl wheel (site-packages/nvidia/nccl/lib).
+    nccl_dir="$(dirname "$(find / -name 'libnccl.so.2' -path '*nvidia*' 2>/dev/null | head -1)" 2>/dev/null || true)"
+    echo "libnccl.so.2 from: ${nccl_dir:-not found}"
+    export LD_LIBRARY_PATH="tests/gpu/bin/lib:${nccl_dir:+$nccl_dir:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+    rc=0
+    EMBER_EXPECT_GPUS=1 timeout 60 tests/gpu/bin/devices_test || rc=1
+    # World size 1 only: NCCL refuses two ranks on one GPU.
+    timeout 300 tests/gpu/bin/nccl_gpu_check || rc=1
+    timeout 240 bash tests/gpu/cuda_kernels.sh check || rc=1
+    exit $rc
     ;;
   *)
     echo "usage: $0 build|check" >&2

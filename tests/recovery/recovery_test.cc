@@ -4,7 +4,7 @@
 //     uninterrupted run (deterministic mode);
 //   * a rank that hangs in a collective -> the watchdog fires, every rank dumps, the job's reason
 //     leads with the analyzer's verdict naming that rank and the op;
-//   * the same for a pipeline job (kill -9 of a stage rank);
+//   * the same for a pipeline job (kill -9 of a stage rank), one replica and PP=2 x FSDP=2;
 //   * a worker that always fails -> FAILED, not retried forever, the reason says why.
 // Every test bounds its waits and ends with no worker process left (/proc scan).
 #include <signal.h>
@@ -114,30 +114,39 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
 }
 
 TEST_CASE("kill -9 of a pipeline stage rank: restart from the checkpoint, same loss") {
-  auto cluster = RealCluster(1, 2);
+  // One replica on 1 node, or PP=2 x FSDP=2 on 2 nodes (rank 1: replica 0's last stage).
+  const int world = GENERATE(2, 4);
+  INFO("world " << world);
+  auto cluster = RealCluster(world / 2, 2);
   REQUIRE(cluster.ok());
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());
-  // Two stages of one block, 1F1B over 4 micro-batches (docs/pipeline.md); cosine schedule with
-  // warmup, so a resumed step count or learning rate that is off changes the loss.
+  // Two stages of one block, 1F1B over 4 / (world / 2) micro-batches per replica
+  // (docs/pipeline.md); cosine schedule with warmup, so a resumed step count or learning rate
+  // that is off changes the loss.
   const std::string spec = absl::StrCat(
       "name: rec-pp\n",
       "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n",
       "data: {text_path: data/tiny_corpus.txt}\n",
       "optimizer: {name: adamw, lr: 0.003, schedule: cosine, warmup_steps: 4}\n",
-      "parallelism: {strategy: pipeline, world_size: 2, pipeline_stages: 2, "
-      "pipeline_schedule: 1f1b, pipeline_micro_batches: 4}\n",
+      "parallelism: {strategy: pipeline, world_size: ", world, ", pipeline_stages: 2, "
+      "pipeline_schedule: 1f1b, pipeline_micro_batches: ", 4 / (world / 2), "}\n",
       "checkpoint: {dir: checkpoints, every_steps: 8, keep_last: 2}\n",
       "resources: {device_type: cpu}\nsteps: 24\nbatch_size: 1\nseed: 1\nthreads: 1\n",
       "log_every: 1\ndeterministic: true\nmax_restarts: 2\n");
   std::string id;
-  const auto ref_done = RunRefThenKillRank1(*c, spec, "rec-pp", &id);  // rank 1: the last stage
+  const auto ref_done = RunRefThenKillRank1(*c, spec, absl::StrCat("rec-pp", world), &id);
   auto done = c->Wait(id, absl::Seconds(90));
   REQUIRE(done.ok());
   INFO(done->reason());
   REQUIRE(done->state() == v1::SUCCEEDED);
   REQUIRE(done->attempts_size() == 2);
-  REQUIRE(absl::StartsWith(done->attempts(0).reason(), "rank 1 on "));
+  const std::string& reason = done->attempts(0).reason();
+  REQUIRE(absl::StrContains(reason, "rank 1 on node-a was killed by signal 9"));
+  // With one replica the kill leads the reason. With PP=2 x FSDP=2 the flight-recorder analyzer
+  // (runtime/daemon) can lead instead with "rank 0 never joined reduce_scatter ... of group
+  // 'stage0'": rank 0 waits in a receive from the killed rank, which it does not follow.
+  if (world == 2) REQUIRE(absl::StartsWith(reason, "rank 1 on "));
   const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-0.log"));
   REQUIRE(absl::StrContains(log, "resumed from"));
   REQUIRE(done->progress().step() == 24);

@@ -1,0 +1,604 @@
+// The etcd backend (see etcd_backend.h): operations as read -> pure apply (state.h) -> one
+// compare-and-write transaction; parked blocking reads woken by an etcd watch; watches and leases
+// mapped onto etcd's.
+#include "runtime/store/etcd_backend.h"
+
+#include <algorithm>
+#include <atomic>
+#include <deque>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/store/etcd_mapping.h"
+#include "runtime/store/etcd_watch.h"
+#include "runtime/store/idempotent.h"
+#include "runtime/store/state.h"
+#include "runtime/store/strand_pool.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::store {
+namespace {
+
+using v1::Request;
+using v1::Response;
+namespace pb = etcdserverpb;
+using etcd_mapping::AssumeLease;
+using etcd_mapping::CompareAndWrite;
+using etcd_mapping::kMaxOpsPerTxn;
+using etcd_mapping::KeysOf;
+using etcd_mapping::OnEmptyState;
+using etcd_mapping::PrefixOf;
+using etcd_mapping::Recorder;
+using etcd_mapping::SetStatus;
+
+// Requests waiting on etcd at once (each pool thread runs one caller's requests at a time).
+constexpr int kPoolThreads = 16;
+
+class EtcdBackend : public Backend {
+ public:
+  EtcdBackend(const EtcdOptions& etcd, const BackendOptions& options)
+      : etcd_(etcd), options_(options) {}
+  ~EtcdBackend() override { Shutdown(); }
+
+  absl::Status Open() {
+    ASSIGN_OR_RETURN(client_, EtcdClient::Create(etcd_));
+    StoreState view;
+    absl::Status s = ReadPrefix("", /*values=*/false, &view, absl::Now() + etcd_.op_timeout);
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("etcd backend could not start: ", s.message()));
+    }
+    waker_ = std::make_unique<EtcdWatcher>(
+        client_.get(), etcd_.prefix, PrefixRangeEnd(etcd_.prefix), view.revision + 1,
+        [this](const pb::WatchResponse& w) { OnEtcdEvents(w); });
+    timer_ = std::thread([this] { TimerLoop(); });
+    worker_ = std::thread([this] { WorkerLoop(); });
+    spdlog::info("store: etcd backend on [{}] prefix '{}' at revision {}",
+                 client_->endpoint_list(), etcd_.prefix, view.revision);
+    return absl::OkStatus();
+  }
+
+  // Runs on the pool: each caller (owner) on its own strand, so its answers keep request order
+  // while other callers' requests wait on etcd in parallel. Unary calls (owner 0) run alone.
+  void Execute(const std::vector<const Request*>& requests, const Done& done,
+               uint64_t owner) override {
+    auto batch = std::make_shared<std::vector<Request>>();
+    batch->reserve(requests.size());
+    for (const Request* r : requests) batch->push_back(*r);
+    const uint64_t strand = owner != 0 ? owner : (uint64_t{1} << 63) | next_unary_.fetch_add(1);
+    pool_.Post(
+        strand,
+        [this, batch, done, owner] {
+          for (const Request& req : *batch) {
+            Response r;
+            r.set_id(req.id());
+            if (Run(req, &r) == Applied::kMustWait) {
+              Park(req, done, owner);
+            } else {
+              done(std::move(r));
+            }
+          }
+        },
+        [batch, done] {
+          for (const Request& req : *batch) {
+            Response r;
+            r.set_id(req.id());
+            SetError(&r, absl::StatusCode::kCancelled,
+                     "request dropped before it ran: its caller went away or the store server "
+                     "is shutting down");
+            done(std::move(r));
+          }
+        });
+  }
+
+  void CancelOwner(uint64_t owner) override {
+    pool_.Drop(owner);
+    std::vector<Waiter> cancelled;
+    {
+      absl::MutexLock l(&mu_);
+      for (auto it = waiters_.begin(); it != waiters_.end();) {
+        auto next = std::next(it);
+        if (it->second.owner == owner) cancelled.push_back(TakeLocked(it->first));
+        it = next;
+      }
+    }
+    for (Waiter& w : cancelled) Answer(&w, absl::CancelledError("caller went away"));
+  }
+
+  uint64_t AddWatch(const std::string& prefix, bool send_initial, WatchSink sink) override {
+    StoreState view;
+    absl::Status s = ReadPrefix(prefix, /*values=*/true, &view, absl::Now() + etcd_.op_timeout);
+    if (!s.ok()) {
+      spdlog::error("store: watch on '{}' could not read its start from etcd ({}); it starts "
+                    "from etcd's current revision", prefix, std::string(s.message()));
+    } else if (send_initial) {
+      for (const auto& [key, e] : view.kv) {
+        v1::WatchEvent ev;
+        ev.set_type(v1::WatchEvent::PUT);
+        ev.set_key(key);
+        ev.set_value(e.value);
+        ev.set_revision(e.revision);
+        sink(ev);
+      }
+    }
+    const size_t strip = etcd_.prefix.size();
+    auto watcher = std::make_unique<EtcdWatcher>(
+        client_.get(), etcd_.prefix + prefix, PrefixRangeEnd(etcd_.prefix + prefix),
+        s.ok() ? view.revision + 1 : 0, [sink, strip](const pb::WatchResponse& w) {
+          for (const mvccpb::Event& e : w.events()) {
+            v1::WatchEvent ev;
+            ev.set_type(e.type() == mvccpb::Event::PUT ? v1::WatchEvent::PUT
+                                                       : v1::WatchEvent::DELETE);
+            ev.set_key(e.kv().key().substr(strip));
+            ev.set_value(e.kv().value());
+            ev.set_revision(e.kv().mod_revision());
+            sink(ev);
+          }
+        });
+    absl::MutexLock l(&mu_);
+    const uint64_t id = ++next_id_;
+    watches_[id] = std::move(watcher);
+    return id;
+  }
+
+  void RemoveWatch(uint64_t id) override {
+    std::unique_ptr<EtcdWatcher> w;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = watches_.find(id);
+      if (it == watches_.end()) return;
+      w = std::move(it->second);
+      watches_.erase(it);
+    }
+    w.reset();  // joins its thread: no sink call after this
+  }
+
+  void Shutdown() override {
+    std::vector<Waiter> left;
+    std::map<uint64_t, std::unique_ptr<EtcdWatcher>> watches;
+    {
+      absl::MutexLock l(&mu_);
+      if (shutdown_) return;
+      shutdown_ = true;
+    }
+    pool_.Stop();  // (running requests finish: each ends within op_timeout)
+    {
+      absl::MutexLock l(&mu_);
+      while (!waiters_.empty()) left.push_back(TakeLocked(waiters_.begin()->first));
+      for (Waiter& w : woken_) left.push_back(std::move(w));
+      woken_.clear();
+      watches.swap(watches_);
+    }
+    for (Waiter& w : left) {
+      Answer(&w, absl::UnavailableError("store server shut down while waiting; retry"));
+    }
+    watches.clear();
+    if (waker_ != nullptr) waker_->Stop();
+    if (timer_.joinable()) timer_.join();
+    if (worker_.joinable()) worker_.join();
+  }
+
+  int64_t revision() const override { return revision_.load(); }
+  int64_t num_waiters() const override {
+    absl::MutexLock l(&mu_);
+    return static_cast<int64_t>(waiters_.size() + woken_.size());
+  }
+
+ private:
+  struct Waiter {
+    uint64_t owner = 0;
+    Request req;
+    Done done;
+    absl::Time deadline;
+    std::vector<std::string> keys;
+  };
+
+  absl::Time OpDeadline() const { return absl::Now() + etcd_.op_timeout; }
+  void NoteRevision(int64_t rev) {
+    int64_t cur = revision_.load();
+    while (rev > cur && !revision_.compare_exchange_weak(cur, rev)) {
+    }
+  }
+  void AddEntry(const mvccpb::KeyValue& kv, StoreState* view) {
+    Entry& e = view->kv[kv.key().substr(etcd_.prefix.size())];
+    e.value = kv.value();
+    e.revision = kv.mod_revision();
+    e.lease = kv.lease();
+  }
+
+  // --- reading a view of the keys an operation needs --------------------------------------------
+  absl::Status ReadPrefix(const std::string& prefix, bool values, StoreState* view,
+                          absl::Time deadline) {
+    pb::RangeRequest q;
+    q.set_key(etcd_.prefix + prefix);
+    q.set_range_end(PrefixRangeEnd(etcd_.prefix + prefix));
+    q.set_keys_only(!values);
+    pb::RangeResponse resp;
+    RETURN_IF_ERROR(client_->Call(
+        absl::StrCat("a read of prefix '", prefix, "'"), true, deadline,
+        [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
+          return s.kv->Range(ctx, q, &resp);
+        }));
+    for (const auto& kv : resp.kvs()) AddEntry(kv, view);
+    view->revision = resp.header().revision();
+    NoteRevision(view->revision);
+    return absl::OkStatus();
+  }
+
+  // One transaction of range reads per kMaxOpsPerTxn keys (each chunk a consistent snapshot).
+  absl::Status ReadKeys(const std::vector<std::string>& keys, StoreState* view,
+                        absl::Time deadline) {
+    for (size_t begin = 0; begin < keys.size(); begin += kMaxOpsPerTxn) {
+      const size_t end = std::min(keys.size(), begin + kMaxOpsPerTxn);
+      pb::TxnRequest txn;
+      for (size_t i = begin; i < end; ++i) {
+        txn.add_success()->mutable_request_range()->set_key(etcd_.prefix + keys[i]);
+      }
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(client_->Call(
+          absl::StrCat("a read of ", end - begin, " key(s) from '", keys[begin], "'"), true,
+          deadline, [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
+            return s.kv->Txn(ctx, txn, &resp);
+          }));
+      for (const auto& op : resp.responses()) {
+        for (const auto& kv : op.response_range().kvs()) AddEntry(kv, view);
+      }
+      view->revision = std::max(view->revision, resp.header().revision());
+    }
+    NoteRevision(view->revision);
+    return absl::OkStatus();
+  }
+
+  // --- one request ------------------------------------------------------------------------------
+  Applied Run(const Request& req, Response* r) {
+    {
+      absl::MutexLock l(&mu_);
+      if (shutdown_) {
+        SetError(r, absl::StatusCode::kUnavailable, "store server is shutting down; retry");
+        return Applied::kAnswered;
+      }
+    }
+    switch (req.op_case()) {
+      case Request::kLeaseGrant: LeaseGrant(req, r); return Applied::kAnswered;
+      case Request::kLeaseRefresh: LeaseRefresh(req, r); return Applied::kAnswered;
+      case Request::kLeaseRevoke: LeaseRevoke(req, r); return Applied::kAnswered;
+      case Request::kDeletePrefix: DeletePrefix(req, r); return Applied::kAnswered;
+      default: return Evaluate(req, r, OpDeadline());
+    }
+  }
+
+  // Read -> apply -> compare-and-write, again after a lost race, until `deadline`.
+  Applied Evaluate(const Request& req, Response* r, absl::Time deadline) {
+    Response checked = OnEmptyState(req, options_);
+    if (checked.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
+        !req.has_add()) {  // an Add's INVALID_ARGUMENT (not a number) depends on the value
+      SetError(r, absl::StatusCode::kInvalidArgument, checked.message());
+      return Applied::kAnswered;
+    }
+    const std::vector<std::string> keys = KeysOf(req);
+    for (int attempt = 1;; ++attempt) {
+      StoreState view;
+      absl::Status s = PrefixOf(req) != nullptr
+                           ? ReadPrefix(*PrefixOf(req), /*values=*/false, &view, deadline)
+                           : ReadKeys(keys, &view, deadline);
+      if (!s.ok()) {
+        SetStatus(r, s);
+        return Applied::kAnswered;
+      }
+      AssumeLease(req, &view);
+      absl::flat_hash_map<std::string, int64_t> read_at;  // mod_revision as read (0 = absent)
+      for (const auto& [k, e] : view.kv) read_at[k] = e.revision;
+      Recorder rec;
+      ApplyContext ctx{options_, base::RealClock(), &rec};
+      Response out;
+      out.set_id(r->id());
+      if (Apply(view, ctx, req, &out) == Applied::kMustWait) return Applied::kMustWait;
+      if (out.code() != 0 || rec.changes.empty()) {
+        *r = std::move(out);
+        return Applied::kAnswered;
+      }
+      const pb::TxnRequest txn = CompareAndWrite(etcd_.prefix, keys, read_at, rec.changes);
+      pb::TxnResponse resp;
+      s = client_->Call(absl::StrCat("a write of ", rec.changes.size(), " key(s) from '",
+                                     rec.changes.begin()->first, "'"),
+                        IdempotentRequest(req), deadline,
+                        [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
+                          return st.kv->Txn(c, txn, &resp);
+                        });
+      if (absl::IsNotFound(s) && req.has_set()) {  // etcd: "requested lease not found"
+        *r = OnEmptyState(req, options_);
+        r->set_id(req.id());
+        return Applied::kAnswered;
+      }
+      if (!s.ok()) {
+        if (txn.compare_size() > kMaxOpsPerTxn) {
+          s = absl::Status(s.code(), absl::StrCat(s.message(), " (", txn.compare_size(),
+                                                  " keys in one write; etcd allows "
+                                                  "--max-txn-ops, default 128)"));
+        }
+        SetStatus(r, s);
+        return Applied::kAnswered;
+      }
+      if (resp.succeeded()) {
+        NoteRevision(resp.header().revision());
+        if (out.has_set()) out.mutable_set()->set_revision(resp.header().revision());
+        if (out.has_multi_set()) out.mutable_multi_set()->set_revision(resp.header().revision());
+        *r = std::move(out);
+        return Applied::kAnswered;
+      }
+      if (absl::Now() >= deadline) {
+        SetError(r, absl::StatusCode::kUnavailable,
+                 absl::StrCat("gave up after ", attempt, " attempts lost to concurrent writers "
+                              "of the same key(s) in etcd; retry"));
+        return Applied::kAnswered;
+      }
+    }
+  }
+
+  // --- leases and prefix deletes: etcd's own operations ------------------------------------------
+  void LeaseGrant(const Request& req, Response* r) {
+    Response checked = OnEmptyState(req, options_);
+    if (checked.code() != 0) {
+      SetError(r, static_cast<absl::StatusCode>(checked.code()), checked.message());
+      return;
+    }
+    pb::LeaseGrantRequest q;
+    q.set_ttl((req.lease_grant().ttl_ms() + 999) / 1000);
+    pb::LeaseGrantResponse resp;
+    absl::Status s = client_->Call("a lease grant", false, OpDeadline(),
+                                   [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
+                                     return st.lease->LeaseGrant(c, q, &resp);
+                                   });
+    if (s.ok() && !resp.error().empty()) s = absl::InternalError(resp.error());
+    if (!s.ok()) return SetStatus(r, s);
+    NoteRevision(resp.header().revision());
+    r->mutable_lease_grant()->set_lease_id(resp.id());
+    r->mutable_lease_grant()->set_ttl_ms(resp.ttl() * 1000);
+  }
+
+  void LeaseRefresh(const Request& req, Response* r) {
+    pb::LeaseKeepAliveRequest q;
+    q.set_id(req.lease_refresh().lease_id());
+    pb::LeaseKeepAliveResponse resp;
+    absl::Status s = client_->Call(
+        "a lease keep-alive", true, OpDeadline(),
+        [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
+          auto stream = st.lease->LeaseKeepAlive(c);
+          if (!stream->Write(q) || !stream->Read(&resp)) {
+            c->TryCancel();
+            grpc::Status f = stream->Finish();
+            return f.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keep-alive stream ended")
+                          : f;
+          }
+          stream->WritesDone();
+          return stream->Finish();
+        });
+    if (!s.ok()) return SetStatus(r, s);
+    if (resp.ttl() <= 0) {
+      *r = OnEmptyState(req, options_);  // NOT_FOUND naming the lease
+      r->set_id(req.id());
+      return;
+    }
+    r->mutable_lease_refresh()->set_ttl_ms(resp.ttl() * 1000);
+  }
+
+  void LeaseRevoke(const Request& req, Response* r) {
+    pb::LeaseTimeToLiveRequest tq;
+    tq.set_id(req.lease_revoke().lease_id());
+    tq.set_keys(true);
+    pb::LeaseTimeToLiveResponse ttl;
+    absl::Status s = client_->Call("a lease lookup", true, OpDeadline(),
+                                   [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
+                                     return st.lease->LeaseTimeToLive(c, tq, &ttl);
+                                   });
+    if (s.ok() && ttl.ttl() < 0) s = absl::NotFoundError("lease not found");
+    pb::LeaseRevokeRequest q;
+    q.set_id(req.lease_revoke().lease_id());
+    pb::LeaseRevokeResponse resp;
+    if (s.ok()) {
+      s = client_->Call("a lease revoke", true, OpDeadline(),
+                        [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
+                          return st.lease->LeaseRevoke(c, q, &resp);
+                        });
+    }
+    if (absl::IsNotFound(s)) {
+      *r = OnEmptyState(req, options_);
+      r->set_id(req.id());
+      return;
+    }
+    if (!s.ok()) return SetStatus(r, s);
+    NoteRevision(resp.header().revision());
+    int64_t ours = 0;
+    for (const std::string& k : ttl.keys()) ours += k.rfind(etcd_.prefix, 0) == 0;
+    r->mutable_lease_revoke()->set_deleted(ours);
+  }
+
+  void DeletePrefix(const Request& req, Response* r) {
+    Response checked = OnEmptyState(req, options_);
+    if (checked.code() != 0) {
+      SetError(r, static_cast<absl::StatusCode>(checked.code()), checked.message());
+      return;
+    }
+    const std::string p = etcd_.prefix + req.delete_prefix().prefix();
+    pb::DeleteRangeRequest q;
+    q.set_key(p);
+    q.set_range_end(PrefixRangeEnd(p));
+    pb::DeleteRangeResponse resp;
+    absl::Status s = client_->Call(
+        absl::StrCat("a delete of prefix '", req.delete_prefix().prefix(), "'"), false,
+        OpDeadline(), [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
+          return st.kv->DeleteRange(c, q, &resp);
+        });
+    if (!s.ok()) return SetStatus(r, s);
+    NoteRevision(resp.header().revision());
+    r->mutable_delete_prefix()->set_deleted(resp.deleted());
+  }
+
+  // --- parked blocking reads --------------------------------------------------------------------
+  void Park(const Request& req, const Done& done, uint64_t owner) {
+    Waiter w;
+    w.owner = owner;
+    w.req = req;
+    w.done = done;
+    const int64_t ms = req.has_get()    ? req.get().timeout_ms()
+                       : req.has_wait() ? req.wait().timeout_ms()
+                                        : req.multi_get().timeout_ms();
+    w.deadline = absl::Now() + (ms > 0 ? absl::Milliseconds(ms) : options_.default_wait_timeout);
+    w.keys = KeysOf(req);
+    Arm(std::move(w));
+  }
+
+  // Registers `w` for wake-ups, then reads again: a key set before the registration is seen by
+  // that read, one set after it by the watch. Whoever takes `w` out of waiters_ answers it.
+  void Arm(Waiter w) {
+    const Request req = w.req;
+    uint64_t id;
+    {
+      absl::MutexLock l(&mu_);
+      id = shutdown_ ? 0 : ++next_id_;
+      if (id != 0) {
+        for (const std::string& k : w.keys) by_key_[k].push_back(id);
+        waiters_.emplace(id, std::move(w));
+      }
+    }
+    if (id == 0) {
+      return Answer(&w, absl::UnavailableError("store server shut down while waiting; retry"));
+    }
+    Response r;
+    r.set_id(req.id());
+    if (Evaluate(req, &r, OpDeadline()) == Applied::kMustWait) return;
+    Waiter mine;
+    {
+      absl::MutexLock l(&mu_);
+      if (waiters_.count(id) == 0) return;
+      mine = TakeLocked(id);
+    }
+    mine.done(std::move(r));
+  }
+
+  Waiter TakeLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    auto it = waiters_.find(id);
+    Waiter w = std::move(it->second);
+    waiters_.erase(it);
+    for (const std::string& k : w.keys) {
+      auto k_it = by_key_.find(k);
+      if (k_it == by_key_.end()) continue;
+      auto& ids = k_it->second;
+      ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+      if (ids.empty()) by_key_.erase(k_it);
+    }
+    return w;
+  }
+
+  static void Answer(Waiter* w, const absl::Status& s) {
+    Response r;
+    r.set_id(w->req.id());
+    SetStatus(&r, s);
+    w->done(std::move(r));
+  }
+
+  // The waker watch: a PUT of a key someone waits for answers a parked Get from the event and
+  // hands the others to the worker, which evaluates them again.
+  void OnEtcdEvents(const pb::WatchResponse& w) {
+    std::vector<std::pair<Done, Response>> fired;
+    {
+      absl::MutexLock l(&mu_);
+      for (const mvccpb::Event& e : w.events()) {
+        NoteRevision(e.kv().mod_revision());
+        if (e.type() != mvccpb::Event::PUT) continue;
+        auto it = by_key_.find(e.kv().key().substr(etcd_.prefix.size()));
+        if (it == by_key_.end()) continue;
+        const std::vector<uint64_t> ids = it->second;
+        for (uint64_t id : ids) {
+          Waiter waiter = TakeLocked(id);
+          if (waiter.req.has_get()) {
+            Response r;
+            r.set_id(waiter.req.id());
+            r.mutable_get()->set_found(true);
+            r.mutable_get()->set_value(e.kv().value());
+            r.mutable_get()->set_revision(e.kv().mod_revision());
+            fired.emplace_back(std::move(waiter.done), std::move(r));
+          } else {
+            woken_.push_back(std::move(waiter));
+          }
+        }
+      }
+    }
+    for (auto& [done, r] : fired) done(std::move(r));
+  }
+
+  void WorkerLoop() {
+    while (true) {
+      Waiter w;
+      {
+        absl::MutexLock l(&mu_);
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return shutdown_ || !woken_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (shutdown_) return;
+        w = std::move(woken_.front());
+        woken_.pop_front();
+      }
+      Arm(std::move(w));  // answers it if its keys are there, else parks it again
+    }
+  }
+
+  void TimerLoop() {
+    while (true) {
+      std::vector<Waiter> expired;
+      {
+        absl::MutexLock l(&mu_);
+        mu_.AwaitWithTimeout(absl::Condition(&shutdown_), absl::Milliseconds(20));
+        if (shutdown_) return;
+        const absl::Time now = absl::Now();
+        std::vector<uint64_t> ids;
+        for (const auto& [id, w] : waiters_) {
+          if (w.deadline <= now) ids.push_back(id);
+        }
+        for (uint64_t id : ids) expired.push_back(TakeLocked(id));
+      }
+      for (Waiter& w : expired) {
+        StoreState view;
+        ReadKeys(w.keys, &view, OpDeadline()).IgnoreError();  // unread = named as missing
+        Response r;
+        r.set_id(w.req.id());
+        SetWaitTimedOut(
+            w.req, [&view](const std::string& k) { return view.kv.contains(k); }, &r);
+        w.done(std::move(r));
+      }
+    }
+  }
+
+  const EtcdOptions etcd_;
+  const BackendOptions options_;
+  std::unique_ptr<EtcdClient> client_;    // set in Open, then constant
+  std::unique_ptr<EtcdWatcher> waker_;    // set in Open
+  std::thread timer_, worker_;
+  std::atomic<int64_t> revision_{0};
+  std::atomic<uint64_t> next_unary_{0};
+  StrandPool pool_{kPoolThreads};
+
+  mutable absl::Mutex mu_;
+  std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<uint64_t>> by_key_ ABSL_GUARDED_BY(mu_);
+  std::deque<Waiter> woken_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, std::unique_ptr<EtcdWatcher>> watches_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> NewEtcdBackend(const EtcdOptions& etcd,
+                                                        const BackendOptions& options) {
+  auto b = std::make_unique<EtcdBackend>(etcd, options);
+  RETURN_IF_ERROR(b->Open());
+  return std::unique_ptr<Backend>(std::move(b));
+}
+
+}  // namespace ember::store

@@ -1,0 +1,85 @@
+// StrandPool: order within a strand, parallelism across strands, cancellation of queued tasks.
+#include "runtime/store/strand_pool.h"
+
+#include <atomic>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+namespace ember::store {
+namespace {
+
+TEST_CASE("tasks of one strand run in order, one at a time; strands run in parallel") {
+  StrandPool pool(4);
+  absl::Mutex mu;
+  std::vector<std::vector<int>> seen(3);
+  std::atomic<int> running_in_strand0{0}, overlap{0}, done{0};
+  for (int i = 0; i < 300; ++i) {
+    const int strand = i % 3;
+    pool.Post(
+        strand,
+        [&, strand, i] {
+          if (strand == 0 && running_in_strand0.fetch_add(1) != 0) ++overlap;
+          {
+            absl::MutexLock l(&mu);
+            seen[strand].push_back(i);
+          }
+          if (strand == 0) running_in_strand0.fetch_sub(1);
+          ++done;
+        },
+        [] { FAIL("nothing is cancelled here"); });
+  }
+  // Two strands block each other only if they share a thread: both must be running at once.
+  absl::Notification a_started, b_started;
+  std::atomic<bool> met_a{false}, met_b{false};
+  pool.Post(
+      7,
+      [&] {
+        a_started.Notify();
+        met_a = b_started.WaitForNotificationWithTimeout(absl::Seconds(10));
+      },
+      [] {});
+  pool.Post(
+      8,
+      [&] {
+        b_started.Notify();
+        met_b = a_started.WaitForNotificationWithTimeout(absl::Seconds(10));
+      },
+      [] {});
+  for (int i = 0; i < 1000 && done < 300; ++i) absl::SleepFor(absl::Milliseconds(10));
+  REQUIRE(done == 300);
+  REQUIRE(overlap == 0);
+  for (int i = 0; i < 1000 && !(met_a && met_b); ++i) absl::SleepFor(absl::Milliseconds(10));
+  REQUIRE(met_a);
+  REQUIRE(met_b);
+  absl::MutexLock l(&mu);
+  for (int s = 0; s < 3; ++s) {
+    REQUIRE(seen[s].size() == 100);
+    for (int k = 0; k < 100; ++k) REQUIRE(seen[s][k] == 3 * k + s);
+  }
+}
+
+TEST_CASE("Drop cancels a strand's queued tasks; Stop cancels the rest") {
+  StrandPool pool(1);
+  absl::Notification release;
+  std::atomic<int> ran{0}, cancelled{0};
+  pool.Post(1, [&] { release.WaitForNotification(); ++ran; }, [&] { ++cancelled; });
+  absl::SleepFor(absl::Milliseconds(50));  // the first task is running now
+  for (int i = 0; i < 5; ++i) pool.Post(1, [&] { ++ran; }, [&] { ++cancelled; });
+  pool.Drop(1);
+  REQUIRE(cancelled == 5);
+  for (int i = 0; i < 3; ++i) pool.Post(2, [&] { ++ran; }, [&] { ++cancelled; });
+  release.Notify();
+  pool.Stop();
+  REQUIRE(ran + cancelled == 9);
+  REQUIRE(ran >= 1);
+  pool.Post(3, [&] { ++ran; }, [&] { ++cancelled; });  // after Stop: cancelled at once
+  REQUIRE(ran + cancelled == 10);
+}
+
+}  // namespace
+}  // namespace ember::store

@@ -1,0 +1,346 @@
+// TcpStoreServer: torch 1.13's TCPStore protocol (see tcpstore_server.h). Wire format (c10d
+// tcputil): a query is one byte of QueryType, then its arguments; a string or byte vector is a
+// u64 (host order = little-endian) length then the bytes; integers are raw 8-byte little-endian.
+#include "runtime/store/tcpstore_server.h"
+
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
+
+namespace ember::store {
+namespace {
+
+// torch/csrc/distributed/c10d/TCPStore.cpp (1.13): enum class QueryType : uint8_t.
+enum QueryType : uint8_t {
+  kSet = 0,
+  kCompareSet = 1,
+  kGet = 2,
+  kAdd = 3,
+  kCheck = 4,
+  kWait = 5,
+  kGetNumKeys = 6,
+  kWatchKey = 7,
+  kDeleteKey = 8,
+};
+constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;  // CheckResponseType
+constexpr uint8_t kStopWaiting = 0;                     // WaitResponseType
+constexpr uint64_t kMaxBytes = uint64_t{1} << 30;       // larger lengths are garbage: close
+
+std::atomic<uint64_t> g_next_owner{uint64_t{1} << 62};  // apart from the gRPC/fast-path owners
+
+std::string StoreKey(std::string k) {
+  if (!k.empty() && k[0] == '/') k.erase(0, 1);
+  return k;
+}
+
+class Connection {
+ public:
+  Connection(int fd, Backend* backend) : fd_(fd), backend_(backend) {}
+
+  // Serves queries until the peer closes, a query fails or the server stops.
+  void Serve() {
+    uint8_t type;
+    while (Read(&type, 1)) {
+      absl::Status s = Handle(type);
+      if (!s.ok()) {
+        if (absl::IsCancelled(s)) {
+          spdlog::debug("store: TCPStore client went away: {}", s.ToString());
+        } else {
+          spdlog::warn("store: TCPStore connection closed: {}", s.ToString());
+        }
+        break;
+      }
+    }
+    backend_->CancelOwner(owner_);
+  }
+
+ private:
+  absl::Status Handle(uint8_t type) {
+    v1::Request q;
+    q.set_id(1);
+    switch (type) {
+      case kSet: {
+        std::string k, v;
+        if (!ReadString(&k) || !ReadString(&v)) return Closed();
+        q.mutable_set()->set_key(StoreKey(k));
+        q.mutable_set()->set_value(v);
+        return Call(q).status();
+      }
+      case kCompareSet: {
+        std::string k, expected, desired;
+        if (!ReadString(&k) || !ReadString(&expected) || !ReadString(&desired)) return Closed();
+        auto* c = q.mutable_compare_set();
+        c->set_key(StoreKey(k));
+        c->set_expected(expected);
+        c->set_expect_absent(expected.empty());
+        c->set_desired(desired);
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        // torch: a missing key with a non-empty expectation answers the expectation.
+        const auto& a = r->compare_set();
+        return WriteString(!a.exists() && !a.swapped() ? expected : a.current());
+      }
+      case kGet: {
+        std::string k;
+        if (!ReadString(&k)) return Closed();
+        q.mutable_get()->set_key(StoreKey(k));
+        q.mutable_get()->set_wait(true);  // the client waited already; a wait costs nothing then
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        return WriteString(r->get().value());
+      }
+      case kAdd: {
+        std::string k;
+        int64_t delta;
+        if (!ReadString(&k) || !Read(&delta, 8)) return Closed();
+        q.mutable_add()->set_key(StoreKey(k));
+        q.mutable_add()->set_delta(delta);
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        int64_t v = r->add().value();
+        return Write(&v, 8);
+      }
+      case kCheck:
+      case kWait: {
+        uint64_t n;
+        if (!Read(&n, 8) || n > kMaxBytes) return Closed();
+        auto* keys = type == kCheck ? q.mutable_check()->mutable_keys()
+                                    : q.mutable_wait()->mutable_keys();
+        for (uint64_t i = 0; i < n; ++i) {
+          std::string k;
+          if (!ReadString(&k)) return Closed();
+          keys->Add(StoreKey(k));
+        }
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        uint8_t answer = type == kWait ? kStopWaiting
+                                       : (r->check().all_exist() ? kCheckReady : kCheckNotReady);
+        return Write(&answer, 1);
+      }
+      case kGetNumKeys: {
+        q.mutable_num_keys()->set_prefix("");
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        int64_t n = r->num_keys().count();
+        return Write(&n, 8);
+      }
+      case kDeleteKey: {
+        std::string k;
+        if (!ReadString(&k)) return Closed();
+        q.mutable_delete_()->set_key(StoreKey(k));
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        int64_t n = r->delete_().deleted() ? 1 : 0;
+        return Write(&n, 8);
+      }
+      case kWatchKey:
+        return absl::UnimplementedError("TCPStore watch_key is not supported by ember-store");
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "unknown TCPStore query type ", static_cast<int>(type),
+            " (ember-store speaks torch 1.13's protocol; 2.x clients are not supported)"));
+    }
+  }
+
+  // Runs one request on the backend and waits for its answer; gives up (cancelling it) when the
+  // peer hangs up meanwhile.
+  absl::StatusOr<v1::Response> Call(const v1::Request& q) {
+    struct Slot {
+      absl::Mutex mu;
+      std::optional<v1::Response> r;
+    };
+    auto slot = std::make_shared<Slot>();
+    backend_->Execute({&q}, [slot](v1::Response r) {
+      absl::MutexLock l(&slot->mu);
+      slot->r = std::move(r);
+    }, owner_);
+    absl::MutexLock l(&slot->mu);
+    auto ready = [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return slot->r.has_value(); };
+    while (!slot->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100))) {
+      char c;
+      if (recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {  // peer closed while we wait
+        slot->mu.Unlock();
+        backend_->CancelOwner(owner_);
+        slot->mu.Lock();
+      }
+    }
+    if (slot->r->code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(slot->r->code()), slot->r->message());
+    }
+    return *slot->r;
+  }
+
+  bool Read(void* buf, size_t n) {
+    char* p = static_cast<char*>(buf);
+    while (n > 0) {
+      ssize_t got = recv(fd_, p, n, 0);
+      if (got <= 0) {
+        if (got < 0 && errno == EINTR) continue;
+        return false;
+      }
+      p += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+  bool ReadString(std::string* s) {
+    uint64_t n;
+    if (!Read(&n, 8) || n > kMaxBytes) return false;
+    s->resize(n);
+    return Read(s->data(), n);
+  }
+  absl::Status Write(const void* buf, size_t n) {
+    const char* p = static_cast<const char*>(buf);
+    while (n > 0) {
+      ssize_t put = send(fd_, p, n, MSG_NOSIGNAL);
+      if (put <= 0) {
+        if (put < 0 && errno == EINTR) continue;
+        return Closed();
+      }
+      p += put;
+      n -= static_cast<size_t>(put);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status WriteString(const std::string& s) {
+    uint64_t n = s.size();
+    std::string frame(reinterpret_cast<const char*>(&n), 8);
+    frame += s;
+    return Write(frame.data(), frame.size());
+  }
+  static absl::Status Closed() { return absl::CancelledError("peer closed the connection"); }
+
+  const int fd_;
+  Backend* const backend_;
+  const uint64_t owner_ = g_next_owner.fetch_add(1);
+};
+
+}  // namespace
+
+class TcpStoreServer::Impl {
+ public:
+  ~Impl() { Shutdown(); }
+
+  absl::Status Listen(const std::string& host, int port) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+    addrinfo* res = nullptr;
+    if (int rc = getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res); rc != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("TCPStore host '", host, "': ", gai_strerror(rc)));
+    }
+    listen_fd_ = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    const bool ok = listen_fd_ >= 0 && bind(listen_fd_, res->ai_addr, res->ai_addrlen) == 0 &&
+                    listen(listen_fd_, 512) == 0;
+    freeaddrinfo(res);
+    if (!ok) {
+      return absl::UnavailableError(absl::StrCat("cannot listen for TCPStore clients on ", host,
+                                                 ":", port, ": ", strerror(errno)));
+    }
+    sockaddr_storage a{};
+    socklen_t len = sizeof(a);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&a)->sin6_port
+                                          : reinterpret_cast<sockaddr_in*>(&a)->sin_port);
+    accept_ = std::thread([this] { AcceptLoop(); });
+    return absl::OkStatus();
+  }
+
+  void AcceptLoop() {
+    while (!stop_) {
+      pollfd p{listen_fd_, POLLIN, 0};
+      if (poll(&p, 1, 200) <= 0) continue;
+      int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) continue;
+      int one = 1;
+      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      absl::MutexLock l(&mu_);
+      if (stop_) {
+        close(fd);
+        break;
+      }
+      conns_[fd] = std::thread([this, fd] {
+        Connection(fd, backend).Serve();
+        absl::MutexLock l(&mu_);
+        finished_.push_back(fd);
+      });
+      Reap();
+    }
+  }
+
+  // Joins the threads of connections that ended (mu_ held).
+  void Reap() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (int fd : finished_) {
+      auto it = conns_.find(fd);
+      if (it == conns_.end()) continue;
+      std::thread t = std::move(it->second);
+      conns_.erase(it);
+      mu_.Unlock();
+      t.join();
+      close(fd);
+      mu_.Lock();
+    }
+    finished_.clear();
+  }
+
+  void Shutdown() {
+    if (stop_.exchange(true)) return;
+    if (accept_.joinable()) accept_.join();
+    if (listen_fd_ >= 0) close(listen_fd_);
+    std::map<int, std::thread> conns;
+    {
+      absl::MutexLock l(&mu_);
+      conns.swap(conns_);
+      for (auto& [fd, t] : conns) ::shutdown(fd, SHUT_RDWR);
+    }
+    for (auto& [fd, t] : conns) {
+      t.join();
+      close(fd);
+    }
+  }
+
+  Backend* backend = nullptr;
+  int port_ = 0;
+
+ private:
+  int listen_fd_ = -1;
+  std::atomic<bool> stop_{false};
+  std::thread accept_;
+  absl::Mutex mu_;
+  std::map<int, std::thread> conns_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> finished_ ABSL_GUARDED_BY(mu_);
+};
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
+                                                                      int port, Backend* backend) {
+  auto impl = std::make_unique<Impl>();
+  impl->backend = backend;
+  absl::Status s = impl->Listen(host, port);
+  if (!s.ok()) return s;
+  return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));
+}
+
+TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+TcpStoreServer::~TcpStoreServer() { Shutdown(); }
+int TcpStoreServer::port() const { return impl_->port_; }
+void TcpStoreServer::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace ember::store
