@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <filesystem>
 #include <regex>
 
 #include "absl/flags/flag.h"
@@ -39,15 +38,7 @@ ABSL_FLAG(int, kill_at, 25, "kill rank 1 once rank 0 reported this step");
 namespace ember {
 namespace {
 
-namespace fs = std::filesystem;
 using recovery::WaitFor;
-
-std::string Runfile(const char* argv0, const std::string& rel) {
-  for (std::string c : {rel, absl::StrCat(argv0, ".runfiles/ember/", rel)}) {
-    if (fs::exists(c)) return fs::absolute(c).string();
-  }
-  return rel;
-}
 
 struct Round {
   double others_stopped_s = -1, detect_s = -1, first_step_s = -1, ckpt_load_s = 0;
@@ -125,12 +116,9 @@ int Main(int argc, char** argv) {
   e2e::ClusterOptions o;
   o.nodes = 2;
   o.slots = 2;
-  o.worker = Runfile(argv[0], "runtime/worker/ember-worker");
+  o.worker = recovery::Runfile(argv[0], "runtime/worker/ember-worker");
   o.restart_backoff = absl::Seconds(1);  // emberd's default
-  if (!fs::exists("examples/data/tiny_corpus.txt")) {
-    fs::current_path(fs::path(Runfile(argv[0], "examples/data/tiny_corpus.txt")).parent_path() /
-                     "../..");
-  }
+  recovery::EnterRunfiles(argv[0]);
   auto cluster = e2e::TestCluster::Start(o);
   if (!cluster.ok()) return report.Fail(cluster.status());
   auto c = (*cluster)->Connect(0);

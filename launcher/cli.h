@@ -136,6 +136,8 @@ int RunCkptInspect(Ctl& ctl);
 int RunCkptExport(Ctl& ctl);
 // cmd_pipeline.cc
 int RunPipelineShow(Ctl& ctl);
+// cmd_weights.cc
+int RunWeightsSubscribe(Ctl& ctl);
 
 }  // namespace ember::cli
 

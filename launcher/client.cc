@@ -4,6 +4,7 @@
 #include "runtime/base/grpc_server.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/base/wire_probe.h"
+#include "runtime/worker/subscriber.h"
 
 namespace ember {
 
@@ -184,6 +185,21 @@ absl::StatusOr<v1::Job> Client::Wait(const std::string& id, absl::Duration timeo
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
+}
+
+absl::StatusOr<int64_t> Client::SubscribeWeights(
+    const std::string& id, const std::string& store_address, const std::string& out_dir,
+    int64_t steps, std::function<void(int64_t, const std::string&)> on_snapshot) {
+  RETURN_IF_ERROR(Get(id).status());  // NOT_FOUND names the job
+  worker::SubscribeOptions o;
+  o.store_address = store_address;
+  o.token = opts_.token;
+  o.tls = opts_.tls;
+  o.job = id;
+  o.out_dir = out_dir;
+  o.steps = steps;
+  o.on_snapshot = std::move(on_snapshot);
+  return worker::SubscribeWeights(o);
 }
 
 }  // namespace ember

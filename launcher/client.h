@@ -55,6 +55,15 @@ class Client {
   absl::Status StreamMetrics(const std::string& id, bool follow, int interval_ms,
                              const std::function<bool(const jobs::v1::MetricsUpdate&)>& on_update);
 
+  // Live weights (docs/onesided.md "Live weight publishing"): checks that job `id` exists, then
+  // connects to the cluster's store at `store_address` with this client's token and TLS files and
+  // writes <out_dir>/step-<N>/model.safetensors for each step the job publishes (its spec needs
+  // publish.every_steps > 0), `steps` of them (0: until the job's ranks exit). `on_snapshot` is
+  // called after each file is written. Returns the number written.
+  absl::StatusOr<int64_t> SubscribeWeights(
+      const std::string& id, const std::string& store_address, const std::string& out_dir,
+      int64_t steps, std::function<void(int64_t step, const std::string& path)> on_snapshot = nullptr);
+
   // Polls Get until the job is SUCCEEDED, FAILED or CANCELLED; DEADLINE_EXCEEDED after `timeout`.
   absl::StatusOr<jobs::v1::Job> Wait(const std::string& id, absl::Duration timeout);
 

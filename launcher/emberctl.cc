@@ -105,6 +105,17 @@ const std::vector<Command>& Commands() {
         {"--ranks", "R", "ranks (default: stages, or stages/2 for interleaved-1f1b)"},
         {"--rendezvous", "", "simulate sends that block until received"}},
        RunPipelineShow},
+      {"weights", "subscribe", "weights subscribe JOB --out DIR --store HOST:PORT [--steps N]",
+       "write a running job's live weights as safetensors (publish.every_steps)",
+       "  Receives the weights the job's ranks publish every publish.every_steps steps over the\n"
+       "  one-sided layer and writes DIR/step-N/model.safetensors for each step. Connects to the\n"
+       "  cluster's store (--store or $EMBER_STORE) with the same token file as every command.\n"
+       "  Ends after N snapshots (--steps) or when the job's ranks exit.\n",
+       1,
+       {{"--out", "DIR", "required: the snapshot directory"},
+        {"--store", "HOST:PORT", "the cluster's store ($EMBER_STORE)"},
+        {"--steps", "N", "stop after N snapshots (default: when the job ends)"}},
+       RunWeightsSubscribe},
   };
   return *table;
 }

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
@@ -127,6 +128,20 @@ EmberdProcess::~EmberdProcess() {
   }
   kill(pid_, SIGKILL);
   waitpid(pid_, nullptr, 0);
+}
+
+std::string Runfile(const char* argv0, const std::string& rel) {
+  for (std::string c : {rel, absl::StrCat(argv0, ".runfiles/ember/", rel)}) {
+    if (std::filesystem::exists(c)) return std::filesystem::absolute(c).string();
+  }
+  return rel;
+}
+
+void EnterRunfiles(const char* argv0) {
+  if (!std::filesystem::exists("examples/data/tiny_corpus.txt")) {
+    std::filesystem::current_path(
+        std::filesystem::path(Runfile(argv0, "examples/data/tiny_corpus.txt")).parent_path() / "../..");
+  }
 }
 
 }  // namespace ember::recovery

@@ -64,6 +64,13 @@ class EmberdProcess {
 
 std::string ReadFile(const std::string& path);
 
+// A bench binary's runfile: `rel` as given when it exists (bazel run), else under
+// <argv0>.runfiles/ember/ (the binary run directly); an absolute path.
+std::string Runfile(const char* argv0, const std::string& rel);
+// Makes the runfiles root the working directory unless examples/data/tiny_corpus.txt is already
+// reachable from it (what Corpus() reads).
+void EnterRunfiles(const char* argv0);
+
 }  // namespace ember::recovery
 
 #endif  // EMBER_TESTING_HARNESS_H_

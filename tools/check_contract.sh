@@ -21,6 +21,7 @@ launcher/cli.cc	"EMBER_TLS_CA	emberctl's own client settings (same names as the 
 launcher/cli.cc	"EMBER_TLS_CERT	emberctl's own client settings
 launcher/cli.cc	"EMBER_TLS_KEY	emberctl's own client settings
 launcher/emberctl.cc	"EMBER_DEBUG	emberctl's log level
+launcher/cmd_weights.cc	"EMBER_STORE	emberctl's own client setting (the store for weights subscribe), not the worker's EMBER_STORE_ADDR
 launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone` starts
 runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has
 kernels/cuda/gpu_test_util.h	"EMBER_EXPECT_GPUS	the GPU script makes the CUDA op tests fail instead of skip without a GPU

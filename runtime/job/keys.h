@@ -14,6 +14,11 @@
 //                                         the comm layer names it again in runtime/comm/env_knobs.h
 //                                         (comm knows nothing of jobs; the worker static_asserts
 //                                         that the two agree)
+//     weights/manifest      kWeightsManifest  live weight publishing (docs/onesided.md): the
+//                                         model's tensors, rank 0 writes it once per attempt
+//     weights/sub/<name>    WeightsSubscriber a subscriber's buffer descriptor (the subscriber)
+//     weights/onesided/     kWeightsOnesided  the onesided agents' address exchange
+//     weights/stats/<rank>  WeightsStatsOf    a rank's publish counters (published, skipped, dropped)
 //
 // Values are binary protos (proto/jobs.proto), not JSON: every reader is C++ code that has the
 // message, people see progress through the Jobs API (`emberctl status`, StreamMetrics), and one
@@ -41,6 +46,12 @@ inline constexpr absl::string_view kDumpRequest = "fr/dump_request";
 inline std::string ExitOf(int rank) { return absl::StrCat("exit/", rank); }
 inline std::string ProgressOf(int rank) { return absl::StrCat("progress/", rank); }
 inline std::string WorkerExitOf(int rank) { return absl::StrCat("worker_exit/", rank); }
+inline constexpr absl::string_view kWorkerExitPrefix = "worker_exit/";
+inline constexpr absl::string_view kWeightsManifest = "weights/manifest";
+inline constexpr absl::string_view kWeightsSubscribers = "weights/sub/";
+inline constexpr absl::string_view kWeightsOnesided = "weights/onesided/";
+inline std::string WeightsSubscriber(absl::string_view name) { return absl::StrCat(kWeightsSubscribers, name); }
+inline std::string WeightsStatsOf(int rank) { return absl::StrCat("weights/stats/", rank); }
 
 // --- absolute ---
 inline std::string JobPrefix(absl::string_view job) { return absl::StrCat("jobs/", job, "/"); }
@@ -48,8 +59,9 @@ inline std::string FilesPrefix(absl::string_view job) { return absl::StrCat(JobP
 inline std::string File(absl::string_view job, absl::string_view name) {
   return absl::StrCat(FilesPrefix(job), name);
 }
+inline std::string AttemptsPrefix(absl::string_view job) { return absl::StrCat(JobPrefix(job), "attempt/"); }
 inline std::string AttemptPrefix(absl::string_view job, int attempt) {
-  return absl::StrCat(JobPrefix(job), "attempt/", attempt, "/");
+  return absl::StrCat(AttemptsPrefix(job), attempt, "/");
 }
 inline std::string Stop(absl::string_view job, int attempt) {
   return absl::StrCat(AttemptPrefix(job, attempt), kStop);

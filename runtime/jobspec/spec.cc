@@ -186,6 +186,10 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("checkpoint.init_from_safetensors", "must be a relative path inside the job directory");
   }
   RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
+  RETURN_IF_ERROR(Range("publish.every_steps", s.publish().every_steps(), 0, 1e9));
+  if (s.publish().every_steps() > 0 && PipelineLayoutOf(s).enabled()) {
+    return Bad("publish.every_steps", "live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
+  }
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
   const auto& r = s.resources();
   RETURN_IF_ERROR(OneOf("resources.device_type", r.device_type(), {"cpu", "cuda"}));

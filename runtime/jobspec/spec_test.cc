@@ -61,6 +61,13 @@ TEST_CASE("errors name the field and the allowed values") {
   REQUIRE(s.status().message().find("precision.overrides[0].param_dtype") == 0);
   s = ParseJobSpec("model: [1, 2]");
   REQUIRE(s.status().message().find("model: expected a mapping") == 0);
+  REQUIRE(ParseJobSpec("publish: {every_steps: 5}").ok());
+  s = ParseJobSpec("publish: {every_steps: -1}");
+  REQUIRE(s.status().message().find("publish.every_steps") == 0);
+  s = ParseJobSpec("model: {n_layers: 2}\nparallelism: {strategy: pipeline, pipeline_stages: 2}\n"
+                   "publish: {every_steps: 5}");
+  REQUIRE(s.status().message().find("publish.every_steps: live weight publishing is not built for pipeline") == 0);
+  REQUIRE(ParseJobSpec("model: {n_layers: 2}\nparallelism: {strategy: pipeline, pipeline_stages: 2}").ok());
   s = ParseJobSpec("{unclosed");
   REQUIRE(absl::IsInvalidArgument(s.status()));
 }

@@ -27,6 +27,7 @@
 #include "runtime/pipeline/stage.h"
 #include "runtime/store/client.h"
 #include "runtime/worker/model_state.h"
+#include "runtime/worker/publisher.h"
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
 #include "spdlog/spdlog.h"
@@ -434,6 +435,7 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
   });
   Reporter report(plan, attempt, model->state_bytes(), step);
   Stepper stepper(plan, *model, loader);
+  ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, *model));
   const int64_t hang_at = HangStep(plan.env);
   report.Start();
   while (step < plan.spec.steps()) {
@@ -442,6 +444,7 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
+    RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
   }
   RETURN_IF_ERROR(checkpoints.Finish());
   report.Done(step);

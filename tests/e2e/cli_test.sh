@@ -18,7 +18,7 @@ echo "wrong-token-wrong-token-wrong" > "$T/bad"
 "$EMBERCTL" --help | grep -q "run --standalone" || fail "top --help"
 # Usage is generated from the command table: `help`, `help CMD` and `CMD --help` agree.
 "$EMBERCTL" help | grep -q "ckpt export CKPT OUT" || fail "help lists the commands"
-for c in run submit status list logs cancel nodes dump fr ckpt; do
+for c in run submit status list logs cancel nodes dump fr ckpt weights; do
   "$EMBERCTL" "$c" --help > "$T/h1" || fail "$c --help"
   grep -q "^usage: emberctl $c" "$T/h1" || fail "$c --help: $(cat "$T/h1")"
   "$EMBERCTL" help "$c" > "$T/h2" || fail "help $c"
@@ -31,13 +31,15 @@ done
 for args in "run --standalone --bogus x.yaml" "submit x.yaml --folow" "status --bogus" \
             "list --bogus" "logs j --bogus" "cancel j --force" "nodes --bogus" "dump j --bogus" \
             "fr analyze d --bogus" "ckpt inspect p --bogus" "ckpt export c o --bogus" \
-            "list --follow" "submit x.yaml --verify" "--bogus nodes"; do
+            "list --follow" "submit x.yaml --verify" "--bogus nodes" "weights subscribe j --bogus"; do
   out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" $args 2>&1); rc=$?
   [ $rc -eq 2 ] || fail "'$args': unknown option must exit 2, got $rc ($out)"
   echo "$out" | grep -q "unknown option '--" || fail "'$args' names the option: $out"
   echo "$out" | grep -q "usage:" || fail "'$args' prints the usage: $out"
 done
-for args in "list --limit lots" "logs j --tail -3" "logs j --rank x"; do
+for args in "list --limit lots" "logs j --tail -3" "logs j --rank x" \
+            "weights subscribe j --out d" "weights subscribe j --store 127.0.0.1:1" \
+            "weights subscribe j --out d --store 127.0.0.1:1 --steps 0"; do
   out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" $args 2>&1); rc=$?
   [ $rc -eq 2 ] || fail "'$args': a bad option value must exit 2, got $rc ($out)"
 done
@@ -87,6 +89,8 @@ JOB=$(head -1 "$T/follow.out")
 "$EMBERCTL" --output json status "$JOB" | grep -q '"state": *"SUCCEEDED"' || fail "status json"
 "$EMBERCTL" logs "$JOB" --rank 1 | grep -q "done" || fail "logs --rank"
 "$EMBERCTL" status no-such-job >/dev/null 2>&1; [ $? -eq 5 ] || fail "no such job must exit 5"
+"$EMBERCTL" weights subscribe no-such-job --out "$T/w" --store 127.0.0.1:1 >/dev/null 2>&1
+[ $? -eq 5 ] || fail "weights subscribe of no such job must exit 5"
 
 printf 'name: cli-hang\nmodel: {n_layers: 1, d_model: 32, n_heads: 2, context_length: 16}\nparallelism: {strategy: fsdp, world_size: 2}\nsteps: 5\n' > "$T/hang.yaml"
 HJOB=$("$EMBERCTL" submit "$T/hang.yaml" --id cli-hang-1) || fail "submit hang"
