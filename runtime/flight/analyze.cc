@@ -20,6 +20,14 @@ struct OpView {
   int64_t numel = 0, started_ns = 0, timeout_ms = 0;
 };
 
+// A rank's oldest op that did not complete (state scheduled, started or failed), in record order.
+struct Head {
+  std::string group, op, tag;
+  bool p2p = false;
+  int64_t seq = 0;
+  int peer = -1;  // p2p: the other group rank
+};
+
 struct RankGroup {
   int64_t enqueued = 0, completed = 0;
   std::map<int64_t, OpView> ops;  // collective seq -> entry
@@ -31,6 +39,103 @@ std::string Describe(const OpView& v, int64_t seq) {
   return absl::StrCat(v.op, " (seq ", seq, ", ", v.numel, " x ", v.dtype, ")");
 }
 
+// Wait-for edges of a rank whose oldest unfinished op is `h`: a p2p op waits for its peer, a
+// collective for the members that never enqueued it or left no dump.
+std::vector<int> WaitsFor(const Head& h, const std::map<int, std::map<std::string, RankGroup>>& data,
+                          const std::map<std::string, std::vector<int>>& members,
+                          const std::set<int>& dumped) {
+  std::vector<int> out;
+  auto m = members.find(h.group);
+  if (m == members.end()) return out;
+  if (h.p2p) {
+    if (h.peer >= 0 && h.peer < static_cast<int>(m->second.size())) out.push_back(m->second[h.peer]);
+    return out;
+  }
+  for (int r : m->second) {
+    if (!dumped.count(r)) {
+      out.push_back(r);
+      continue;
+    }
+    auto g = data.at(r).find(h.group);
+    if (g == data.at(r).end() || g->second.enqueued < h.seq) out.push_back(r);
+  }
+  // A dead member first: it is the likelier root.
+  std::stable_partition(out.begin(), out.end(), [&](int r) { return !dumped.count(r); });
+  return out;
+}
+
+std::string EdgeText(const Head& h, int from, int to) {
+  std::string what;
+  if (h.p2p) {
+    std::string tag = absl::StartsWith(h.tag, "tag=") ? absl::StrCat("tag ", h.tag.substr(4))
+                                                       : absl::StrCat("tag \"", h.tag, "\"");
+    what = absl::StrCat(h.op, " ", tag, " of group '", h.group, "'");
+  } else {
+    what = absl::StrCat(h.op, " seq ", h.seq, " of group '", h.group, "'");
+  }
+  return absl::StrCat("rank ", from, " is waiting for rank ", to, " (", what, ")");
+}
+
+// Follows wait-for edges (first target) from each blocked rank to the root: a rank with no dump, a
+// rank with nothing pending or waiting on nobody, or a cycle. Puts the longest such chain that
+// crosses a point-to-point op first, as a "waits_for" finding; collective-only hangs are left to
+// the per-group findings. The text has no "; " (the daemon splits verdicts there).
+void AddWaitChain(const std::map<int, Head>& heads,
+                  const std::map<int, std::map<std::string, RankGroup>>& data,
+                  const std::map<std::string, std::vector<int>>& members,
+                  const std::set<int>& dumped, Report* rep) {
+  Finding best;
+  size_t best_len = 0;
+  for (const auto& [start, unused] : heads) {
+    std::vector<int> path = {start};
+    std::vector<std::string> edges;
+    bool p2p = false;
+    int root = -1;
+    std::string why;
+    std::vector<int> cycle;
+    Head last;
+    for (int cur = start;;) {
+      auto h = heads.find(cur);
+      if (h == heads.end()) {
+        root = cur;
+        why = dumped.count(cur) ? "never joined: it has no op pending (hung outside communication?)"
+                                : "left no dump (dead, or hung before its watchdog dumped)";
+        break;
+      }
+      std::vector<int> next = WaitsFor(h->second, data, members, dumped);
+      if (next.empty()) {
+        root = cur;
+        why = absl::StrCat("is stuck in ", h->second.op, " of group '", h->second.group,
+                           "' waiting on no other rank");
+        break;
+      }
+      p2p = p2p || h->second.p2p;
+      last = h->second;
+      edges.push_back(EdgeText(h->second, cur, next[0]));
+      auto seen = std::find(path.begin(), path.end(), next[0]);
+      if (seen != path.end()) {
+        cycle.assign(seen, path.end());
+        break;
+      }
+      path.push_back(next[0]);
+      cur = next[0];
+    }
+    if (!p2p || edges.size() <= best_len) continue;
+    best_len = edges.size();
+    std::string chain = absl::StrJoin(edges, ", ");
+    if (!cycle.empty()) {
+      std::sort(cycle.begin(), cycle.end());
+      best = {"waits_for", last.group, last.seq, last.op, cycle,
+              absl::StrCat("ranks ", absl::StrJoin(cycle, ", "),
+                           " wait for each other in a cycle (deadlock): ", chain)};
+    } else {
+      best = {"waits_for", last.group, last.seq, last.op, {root},
+              absl::StrCat("rank ", root, " ", why, ": ", chain)};
+    }
+  }
+  if (best_len > 0) rep->findings.insert(rep->findings.begin(), best);
+}
+
 }  // namespace
 
 absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& files) {
@@ -39,6 +144,7 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
   std::map<int, std::map<std::string, RankGroup>> data;
   std::map<std::string, std::vector<int>> members;
   std::vector<std::string> group_order;
+  std::map<int, Head> heads;  // world rank -> oldest unfinished op
   for (const auto& [name, text] : files) {
     absl::StatusOr<json::Value> doc = json::Parse(text);
     if (!doc.ok()) return absl::InvalidArgumentError(absl::StrCat(name, ": ", doc.status().message()));
@@ -51,6 +157,7 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
     int rank = static_cast<int>(d.Get("rank").IntOr(-1));
     rep.dumped_ranks.push_back(rank);
     auto& mine = data[rank];
+    bool have_head = false;
     std::map<int64_t, std::string> gid_to_name;
     for (const json::Value& g : d.Get("groups").array()) {
       std::string gname = g.Get("name").StrOr();
@@ -64,6 +171,16 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
       }
     }
     for (const json::Value& e : d.Get("entries").array()) {
+      if (!have_head && e.Get("state").StrOr() != "completed") {
+        Head& h = heads[rank];
+        h.group = e.Get("group_name").StrOr();
+        h.op = e.Get("op").StrOr();
+        h.tag = e.Get("tag").StrOr();
+        h.p2p = e.Get("p2p_seq").IntOr(-1) > 0;
+        h.seq = h.p2p ? e.Get("p2p_seq").IntOr(0) : e.Get("collective_seq").IntOr(0);
+        h.peer = static_cast<int>(e.Get("peer").IntOr(-1));
+        have_head = true;
+      }
       int64_t seq = e.Get("collective_seq").IntOr(-1);
       if (seq <= 0) continue;
       std::string gname = e.Get("group_name").StrOr();
@@ -170,6 +287,7 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
     }
     rep.groups.push_back(std::move(gs));
   }
+  AddWaitChain(heads, data, members, dumped, &rep);
   rep.problem = !rep.findings.empty();
   return rep;
 }

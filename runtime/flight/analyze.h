@@ -1,7 +1,8 @@
 // Flight-recorder analysis: reads every rank's dump (<dir>/rank-*.json, schema in
 // docs/flight-recorder.md) and explains a hang in plain words: which ranks never joined the
 // collective that others are stuck in, the first sequence number where ranks disagree on op, size
-// or dtype, and each rank's last completed sequence number per group.
+// or dtype, each rank's last completed sequence number per group, and, when ranks block in
+// point-to-point ops, the rank at the end of the wait-for chain (dead, hung, or a cycle).
 //
 //   ASSIGN_OR_RETURN(Report r, AnalyzeDir("/jobs/j1/flight"));
 //   std::cout << r.ToText();            // or r.ToJson()
@@ -22,7 +23,9 @@
 namespace ember::fr {
 
 struct Finding {
-  std::string kind;   // "never_joined", "stuck", "mismatch", "missing_dump", "failed"
+  // "waits_for" (root of a wait chain through point-to-point ops: ranks = the root, or the
+  // cycle), "never_joined", "stuck", "mismatch", "missing_dump", "failed"
+  std::string kind;
   std::string group;
   int64_t seq = 0;
   std::string op;

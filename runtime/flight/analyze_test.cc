@@ -88,3 +88,106 @@ TEST_CASE("a FIFO among the dumps is refused at once") {
 }
 
 }  // namespace ember::fr
+
+namespace ember::fr {
+namespace {
+
+// One rank's dump for point-to-point tests. `groups`: name -> world ranks of the members. `ops`:
+// {group, op, peer (group rank; -1 for collectives), tag, completed}; collectives get seq 1, 2, ...
+// per group, send/recv get p2p seqs.
+struct TestOp {
+  std::string group, op;
+  int peer = -1;
+  int tag = 0;
+  bool completed = false;
+};
+
+std::string P2PDump(int rank, const std::map<std::string, std::vector<int>>& groups,
+                    const std::vector<TestOp>& ops) {
+  flight::FlightRecorder fr;
+  std::map<std::string, int> gid;
+  std::map<std::string, int64_t> cseq, pseq;
+  for (const auto& [name, world] : groups) {
+    int me = static_cast<int>(std::find(world.begin(), world.end(), rank) - world.begin());
+    gid[name] = fr.RegisterGroup({.name = name, .rank = me, .size = static_cast<int>(world.size()),
+                                  .global_rank = rank, .global_ranks = world});
+  }
+  for (const TestOp& o : ops) {
+    bool p2p = o.op == "send" || o.op == "recv";
+    std::string tag = p2p ? "tag=" + std::to_string(o.tag) : "step";
+    uint64_t id = fr.Record({.group_id = gid.at(o.group),
+                             .collective_seq = p2p ? -1 : ++cseq[o.group],
+                             .p2p_seq = p2p ? ++pseq[o.group] : -1, .op = o.op, .in_numel = 64,
+                             .out_numel = 64, .in_dtype = "f32", .out_dtype = "f32",
+                             .peer = o.peer, .tag = tag});
+    fr.Start(id);
+    if (o.completed) fr.Complete(id);
+  }
+  return fr.DumpJson("test", rank);
+}
+
+}  // namespace
+
+TEST_CASE("p2p: a dead stage rank behind a recv chain is named first") {
+  // PP=2 x FSDP=2: pipes {0,1} and {2,3}, stage groups {0,2} and {1,3}. Rank 1 died (no dump).
+  // Rank 0 waits in a recv from rank 1; rank 2 waits in stage0's reduce_scatter that rank 0 never
+  // joined; rank 3 waits in stage1's reduce_scatter for rank 1.
+  std::map<std::string, std::vector<int>> g0 = {{"pp0", {0, 1}}, {"stage0", {0, 2}}};
+  std::map<std::string, std::vector<int>> g2 = {{"pp1", {2, 3}}, {"stage0", {0, 2}}};
+  std::map<std::string, std::vector<int>> g3 = {{"pp1", {2, 3}}, {"stage1", {1, 3}}};
+  auto r = AnalyzeTexts(
+      {{"rank-0.json", P2PDump(0, g0, {{"pp0", "send", 1, 7, true}, {"pp0", "recv", 1, 8}})},
+       {"rank-2.json", P2PDump(2, g2, {{"pp1", "send", 1, 7, true}, {"pp1", "recv", 1, 8, true},
+                                       {"stage0", "reduce_scatter"}})},
+       {"rank-3.json", P2PDump(3, g3, {{"pp1", "recv", 0, 7, true}, {"pp1", "send", 0, 8, true},
+                                       {"stage1", "reduce_scatter"}})}});
+  REQUIRE(r.ok());
+  INFO(r->ToText());
+  REQUIRE(r->findings[0].kind == "waits_for");
+  REQUIRE(r->findings[0].ranks == std::vector<int>{1});
+  // The longest chain: 2 -> 0 (collective) -> 1 (recv).
+  CHECK(r->findings[0].text ==
+        "rank 1 left no dump (dead, or hung before its watchdog dumped): rank 2 is waiting for "
+        "rank 0 (reduce_scatter seq 1 of group 'stage0'), rank 0 is waiting for rank 1 (recv tag 8 "
+        "of group 'pp0')");
+  // The per-group findings are still there, after it.
+  bool never = false;
+  for (const Finding& f : r->findings) never |= f.kind == "never_joined" && f.ranks == std::vector<int>{0};
+  REQUIRE(never);
+}
+
+TEST_CASE("p2p: a recv/recv deadlock is named as a cycle") {
+  std::map<std::string, std::vector<int>> g = {{"pp", {0, 1, 2}}};
+  auto r = AnalyzeTexts({{"rank-0.json", P2PDump(0, g, {{"pp", "recv", 1, 3}})},
+                         {"rank-1.json", P2PDump(1, g, {{"pp", "recv", 2, 4}})},
+                         {"rank-2.json", P2PDump(2, g, {{"pp", "recv", 1, 5}})}});
+  REQUIRE(r.ok());
+  INFO(r->ToText());
+  REQUIRE(r->problem);
+  REQUIRE(r->findings[0].kind == "waits_for");
+  REQUIRE(r->findings[0].ranks == std::vector<int>{1, 2});
+  CHECK(r->findings[0].text ==
+        "ranks 1, 2 wait for each other in a cycle (deadlock): rank 0 is waiting for rank 1 (recv "
+        "tag 3 of group 'pp'), rank 1 is waiting for rank 2 (recv tag 4 of group 'pp'), rank 2 is "
+        "waiting for rank 1 (recv tag 5 of group 'pp')");
+}
+
+TEST_CASE("p2p: a live rank with nothing pending is the root; collective-only hangs unchanged") {
+  std::map<std::string, std::vector<int>> g = {{"pp", {0, 1}}};
+  auto r = AnalyzeTexts({{"rank-0.json", P2PDump(0, g, {{"pp", "recv", 1, 9}})},
+                         {"rank-1.json", P2PDump(1, g, {{"pp", "send", 0, 8, true}})}});
+  REQUIRE(r.ok());
+  REQUIRE(r->findings.size() == 1);
+  CHECK(r->findings[0].ranks == std::vector<int>{1});
+  CHECK(r->findings[0].text ==
+        "rank 1 never joined: it has no op pending (hung outside communication?): rank 0 is "
+        "waiting for rank 1 (recv tag 9 of group 'pp')");
+  // Only collectives (rank 1 never joined all_reduce 3, rank 3 gone): no wait chain finding.
+  auto c = AnalyzeTexts({{"rank-0.json", Dump(0, 2, 1)}, {"rank-1.json", Dump(1, 2, 0)},
+                         {"rank-2.json", Dump(2, 2, 1)}});
+  REQUIRE(c.ok());
+  for (const Finding& f : c->findings) CHECK(f.kind != "waits_for");
+  REQUIRE(c->findings[0].kind == "missing_dump");
+}
+
+}  // namespace ember::fr

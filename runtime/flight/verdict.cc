@@ -11,10 +11,11 @@ namespace ember {
 namespace {
 
 int Priority(const std::string& kind) {
-  static const char* kOrder[] = {"never_joined", "mismatch", "stuck", "failed", "missing_dump"};
-  for (int i = 0; i < 5; ++i)
+  static const char* kOrder[] = {"waits_for", "never_joined", "mismatch", "stuck", "failed",
+                                 "missing_dump"};
+  for (int i = 0; i < 6; ++i)
     if (kind == kOrder[i]) return i;
-  return 5;
+  return 6;
 }
 
 std::string Ranks(const std::vector<int>& r) {
