@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <set>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -77,19 +78,21 @@ std::string EdgeText(const Head& h, int from, int to) {
 }
 
 // Follows wait-for edges (first target) from each blocked rank to the root: a rank with no dump, a
-// rank with nothing pending or waiting on nobody, or a cycle. Puts the longest such chain that
-// crosses a point-to-point op first, as a "waits_for" finding; collective-only hangs are left to
-// the per-group findings. The text has no "; " (the daemon splits verdicts there).
+// rank with nothing pending or waiting on nobody, or a cycle. Of the chains that cross a
+// point-to-point op or more than one group, puts the best (a dead root, then a cycle, then the
+// longest) first as a "waits_for" finding; hangs within one group of collectives are left to the
+// per-group findings. The text has no "; " (the daemon splits verdicts there).
 void AddWaitChain(const std::map<int, Head>& heads,
                   const std::map<int, std::map<std::string, RankGroup>>& data,
                   const std::map<std::string, std::vector<int>>& members,
                   const std::set<int>& dumped, Report* rep) {
   Finding best;
-  size_t best_len = 0;
+  std::pair<int, size_t> best_score = {-1, 0};  // (dead root 2, cycle 1, other 0; chain length)
   for (const auto& [start, unused] : heads) {
     std::vector<int> path = {start};
     std::vector<std::string> edges;
     bool p2p = false;
+    std::set<std::string> groups;
     int root = -1;
     std::string why;
     std::vector<int> cycle;
@@ -110,6 +113,7 @@ void AddWaitChain(const std::map<int, Head>& heads,
         break;
       }
       p2p = p2p || h->second.p2p;
+      groups.insert(h->second.group);
       last = h->second;
       edges.push_back(EdgeText(h->second, cur, next[0]));
       auto seen = std::find(path.begin(), path.end(), next[0]);
@@ -120,8 +124,10 @@ void AddWaitChain(const std::map<int, Head>& heads,
       path.push_back(next[0]);
       cur = next[0];
     }
-    if (!p2p || edges.size() <= best_len) continue;
-    best_len = edges.size();
+    if (!p2p && groups.size() < 2) continue;
+    std::pair<int, size_t> score = {!cycle.empty() ? 1 : dumped.count(root) ? 0 : 2, edges.size()};
+    if (score <= best_score) continue;
+    best_score = score;
     std::string chain = absl::StrJoin(edges, ", ");
     if (!cycle.empty()) {
       std::sort(cycle.begin(), cycle.end());
@@ -133,7 +139,7 @@ void AddWaitChain(const std::map<int, Head>& heads,
               absl::StrCat("rank ", root, " ", why, ": ", chain)};
     }
   }
-  if (best_len > 0) rep->findings.insert(rep->findings.begin(), best);
+  if (best_score.first >= 0) rep->findings.insert(rep->findings.begin(), best);
 }
 
 }  // namespace

@@ -156,6 +156,27 @@ TEST_CASE("p2p: a dead stage rank behind a recv chain is named first") {
   REQUIRE(never);
 }
 
+TEST_CASE("a chain of collectives across groups to a dead rank is followed too") {
+  // As seen in PP=2 x FSDP=2 when rank 1 died: rank 2 waits in pipeline1's broadcast for rank 3,
+  // which waits in stage1's all_gather for rank 1; rank 0 waits in pipeline0's broadcast for 1.
+  std::map<std::string, std::vector<int>> g0 = {{"pipeline0", {0, 1}}, {"stage0", {0, 2}}};
+  std::map<std::string, std::vector<int>> g2 = {{"pipeline1", {2, 3}}, {"stage0", {0, 2}}};
+  std::map<std::string, std::vector<int>> g3 = {{"pipeline1", {2, 3}}, {"stage1", {1, 3}}};
+  auto r = AnalyzeTexts(
+      {{"rank-0.json", P2PDump(0, g0, {{"stage0", "all_gather", -1, 0, true}, {"pipeline0", "broadcast"}})},
+       {"rank-2.json", P2PDump(2, g2, {{"stage0", "all_gather", -1, 0, true},
+                                       {"pipeline1", "broadcast", -1, 0, true},
+                                       {"pipeline1", "broadcast"}})},
+       {"rank-3.json", P2PDump(3, g3, {{"pipeline1", "broadcast", -1, 0, true}, {"stage1", "all_gather"}})}});
+  REQUIRE(r.ok());
+  INFO(r->ToText());
+  REQUIRE(r->findings[0].kind == "waits_for");
+  CHECK(r->findings[0].text ==
+        "rank 1 left no dump (dead, or hung before its watchdog dumped): rank 2 is waiting for "
+        "rank 3 (broadcast seq 2 of group 'pipeline1'), rank 3 is waiting for rank 1 (all_gather "
+        "seq 1 of group 'stage1')");
+}
+
 TEST_CASE("p2p: a recv/recv deadlock is named as a cycle") {
   std::map<std::string, std::vector<int>> g = {{"pp", {0, 1, 2}}};
   auto r = AnalyzeTexts({{"rank-0.json", P2PDump(0, g, {{"pp", "recv", 1, 3}})},
