@@ -212,7 +212,11 @@ absl::Status ParseEtcdUrl(absl::string_view url, EtcdOptions* options) {
     return absl::InvalidArgumentError(
         absl::StrCat("'", url, "' is not an etcd URL; use etcd://host:port,host:port[/prefix]"));
   }
-  const size_t slash = rest.find('/');
+  // The prefix starts at the first '/' after the last endpoint's optional http(s)://.
+  size_t from = rest.rfind(',');
+  from = from == absl::string_view::npos ? 0 : from + 1;
+  const size_t scheme = rest.find("://", from);
+  const size_t slash = rest.find('/', scheme == absl::string_view::npos ? from : scheme + 3);
   const absl::string_view hosts = rest.substr(0, slash);
   std::string prefix(slash == absl::string_view::npos ? "" : rest.substr(slash));
   options->endpoints = SplitEtcdEndpoints(hosts);
