@@ -93,6 +93,11 @@ TEST_CASE("a job over two daemons whose store is a 3-member etcd survives the lo
   }, absl::Seconds(30)));
 
   etcd.Kill(0);  // the member every daemon's etcd client dials first; 2 of 3 keep the quorum
+  auto mid = cl->Get(id);  // answered through the store after the loss
+  REQUIRE(mid.ok());
+  INFO("step after the kill: " << mid->progress().step());
+  REQUIRE(mid->state() == v1::RUNNING);  // the loss happened mid-job
+  REQUIRE(mid->progress().step() < kSteps);
 
   auto done = cl->Wait(id, absl::Seconds(60));
   REQUIRE(done.ok());
