@@ -6,7 +6,6 @@
 // attempt, and its keys are in etcd under the configured prefix (read back with etcdctl).
 // Everything is killed on exit: daemons (SIGINT, then SIGKILL), workers (their stop key / store
 // loss), etcd members (SIGKILL, and PR_SET_PDEATHSIG).
-#include <stdio.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -28,20 +27,6 @@ namespace {
 
 namespace v1 = jobs::v1;
 namespace fs = std::filesystem;
-
-// `etcdctl get --prefix --keys-only` on one endpoint: the keys, one a line.
-std::string EtcdKeys(const std::string& endpoint, const std::string& prefix) {
-  const std::string cmd = absl::StrCat("ETCDCTL_API=3 timeout 10 etcdctl --endpoints=", endpoint,
-                                       " get --prefix --keys-only '", prefix, "' 2>&1");
-  std::string out;
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return out;
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
-  pclose(p);
-  return out;
-}
 
 TEST_CASE("a job over two daemons whose store is a 3-member etcd survives the loss of a member") {
   store::testing::EtcdTestCluster etcd(3);  // destroyed last: after the daemons
@@ -109,7 +94,7 @@ TEST_CASE("a job over two daemons whose store is a 3-member etcd survives the lo
   REQUIRE(done->progress().step() == kSteps);
 
   // The job's records live in etcd under the prefix (not in a daemon's memory).
-  const std::string keys = EtcdKeys(endpoints[1], prefix);
+  const std::string keys = etcd.Etcdctl(1, absl::StrCat("get --prefix --keys-only '", prefix, "'"));
   INFO(keys);
   REQUIRE(absl::StrContains(keys, prefix));
   REQUIRE(absl::StrContains(keys, id));
