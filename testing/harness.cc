@@ -74,6 +74,7 @@ absl::StatusOr<std::unique_ptr<EmberdProcess>> EmberdProcess::Start(const Option
       absl::StrCat("--cpu-slots=", o.slots), "--cuda-devices=0",
       absl::StrCat("--lease-ttl-s=", o.lease_ttl_s), "--poll-s=0.05", "--restart-backoff-s=0.2",
       "--listen=127.0.0.1:0"};
+  args.insert(args.end(), o.extra_flags.begin(), o.extra_flags.end());
   pid_t pid = fork();
   if (pid < 0) return absl::InternalError("fork failed");
   if (pid == 0) {

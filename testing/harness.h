@@ -46,6 +46,7 @@ class EmberdProcess {
     std::string emberd, worker, store, token_file, work_root, node;
     int slots = 2;
     double lease_ttl_s = 3;
+    std::vector<std::string> extra_flags;  // appended to the command line (e.g. --store-listen=)
   };
   static absl::StatusOr<std::unique_ptr<EmberdProcess>> Start(const Options& o, int incarnation);
   ~EmberdProcess();  // SIGINT (drain), then SIGKILL after 5 s; reaps

@@ -12,6 +12,8 @@
 #include "google/protobuf/reflection.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/jobspec/yaml_proto.h"
+#include "runtime/store/etcd_backend.h"
+#include "runtime/store/etcd_client.h"
 
 namespace ember::daemon {
 namespace {
@@ -37,6 +39,44 @@ std::string DefaultText(const FieldDescriptor* f) {
     case FieldDescriptor::CPPTYPE_DOUBLE: return absl::StrCat(f->default_value_double());
     default: return "";
   }
+}
+
+// `store: etcd://...`: this daemon hosts a store server on store_listen whose backend is the etcd
+// cluster; its workers and itself use that server.
+absl::Status UseEtcdStore(const EmberdConfig& cfg, DaemonOptions* o) {
+  store::EtcdOptions e;
+  if (absl::Status s = store::ParseEtcdUrl(cfg.store(), &e); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("store: ", s.message()));
+  }
+  if (!cfg.store_data_dir().empty()) {
+    return absl::InvalidArgumentError(
+        "store_data_dir does not apply to store: etcd://... (etcd keeps the data); drop one");
+  }
+  e.user = cfg.etcd_user();
+  if (!e.user.empty()) {
+    if (cfg.etcd_password_file().empty()) {
+      return absl::InvalidArgumentError("etcd_user needs etcd_password_file");
+    }
+    ASSIGN_OR_RETURN(e.password,
+                     store::ReadEtcdPasswordFile(cfg.etcd_password_file(), "etcd_password_file"));
+  } else if (!cfg.etcd_password_file().empty()) {
+    return absl::InvalidArgumentError("etcd_password_file needs etcd_user");
+  }
+  e.tls.ca_file = cfg.etcd_tls_ca();
+  e.tls.cert_file = cfg.etcd_tls_cert();
+  e.tls.key_file = cfg.etcd_tls_key();
+  if (cfg.etcd_op_timeout_s() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd_op_timeout_s must be > 0, not ", cfg.etcd_op_timeout_s()));
+  }
+  e.op_timeout = absl::Seconds(cfg.etcd_op_timeout_s());
+  o->host_store = true;
+  o->store_address.clear();
+  o->store_backend = [e](const store::BackendOptions& b, base::Clock*) {
+    return store::NewEtcdBackend(e, b);
+  };
+  o->store_backend_name = store::DescribeEtcd(e);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -188,8 +228,10 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
     RETURN_IF_ERROR(base::MakeServerCredentials(o.tls).status());
     RETURN_IF_ERROR(base::MakeChannelCredentials(o.tls).status());
   }
+  if (absl::StartsWith(cfg.store(), "etcd://")) RETURN_IF_ERROR(UseEtcdStore(cfg, &o));
   if (!o.host_store && o.store_address.empty()) {
-    return absl::InvalidArgumentError("store: give --store=HOST:PORT or --host-store");
+    return absl::InvalidArgumentError(
+        "store: give --store=HOST:PORT, --store=etcd://HOST:PORT,... or --host-store");
   }
   return o;
 }

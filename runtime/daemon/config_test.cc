@@ -190,6 +190,58 @@ TEST_CASE("config: tokens, retention and TLS are checked by ToDaemonOptions") {
   CHECK(absl::StrContains(ToDaemonOptions(joiner).status().message(), "--store=HOST:PORT"));
 }
 
+TEST_CASE("config: store: etcd://... hosts a store backed by etcd, with its etcd settings") {
+  EmberdConfig cfg;
+  REQUIRE(Load("insecure_no_auth: true\nstore: etcd://127.0.0.1:2379, http://h2:2379/team\n"
+               "store_listen: 127.0.0.1:0\n", &cfg).ok());
+  auto o = ToDaemonOptions(cfg);
+  REQUIRE(o.ok());
+  CHECK(o->host_store);
+  CHECK(o->store_address.empty());
+  CHECK(o->store_listen == "127.0.0.1:0");
+  REQUIRE(o->store_backend != nullptr);
+  CHECK(o->store_backend_name == "etcd [127.0.0.1:2379,h2:2379] prefix /team/");
+  // The default prefix is ember-store's (/ember/), so both can share one etcd key space.
+  cfg.set_store("etcd://a:2379");
+  CHECK(ToDaemonOptions(cfg)->store_backend_name == "etcd [a:2379] prefix /ember/");
+  // A password file's content never shows; user without password (and the reverse) is refused.
+  const std::string pw = Tmp("etcd-pw");
+  std::ofstream(pw) << "s3cret-pass\n";
+  cfg.set_etcd_user("ember");
+  auto bad = ToDaemonOptions(cfg);
+  REQUIRE(absl::IsInvalidArgument(bad.status()));
+  CHECK(absl::StrContains(bad.status().message(), "etcd_password_file"));
+  cfg.set_etcd_password_file(pw);
+  cfg.set_etcd_tls_ca(pw);
+  o = ToDaemonOptions(cfg);
+  REQUIRE(o.ok());
+  CHECK(o->store_backend_name == "etcd [a:2379] prefix /ember/, user ember, tls");
+  CHECK(!absl::StrContains(o->store_backend_name, "s3cret"));
+  cfg.clear_etcd_user();
+  CHECK(absl::StrContains(ToDaemonOptions(cfg).status().message(), "needs etcd_user"));
+  cfg.clear_etcd_password_file();
+  // Bad URLs, a data dir (etcd keeps the data) and a bad timeout are named.
+  for (const char* url : {"etcd://", "etcd://hostonly", "etcd:///prefix"}) {
+    cfg.set_store(url);
+    auto r = ToDaemonOptions(cfg);
+    REQUIRE(absl::IsInvalidArgument(r.status()));
+    CHECK(absl::StrContains(r.status().message(), url));
+  }
+  cfg.set_store("etcd://a:2379");
+  cfg.set_store_data_dir("/tmp/x");
+  CHECK(absl::StrContains(ToDaemonOptions(cfg).status().message(), "store_data_dir"));
+  cfg.clear_store_data_dir();
+  cfg.set_etcd_op_timeout_s(0);
+  CHECK(absl::StrContains(ToDaemonOptions(cfg).status().message(), "etcd_op_timeout_s"));
+  // A plain address still joins a store elsewhere.
+  cfg.set_etcd_op_timeout_s(15);
+  cfg.set_store("10.0.0.1:29500");
+  o = ToDaemonOptions(cfg);
+  REQUIRE(o.ok());
+  CHECK(!o->host_store);
+  CHECK(o->store_backend == nullptr);
+}
+
 TEST_CASE("config: the sample in deploy/ parses") {
   EmberdConfig cfg;
   REQUIRE(LoadEmberdConfig("deploy/emberd.yaml", &cfg).ok());

@@ -84,6 +84,7 @@ absl::Status Daemon::Impl::Init() {
     // TLS turns the store's plaintext fast path off (server.h).
     so.credentials = opts.tls.enabled() ? server_creds : nullptr;
     so.backend.data_dir = opts.store_data_dir;
+    so.make_backend = opts.store_backend;
     ASSIGN_OR_RETURN(hosted_store, store::StoreServer::Start(so));
     store_addr = hosted_store->address();
   } else {
@@ -122,7 +123,12 @@ absl::Status Daemon::Impl::Init() {
   control_thread = std::thread([this] { ControlLoop(); });
   heartbeat_thread = std::thread([this] { HeartbeatLoop(); });
   spdlog::info("emberd {} ready: api {}, store {}{}, work root {}, auth {}", opts.node_name,
-               advertise, store_addr, opts.host_store ? " (hosted)" : "", opts.work_root,
+               advertise, store_addr,
+               !opts.host_store ? ""
+               : opts.store_backend_name.empty()
+                   ? std::string(" (hosted)")
+                   : absl::StrCat(" (hosted, ", opts.store_backend_name, ")"),
+               opts.work_root,
                opts.auth_token.empty() ? "OFF" : "token");
   return absl::OkStatus();
 }

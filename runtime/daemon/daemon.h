@@ -42,6 +42,7 @@
 #include "proto/jobs.pb.h"
 #include "runtime/base/auth.h"
 #include "runtime/daemon/inventory.h"
+#include "runtime/store/server.h"
 
 namespace ember::daemon {
 
@@ -53,6 +54,11 @@ struct DaemonOptions {
   std::string store_listen = "127.0.0.1:0";
   std::string store_data_dir;            // durability of the hosted store ("" = memory only)
   std::string store_address;             // the store to join (required without host_store)
+  // The hosted store's backend (null = in memory, durable with store_data_dir). emberd's
+  // `store: etcd://...` sets an etcd backend here (config.h) and host_store, so that every daemon
+  // can host a store server over the same etcd cluster; store_backend_name names it in the logs.
+  decltype(store::StoreServerOptions::make_backend) store_backend;
+  std::string store_backend_name;
   std::string auth_token;                // "" = auth off (emberd refuses unless told explicitly)
   base::TlsOptions tls;                  // for the APIs and the hosted store
   std::string work_root;                 // job directories: <work_root>/<job id> (required)

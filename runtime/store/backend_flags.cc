@@ -4,10 +4,8 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
-#include "runtime/base/files.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/store/etcd_backend.h"
 
 ABSL_FLAG(std::string, backend, "memory",
@@ -43,14 +41,7 @@ absl::StatusOr<std::string> ConfigureBackendFromFlags(StoreServerOptions* option
         "--data-dir does not apply to --backend=etcd (etcd keeps the data); drop one of them");
   }
   EtcdOptions e;
-  for (absl::string_view ep : absl::StrSplit(absl::GetFlag(FLAGS_etcd_endpoints), ',',
-                                             absl::SkipWhitespace())) {
-    std::string s(absl::StripAsciiWhitespace(ep));
-    for (const char* scheme : {"http://", "https://"}) {
-      if (s.rfind(scheme, 0) == 0) s = s.substr(std::string(scheme).size());
-    }
-    e.endpoints.push_back(s);
-  }
+  e.endpoints = SplitEtcdEndpoints(absl::GetFlag(FLAGS_etcd_endpoints));
   if (e.endpoints.empty()) {
     return absl::InvalidArgumentError("--backend=etcd needs --etcd-endpoints=host:2379,...");
   }
@@ -64,13 +55,8 @@ absl::StatusOr<std::string> ConfigureBackendFromFlags(StoreServerOptions* option
     if (absl::GetFlag(FLAGS_etcd_password_file).empty()) {
       return absl::InvalidArgumentError("--etcd-user needs --etcd-password-file");
     }
-    auto pw = base::ReadRegularFile(absl::GetFlag(FLAGS_etcd_password_file), 4096);
-    if (!pw.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--etcd-password-file: ", pw.status().message()));
-    }
-    e.password = std::string(absl::StripTrailingAsciiWhitespace(*pw));
-    if (e.password.empty()) return absl::InvalidArgumentError("--etcd-password-file is empty");
+    ASSIGN_OR_RETURN(e.password, ReadEtcdPasswordFile(absl::GetFlag(FLAGS_etcd_password_file),
+                                                      "--etcd-password-file"));
   }
   e.tls.ca_file = absl::GetFlag(FLAGS_etcd_tls_ca);
   e.tls.cert_file = absl::GetFlag(FLAGS_etcd_tls_cert);
@@ -79,9 +65,7 @@ absl::StatusOr<std::string> ConfigureBackendFromFlags(StoreServerOptions* option
   options->make_backend = [e](const BackendOptions& b, base::Clock*) {
     return NewEtcdBackend(e, b);
   };
-  return absl::StrCat("etcd [", absl::GetFlag(FLAGS_etcd_endpoints), "] prefix ", e.prefix,
-                      e.user.empty() ? "" : absl::StrCat(", user ", e.user),
-                      e.tls.enabled() ? ", tls" : "");
+  return DescribeEtcd(e);
 }
 
 }  // namespace ember::store

@@ -6,7 +6,10 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -191,6 +194,60 @@ absl::Status EtcdClient::Call(const std::string& what, bool idempotent, absl::Ti
       "etcd cluster [", endpoint_list_, "] did not complete ", what, " within ",
       absl::FormatDuration(absl::Now() - start), " (", last.error_message(),
       "); check that a majority of its members is up and reachable"));
+}
+
+std::vector<std::string> SplitEtcdEndpoints(absl::string_view list) {
+  std::vector<std::string> out;
+  for (absl::string_view ep : absl::StrSplit(list, ',', absl::SkipWhitespace())) {
+    ep = absl::StripAsciiWhitespace(ep);
+    for (absl::string_view scheme : {"http://", "https://"}) absl::ConsumePrefix(&ep, scheme);
+    out.emplace_back(ep);
+  }
+  return out;
+}
+
+absl::Status ParseEtcdUrl(absl::string_view url, EtcdOptions* options) {
+  absl::string_view rest = url;
+  if (!absl::ConsumePrefix(&rest, "etcd://")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", url, "' is not an etcd URL; use etcd://host:port,host:port[/prefix]"));
+  }
+  // The prefix starts at the first '/' after the last endpoint's optional http(s)://.
+  size_t from = rest.rfind(',');
+  from = from == absl::string_view::npos ? 0 : from + 1;
+  const size_t scheme = rest.find("://", from);
+  const size_t slash = rest.find('/', scheme == absl::string_view::npos ? from : scheme + 3);
+  const absl::string_view hosts = rest.substr(0, slash);
+  std::string prefix(slash == absl::string_view::npos ? "" : rest.substr(slash));
+  options->endpoints = SplitEtcdEndpoints(hosts);
+  for (const std::string& ep : options->endpoints) {
+    if (ep.find(':') == std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat("'", url, "': endpoint '", ep,
+                                                     "' has no port; use etcd://host:2379,..."));
+    }
+  }
+  if (options->endpoints.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", url, "' names no etcd endpoint; use etcd://host:2379,host:2379"));
+  }
+  if (prefix.empty() || prefix == "/") prefix = "/ember/";
+  if (prefix.back() != '/') prefix += '/';
+  options->prefix = prefix;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadEtcdPasswordFile(const std::string& file, absl::string_view what) {
+  auto pw = base::ReadRegularFile(file, 4096);
+  if (!pw.ok()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", pw.status().message()));
+  std::string password(absl::StripTrailingAsciiWhitespace(*pw));
+  if (password.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": ", file, " is empty"));
+  return password;
+}
+
+std::string DescribeEtcd(const EtcdOptions& options) {
+  return absl::StrCat("etcd [", absl::StrJoin(options.endpoints, ","), "] prefix ", options.prefix,
+                      options.user.empty() ? "" : absl::StrCat(", user ", options.user),
+                      options.tls.enabled() ? ", tls" : "");
 }
 
 }  // namespace ember::store

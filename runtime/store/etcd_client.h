@@ -21,6 +21,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
@@ -36,6 +37,19 @@ struct EtcdOptions {
   base::TlsOptions tls;                 // client TLS (cert/key: client certificate); off = plaintext
   absl::Duration op_timeout = absl::Seconds(15);  // per store operation, retries included
 };
+
+// Shared by ember-store's --etcd-* flags and emberd's `store: etcd://...` (docs/store-etcd.md).
+// "a:2379, http://b:2379" -> {"a:2379", "b:2379"}: blanks and http:// / https:// dropped.
+std::vector<std::string> SplitEtcdEndpoints(absl::string_view list);
+// "etcd://host:port,host:port[/prefix]" -> options->endpoints and options->prefix (the path with a
+// trailing '/' added; no path or "/" = "/ember/"). INVALID_ARGUMENT quoting the URL when it is not
+// of that form or names no endpoint.
+absl::Status ParseEtcdUrl(absl::string_view url, EtcdOptions* options);
+// The etcd password in `file` (trailing whitespace dropped). INVALID_ARGUMENT starting with `what`
+// (the setting's name) when it is unreadable or empty. The password itself is never in an error.
+absl::StatusOr<std::string> ReadEtcdPasswordFile(const std::string& file, absl::string_view what);
+// "etcd [a:2379,b:2379] prefix /ember/, user u, tls" for start-up logs: never the password.
+std::string DescribeEtcd(const EtcdOptions& options);
 
 class EtcdClient {
  public:

@@ -49,6 +49,11 @@ std::string Run(const std::string& cmd) {
 
 }  // namespace
 
+std::string EtcdTestCluster::Etcdctl(int member, const std::string& args) const {
+  return Run(absl::StrCat("ETCDCTL_API=3 timeout 10 /usr/bin/etcdctl --endpoints=127.0.0.1:",
+                          members_[member].client_port, " ", args, " 2>&1"));
+}
+
 EtcdTestCluster::EtcdTestCluster(int members) {
   std::string base = std::filesystem::exists("/dev/shm") ? "/dev/shm" : "";
   if (base.empty()) base = std::getenv("TEST_TMPDIR") ? std::getenv("TEST_TMPDIR") : "/tmp";

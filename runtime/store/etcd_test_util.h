@@ -30,6 +30,8 @@ class EtcdTestCluster {
   int Leader() const;
   // Waits up to `timeout` until every live member answers `etcdctl endpoint health`.
   bool WaitHealthy(double timeout_s) const;
+  // Runs `etcdctl <args>` (API v3, 10 s limit) against `member`; its stdout and stderr.
+  std::string Etcdctl(int member, const std::string& args) const;
 
  private:
   struct Member {
