@@ -128,3 +128,24 @@ mh_ctl() {
 
 # mh_losses FILE: "step loss" per line of a worker's metrics/rank-N.jsonl.
 mh_losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
+
+# mh_spec NAME STEPS RESOURCES [EXTRA]: the spec of testing/harness.cc TinySpec (tiny GPT,
+# deterministic, a log line per step) at world 4; RESOURCES is appended inside `resources: {...}`
+# (e.g. ", nodes: 2"), EXTRA (YAML lines) at the end. The corpus is data/tiny_corpus.txt next to it.
+mh_spec() {
+  cat <<YAML
+name: $1
+model: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32, mlp: gelu}
+data: {text_path: data/tiny_corpus.txt}
+optimizer: {name: adamw, lr: 0.003, schedule: cosine, warmup_steps: 4}
+parallelism: {strategy: fsdp, world_size: 4}
+resources: {device_type: cpu$3}
+steps: $2
+batch_size: 4
+seed: 1
+threads: 1
+log_every: 1
+deterministic: true
+${4:-}
+YAML
+}

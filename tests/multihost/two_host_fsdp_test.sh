@@ -15,24 +15,8 @@ MH_DEADLINE_S=110 mh_setup 2
 cp "$CORPUS" "$T/data/tiny_corpus.txt"
 
 STEPS=30
-spec() {  # the spec of testing/harness.cc TinySpec, world 4; $1 = extra resources
-  cat <<YAML
-name: mh-fsdp
-model: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32, mlp: gelu}
-data: {text_path: data/tiny_corpus.txt}
-optimizer: {name: adamw, lr: 0.003, schedule: cosine, warmup_steps: 4}
-parallelism: {strategy: fsdp, world_size: 4}
-resources: {device_type: cpu$1}
-steps: $STEPS
-batch_size: 4
-seed: 1
-threads: 1
-log_every: 1
-deterministic: true
-YAML
-}
-spec "" > "$T/one.yaml"
-spec ", nodes: 2" > "$T/two.yaml"
+mh_spec mh-fsdp "$STEPS" "" > "$T/one.yaml"
+mh_spec mh-fsdp "$STEPS" ", nodes: 2" > "$T/two.yaml"
 
 # One host: 4 ranks, loopback, shared memory.
 timeout 60 "$MH_EMBERCTL" run --standalone --nproc 4 --worker "$WORKER" --work-root "$T/ref" \
