@@ -57,6 +57,7 @@ mh_setup() {
   trap 'echo "FAIL: interrupted or past the ${MH_DEADLINE_S:-110} s deadline" >&2; mh_cleanup; exit 1' INT TERM
   ( sleep "${MH_DEADLINE_S:-110}"; kill -TERM $$ ) 2>/dev/null &
   MH_WATCHDOG=$!
+  disown "$MH_WATCHDOG"  # no "Killed" line when mh_cleanup ends it
   ip link add "$MH_BR" type bridge 2>/dev/null || mh_skip "cannot create a bridge (ip link add type bridge)"
   ip link set "$MH_BR" up || exit 1
   local i
@@ -80,6 +81,17 @@ mh_setup() {
   done
   echo "FAIL: bridge $MH_BR ports not forwarding" >&2
   exit 1
+}
+
+# mh_netem ARGS...: `tc qdisc add dev eth0 root netem ARGS` in every namespace (each packet
+# crosses two eth0 egresses, so "delay 5ms" is a 10 ms RTT). Skips where tc or netem is missing.
+mh_netem() {
+  command -v tc >/dev/null || mh_skip "no 'tc' (iproute2) on PATH"
+  local i
+  for i in $(seq 0 "$MH_N"); do
+    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root netem "$@" 2>"$T/netem.err" \
+      || mh_skip "tc netem unavailable (sch_netem module?): $(cat "$T/netem.err")"
+  done
 }
 
 # mh_link I up|down: the link of namespace I (its eth0) up or down: a partition of that host.

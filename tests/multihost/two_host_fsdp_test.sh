@@ -4,8 +4,10 @@
 # (emberctl run --standalone, loopback + shared memory), within 1e-5 relative; the ranks are placed
 # on both hosts, and rank pairs across them talk over TCP between the hosts' addresses (ss shows
 # ember-worker connections from host1's address to host2's). Needs root: skips otherwise.
+# A 6th argument is a netem setting for every link (e.g. "delay 5ms loss 1%": 10 ms RTT, 1% loss
+# each way); the same losses are required, and the two-host tokens/s is printed.
 set -u
-STORE="$1"; EMBERD="$2"; MH_EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"
+STORE="$1"; EMBERD="$2"; MH_EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"; NETEM="${6:-}"
 for b in STORE EMBERD MH_EMBERCTL WORKER CORPUS; do eval "$b=\$(realpath \"\${$b}\")"; done
 source "$(dirname "$0")/netns.sh"
 T="${TEST_TMPDIR:-$(mktemp -d)}/mh"
@@ -13,6 +15,7 @@ rm -rf "$T"; mkdir -p "$T/data"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 MH_DEADLINE_S=110 mh_setup 2
 cp "$CORPUS" "$T/data/tiny_corpus.txt"
+[ -n "$NETEM" ] && mh_netem $NETEM
 
 STEPS=30
 mh_spec mh-fsdp "$STEPS" "" > "$T/one.yaml"
@@ -77,4 +80,7 @@ paste "$T/ref.losses" "$T/two.losses" | awk '
     if ($2 == $4) same++ }
   END { print "losses: " NR " steps, " same+0 " bitwise equal"; exit bad }' \
   || fail "losses differ between one host and two hosts"
-echo "PASS: $JOB on host1+host2 over TCP, losses as on one host"
+TPS=$(sed -n 's/.*"tokens_per_s":\([^,]*\),.*/\1/p' "$TWO" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+REF_TPS=$(sed -n 's/.*"tokens_per_s":\([^,]*\),.*/\1/p' "$REF" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
+echo "PASS: $JOB on host1+host2 over TCP${NETEM:+ with netem $NETEM}, losses as on one host;" \
+  "mean tokens/s (rank 0): two hosts $TPS, one host $REF_TPS"
