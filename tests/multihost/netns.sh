@@ -112,6 +112,11 @@ mh_cluster() {
   head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$MH_TOKEN"
   chmod 600 "$MH_TOKEN"
   mh_bg 0 "$dir/store.log" "$store" --listen="$(mh_ip 0):29500" --auth-token-file="$MH_TOKEN"
+  for _ in $(seq 100); do  # emberd gives up on a store that is not there at its start
+    grep -q "listening on" "$dir/store.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -q "listening on" "$dir/store.log" || { cat "$dir/store.log" >&2; echo "FAIL: ember-store did not start" >&2; exit 1; }
   for i in $(seq 1 "$MH_N"); do
     printf '#!/bin/sh\nexport EMBER_COMM_BOOT_ID=mh-host%s EMBER_COMM_HOST=%s\nexec %s "$@"\n' \
       "$i" "$(mh_ip "$i")" "$worker" > "$dir/worker-host$i.sh"

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Issue 20: a partition. Three hosts (network namespaces); a 2-node x 2-rank FSDP job of the real
-# ember-worker; once it trains, the link of one of its two hosts goes down (ip link set eth0 down
+# ember-worker; once past step 60 (checkpoints every 25), the link of one of its two hosts goes down (ip link set eth0 down
 # in that namespace). Checked: the ranks on the reachable host of the job stop within the lease
 # timeout (3 s) + 5 s; attempt 0 ends with "node lost: <host>"; attempt 1 runs on the two
-# reachable hosts and the job SUCCEEDS at the last step. Needs root: skips otherwise.
+# reachable hosts, resumes from a checkpoint (step > 0) and the job SUCCEEDS at the last step. Needs root: skips otherwise.
 set -u
 STORE="$1"; EMBERD="$2"; MH_EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"
 for b in STORE EMBERD MH_EMBERCTL WORKER CORPUS; do eval "$b=\$(realpath \"\${$b}\")"; done
@@ -28,11 +28,11 @@ JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
 [ -n "$JOB" ] || fail "submit"
 PLACED=""
 for _ in $(seq 300); do
-  PLACED=$(json | py 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= 5 else "")' 2>/dev/null)
+  PLACED=$(json | py 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= 60 else "")' 2>/dev/null)
   [ -n "$PLACED" ] && break
   sleep 0.1
 done
-[ -n "$PLACED" ] || { json; tail "$T"/host*.log; fail "job did not reach step 5"; }
+[ -n "$PLACED" ] || { json; tail "$T"/host*.log; fail "job did not reach step 60"; }
 set -- $PLACED
 [ $# -eq 2 ] || fail "placed on '$PLACED', want 2 hosts"
 KEEP=${1#host}; CUT=${2#host}   # host1 (the API used here) is never the one cut off
@@ -77,4 +77,6 @@ for _ in $(seq 600); do
   sleep 0.1
 done
 [ "$FINAL" = "SUCCEEDED $STEPS 2" ] || { json; fail "final: '$FINAL', want 'SUCCEEDED $STEPS 2'"; }
-echo "PASS: partition of host$CUT: ranks on host$KEEP stopped after ${STOP_S} s, attempt 1 on $NEW running after ${AGAIN_S} s ($REASON)"
+RESUMED=$(sed -n '/=== ember: attempt 1 rank 0 /,$p' "$T/jobs/$JOB/logs/rank-0.log" | grep -o "resumed from .* (step [0-9]*" | head -1)
+echo "$RESUMED" | grep -q "(step [1-9]" || fail "attempt 1 did not resume from a checkpoint: '$RESUMED'"
+echo "PASS: partition of host$CUT: ranks on host$KEEP stopped after ${STOP_S} s, attempt 1 on $NEW running after ${AGAIN_S} s, $RESUMED ($REASON)"
