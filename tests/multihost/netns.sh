@@ -44,6 +44,9 @@ mh_cleanup() {
     for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
     ip netns delete "$ns" 2>/dev/null
   done
+  # The kernel tears a namespace down asynchronously (seconds, with sockets still open): delete
+  # the veths (both ends) and the bridge now rather than leave them to it.
+  for p in $(ip -o link show 2>/dev/null | grep -o "v${MH}-[0-9]*"); do ip link delete "$p" 2>/dev/null; done
   ip link delete "$MH_BR" 2>/dev/null
   for p in $MH_PIDS; do wait "$p" 2>/dev/null; done
   true
