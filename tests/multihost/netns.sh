@@ -22,6 +22,21 @@ MH_N=0
 MH_PIDS=""
 MH_WATCHDOG=""
 
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# mh_init N SUBDIR STORE_BIN EMBERD_BIN EMBERCTL_BIN WORKER_BIN CORPUS: the tests' common start:
+# absolute STORE EMBERD MH_EMBERCTL WORKER; an empty work directory T=$TEST_TMPDIR/SUBDIR with the
+# corpus as T/data/tiny_corpus.txt (what mh_spec names); then mh_setup N.
+mh_init() {
+  local n="$1" sub="$2"
+  STORE=$(realpath "$3"); EMBERD=$(realpath "$4"); MH_EMBERCTL=$(realpath "$5")
+  WORKER=$(realpath "$6")
+  T="${TEST_TMPDIR:-$(mktemp -d)}/$sub"
+  rm -rf "$T"; mkdir -p "$T/data"
+  cp "$7" "$T/data/tiny_corpus.txt" || fail "corpus $7"
+  mh_setup "$n"
+}
+
 mh_skip() { echo "SKIPPED: $*" >&2; exit 0; }
 
 mh_ip() { echo "10.77.0.$(( $1 + 1 ))"; }

@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # Issue 20: a partition. Three hosts (network namespaces); a 2-node x 2-rank FSDP job of the real
-# ember-worker; once past step 60 (checkpoints every 25), the link of one of its two hosts goes down (ip link set eth0 down
-# in that namespace). Checked: the ranks on the reachable host of the job stop within the lease
-# timeout (3 s) + 5 s; attempt 0 ends with "node lost: <host>"; attempt 1 runs on the two
-# reachable hosts, resumes from a checkpoint (step > 0) and the job SUCCEEDS at the last step. Needs root: skips otherwise.
+# ember-worker; once past step 60 (checkpoints every 25), the link of one of its two hosts goes
+# down (ip link set eth0 down in that namespace). Checked: the ranks on the reachable host of the
+# job stop within the lease timeout (3 s) + 5 s; attempt 0 ends with "node lost: <host>"; attempt
+# 1 runs on the two reachable hosts, resumes from a checkpoint (step > 0) and the job SUCCEEDS at
+# the last step. Needs root: skips otherwise.
 set -u
-STORE="$1"; EMBERD="$2"; MH_EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"
-for b in STORE EMBERD MH_EMBERCTL WORKER CORPUS; do eval "$b=\$(realpath \"\${$b}\")"; done
 source "$(dirname "$0")/netns.sh"
-T="${TEST_TMPDIR:-$(mktemp -d)}/mhp"
-rm -rf "$T"; mkdir -p "$T/data"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-MH_DEADLINE_S=110 mh_setup 3
-cp "$CORPUS" "$T/data/tiny_corpus.txt"
+MH_DEADLINE_S=110 mh_init 3 mhp "$@"
 STEPS=400
 mh_spec mh-part "$STEPS" ", nodes: 2" \
   "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}

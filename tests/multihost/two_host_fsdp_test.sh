@@ -2,19 +2,14 @@
 # Issue 20: a 2-host x 2-rank FSDP job of the real ember-worker (tiny GPT, deterministic) across
 # two network namespaces trains to the same per-step losses as the same job as 4 ranks on one host
 # (emberctl run --standalone, loopback + shared memory), within 1e-5 relative; the ranks are placed
-# on both hosts, and rank pairs across them talk over TCP between the hosts' addresses (ss shows
-# ember-worker connections from host1's address to host2's). Needs root: skips otherwise.
+# on both hosts, and the ranks across them move their data over TCP between the hosts' addresses
+# (ss byte counts of ember-worker sockets host1 <-> host2). Needs root: skips otherwise.
 # A 6th argument is a netem setting for every link (e.g. "delay 5ms loss 1%": 10 ms RTT, 1% loss
 # each way); the same losses are required, and the two-host tokens/s is printed.
 set -u
-STORE="$1"; EMBERD="$2"; MH_EMBERCTL="$3"; WORKER="$4"; CORPUS="$5"; NETEM="${6:-}"
-for b in STORE EMBERD MH_EMBERCTL WORKER CORPUS; do eval "$b=\$(realpath \"\${$b}\")"; done
 source "$(dirname "$0")/netns.sh"
-T="${TEST_TMPDIR:-$(mktemp -d)}/mh"
-rm -rf "$T"; mkdir -p "$T/data"
-fail() { echo "FAIL: $*" >&2; exit 1; }
-MH_DEADLINE_S=110 mh_setup 2
-cp "$CORPUS" "$T/data/tiny_corpus.txt"
+NETEM="${6:-}"
+MH_DEADLINE_S=110 mh_init 2 mh "$@"
 [ -n "$NETEM" ] && mh_netem $NETEM
 
 STEPS=30
