@@ -7,7 +7,7 @@
 # the last step. Needs root: skips otherwise.
 set -u
 source "$(dirname "$0")/netns.sh"
-MH_DEADLINE_S=110 mh_init 3 mhp "$@"
+mh_init 3 mhp "$@"
 STEPS=400
 mh_spec mh-part "$STEPS" ", nodes: 2" \
   "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}

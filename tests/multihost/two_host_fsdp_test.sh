@@ -9,7 +9,7 @@
 set -u
 source "$(dirname "$0")/netns.sh"
 NETEM="${6:-}"
-MH_DEADLINE_S=110 mh_init 2 mh "$@"
+mh_init 2 mh "$@"
 [ -n "$NETEM" ] && mh_netem $NETEM
 
 STEPS=30
