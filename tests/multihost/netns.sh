@@ -1,0 +1,186 @@
+# Several "hosts" on one machine (issue 20): sourced by the tests in this package.
+#
+#   mh_setup N    N+1 network namespaces: ${MH}-0 (the store) and ${MH}-1..N (the hosts), each
+#                 with lo up and an eth0 (veth) on a private bridge, address 10.77.0.(i+1)/24.
+#                 Names carry this shell's pid, so tests running in parallel never clash; the
+#                 10.77.0.0/24 addresses exist only inside the namespaces (no route in the root
+#                 namespace), so the same subnet in two tests' bridges does not clash either.
+#   mh_ip I       the address of namespace I.
+#   mh_exec I CMD runs CMD in namespace I.
+#   mh_bg I LOG CMD...  starts CMD in namespace I in the background, output to LOG; its pid is
+#                 remembered and killed by mh_cleanup.
+#   mh_cleanup    kills every process started here and every process left in the namespaces,
+#                 deletes the namespaces (their veths go with them) and the bridge. Idempotent.
+#                 mh_setup installs it on EXIT/INT/TERM, and a watchdog sends TERM after
+#                 MH_DEADLINE_S seconds (default 110) so nothing outlives a hung test.
+# Skips the test (exit 0 with "SKIPPED: ...") where namespaces cannot be made: not root, no `ip`.
+# Needs: iproute2 (ip; tc for netem), root, and no sandbox (tags = ["exclusive", "local"]).
+
+MH="emh$$"
+MH_BR="b${MH}"
+MH_N=0
+MH_PIDS=""
+MH_WATCHDOG=""
+
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# mh_init N SUBDIR STORE_BIN EMBERD_BIN EMBERCTL_BIN WORKER_BIN CORPUS: the tests' common start:
+# absolute STORE EMBERD MH_EMBERCTL WORKER; an empty work directory T=$TEST_TMPDIR/SUBDIR with the
+# corpus as T/data/tiny_corpus.txt (what mh_spec names); then mh_setup N.
+mh_init() {
+  local n="$1" sub="$2"
+  STORE=$(realpath "$3"); EMBERD=$(realpath "$4"); MH_EMBERCTL=$(realpath "$5")
+  WORKER=$(realpath "$6")
+  T="${TEST_TMPDIR:-$(mktemp -d)}/$sub"
+  rm -rf "$T"; mkdir -p "$T/data"
+  cp "$7" "$T/data/tiny_corpus.txt" || fail "corpus $7"
+  mh_setup "$n"
+}
+
+mh_skip() { echo "SKIPPED: $*" >&2; exit 0; }
+
+mh_ip() { echo "10.77.0.$(( $1 + 1 ))"; }
+
+mh_exec() { local i="$1"; shift; ip netns exec "${MH}-$i" "$@"; }
+
+mh_bg() {
+  local i="$1" log="$2"; shift 2
+  ip netns exec "${MH}-$i" "$@" > "$log" 2>&1 &
+  MH_PIDS="$MH_PIDS $!"
+}
+
+mh_cleanup() {
+  trap - EXIT INT TERM
+  local p ns
+  [ -n "$MH_WATCHDOG" ] && kill -KILL "$MH_WATCHDOG" 2>/dev/null
+  for p in $MH_PIDS; do kill -KILL "$p" 2>/dev/null; done
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${MH}-"); do
+    # What runs in our namespaces was started by this test (the daemons' workers included).
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns delete "$ns" 2>/dev/null
+  done
+  # The kernel tears a namespace down asynchronously (seconds, with sockets still open): delete
+  # the veths (both ends) and the bridge now rather than leave them to it.
+  for p in $(ip -o link show 2>/dev/null | grep -o "v${MH}-[0-9]*"); do ip link delete "$p" 2>/dev/null; done
+  ip link delete "$MH_BR" 2>/dev/null
+  for p in $MH_PIDS; do wait "$p" 2>/dev/null; done
+  true
+}
+
+mh_setup() {
+  MH_N="$1"
+  [ "$(id -u)" = 0 ] || mh_skip "network namespaces need root (uid $(id -u))"
+  command -v ip >/dev/null || mh_skip "no 'ip' (iproute2) on PATH"
+  trap 'mh_cleanup' EXIT
+  trap 'echo "FAIL: interrupted or past the ${MH_DEADLINE_S:-110} s deadline" >&2; mh_cleanup; exit 1' INT TERM
+  ( sleep "${MH_DEADLINE_S:-110}"; kill -TERM $$ ) 2>/dev/null &
+  MH_WATCHDOG=$!
+  disown "$MH_WATCHDOG"  # no "Killed" line when mh_cleanup ends it
+  ip link add "$MH_BR" type bridge 2>/dev/null || mh_skip "cannot create a bridge (ip link add type bridge)"
+  ip link set "$MH_BR" up || exit 1
+  local i
+  for i in $(seq 0 "$MH_N"); do
+    local ns="${MH}-$i" v="v${MH}-$i"
+    ip netns add "$ns" 2>/dev/null || mh_skip "cannot create network namespace $ns (ip netns add)"
+    ip link add "$v" type veth peer name eth0 netns "$ns" || { echo "FAIL: veth $v" >&2; exit 1; }
+    ip link set "$v" master "$MH_BR" up || exit 1
+    ip -n "$ns" link set lo up || exit 1
+    ip -n "$ns" addr add "$(mh_ip "$i")/24" dev eth0 || exit 1
+    ip -n "$ns" link set eth0 up || exit 1
+  done
+  # Ports forward once out of the listening state (state 3); no STP, so at once, but check.
+  for _ in $(seq 50); do
+    local fwd=1
+    for i in $(seq 0 "$MH_N"); do
+      [ "$(cat "/sys/class/net/v${MH}-$i/brport/state" 2>/dev/null)" = 3 ] || fwd=0
+    done
+    [ "$fwd" = 1 ] && return 0
+    sleep 0.1
+  done
+  echo "FAIL: bridge $MH_BR ports not forwarding" >&2
+  exit 1
+}
+
+# mh_netem ARGS...: `tc qdisc add dev eth0 root netem ARGS` in every namespace (each packet
+# crosses two eth0 egresses, so "delay 5ms" is a 10 ms RTT). Skips where tc or netem is missing.
+mh_netem() {
+  command -v tc >/dev/null || mh_skip "no 'tc' (iproute2) on PATH"
+  local i
+  for i in $(seq 0 "$MH_N"); do
+    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root netem "$@" 2>"$T/netem.err" \
+      || mh_skip "tc netem unavailable (sch_netem module?): $(cat "$T/netem.err")"
+  done
+}
+
+# mh_link I up|down: the link of namespace I (its eth0) up or down: a partition of that host.
+mh_link() { ip -n "${MH}-$1" link set eth0 "$2"; }
+
+# mh_cluster STORE_BIN EMBERD_BIN WORKER_BIN DIR: after mh_setup N, ember-store in namespace 0
+# (at $(mh_ip 0):29500) and an emberd "host$i" in each namespace i (API at $(mh_ip i):29400, 2 cpu
+# slots, lease 3 s, one work root DIR/jobs for all: the shared filesystem that checkpoints
+# need across hosts). Each host runs its workers through DIR/worker-host$i.sh,
+# which gives them that host's identity for the comm layer: EMBER_COMM_BOOT_ID (ranks with
+# different boot ids never share memory, so cross-host pairs use TCP) and EMBER_COMM_HOST (the
+# address a rank listens on and advertises; emberd does not set it, and the default 127.0.0.1 is
+# unreachable from another host). Sets MH_TOKEN (token file) and MH_API (host 1's API address).
+mh_cluster() {
+  local store="$1" emberd="$2" worker="$3" dir="$4" i
+  mkdir -p "$dir"
+  MH_TOKEN="$dir/token"
+  head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$MH_TOKEN"
+  chmod 600 "$MH_TOKEN"
+  mh_bg 0 "$dir/store.log" "$store" --listen="$(mh_ip 0):29500" --auth-token-file="$MH_TOKEN"
+  for _ in $(seq 100); do  # emberd gives up on a store that is not there at its start
+    grep -q "listening on" "$dir/store.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  grep -q "listening on" "$dir/store.log" || { cat "$dir/store.log" >&2; echo "FAIL: ember-store did not start" >&2; exit 1; }
+  for i in $(seq 1 "$MH_N"); do
+    printf '#!/bin/sh\nexport EMBER_COMM_BOOT_ID=mh-host%s EMBER_COMM_HOST=%s\nexec %s "$@"\n' \
+      "$i" "$(mh_ip "$i")" "$worker" > "$dir/worker-host$i.sh"
+    chmod 755 "$dir/worker-host$i.sh"
+    mh_bg "$i" "$dir/host$i.log" "$emberd" --node-name="host$i" --store="$(mh_ip 0):29500" \
+      --auth-token-file="$MH_TOKEN" --work-root="$dir/jobs" \
+      --worker-binary="$dir/worker-host$i.sh" --cpu-slots=2 --cuda-devices=0 --lease-ttl-s=3 \
+      --poll-s=0.05 --restart-backoff-s=0.2 --listen="$(mh_ip "$i"):29400"
+  done
+  for i in $(seq 1 "$MH_N"); do
+    for _ in $(seq 200); do
+      grep -q "ready: api" "$dir/host$i.log" 2>/dev/null && break
+      sleep 0.1
+    done
+    grep -q "ready: api" "$dir/host$i.log" || {
+      cat "$dir/store.log" "$dir/host$i.log" >&2; echo "FAIL: emberd host$i did not start" >&2; exit 1; }
+  done
+  MH_API="$(mh_ip 1):29400"
+}
+
+# mh_ctl I ARGS...: emberctl (MH_EMBERCTL) in namespace I against host I's API.
+mh_ctl() {
+  local i="$1"; shift
+  mh_exec "$i" env EMBER_ADDRESS="$(mh_ip "$i"):29400" EMBER_TOKEN_FILE="$MH_TOKEN" "$MH_EMBERCTL" "$@"
+}
+
+# mh_losses FILE: "step loss" per line of a worker's metrics/rank-N.jsonl.
+mh_losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
+
+# mh_spec NAME STEPS RESOURCES [EXTRA]: the spec of testing/harness.cc TinySpec (tiny GPT,
+# deterministic, a log line per step) at world 4; RESOURCES is appended inside `resources: {...}`
+# (e.g. ", nodes: 2"), EXTRA (YAML lines) at the end. The corpus is data/tiny_corpus.txt next to it.
+mh_spec() {
+  cat <<YAML
+name: $1
+model: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32, mlp: gelu}
+data: {text_path: data/tiny_corpus.txt}
+optimizer: {name: adamw, lr: 0.003, schedule: cosine, warmup_steps: 4}
+parallelism: {strategy: fsdp, world_size: 4}
+resources: {device_type: cpu$3}
+steps: $2
+batch_size: 4
+seed: 1
+threads: 1
+log_every: 1
+deterministic: true
+${4:-}
+YAML
+}
