@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/comm/env_knobs.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
@@ -25,6 +26,19 @@ namespace fs = std::filesystem;
 using jobs::v1::RankExit;
 
 namespace {
+
+// The host part of the daemon's advertised address, which its workers advertise to their peers
+// for TCP (EMBER_COMM_HOST; without it a worker advertises 127.0.0.1, unreachable from other
+// hosts). "" for a wildcard or an IPv6 literal (the comm layer's TCP is IPv4): the comm default.
+std::string CommHostOf(const std::string& advertise) {
+  const size_t colon = advertise.rfind(':');
+  std::string host = colon == std::string::npos ? advertise : advertise.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host.find(':') != std::string::npos ||
+      host.find('[') != std::string::npos) {
+    return "";
+  }
+  return host;
+}
 
 // A job directory (0750 whatever the umask). Failures surface when the worker uses it.
 void MakeJobDir(const std::string& d) {
@@ -132,6 +146,10 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
     for (const char* pass : {"HOME", "LANG", "TZ", "LD_LIBRARY_PATH", "TMPDIR"}) {
       if (const char* v = getenv(pass)) so.env.push_back({pass, v});
     }
+    const std::string comm_host = CommHostOf(advertise);
+    const bool host_set = std::any_of(opts.worker_env.begin(), opts.worker_env.end(),
+                                      [](const auto& kv) { return kv.first == comm::kEnvHost; });
+    if (!comm_host.empty() && !host_set) so.env.push_back({comm::kEnvHost, comm_host});
     for (const auto& kv : opts.worker_env) so.env.push_back(kv);
     auto pid = SpawnWorker(so);
     if (!pid.ok()) {

@@ -120,9 +120,9 @@ mh_link() { ip -n "${MH}-$1" link set eth0 "$2"; }
 # slots, lease 3 s, one work root DIR/jobs for all: the shared filesystem that checkpoints
 # need across hosts). Each host runs its workers through DIR/worker-host$i.sh,
 # which gives them that host's identity for the comm layer: EMBER_COMM_BOOT_ID (ranks with
-# different boot ids never share memory, so cross-host pairs use TCP) and EMBER_COMM_HOST (the
-# address a rank listens on and advertises; emberd does not set it, and the default 127.0.0.1 is
-# unreachable from another host). Sets MH_TOKEN (token file) and MH_API (host 1's API address).
+# different boot ids never share memory, so cross-host pairs use TCP). EMBER_COMM_HOST (the
+# address a rank listens on and advertises) is set by emberd itself: the host of its --listen /
+# advertise address. Sets MH_TOKEN (token file) and MH_API (host 1's API address).
 mh_cluster() {
   local store="$1" emberd="$2" worker="$3" dir="$4" i
   mkdir -p "$dir"
@@ -136,8 +136,8 @@ mh_cluster() {
   done
   grep -q "listening on" "$dir/store.log" || { cat "$dir/store.log" >&2; echo "FAIL: ember-store did not start" >&2; exit 1; }
   for i in $(seq 1 "$MH_N"); do
-    printf '#!/bin/sh\nexport EMBER_COMM_BOOT_ID=mh-host%s EMBER_COMM_HOST=%s\nexec %s "$@"\n' \
-      "$i" "$(mh_ip "$i")" "$worker" > "$dir/worker-host$i.sh"
+    printf '#!/bin/sh\nexport EMBER_COMM_BOOT_ID=mh-host%s\nexec %s "$@"\n' \
+      "$i" "$worker" > "$dir/worker-host$i.sh"
     chmod 755 "$dir/worker-host$i.sh"
     mh_bg "$i" "$dir/host$i.log" "$emberd" --node-name="host$i" --store="$(mh_ip 0):29500" \
       --auth-token-file="$MH_TOKEN" --work-root="$dir/jobs" \
