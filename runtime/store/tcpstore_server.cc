@@ -3,6 +3,7 @@
 // u64 (host order = little-endian) length then the bytes; integers are raw 8-byte little-endian.
 #include "runtime/store/tcpstore_server.h"
 
+#include <algorithm>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -39,6 +40,7 @@ enum QueryType : uint8_t {
 constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;  // CheckResponseType
 constexpr uint8_t kStopWaiting = 0;                     // WaitResponseType
 constexpr uint64_t kMaxBytes = uint64_t{1} << 30;       // larger lengths are garbage: close
+constexpr size_t kMaxConnections = 1024;                // one thread each
 
 std::atomic<uint64_t> g_next_owner{uint64_t{1} << 62};  // apart from the gRPC/fast-path owners
 
@@ -197,11 +199,20 @@ class Connection {
     }
     return true;
   }
+  // The buffer grows with the bytes that really arrive (1 MiB at a time), so a length field that
+  // promises 1 GiB and sends nothing costs nothing: TCPStore clients do not authenticate.
   bool ReadString(std::string* s) {
     uint64_t n;
     if (!Read(&n, 8) || n > kMaxBytes) return false;
-    s->resize(n);
-    return Read(s->data(), n);
+    s->clear();
+    constexpr uint64_t kChunk = uint64_t{1} << 20;
+    while (s->size() < n) {
+      const size_t have = s->size();
+      const size_t step = static_cast<size_t>(std::min<uint64_t>(kChunk, n - have));
+      s->resize(have + step);
+      if (!Read(s->data() + have, step)) return false;
+    }
+    return true;
   }
   absl::Status Write(const void* buf, size_t n) {
     const char* p = static_cast<const char*>(buf);
@@ -277,6 +288,15 @@ class TcpStoreServer::Impl {
         close(fd);
         break;
       }
+      Reap();
+      if (conns_.size() >= kMaxConnections) {  // a thread each: bounded, and no client authenticates
+        close(fd);
+        if (refused_++ % 1000 == 0) {
+          spdlog::warn("tcpstore: refused a connection: {} open (the limit; {} refused so far)",
+                       conns_.size(), refused_);
+        }
+        continue;
+      }
       conns_[fd] = std::thread([this, fd] {
         Connection(fd, backend).Serve();
         absl::MutexLock l(&mu_);
@@ -324,6 +344,7 @@ class TcpStoreServer::Impl {
   int listen_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::thread accept_;
+  uint64_t refused_ = 0;  // accept thread only
   absl::Mutex mu_;
   std::map<int, std::thread> conns_ ABSL_GUARDED_BY(mu_);
   std::vector<int> finished_ ABSL_GUARDED_BY(mu_);
