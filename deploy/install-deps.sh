@@ -16,6 +16,10 @@ PKGS=(
   python3-torch procps openmpi-bin libopenmpi-dev openssl
   # etcd backend tests (runtime/store/etcd_*_test start a real etcd on loopback)
   etcd-server etcd-client
+  # telemetry: emberd's HTTP server (/metrics, job pages) and the tools its tests run
+  libcivetweb-dev prometheus-cpp-dev prometheus chromium
+  # tokenizers (make-tokens --tokenizer=sentencepiece) and the Python client (clients/python)
+  libsentencepiece-dev sentencepiece python3-grpcio python3-protobuf
   # fuzzing (tools/fuzz.sh: clang++ -fsanitize=fuzzer,address); .ci/run skips it without clang
   clang libfuzzer-14-dev make
 )
