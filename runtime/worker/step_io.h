@@ -30,6 +30,7 @@ struct StepResult {
   double seconds = 0;
   double comm_wait_s = 0;     // FSDP: time in collectives on the training thread
   fsdp::CommBytes bytes;      // FSDP: bytes moved by collectives in this step
+  int64_t comm_memory_bytes = 0;  // held by the communicators outside any allocator
 };
 
 // Tokens one optimizer step trains on, over every rank.

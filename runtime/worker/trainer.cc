@@ -267,6 +267,13 @@ struct Groups {
   std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage;
   fsdp::Groups fsdp() const { return {world.get(), reduce_scatter.get()}; }
   comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
+  // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
+  int64_t CommMemoryBytes() const {
+    size_t n = 0;
+    for (const auto* g : {world.get(), reduce_scatter.get(), pipeline.get(), stage.get()})
+      if (g != nullptr) n += g->CommMemoryBytes();
+    return static_cast<int64_t>(n);
+  }
 };
 
 absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
@@ -414,6 +421,7 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups
     r.local_loss = r.loss;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    r.comm_memory_bytes = groups.CommMemoryBytes();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
   }
@@ -442,6 +450,7 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
+    r.comm_memory_bytes = groups.CommMemoryBytes();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)

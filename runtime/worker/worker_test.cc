@@ -60,6 +60,7 @@ TEST_CASE("1, 2 and 4 worker processes train to the same losses; progress key", 
     CHECK(p.tokens_per_s() > 0);
     CHECK(p.eta_s() == 0);  // the last step
     CHECK(p.peak_rss_bytes() > 0);
+    CHECK(p.comm_memory_bytes() > 0);  // 4 ranks on one host: each maps its shm segment
   }
 }
 
