@@ -129,14 +129,12 @@ double SgemmCeiling(const ExecContext& ctx, int64_t n, int reps) {
   return 2.0 * n * n * n / t;
 }
 
-const char* kTorchScript = R"PY(
+std::string GptPeerScript() {
+  return absl::StrCat(R"PY(
 import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F
 V, T, L, H, C, B, steps, threads = [int(x) for x in sys.argv[1:9]]
 torch.set_num_threads(threads); torch.manual_seed(0)
-class RMSNorm(nn.Module):
-    def __init__(s, c): super().__init__(); s.weight = nn.Parameter(torch.ones(c))
-    def forward(s, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s.weight
-class Block(nn.Module):
+)PY", bench::kTorchRmsNorm, R"PY(class Block(nn.Module):
     def __init__(s):
         super().__init__()
         s.ln1, s.ln2 = RMSNorm(C), RMSNorm(C)
@@ -158,17 +156,13 @@ class GPT(nn.Module):
         x = s.wte(idx) + s.wpe(torch.arange(T))
         for b in s.blocks: x = b(x)
         return F.cross_entropy((s.ln_f(x) @ s.wte.weight.t()).view(-1, V), tgt.view(-1))
-m = GPT(); opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01)
-idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T)); times = []
-for i in range(steps + 2):
-    t = time.perf_counter(); opt.zero_grad(set_to_none=True)
-    loss = m(idx, tgt); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
-times = sorted(times[2:]); print(B * T / times[len(times) // 2])
-)PY";
+m = GPT()
+)PY", bench::kTorchTrainLoop);
+}
 
 absl::StatusOr<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, int steps,
                                          int threads) {
-  return bench::RunTorchPeer(absl::GetFlag(FLAGS_python), kTorchScript,
+  return bench::RunTorchPeer(absl::GetFlag(FLAGS_python), GptPeerScript(),
                              absl::StrCat(c.vocab_size, " ", c.context, " ", c.n_layer, " ", c.n_head,
                                           " ", c.d_model, " ", B, " ", steps, " ", threads),
                              threads);

@@ -53,14 +53,12 @@ times = sorted(times[1:]); print(B * T / times[len(times) // 2])
 // Args: V T L H KV C F B steps threads. The llama arch of docs/model.md in PyTorch (HF-style
 // rotate_half RoPE, repeat_interleave GQA, SwiGLU, untied head), AdamW; tokens/s median after 2
 // warm-up steps.
-const char* kLlamaPeer = R"PY(
+std::string LlamaPeerScript() {
+  return absl::StrCat(R"PY(
 import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F
 V, T, L, H, KV, C, FF, B, steps, threads = [int(x) for x in sys.argv[1:11]]
 torch.set_num_threads(threads); torch.manual_seed(0); hd = C // H
-class RMSNorm(nn.Module):
-    def __init__(s, c): super().__init__(); s.weight = nn.Parameter(torch.ones(c))
-    def forward(s, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s.weight
-inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
+)PY", bench::kTorchRmsNorm, R"PY(inv = 1.0 / (10000.0 ** (torch.arange(0, hd, 2).float() / hd))
 f = torch.outer(torch.arange(T).float(), inv); emb = torch.cat((f, f), -1)
 COS, SIN = emb.cos()[None, None], emb.sin()[None, None]
 def rope(x): return x * COS + torch.cat((-x[..., hd // 2:], x[..., :hd // 2]), -1) * SIN
@@ -90,13 +88,9 @@ class Llama(nn.Module):
         x = s.wte(idx)
         for b in s.blocks: x = b(x)
         return F.cross_entropy(s.lm_head(s.ln_f(x)).view(-1, V), tgt.view(-1))
-m = Llama(); opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01)
-idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T)); times = []
-for i in range(steps + 2):
-    t = time.perf_counter(); opt.zero_grad(set_to_none=True)
-    loss = m(idx, tgt); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
-times = sorted(times[2:]); print(B * T / times[len(times) // 2])
-)PY";
+m = Llama()
+)PY", bench::kTorchTrainLoop);
+}
 
 struct AttnShape {
   int64_t B, T, H, KV, hd;
@@ -194,7 +188,7 @@ std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick
                                         threads);
   KernelFigure f = Interleaved(
       "llama_train_step_tokens_per_s", rounds, [&] { return TrainStep(ctx, c, B, steps, &peak); },
-      [&] { return RunTorchPeer(python, kLlamaPeer, args, threads); }, peer, 1.5, "");
+      [&] { return RunTorchPeer(python, LlamaPeerScript(), args, threads); }, peer, 1.5, "");
   f.note = absl::StrFormat("B=%d T=%d V=%d L=%d H=%d KV=%d C=%d F=%d untied, peak activations %.1f MiB; "
                            "peer PyTorch same model, rounds interleaved",
                            B, c.context, c.vocab_size, c.n_layer, c.n_head, c.kv_heads(), c.d_model,

@@ -13,6 +13,19 @@
 
 namespace ember::bench {
 
+const char kTorchRmsNorm[] = R"PY(class RMSNorm(nn.Module):
+    def __init__(s, c): super().__init__(); s.weight = nn.Parameter(torch.ones(c))
+    def forward(s, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s.weight
+)PY";
+
+const char kTorchTrainLoop[] = R"PY(opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01)
+idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T)); times = []
+for i in range(steps + 2):
+    t = time.perf_counter(); opt.zero_grad(set_to_none=True)
+    loss = m(idx, tgt); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
+times = sorted(times[2:]); print(B * T / times[len(times) // 2])
+)PY";
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -59,7 +72,7 @@ double TrainStep(const kernels::ExecContext& ctx, const model::GptConfig& c, int
   return B * c.context / Median(times);
 }
 
-absl::StatusOr<double> RunTorchPeer(const std::string& python, const char* script,
+absl::StatusOr<double> RunTorchPeer(const std::string& python, const std::string& script,
                                     const std::string& args, int threads) {
   static int counter = 0;
   const std::string path = absl::StrCat("/tmp/kernel_bench_peer_", getpid(), "_", counter++, ".py");

@@ -29,8 +29,14 @@ double TrainStep(const kernels::ExecContext& ctx, const model::GptConfig& c, int
 // Runs `script` (Python source) with `python` and the given arguments, under OMP_NUM_THREADS =
 // threads, and returns the number on its last line of output. UNAVAILABLE, with the tail of its
 // output, when it fails or prints no positive number.
-absl::StatusOr<double> RunTorchPeer(const std::string& python, const char* script,
+absl::StatusOr<double> RunTorchPeer(const std::string& python, const std::string& script,
                                     const std::string& args, int threads);
+
+// Python pieces shared by the model peers: an RMSNorm module (eps 1e-5, `nn`/`torch` imported),
+// and the loop that trains `m` (forward(idx, tgt) -> loss) with AdamW for steps + 2 steps on
+// random [B, T] tokens below V and prints tokens/s (median after 2 warm-up steps).
+extern const char kTorchRmsNorm[];
+extern const char kTorchTrainLoop[];
 
 }  // namespace ember::bench
 
