@@ -49,6 +49,8 @@
 ABSL_FLAG(std::string, etcd_endpoints, "", "a running etcd (host:port); empty = start one");
 ABSL_FLAG(std::vector<std::string>, parts, std::vector<std::string>({"etcd", "barrier", "tcpstore"}),
           "parts to run: etcd, barrier, tcpstore");
+ABSL_FLAG(std::vector<std::string>, etcd_ops, std::vector<std::string>({"get", "set", "add"}),
+          "ops of the etcd part");
 ABSL_FLAG(int, barrier_ranks, 256, "client processes in the barrier part (--quick: 16)");
 ABSL_FLAG(int, tcpstore_barrier_ranks, 64, "TCPStore client processes in the tcpstore barrier");
 // Internal: the plain etcd client's child role.
@@ -236,6 +238,8 @@ absl::Status EtcdPart(bench::Report& report, const std::string& store, const std
   const std::vector<std::pair<std::string, std::string>> ops = {
       {"get", "1"}, {"set", "1"}, {"add", "2"}};
   for (const auto& [op, rtts] : ops) {
+    const auto& wanted = absl::GetFlag(FLAGS_etcd_ops);
+    if (std::find(wanted.begin(), wanted.end(), op) == wanted.end()) continue;
     for (int n : clients) {
       std::vector<OpsResult> ember, plain;
       for (int r = 0; r < rounds; ++r) {
