@@ -257,20 +257,8 @@ int64_t RssKiB(pid_t pid) {
   return -1;
 }
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
-  socklen_t len = sizeof(a);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 TEST_CASE("ember-store: a promised 1 GiB value with a few bytes sent allocates nothing like it") {
-  const int port = FreePort();
+  const int port = testing::FreePort();
   const pid_t pid = testing::SpawnChild(
       {testing::StoreBinary(), "--listen=127.0.0.1:0", "--insecure-no-auth",
        absl::StrCat("--tcpstore-port=", port), "--log_level=error"});
