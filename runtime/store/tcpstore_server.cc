@@ -263,14 +263,14 @@ class Connection {
     }, owner_);
     absl::MutexLock l(&slot->mu);
     auto ready = [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return slot->r.has_value(); };
-    bool stopped = false;
+    // Cancelled again every 100 ms until answered: a request still being evaluated when the
+    // first cancel came (etcd backend) parks afterwards and is caught by the next one.
     while (!slot->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100))) {
       uint8_t c;
       const ssize_t n = recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
       const bool gone = n == 0;
       const bool cancel = n == 1 && cancelled != nullptr && c == kV2CancelWait;
-      if (!stopped && (gone || cancel)) {
-        stopped = true;
+      if (gone || cancel) {
         if (cancel) *cancelled = true;
         slot->mu.Unlock();
         backend_->CancelOwner(owner_);

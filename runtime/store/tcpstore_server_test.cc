@@ -20,6 +20,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/store/client.h"
+#include "runtime/store/etcd_backend.h"
+#include "runtime/store/etcd_test_util.h"
 #include "runtime/store/server.h"
 #include "runtime/store/store_process_test_util.h"
 #include "runtime/store/tcpstore_server.h"
@@ -193,6 +195,30 @@ TEST_CASE("a torch 2.x client's bytes: handshake, every supported query, cancel_
   // A queue op (14, libuv server only) is refused by closing the connection.
   REQUIRE(w.U8(kQueuePush).Str("/q").Str("x").Send());
   CHECK(w.ClosedByPeer());
+}
+
+TEST_CASE("cancel_wait on the etcd backend") {
+  testing::EtcdTestCluster etcd(1);
+  EtcdOptions e;
+  e.endpoints = etcd.endpoints();
+  StoreServerOptions opts;
+  opts.make_backend = [e](const BackendOptions& b, base::Clock*) { return NewEtcdBackend(e, b); };
+  auto store = StoreServer::Start(std::move(opts));
+  REQUIRE(store.ok());
+  auto tcp = TcpStoreServer::Start("127.0.0.1", 0, (*store)->backend());
+  REQUIRE(tcp.ok());
+  Wire w((*tcp)->port());
+  REQUIRE(w.U8(kValidate).U32(kMagic).Send());
+  for (int delay_ms : {0, 150}) {  // cancelled while evaluated, and while parked
+    REQUIRE(w.U8(kWait).U64(1).Str("/never").Send());
+    absl::SleepFor(absl::Milliseconds(delay_ms));
+    REQUIRE(w.U8(kCancelWait).Send());
+    CHECK(w.ReadU8() == 1);  // WAIT_CANCELED
+  }
+  REQUIRE(w.U8(kAdd).Str("/after").U64(1).Send());
+  CHECK(w.ReadI64() == 1);
+  REQUIRE(w.U8(kWait).U64(1).Str("/after").Send());
+  CHECK(w.ReadU8() == 0);  // STOP_WAITING
 }
 
 TEST_CASE("the first bytes choose the protocol: 1.13 clients keep 1.13's numbering") {
