@@ -218,33 +218,29 @@ class EtcdBackend : public Backend {
     q.set_key(etcd_.prefix + prefix);
     q.set_range_end(PrefixRangeEnd(etcd_.prefix + prefix));
     q.set_keys_only(!values);
+    return ReadRange(q, absl::StrCat("a read of prefix '", prefix, "'"), view, deadline);
+  }
+  absl::Status ReadRange(const pb::RangeRequest& q, const std::string& what, StoreState* view,
+                         absl::Time deadline) {
     pb::RangeResponse resp;
-    RETURN_IF_ERROR(client_->Call(
-        absl::StrCat("a read of prefix '", prefix, "'"), true, deadline,
-        [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
-          return s.kv->Range(ctx, q, &resp);
-        }));
+    RETURN_IF_ERROR(client_->Call(what, true, deadline,
+                                  [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
+                                    return s.kv->Range(ctx, q, &resp);
+                                  }));
     for (const auto& kv : resp.kvs()) AddEntry(kv, view);
-    view->revision = resp.header().revision();
+    view->revision = std::max(view->revision, resp.header().revision());
     NoteRevision(view->revision);
     return absl::OkStatus();
   }
 
-  // One transaction of range reads per kMaxOpsPerTxn keys (each chunk a consistent snapshot).
+  // One key: a plain Range (what a plain etcd client sends). More: one transaction of range
+  // reads per kMaxOpsPerTxn keys (each chunk a consistent snapshot).
   absl::Status ReadKeys(const std::vector<std::string>& keys, StoreState* view,
                         absl::Time deadline) {
-    if (keys.size() == 1) {  // a plain Range: what a plain etcd client would send
+    if (keys.size() == 1) {
       pb::RangeRequest q;
       q.set_key(etcd_.prefix + keys[0]);
-      pb::RangeResponse resp;
-      RETURN_IF_ERROR(client_->Call(absl::StrCat("a read of '", keys[0], "'"), true, deadline,
-                                    [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
-                                      return s.kv->Range(ctx, q, &resp);
-                                    }));
-      for (const auto& kv : resp.kvs()) AddEntry(kv, view);
-      view->revision = std::max(view->revision, resp.header().revision());
-      NoteRevision(view->revision);
-      return absl::OkStatus();
+      return ReadRange(q, absl::StrCat("a read of '", keys[0], "'"), view, deadline);
     }
     for (size_t begin = 0; begin < keys.size(); begin += kMaxOpsPerTxn) {
       const size_t end = std::min(keys.size(), begin + kMaxOpsPerTxn);
@@ -291,10 +287,9 @@ class EtcdBackend : public Backend {
     return EvaluateBatch({{&req, r}}, deadline);
   }
 
-  // Adds on one key from different callers are combined: while one caller's read -> apply ->
-  // write is in flight, the others queue, and the next batch is one read, the adds applied in
-  // arrival order, one write. Without it N concurrent adds on one key (a barrier) race in etcd:
-  // each round only one compare-and-write wins, about N^2/2 writes in all.
+  // Adds on one key from different callers combine: while one caller's read-apply-write runs, the
+  // others queue; the next batch is one read, the adds in arrival order, one write. (Else N adds
+  // on a barrier key race in etcd: one compare-and-write wins per round, N^2/2 writes in all.)
   struct AddSlot {
     const Request* req;
     Response* r;
