@@ -16,6 +16,8 @@ import os
 
 ORDER = [
     ("store_bench", "Rendezvous store (issues 2, 11)", "//runtime/store:store_bench"),
+    ("store_compat_bench", "Store on etcd, TCPStore clients (issue 19)",
+     "//runtime/store:store_compat_bench"),
     ("comm_bench", "Communication (issues 3, 11)", "//runtime/comm:comm_bench"),
     ("kernel_bench", "Kernels and training step (issue 4)", "//bench:kernel_bench"),
     ("fsdp_bench", "FSDP worker (issue 5)", "//runtime/fsdp:fsdp_bench"),
