@@ -154,9 +154,9 @@ void AddJobs(const MetricsSnapshot& s, int finished, Families* f) {
   if (static_cast<int>(done.size()) > finished) done.resize(std::max(0, finished));
   labelled.insert(labelled.end(), done.begin(), done.end());
   for (const jobs::v1::Job* j : labelled) {
-    const std::vector<ClientMetric::Label> l = {{"job", j->id()}};
+    const std::vector<ClientMetric::Label> l = {{"job_id", j->id()}};
     f->Add("ember_job_state", "1 for the job's current state", kGauge,
-           {{"job", j->id()}, {"state", StateName(j->state())}}, 1);
+           {{"job_id", j->id()}, {"state", StateName(j->state())}}, 1);
     f->Add("ember_job_attempts", "attempts started so far", kGauge, l, j->attempts_size());
     f->Add("ember_job_restarts", "attempts after the first (restarts)", kGauge, l,
            std::max(0, j->attempts_size() - 1));
@@ -171,7 +171,7 @@ void AddRanks(const MetricsSnapshot& s, Families* f) {
   for (const LocalRank& r : s.ranks) {
     absl::StatusOr<RankReport> rep = ReadLastRankReport(r.metrics_path);
     if (!rep.ok()) continue;  // not reported yet
-    const std::vector<ClientMetric::Label> l = {{"job", r.job}, {"rank", std::to_string(r.rank)}};
+    const std::vector<ClientMetric::Label> l = {{"job_id", r.job}, {"rank", std::to_string(r.rank)}};
     f->Add("ember_rank_step", "last reported optimizer step", kGauge, l, rep->step);
     f->Add("ember_rank_attempt", "attempt the rank belongs to", kGauge, l, r.attempt);
     f->Add("ember_rank_loss", "this rank's loss over its micro-batches at the last report",
@@ -201,12 +201,12 @@ void AddRanks(const MetricsSnapshot& s, Families* f) {
     for (const auto& [collective, dtype, bytes] : rep->bytes) {
       f->Add("ember_rank_collective_bytes", "bytes moved by collectives in the last reported step",
              kGauge,
-             {{"job", r.job}, {"rank", std::to_string(r.rank)}, {"collective", collective},
+             {{"job_id", r.job}, {"rank", std::to_string(r.rank)}, {"collective", collective},
               {"dtype", dtype}},
              static_cast<double>(bytes));
     }
     if (r.rank == 0) {
-      const std::vector<ClientMetric::Label> j = {{"job", r.job}};
+      const std::vector<ClientMetric::Label> j = {{"job_id", r.job}};
       f->Add("ember_job_step", "last optimizer step rank 0 reported", kGauge, j, rep->step);
       f->Add("ember_job_loss", "training loss (mean over every rank) at the last report", kGauge,
              j, rep->loss);
@@ -292,7 +292,7 @@ MetricsExporter::MetricsExporter(MetricsOptions options)
   const prometheus::Histogram::BucketBoundaries buckets = {0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                            0.025,  0.05,  0.1,    0.25,  0.5,
                                                            1,      2.5,   5,      10};
-  for (const char* op : {"heartbeat", "read_jobs", "read_progress", "other"}) {
+  for (const char* op : {"heartbeat", "read_jobs", "other"}) {
     store_ops_[op] = &ops.Add({{"op", op}}, buckets);
   }
   worker_starts_ = &prometheus::BuildCounter()

@@ -87,7 +87,7 @@ class MetricsExporter {
   explicit MetricsExporter(MetricsOptions options);
   ~MetricsExporter();
 
-  // Daemon counters (any thread). `op` is one of "heartbeat", "read_jobs", "read_progress";
+  // Daemon counters (any thread). `op` is one of "heartbeat", "read_jobs";
   // others count as "other".
   void ObserveStoreOp(absl::string_view op, double seconds);
   void CountWorkerStart();

@@ -147,24 +147,24 @@ TEST_CASE("a scrape shows node, GPU, job and rank series with bounded labels") {
   REQUIRE(Value(text, "ember_jobs{state=\"succeeded\"}") == 20);
   REQUIRE(Value(text, "ember_jobs{state=\"running\"}") == 1);
   REQUIRE(Value(text, "ember_jobs{state=\"failed\"}") == 0);
-  REQUIRE(Value(text, "ember_job_restarts{job=\"job-run\"}") == 1);
-  REQUIRE(Value(text, "ember_job_state{job=\"job-run\",state=\"running\"}") == 1);
+  REQUIRE(Value(text, "ember_job_restarts{job_id=\"job-run\"}") == 1);
+  REQUIRE(Value(text, "ember_job_state{job_id=\"job-run\",state=\"running\"}") == 1);
   // Only the 3 newest finished jobs keep a job label.
   for (int i = 0; i < 20; ++i) {
     const bool kept = i >= 17;
     INFO(i);
-    REQUIRE(std::isnan(Value(text, absl::StrCat("ember_job_attempts{job=\"job-done-", i, "\"}"))) ==
+    REQUIRE(std::isnan(Value(text, absl::StrCat("ember_job_attempts{job_id=\"job-done-", i, "\"}"))) ==
             !kept);
   }
-  REQUIRE(Value(text, "ember_job_loss{job=\"job-run\"}") == 2.5);
-  REQUIRE(Value(text, "ember_job_step{job=\"job-run\"}") == 40);
-  REQUIRE(Value(text, "ember_rank_loss{job=\"job-run\",rank=\"1\"}") == 2.25);
-  REQUIRE(Value(text, "ember_rank_comm_wait_seconds{job=\"job-run\",rank=\"1\"}") == 0.125);
-  REQUIRE(Value(text, "ember_rank_collective_bytes{job=\"job-run\",rank=\"0\",collective="
+  REQUIRE(Value(text, "ember_job_loss{job_id=\"job-run\"}") == 2.5);
+  REQUIRE(Value(text, "ember_job_step{job_id=\"job-run\"}") == 40);
+  REQUIRE(Value(text, "ember_rank_loss{job_id=\"job-run\",rank=\"1\"}") == 2.25);
+  REQUIRE(Value(text, "ember_rank_comm_wait_seconds{job_id=\"job-run\",rank=\"1\"}") == 0.125);
+  REQUIRE(Value(text, "ember_rank_collective_bytes{job_id=\"job-run\",rank=\"0\",collective="
                       "\"all_gather\",dtype=\"bf16\"}") == 4096);
-  REQUIRE(Value(text, "ember_rank_checkpoint_save_seconds{job=\"job-run\",rank=\"0\"}") == 1.5);
-  REQUIRE(Value(text, "ember_rank_flight_recorder_entries{job=\"job-run\",rank=\"0\"}") == 77);
-  REQUIRE(std::isnan(Value(text, "ember_rank_step{job=\"job-run\",rank=\"5\"}")));
+  REQUIRE(Value(text, "ember_rank_checkpoint_save_seconds{job_id=\"job-run\",rank=\"0\"}") == 1.5);
+  REQUIRE(Value(text, "ember_rank_flight_recorder_entries{job_id=\"job-run\",rank=\"0\"}") == 77);
+  REQUIRE(std::isnan(Value(text, "ember_rank_step{job_id=\"job-run\",rank=\"5\"}")));
   REQUIRE(Value(text, "ember_daemon_restarts_total") == 1);
   REQUIRE(Value(text, "ember_store_op_duration_seconds_count{op=\"heartbeat\"}") == 1);
   REQUIRE(Value(text, "ember_metrics_series_dropped") == 0);
@@ -176,7 +176,7 @@ TEST_CASE("a non-scheduler daemon leaves cluster-wide job series out") {
   s.leader = false;
   const std::string text = MetricsExporter({}).Render(s);
   REQUIRE(std::isnan(Value(text, "ember_jobs{state=\"running\"}")));
-  REQUIRE(Value(text, "ember_job_loss{job=\"job-run\"}") == 2.5);  // rank 0 runs here
+  REQUIRE(Value(text, "ember_job_loss{job_id=\"job-run\"}") == 2.5);  // rank 0 runs here
 }
 
 TEST_CASE("the series cap drops what is over it and says how many") {
