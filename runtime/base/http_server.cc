@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <system_error>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -192,7 +193,7 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
   }
   if (info->content_length != 0) {
     const int64_t cap = options_.max_body_bytes + 1;
-    char buf[8192];
+    char buf[4096];
     while (static_cast<int64_t>(req.body.size()) < cap) {
       size_t want = std::min<int64_t>(sizeof(buf), cap - req.body.size());
       int got = mg_read(conn, buf, want);
@@ -206,15 +207,27 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
   }
   std::shared_ptr<const HttpHandler> handler = Route(req.path);
   if (handler == nullptr) return Plain(404, absl::StrCat("no such path: ", req.path, "\n"));
+  // civetweb's threads have 100 KiB stacks (a build-time setting), too small for handlers that
+  // parse protos, talk gRPC or render pages: the handler runs on a thread of its own with the
+  // default stack while this one waits (threads bounds how many run at once).
+  HttpResponse resp = Plain(500, "internal error (see the server log)\n");
+  auto run = [&] {
+    try {
+      resp = (*handler)(req);
+    } catch (const std::exception& e) {
+      spdlog::error("http server: handler for {} {} threw: {}", req.method, req.path, e.what());
+    } catch (...) {
+      spdlog::error("http server: handler for {} {} threw a non-std exception", req.method,
+                    req.path);
+    }
+  };
   try {
-    return (*handler)(req);
-  } catch (const std::exception& e) {
-    spdlog::error("http server: handler for {} {} threw: {}", req.method, req.path, e.what());
-  } catch (...) {
-    spdlog::error("http server: handler for {} {} threw a non-std exception", req.method,
-                  req.path);
+    std::thread(run).join();
+  } catch (const std::system_error& e) {  // no thread to be had
+    spdlog::error("http server: cannot start a handler thread: {}", e.what());
+    return Plain(503, "server busy, try again\n");
   }
-  return Plain(500, "internal error (see the server log)\n");
+  return resp;
 }
 
 int HttpServer::Dispatch(mg_connection* conn, void* self) {

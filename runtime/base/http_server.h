@@ -5,8 +5,8 @@
 //   int port = server->port();
 //
 // Routing: the longest registered prefix that the request path starts with wins ("/jobs/" beats
-// "/"); no match is 404. Handlers run on the server's threads, several at once, and must be
-// thread-safe. A handler that throws gives 500 (the exception text is logged, not sent).
+// "/"); no match is 404. Handlers run several at once, each on a thread of its own with the
+// default stack (civetweb's own threads have only 100 KiB), and must be thread-safe. A handler that throws gives 500 (the exception text is logged, not sent).
 //
 // Bounds: `threads` connections are served at once (each on its own thread; keep-alive is off, so
 // one request per connection); at most `queue` more wait, accepted, for a thread. Request headers

@@ -48,8 +48,8 @@ scrape() { curl -s --fail --max-time 10 -H "Authorization: Bearer $TOKEN" "http:
 
 # 2. A real job; wait until rank 0's loss shows.
 cp "$CORPUS" "$T/tiny_corpus.txt"
-printf 'name: tele\nmodel: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\ndata: {text_path: %s}\nparallelism: {strategy: fsdp, world_size: 2}\nresources: {device_type: cpu}\nsteps: 1000000\nbatch_size: 4\nthreads: 1\nlog_every: 5\ncheckpoint: {every_steps: 50}\n' \
-  "$T/tiny_corpus.txt" > "$T/job.yaml"
+printf 'name: tele\nmodel: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\ndata: {text_path: tiny_corpus.txt}\nparallelism: {strategy: fsdp, world_size: 2}\nresources: {device_type: cpu}\nsteps: 1000000\nbatch_size: 4\nthreads: 1\nlog_every: 5\ncheckpoint: {every_steps: 50}\n' \
+  > "$T/job.yaml"
 JOB=$("$EMBERCTL" submit "$T/job.yaml") || fail "submit"
 JOB=${JOB%% *}
 for _ in $(seq 300); do
