@@ -52,7 +52,7 @@ absl::Status ParseListen(const std::string& listen, std::string* host, int* port
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &p) || p < 0 ||
       p > 65535 || colon == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "http listen address '", listen, "' is not host:port (e.g. 127.0.0.1:9400, [::1]:0)"));
+        "http listen address '", listen, "' is not IPv4 host:port (e.g. 127.0.0.1:9400, 0.0.0.0:0)"));
   }
   *host = listen.substr(0, colon);
   *port = p;

@@ -58,7 +58,7 @@ struct HttpResponse {
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 struct HttpServerOptions {
-  std::string listen = "127.0.0.1:0";  // host:port (IPv6 as [::1]:port); port 0 picks a free one
+  std::string listen = "127.0.0.1:0";  // IPv4 host:port (Debian's civetweb has no IPv6); port 0 = any
   int threads = 4;                       // connections served at once
   int64_t max_body_bytes = 64 << 10;     // larger request bodies get 413
   int request_timeout_ms = 10000;        // per request: receiving it and sending the answer
