@@ -237,7 +237,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   data::TokenLoader probe(p.tokens, LoaderFor(p));
   if (absl::Status st = probe.Validate(); !st.ok()) return base::Annotate(st, "data");
   p.checkpoint_root = Resolve(env.job_dir, s.checkpoint().dir().empty() ? "checkpoints" : s.checkpoint().dir());
-  p.metrics_path = absl::StrCat(env.job_dir, "/metrics/rank-", env.rank, ".jsonl");
+  p.metrics_path = job::MetricsPath(env.job_dir, env.rank);
   if (!s.checkpoint().init_from_safetensors().empty()) {
     p.init_safetensors = Resolve(env.upload_dir, s.checkpoint().init_from_safetensors());
   }
@@ -433,6 +433,7 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
     r.comm_memory_bytes = groups.CommMemoryBytes();
+    r.checkpoint_save_s = checkpoints.last_save_seconds();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
   }
@@ -462,6 +463,8 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
     r.comm_memory_bytes = groups.CommMemoryBytes();
+    r.checkpoint_save_s = checkpoints.last_save_seconds();
+    r.flight_entries = static_cast<int64_t>(recorder.size());
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
