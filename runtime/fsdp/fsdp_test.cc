@@ -18,9 +18,13 @@ namespace {
 
 using comm::DataType;
 
+// Set by the llama test case: TinyConfig() is then a Llama (RoPE, one kv head, untied head).
+bool g_llama = false;
+
 // Odd sizes so that torch.chunk pads at 4 ranks: vocab 67, context 19, width 36.
 model::GptConfig TinyConfig() {
-  model::GptConfig c;
+  model::GptConfig c = g_llama ? model::LlamaConfig() : model::GptConfig();
+  if (g_llama) c.n_kv_head = 1;
   c.vocab_size = 67;
   c.context = 19;
   c.n_layer = 2;
@@ -203,6 +207,31 @@ TEST_CASE("one rank matches the unsharded model with AdamW", "[fsdp]") {
   }
   CheckClose(Train(1, Fp32(), false, 8), ref, 1e-5);
   CHECK(ref.back() < ref.front());
+}
+
+TEST_CASE("llama (RoPE, GQA, untied head): 1 rank matches the unsharded model, 2 and 3 ranks match 1", "[fsdp]") {
+  g_llama = true;
+  const model::GptConfig cfg = TinyConfig();
+  auto llama = *model::Gpt::Create(cfg, 42);
+  REQUIRE(llama->FindParam("lm_head.weight") >= 0);
+  REQUIRE(llama->FindParam("wpe.weight") < 0);
+  model::AdamW adam(Adam(), llama->num_params(), 1.0);
+  kernels::ThreadPool pool(1);
+  kernels::ExecContext ctx{&pool, true};
+  std::vector<double> ref;
+  std::vector<int32_t> tok, tgt;
+  for (int s = 0; s < 10; ++s) {
+    auto gb = GlobalBatch(s, 4, 16, 67);
+    Slice(gb, 16, 0, 4, &tok, &tgt);
+    llama->ZeroGrad();
+    ref.push_back(*llama->ForwardBackward(ctx, tok.data(), tgt.data(), 4, 16));
+    adam.Step(ctx, *llama);
+  }
+  CHECK(ref.back() < 0.9 * ref.front());
+  CheckClose(Train(1, Fp32(), false, 10), ref, 1e-5);
+  CheckClose(Train(2, Fp32(), true, 10), ref, 1e-5);
+  CheckClose(Train(4, Fp32(), true, 10), ref, 1e-5);
+  g_llama = false;
 }
 
 TEST_CASE("1, 2 and 4 ranks give the same fp32 losses; overlap settings are bitwise neutral", "[fsdp]") {
