@@ -9,6 +9,7 @@
 #include "checkpoint/safetensors.h"
 #include "kernels/cast.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/worker/trainer.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -113,6 +114,15 @@ ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c) {
     h.rope_scaling.original_max_position_embeddings = c.rope_scaling.original_max_position;
   }
   return h;
+}
+
+absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s) {
+  ASSIGN_OR_RETURN(model::GptConfig c, ModelConfig(s));
+  if (c.arch != model::GptConfig::Arch::kLlama || c.mlp != model::GptConfig::Mlp::kSwiGlu) {
+    return absl::FailedPreconditionError(
+        "the spec's model is not model.arch: llama with mlp: swiglu; only those export as Hugging Face Llama");
+  }
+  return HfConfigFor(c);
 }
 
 void RecordModel(const model::GptConfig& c, ckpt::RankState* st) {

@@ -14,6 +14,7 @@
 #include "checkpoint/hf_config.h"
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/jobspec/spec.h"
 #include "runtime/pipeline/stage.h"
 
 namespace ember::worker {
@@ -46,6 +47,9 @@ absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m);
 
 // The Hugging Face LlamaForCausalLM config of a llama model (max_position_embeddings = context).
 ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c);
+// The same for a job spec's model (`emberctl ckpt export --format hf --spec`); FAILED_PRECONDITION
+// unless it is model.arch llama with the SwiGLU MLP.
+absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s);
 
 // Adds the model's records to a checkpoint's extra: model.arch ("gpt" | "llama") and, for llama,
 // hf.config (config.json text), which `emberctl ckpt export --format hf` reads.
