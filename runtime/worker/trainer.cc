@@ -93,6 +93,17 @@ absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
   c.window = m.attention_window();
   c.init_std = m.init_std();
   c.norm_eps = m.norm_eps();
+  c.arch = m.arch() == "llama" ? model::GptConfig::Arch::kLlama : model::GptConfig::Arch::kGpt;
+  c.n_kv_head = m.n_kv_heads();
+  c.rope_theta = m.rope_theta();
+  c.tie_embeddings = m.tie_embeddings();
+  if (m.rope_scaling().type() == "llama3") {
+    c.rope_scaling.llama3 = true;
+    c.rope_scaling.factor = m.rope_scaling().factor();
+    c.rope_scaling.low_freq_factor = m.rope_scaling().low_freq_factor();
+    c.rope_scaling.high_freq_factor = m.rope_scaling().high_freq_factor();
+    c.rope_scaling.original_max_position = m.rope_scaling().original_max_position();
+  }
   c.loss.label_smoothing = s.loss().label_smoothing();
   c.loss.z_loss = s.loss().z_loss();
   c.loss.ignore_index = s.loss().ignore_index();
