@@ -25,6 +25,7 @@ ORDER = [
     ("recorder_bench", "Flight recorder (issue 9)", "//runtime/flight:recorder_bench"),
     ("pipeline_bench", "Pipeline parallelism (issue 15)", "//bench:pipeline_bench"),
     ("onesided_bench", "One-sided transfers (issue 16)", "//runtime/onesided:onesided_bench"),
+    ("kernel_bench_llama", "Llama kernels and training step (issue 22)", "//bench:kernel_bench"),
 ]
 
 
@@ -100,7 +101,9 @@ def main():
     for path in sorted(glob.glob(os.path.join(a.results, "*.json"))):
         with open(path) as f:
             d = json.load(f)
-        runs[d["benchmark"]] = (d, os.path.basename(path))
+        # Keyed by file name: one benchmark binary may have several committed runs (kernel_bench
+        # and kernel_bench_llama, its `--only=llama` figures).
+        runs[os.path.splitext(os.path.basename(path))[0]] = (d, os.path.basename(path))
     run_meta = {}
     meta_path = os.path.join(a.results, "RUNS.md")
     out = ["# Benchmarks", "",
