@@ -1,7 +1,5 @@
 #include "checkpoint/hf_layout.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
@@ -171,15 +169,7 @@ absl::StatusOr<uint64_t> ExportHf(const std::string& ckpt, const std::string& ou
   if (opts.max_shard_bytes > 0) {
     RETURN_IF_ERROR(WriteShardedSafetensors(out_dir, specs, opts.max_shard_bytes, meta, produce));
   } else {
-    const std::string path = JoinPath(out_dir, "model.safetensors"), tmp = path + ".tmp";
-    absl::Status s = WriteSafetensorsStreaming(tmp, specs, meta, produce, /*sync=*/true);
-    if (!s.ok()) {
-      ::unlink(tmp.c_str());
-      return s;
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-      return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
-    }
+    RETURN_IF_ERROR(WriteSafetensorsAtomic(JoinPath(out_dir, "model.safetensors"), specs, meta, produce));
   }
   // config.json last: a directory with a config.json is a complete export.
   RETURN_IF_ERROR(base::WriteFileAtomic(config_path, HfConfigJson(cfg), kFileMode));

@@ -13,6 +13,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
+#include "testing/subprocess.h"
+
 namespace ember::data {
 namespace {
 
@@ -159,21 +161,7 @@ TEST_CASE("token file header: tokenizer identity read, old headerless files stil
   CHECK((*old)->tokenizer().kind.empty());
 }
 
-// Runs argv[0] with the rest; returns the exit status (-1 if it did not exit).
-int Run(std::vector<std::string> argv, const std::string& stdout_path = "/dev/null") {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (!freopen(stdout_path.c_str(), "w", stdout)) _exit(126);
-    std::vector<char*> a;
-    for (std::string& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    execvp(a[0], a.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using ::ember::testing::RunCommand;
 
 std::string Slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -183,19 +171,19 @@ std::string Slurp(const std::string& path) {
 TEST_CASE("make-tokens with a SentencePiece model trained at test time matches spm_encode", "[data]") {
   const std::string src = std::string(getenv("TEST_SRCDIR")) + "/ember/";
   const std::string corpus = src + "examples/data/tiny_corpus.txt", prefix = TmpPath("spm");
-  REQUIRE(Run({"spm_train", "--input=" + corpus, "--model_prefix=" + prefix, "--vocab_size=384",
+  REQUIRE(RunCommand({"spm_train", "--input=" + corpus, "--model_prefix=" + prefix, "--vocab_size=384",
                "--model_type=bpe", "--character_coverage=1.0", "--minloglevel=2"}) == 0);
   const std::string out = TmpPath("spm.bin");
-  REQUIRE(Run({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
+  REQUIRE(RunCommand({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
                "--tokenizer=sentencepiece", "--spm-model=" + prefix + ".model", "--log-level=warn"}) == 0);
   auto f = TokenFile::Open(out, TokenDtype::kU16);
   REQUIRE(f.ok());
   CHECK((*f)->tokenizer().kind == "sentencepiece");
   CHECK((*f)->tokenizer().vocab_size == 384);
   // Independent references: coreutils' sha256sum, and spm_encode (which also encodes line by line).
-  REQUIRE(Run({"sha256sum", prefix + ".model"}, TmpPath("sum.txt")) == 0);
+  REQUIRE(RunCommand({"sha256sum", prefix + ".model"}, TmpPath("sum.txt")) == 0);
   CHECK(Slurp(TmpPath("sum.txt")).substr(0, 64) == (*f)->tokenizer().sha256);
-  REQUIRE(Run({"spm_encode", "--model=" + prefix + ".model", "--output_format=id", "--input=" + corpus},
+  REQUIRE(RunCommand({"spm_encode", "--model=" + prefix + ".model", "--output_format=id", "--input=" + corpus},
               TmpPath("ids.txt")) == 0);
   std::vector<uint32_t> want;
   std::istringstream in(Slurp(TmpPath("ids.txt")));
@@ -207,9 +195,9 @@ TEST_CASE("make-tokens with a SentencePiece model trained at test time matches s
   CHECK((*f)->max_token() > 255);  // real merges, not bytes
 
   // Bad flags: a model without --tokenizer=sentencepiece, or a file that is not a model.
-  CHECK(Run({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
+  CHECK(RunCommand({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
              "--spm-model=" + prefix + ".model", "--log-level=off"}) == 2);
-  CHECK(Run({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
+  CHECK(RunCommand({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
              "--tokenizer=sentencepiece", "--spm-model=" + corpus, "--log-level=off"}) == 1);
 }
 

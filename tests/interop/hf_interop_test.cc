@@ -19,24 +19,12 @@
 #include "runtime/store/server.h"
 #include "runtime/worker/worker_harness.h"
 
+#include "testing/subprocess.h"
+
 namespace ember::worker {
 namespace {
 
-// Runs argv (PATH lookup) with stdout to `out`; returns the exit status (-1: killed).
-int Run(std::vector<std::string> argv, const std::string& out = "/dev/null") {
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (!freopen(out.c_str(), "w", stdout)) _exit(126);
-    std::vector<char*> a;
-    for (std::string& s : argv) a.push_back(s.data());
-    a.push_back(nullptr);
-    execvp(a[0], a.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
+using ::ember::testing::RunCommand;
 
 std::string Slurp(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
@@ -70,9 +58,9 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
   const std::string dir = NewJobDir("llama");
 
   // Tokenizer trained here; make-tokens records it.
-  REQUIRE(Run({"spm_train", "--input=" + dir + "/corpus.txt", "--model_prefix=" + dir + "/spm", "--vocab_size=384",
+  REQUIRE(RunCommand({"spm_train", "--input=" + dir + "/corpus.txt", "--model_prefix=" + dir + "/spm", "--vocab_size=384",
                "--model_type=bpe", "--character_coverage=1.0", "--minloglevel=2"}) == 0);
-  REQUIRE(Run({Src() + "runtime/data/make-tokens", "--input=" + dir + "/corpus.txt", "--output=" + dir + "/tokens.bin",
+  REQUIRE(RunCommand({Src() + "runtime/data/make-tokens", "--input=" + dir + "/corpus.txt", "--output=" + dir + "/tokens.bin",
                "--tokenizer=sentencepiece", "--spm-model=" + dir + "/spm.model", "--log-level=warn"}) == 0);
   auto tokens = data::TokenFile::Open(dir + "/tokens.bin", data::TokenDtype::kU16);
   REQUIRE(tokens.ok());
@@ -86,9 +74,9 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
   CHECK(losses[30] < 0.8 * losses[1]);
 
   const std::string hf = dir + "/hf";
-  REQUIRE(Run({Src() + "launcher/emberctl", "ckpt", "export", dir + "/checkpoints", hf, "--format", "hf"}) == 0);
+  REQUIRE(RunCommand({Src() + "launcher/emberctl", "ckpt", "export", dir + "/checkpoints", hf, "--format", "hf"}) == 0);
   const std::string sharded = dir + "/hf_sharded";
-  REQUIRE(Run({Src() + "launcher/emberctl", "ckpt", "export", dir + "/checkpoints", sharded, "--format", "hf",
+  REQUIRE(RunCommand({Src() + "launcher/emberctl", "ckpt", "export", dir + "/checkpoints", sharded, "--format", "hf",
                "--max-shard-bytes", "100000"}) == 0);
 
   // A batch of 2 sequences from the token file, the last target ignored.
@@ -106,15 +94,15 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
   std::ofstream(dir + "/batch.bin", std::ios::binary) << batch;
 
   const std::string tool = Src() + "runtime/worker/llama_logits";
-  REQUIRE(Run({tool, "--spec=" + dir + "/job.yaml", "--ckpt=" + dir + "/checkpoints", "--batch=" + dir + "/batch.bin",
+  REQUIRE(RunCommand({tool, "--spec=" + dir + "/job.yaml", "--ckpt=" + dir + "/checkpoints", "--batch=" + dir + "/batch.bin",
                "--out=" + dir + "/ember.bin", "--log-level=warn"}) == 0);
-  REQUIRE(Run({tool, "--spec=" + dir + "/job.yaml", "--hf=" + hf, "--batch=" + dir + "/batch.bin",
+  REQUIRE(RunCommand({tool, "--spec=" + dir + "/job.yaml", "--hf=" + hf, "--batch=" + dir + "/batch.bin",
                "--out=" + dir + "/ember_hf.bin", "--log-level=warn"}) == 0);
   CHECK(Slurp(dir + "/ember.bin") == Slurp(dir + "/ember_hf.bin"));  // f32 export + import is exact
 
   for (const std::string& export_dir : {hf, sharded}) {
     INFO(export_dir);
-    REQUIRE(Run({"/usr/bin/python3", Src() + "tests/interop/hf_llama_reference.py", export_dir, dir + "/batch.bin",
+    REQUIRE(RunCommand({"/usr/bin/python3", Src() + "tests/interop/hf_llama_reference.py", export_dir, dir + "/batch.bin",
                  dir + "/torch.bin"}) == 0);
     const std::vector<float> ember = Floats(dir + "/ember.bin"), ref = Floats(dir + "/torch.bin");
     REQUIRE(ember.size() == static_cast<size_t>(1 + B * T * 384));
@@ -138,10 +126,10 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
   // Import at world size 3 with lr 0: the weights pass through unchanged, so the export is the same.
   const std::string dir2 = NewJobDir("llama_import");
   std::ofstream(dir2 + "/tokens.bin", std::ios::binary) << Slurp(dir + "/tokens.bin");
-  REQUIRE(Run({"cp", "-r", hf, dir2 + "/hf"}) == 0);
+  REQUIRE(RunCommand({"cp", "-r", hf, dir2 + "/hf"}) == 0);
   WriteLlamaSpec(dir2, sha, 30, 0.f, "checkpoint: {init_from: hf}\n");
   for (int c : RunJob(addr, "llama_import", dir2, 3, 0)) REQUIRE(c == 0);
-  REQUIRE(Run({Src() + "launcher/emberctl", "ckpt", "export", dir2 + "/checkpoints", dir2 + "/hf2", "--format", "hf"}) == 0);
+  REQUIRE(RunCommand({Src() + "launcher/emberctl", "ckpt", "export", dir2 + "/checkpoints", dir2 + "/hf2", "--format", "hf"}) == 0);
   CHECK(Slurp(dir2 + "/hf2/config.json") == Slurp(hf + "/config.json"));
   const std::string a = Slurp(hf + "/model.safetensors");
   CHECK(a.size() > 100000);
