@@ -244,8 +244,10 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
       absl::StrContains(c.init_from_safetensors(), "..")) {
     return Bad("checkpoint.init_from_safetensors", "must be a relative path inside the job directory");
   }
-  if (absl::StartsWith(c.init_from(), "/") || absl::StrContains(c.init_from(), "..")) {
-    return Bad("checkpoint.init_from", absl::StrCat("'", c.init_from(), "' must be a relative path inside the job directory"));
+  // Like data.path: absolute only under an operator's data root (the daemon checks), never "..".
+  if (absl::StrContains(c.init_from(), "..")) {
+    return Bad("checkpoint.init_from", absl::StrCat("'", c.init_from(), "' must not contain \"..\" (a directory inside "
+                                                    "the job directory, or an absolute path under a data root)"));
   }
   if (!c.init_from().empty() && !c.init_from_safetensors().empty()) {
     return Bad("checkpoint.init_from", "set either init_from (a Hugging Face directory) or init_from_safetensors, not both");

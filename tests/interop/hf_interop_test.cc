@@ -75,9 +75,9 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
 
   const std::string hf = dir + "/hf";
   REQUIRE(RunCommand({Src() + "launcher/emberctl", "ckpt", "export", dir + "/checkpoints", hf, "--format", "hf"}) == 0);
-  const std::string sharded = dir + "/hf_sharded";
+  const std::string sharded = dir + "/hf_sharded";  // bf16, several files and the index
   REQUIRE(RunCommand({Src() + "launcher/emberctl", "ckpt", "export", dir + "/checkpoints", sharded, "--format", "hf",
-               "--max-shard-bytes", "100000"}) == 0);
+               "--max-shard-bytes", "100000", "--dtype", "bf16"}) == 0);
 
   // A batch of 2 sequences from the token file, the last target ignored.
   const int32_t B = 2, T = 32;
@@ -99,12 +99,16 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
   REQUIRE(RunCommand({tool, "--spec=" + dir + "/job.yaml", "--hf=" + hf, "--batch=" + dir + "/batch.bin",
                "--out=" + dir + "/ember_hf.bin", "--log-level=warn"}) == 0);
   CHECK(Slurp(dir + "/ember.bin") == Slurp(dir + "/ember_hf.bin"));  // f32 export + import is exact
+  // The bf16 export: Ember imports the rounded weights and computes in fp32, as PyTorch does below.
+  REQUIRE(RunCommand({tool, "--spec=" + dir + "/job.yaml", "--hf=" + sharded, "--batch=" + dir + "/batch.bin",
+               "--out=" + dir + "/ember_bf16.bin", "--log-level=warn"}) == 0);
+  CHECK(Slurp(dir + "/ember.bin") != Slurp(dir + "/ember_bf16.bin"));
 
-  for (const std::string& export_dir : {hf, sharded}) {
+  for (const auto& [export_dir, ember_out] : {std::pair{hf, dir + "/ember.bin"}, std::pair{sharded, dir + "/ember_bf16.bin"}}) {
     INFO(export_dir);
     REQUIRE(RunCommand({"/usr/bin/python3", Src() + "tests/interop/hf_llama_reference.py", export_dir, dir + "/batch.bin",
                  dir + "/torch.bin"}) == 0);
-    const std::vector<float> ember = Floats(dir + "/ember.bin"), ref = Floats(dir + "/torch.bin");
+    const std::vector<float> ember = Floats(ember_out), ref = Floats(dir + "/torch.bin");
     REQUIRE(ember.size() == static_cast<size_t>(1 + B * T * 384));
     REQUIRE(ref.size() == ember.size());
     INFO("loss ember " << ember[0] << " torch " << ref[0]);
