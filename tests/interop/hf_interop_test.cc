@@ -14,8 +14,12 @@
 #include <fstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "proto/jobs.pb.h"
 #include "runtime/data/token_file.h"
+#include "runtime/job/keys.h"
+#include "runtime/store/client.h"
 #include "runtime/store/server.h"
 #include "runtime/worker/worker_harness.h"
 
@@ -150,6 +154,14 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
   std::ofstream(dir2 + "/job.yaml") << spec;
   for (int c : RunJob(addr, "llama_bad", dir2, 1, 0)) CHECK(c != 0);
   CHECK(Losses(dir2).size() == 30);  // no step was taken (metrics unchanged)
+  auto client = store::Client::Connect({.address = addr});
+  REQUIRE(client.ok());
+  auto exit = client->Get(job::keys::WorkerExit("llama_bad", 0, 0));
+  REQUIRE(exit.ok());
+  jobs::v1::WorkerExit we;
+  REQUIRE(we.ParseFromString(*exit));
+  INFO(we.error());
+  CHECK(absl::StrContains(we.error(), "config.json: num_key_value_heads is 2, the job spec has 4 (model.n_kv_heads)"));
 }
 
 }  // namespace
