@@ -5,31 +5,40 @@
 namespace ember::kernels {
 namespace {
 
-// sign = +1: forward rotation; -1: inverse.
-void Rotate(const ExecContext& ctx, const RopeTable& tb, float* x, int64_t B, int64_t T,
-            int64_t heads, int64_t hd, int64_t stride, float sign) {
-  const int64_t half = hd / 2, rows = B * T;
-  auto body = [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t t = r % T;
-      const float* __restrict c = tb.cos.data() + t * half;
-      const float* __restrict s = tb.sin.data() + t * half;
-      float* row = x + r * stride;
-      for (int64_t h = 0; h < heads; ++h) {
-        float* __restrict p = row + h * hd;
-        for (int64_t i = 0; i < half; ++i) {
-          const float x0 = p[2 * i], x1 = p[2 * i + 1], si = sign * s[i];
-          p[2 * i] = x0 * c[i] - x1 * si;
-          p[2 * i + 1] = x0 * si + x1 * c[i];
-        }
+// Rows [r0, r1). sign = +1: forward rotation; -1: inverse. Built without FMA contraction (the
+// kernels' copts have -ffp-contract=fast): each product rounds on its own, so the result is
+// bitwise PyTorch's q*cos + rotate_half(q)*sin on the same cos/sin.
+__attribute__((optimize("fp-contract=off"))) void RotateRows(const RopeTable& tb, float* x,
+                                                             int64_t r0, int64_t r1, int64_t T,
+                                                             int64_t heads, int64_t hd,
+                                                             int64_t stride, float sign) {
+  const int64_t half = hd / 2;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t t = r % T;
+    const float* __restrict c = tb.cos.data() + t * half;
+    const float* __restrict s = tb.sin.data() + t * half;
+    float* row = x + r * stride;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* __restrict p = row + h * hd;
+      for (int64_t i = 0; i < half; ++i) {
+        const float x0 = p[2 * i], x1 = p[2 * i + 1], si = sign * s[i];
+        p[2 * i] = x0 * c[i] - x1 * si;
+        p[2 * i + 1] = x0 * si + x1 * c[i];
       }
     }
-  };
-  if (ctx.pool == nullptr) {
-    body(0, rows);
-  } else {
-    ctx.pool->ParallelFor(rows, 16, body);
   }
+}
+
+void Rotate(const ExecContext& ctx, const RopeTable& tb, float* x, int64_t B, int64_t T,
+            int64_t heads, int64_t hd, int64_t stride, float sign) {
+  const int64_t rows = B * T;
+  if (ctx.pool == nullptr) {
+    RotateRows(tb, x, 0, rows, T, heads, hd, stride, sign);
+    return;
+  }
+  ctx.pool->ParallelFor(rows, 16, [&](int64_t r0, int64_t r1) {
+    RotateRows(tb, x, r0, r1, T, heads, hd, stride, sign);
+  });
 }
 
 }  // namespace

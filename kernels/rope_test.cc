@@ -101,6 +101,23 @@ TEST_CASE("RoPE forward and backward match float64 references") {
   std::vector<float> dx = dy;
   RopeBackward(ctx, tb, dx.data(), B, T, heads, hd, stride);
   CHECK(ErrRatio(dx, num, 1e-6) <= 1);
+  // Bitwise: each product rounded on its own (no FMA), as PyTorch's q*cos + rotate_half(q)*sin.
+  // (This test is built without -mfma, so these float expressions are not contracted either.)
+  std::vector<float> want = x, want_dx = dy;
+  for (int64_t r = 0; r < B * T; ++r)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const int64_t t = r % T, o = r * stride + h * hd + 2 * i;
+        const float c = tb.cos[t * 4 + i], s = tb.sin[t * 4 + i];
+        const float p0 = x[o] * c, p1 = x[o + 1] * s, p2 = x[o] * s, p3 = x[o + 1] * c;
+        want[o] = p0 - p1;
+        want[o + 1] = p2 + p3;
+        const float g0 = dy[o] * c, g1 = dy[o + 1] * s, g2 = dy[o] * s, g3 = dy[o + 1] * c;
+        want_dx[o] = g0 + g1;
+        want_dx[o + 1] = g3 - g2;
+      }
+  CHECK(std::memcmp(y.data(), want.data(), y.size() * 4) == 0);
+  CHECK(std::memcmp(dx.data(), want_dx.data(), dx.size() * 4) == 0);
   // Backward undoes forward (rotation is orthogonal).
   std::vector<float> back = y;
   RopeBackward(ExecContext{}, tb, back.data(), B, T, heads, hd, stride);

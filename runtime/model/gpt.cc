@@ -32,9 +32,15 @@ std::shared_ptr<const kernels::RopeTable> SharedRopeTable(const GptConfig& cfg) 
   static std::mutex mu;
   static auto* cache = new std::map<std::string, std::shared_ptr<const kernels::RopeTable>>;
   const auto& r = cfg.rope_scaling;
-  const std::string key = absl::StrCat(cfg.head_dim(), "/", cfg.rope_theta, "/", r.llama3, "/", r.factor, "/",
-                                       r.low_freq_factor, "/", r.high_freq_factor, "/",
-                                       r.original_max_position, "/", cfg.context);
+  auto bits = [](float f) {  // exact: StrCat would print 6 significant digits
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  const std::string key = absl::StrCat(cfg.head_dim(), "/", bits(cfg.rope_theta), "/", r.llama3, "/",
+                                       bits(r.factor), "/", bits(r.low_freq_factor), "/",
+                                       bits(r.high_freq_factor), "/", r.original_max_position, "/",
+                                       cfg.context);
   std::lock_guard<std::mutex> lock(mu);
   auto& slot = (*cache)[key];
   if (slot == nullptr) {
