@@ -155,6 +155,20 @@ TEST_CASE("token file header: tokenizer identity read, old headerless files stil
   auto truncated = TokenFile::Open(cut, TokenDtype::kU32);
   CHECK(absl::StrContains(truncated.status().message(), "100 tokens promised, 396 bytes of ids follow"));
 
+  // Hostile headers: a length past the end of the file, JSON that does not parse, another version.
+  std::string huge = header;
+  huge[8] = huge[9] = huge[10] = huge[11] = '\xff';
+  std::ofstream(TmpPath("hdr_huge.bin"), std::ios::binary) << huge << ids;
+  CHECK(absl::StrContains(TokenFile::Open(TmpPath("hdr_huge.bin"), TokenDtype::kU32).status().message(), "exceeds the file"));
+  std::string garbled = header;
+  garbled[16] = '[';
+  std::ofstream(TmpPath("hdr_json.bin"), std::ios::binary) << garbled << ids;
+  CHECK(absl::StrContains(TokenFile::Open(TmpPath("hdr_json.bin"), TokenDtype::kU32).status().message(), "header"));
+  std::string v2 = header;
+  v2[12] = 2;
+  std::ofstream(TmpPath("hdr_v2.bin"), std::ios::binary) << v2 << ids;
+  CHECK(absl::StrContains(TokenFile::Open(TmpPath("hdr_v2.bin"), TokenDtype::kU32).status().message(), "version 2"));
+
   auto old = TokenFile::Open(WriteU16("old.bin", 50), TokenDtype::kU16);  // no header
   REQUIRE(old.ok());
   CHECK((*old)->size() == 50);
