@@ -23,9 +23,9 @@ using base::SafetensorsDTypeName;
 // dependent lookup and write the wrong spelling; with it, such a call does not compile.
 const char* DTypeName(DType d) = delete;
 
-// Converts `n` elements from `from` to `to` (src and dst may not overlap). Supported: identity,
-// F32 -> BF16 (round to nearest even; NaN stays NaN) and BF16 -> F32 (exact). Anything else is
-// UNIMPLEMENTED naming both dtypes.
+// Converts `n` elements from `from` to `to` (src and dst may not overlap). Supported: identity and
+// any pair of F32, BF16, F16 (widening exact; narrowing rounds to nearest even once, NaN stays
+// NaN). Anything else is UNIMPLEMENTED naming both dtypes.
 absl::Status ConvertDType(DType from, const void* src, DType to, void* dst, size_t n);
 
 }  // namespace ember::ckpt

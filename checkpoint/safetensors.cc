@@ -296,6 +296,22 @@ absl::StatusOr<std::pair<const SafetensorsFile*, const TensorInfo*>> Safetensors
   return it->second;
 }
 
+absl::Status WriteSafetensorsAtomic(
+    const std::string& path, const std::vector<TensorSpec>& specs,
+    const std::map<std::string, std::string>& meta,
+    const std::function<absl::Status(size_t, const AppendFn&)>& produce) {
+  const std::string tmp = path + ".tmp";
+  absl::Status s = WriteSafetensorsStreaming(tmp, specs, meta, produce, /*sync=*/true);
+  if (!s.ok()) {
+    ::unlink(tmp.c_str());
+    return s;
+  }
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", path));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status WriteShardedSafetensors(
     const std::string& dir, const std::vector<TensorSpec>& specs, uint64_t max_shard_bytes,
     const std::map<std::string, std::string>& meta,

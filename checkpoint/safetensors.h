@@ -107,6 +107,13 @@ absl::Status WriteSafetensorsStreaming(
     const std::map<std::string, std::string>& meta,
     const std::function<absl::Status(size_t, const AppendFn&)>& produce, bool sync);
 
+// WriteSafetensorsStreaming to `path`.tmp (fsynced), renamed to `path` on success; on failure the
+// .tmp file is removed and `path` is untouched.
+absl::Status WriteSafetensorsAtomic(
+    const std::string& path, const std::vector<TensorSpec>& specs,
+    const std::map<std::string, std::string>& meta,
+    const std::function<absl::Status(size_t, const AppendFn&)>& produce);
+
 // In-memory convenience: data[i] holds tensor i's bytes.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorSpec>& specs,
                               const std::vector<absl::string_view>& data,

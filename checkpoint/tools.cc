@@ -127,15 +127,7 @@ absl::StatusOr<uint64_t> ExportSafetensors(const std::string& ckpt, const std::s
     RETURN_IF_ERROR(WriteShardedSafetensors(out_path, specs, opts.max_shard_bytes, meta, produce));
     return written;
   }
-  std::string tmp = out_path + ".tmp";
-  absl::Status s = WriteSafetensorsStreaming(tmp, specs, meta, produce, /*sync=*/true);
-  if (!s.ok()) {
-    ::unlink(tmp.c_str());
-    return s;
-  }
-  if (::rename(tmp.c_str(), out_path.c_str()) != 0) {
-    return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", out_path));
-  }
+  RETURN_IF_ERROR(WriteSafetensorsAtomic(out_path, specs, meta, produce));
   return written;
 }
 

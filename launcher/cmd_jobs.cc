@@ -138,6 +138,21 @@ absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
   upload("data", "path");
   upload("data", "text_path");
   upload("checkpoint", "init_from_safetensors");
+  // checkpoint.init_from names a Hugging Face directory: its files (config.json, the safetensors,
+  // the index) go up when each is small; larger models belong under an emberd --data-root.
+  if (root.IsMap() && root["checkpoint"] && root["checkpoint"].IsMap() && root["checkpoint"]["init_from"]) {
+    const std::string rel = root["checkpoint"]["init_from"].as<std::string>("");
+    std::error_code ec;
+    if (!rel.empty() && rel[0] != '/' && !absl::StrContains(rel, "..") && fs::is_directory(base / rel, ec)) {
+      for (const auto& e : fs::directory_iterator(base / rel, ec)) {
+        if (!e.is_regular_file(ec) || e.file_size(ec) > (8u << 20)) continue;
+        std::ifstream in(e.path(), std::ios::binary);
+        std::stringstream b;
+        b << in.rdbuf();
+        (*files)[rel + "/" + e.path().filename().string()] = b.str();
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

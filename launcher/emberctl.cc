@@ -83,13 +83,23 @@ const std::vector<Command>& Commands() {
        {{"--verify", "", "checksum every chunk"},
         {"--json", "", "JSON summary (as --output json)"}},
        RunCkptInspect},
-      {"ckpt", "export", "ckpt export CKPT OUT [--include-optimizer] [--max-shard-bytes N]",
-       "unsharded weights as safetensors (N: a sharded set)",
-       "  The full, unsharded tensors with their parameter names; with --max-shard-bytes OUT is a\n"
-       "  directory of model-0000k-of-0000n.safetensors and model.safetensors.index.json (Hugging\n"
-       "  Face layout).\n",
+      {"ckpt", "export",
+       "ckpt export CKPT OUT [--format safetensors|hf] [--dtype f32|bf16|f16] [--max-shard-bytes N] "
+       "[--include-optimizer] [--spec JOB.yaml]",
+       "unsharded weights as safetensors, or a Hugging Face Llama directory",
+       "  safetensors (default): the full, unsharded tensors with Ember's parameter names; with\n"
+       "  --max-shard-bytes OUT is a directory of model-0000k-of-0000n.safetensors and\n"
+       "  model.safetensors.index.json (Hugging Face layout).\n"
+       "  hf: OUT is a directory loadable by transformers' LlamaForCausalLM: config.json and\n"
+       "  model.safetensors (or shards and the index) with Hugging Face names, q/k rows permuted to\n"
+       "  its rotary convention, in --dtype (default f32). Llama checkpoints only (model.arch:\n"
+       "  llama); the model comes from the checkpoint's record, or --spec for older checkpoints.\n"
+       "  docs/formats.md has the mapping.\n",
        2,
-       {{"--include-optimizer", "", "include the optim.* tensors"},
+       {{"--format", "F", "safetensors (default) or hf"},
+        {"--dtype", "D", "hf: f32 (default), bf16 or f16"},
+        {"--spec", "FILE", "hf: take the model config from this job spec"},
+        {"--include-optimizer", "", "include the optim.* tensors (safetensors format)"},
         {"--max-shard-bytes", "N", "a sharded set of files of about N bytes each"}},
        RunCkptExport},
       {"pipeline", "show",

@@ -64,6 +64,10 @@ TEST_CASE("spec paths and upload names stay inside the job directory") {
   s.mutable_data()->set_path("a/../../x");
   REQUIRE(absl::IsPermissionDenied(CheckSpecPaths(s, {"/datasets"})));
   REQUIRE(absl::StrContains(CheckSpecPaths(s, {}).message(), "data.path"));
+  spec::v1::JobSpec hf;  // a Hugging Face directory to start from: the same rules
+  hf.mutable_checkpoint()->set_init_from("/models/llama");
+  REQUIRE(absl::StrContains(CheckSpecPaths(hf, {}).message(), "checkpoint.init_from"));
+  REQUIRE(CheckSpecPaths(hf, {"/models"}).ok());
   REQUIRE(CheckUploadName("data/shakespeare.txt").ok());
   REQUIRE_FALSE(CheckUploadName("../x").ok());
   REQUIRE_FALSE(CheckUploadName("/etc/passwd").ok());

@@ -52,6 +52,7 @@ absl::Status CheckSpecPaths(const spec::v1::JobSpec& spec,
       {"data.text_path", spec.data().text_path(), true},
       {"checkpoint.dir", spec.checkpoint().dir(), false},
       {"checkpoint.init_from_safetensors", spec.checkpoint().init_from_safetensors(), true},
+      {"checkpoint.init_from", spec.checkpoint().init_from(), true},
   };
   for (const Field& f : fields) {
     std::vector<std::string> none;

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "runtime/base/json.h"
 
 namespace ember::data {
 namespace {
@@ -32,6 +33,85 @@ absl::StatusOr<TokenDtype> ParseTokenDtype(absl::string_view s) {
   return absl::InvalidArgumentError(
       absl::StrCat("token dtype '", s, "' is not allowed; use one of uint8, uint16, uint32"));
 }
+
+const char* TokenDtypeName(TokenDtype t) {
+  switch (t) {
+    case TokenDtype::kU8: return "uint8";
+    case TokenDtype::kU16: return "uint16";
+    case TokenDtype::kU32: return "uint32";
+  }
+  return "?";
+}
+
+std::string TokenizerInfo::Describe() const {
+  if (kind.empty()) return "unknown (no header)";
+  std::string out = absl::StrCat(kind, " (");
+  if (!sha256.empty()) absl::StrAppend(&out, "sha256 ", sha256.substr(0, 12), "..., ");
+  absl::StrAppend(&out, "vocab ", vocab_size);
+  if (!model.empty()) absl::StrAppend(&out, ", ", model);
+  return out + ")";
+}
+
+std::string TokenFileHeader(TokenDtype dtype, int64_t tokens, const TokenizerInfo& tok) {
+  json::Value t = json::Value::MakeObject();
+  t.Set("kind", json::Value::Str(tok.kind));
+  if (!tok.sha256.empty()) t.Set("sha256", json::Value::Str(tok.sha256));
+  t.Set("vocab_size", json::Value::Int(tok.vocab_size));
+  if (!tok.model.empty()) t.Set("model", json::Value::Str(tok.model));
+  json::Value h = json::Value::MakeObject();
+  h.Set("version", json::Value::Int(1));
+  h.Set("dtype", json::Value::Str(TokenDtypeName(dtype)));
+  h.Set("tokens", json::Value::Int(tokens));
+  h.Set("tokenizer", std::move(t));
+  std::string text = json::Write(h);
+  text.append((8 - (16 + text.size()) % 8) % 8, ' ');
+  std::string out(kTokenFileMagic, 8);
+  for (uint32_t v : {static_cast<uint32_t>(text.size()), 1u}) {
+    for (int b = 0; b < 4; ++b) out.push_back(static_cast<char>((v >> (8 * b)) & 0xff));
+  }
+  return out + text;
+}
+
+namespace {
+
+// Parses the header at the front of `file` (which starts with the magic): the ids' offset, count
+// and the tokenizer. `path` names the file in errors.
+absl::Status ParseHeader(const std::string& path, const uint8_t* file, size_t bytes, TokenDtype want,
+                         size_t* offset, int64_t* tokens, TokenizerInfo* tok) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat("token file '", path, "': header: ", why));
+  };
+  if (bytes < 16) return bad("truncated");
+  uint32_t len = 0, version = 0;
+  for (int b = 3; b >= 0; --b) {
+    len = (len << 8) | file[8 + b];
+    version = (version << 8) | file[12 + b];
+  }
+  if (version != 1) return bad(absl::StrCat("version ", version, "; this Ember reads version 1"));
+  if (len > bytes - 16 || len > (1u << 20)) return bad(absl::StrCat("length ", len, " exceeds the file"));
+  auto h = json::Parse(absl::string_view(reinterpret_cast<const char*>(file + 16), len));
+  if (!h.ok()) return bad(std::string(h.status().message()));
+  const std::string dtype = h->Get("dtype").StrOr();
+  if (dtype != TokenDtypeName(want)) {
+    return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' holds ", dtype,
+                                                   " ids (its header), data.token_dtype is ", TokenDtypeName(want),
+                                                   "; set data.token_dtype: ", dtype));
+  }
+  *offset = 16 + len;
+  *tokens = h->Get("tokens").IntOr(-1);
+  if (*tokens < 0 || static_cast<uint64_t>(*tokens) * TokenDtypeSize(want) != bytes - *offset) {
+    return bad(absl::StrCat(*tokens, " tokens promised, ", bytes - *offset, " bytes of ids follow (truncated?)"));
+  }
+  const json::Value& t = h->Get("tokenizer");
+  tok->kind = t.Get("kind").StrOr();
+  tok->sha256 = t.Get("sha256").StrOr();
+  tok->vocab_size = t.Get("vocab_size").IntOr(0);
+  tok->model = t.Get("model").StrOr();
+  if (tok->kind.empty() || tok->vocab_size <= 0) return bad("tokenizer needs kind and a positive vocab_size");
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 size_t TokenDtypeSize(TokenDtype t) {
   switch (t) {
@@ -59,7 +139,11 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(const std::string& pa
   f->path_ = path;
   f->dtype_ = dtype;
   f->bytes_ = static_cast<size_t>(st.st_size);
-  if (f->bytes_ % TokenDtypeSize(dtype) != 0) {
+  const bool header = dtype != TokenDtype::kU8 && f->bytes_ >= 8 && [&] {
+    char magic[8];
+    return ::pread(fd, magic, 8, 0) == 8 && std::memcmp(magic, kTokenFileMagic, 8) == 0;
+  }();
+  if (!header && f->bytes_ % TokenDtypeSize(dtype) != 0) {
     ::close(fd);
     return absl::InvalidArgumentError(absl::StrCat("token file '", path, "' has ", f->bytes_,
                                                    " bytes, not a multiple of ",
@@ -71,15 +155,22 @@ absl::StatusOr<std::shared_ptr<TokenFile>> TokenFile::Open(const std::string& pa
       ::close(fd);
       return absl::InternalError(absl::StrCat("mmap '", path, "': ", std::strerror(errno)));
     }
-    f->data_ = static_cast<const uint8_t*>(p);
+    f->map_ = f->data_ = static_cast<const uint8_t*>(p);
   }
   ::close(fd);
   f->n_ = static_cast<int64_t>(f->bytes_ / TokenDtypeSize(dtype));
+  if (header) {
+    size_t offset = 0;
+    if (absl::Status s = ParseHeader(path, f->map_, f->bytes_, dtype, &offset, &f->n_, &f->tokenizer_); !s.ok()) {
+      return s;
+    }
+    f->data_ = f->map_ + offset;
+  }
   return f;
 }
 
 TokenFile::~TokenFile() {
-  if (data_) munmap(const_cast<uint8_t*>(data_), bytes_);
+  if (map_) munmap(const_cast<uint8_t*>(map_), bytes_);
 }
 
 uint32_t TokenFile::at(int64_t i) const {

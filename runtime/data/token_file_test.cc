@@ -7,9 +7,13 @@
 #include <cstdlib>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+
+#include "testing/subprocess.h"
 
 namespace ember::data {
 namespace {
@@ -122,6 +126,93 @@ TEST_CASE("make-tokens turns the shipped corpus into byte-level uint16 ids", "[d
   CHECK(toks->size() > 100000);
   for (int64_t i = 0; i < toks->size(); i += 997) CHECK(toks->at(i) == text->at(i));
   CHECK(toks->max_token() < 256);
+}
+
+TEST_CASE("token file header: tokenizer identity read, old headerless files still read, damage refused", "[data]") {
+  const TokenizerInfo spm{"sentencepiece", std::string(64, 'a'), 384, "spm.model"};
+  std::string ids;
+  for (uint32_t i = 0; i < 100; ++i) ids.append(reinterpret_cast<const char*>(&i), 4);
+  const std::string header = TokenFileHeader(TokenDtype::kU32, 100, spm);
+  CHECK(header.size() % 8 == 0);
+  CHECK(header.substr(0, 8) == "EMBERTOK");
+  const std::string path = TmpPath("hdr.bin");
+  std::ofstream(path, std::ios::binary) << header << ids;
+  auto f = TokenFile::Open(path, TokenDtype::kU32);
+  REQUIRE(f.ok());
+  CHECK((*f)->size() == 100);
+  CHECK((*f)->at(0) == 0);
+  CHECK((*f)->at(99) == 99);
+  CHECK((*f)->tokenizer().kind == "sentencepiece");
+  CHECK((*f)->tokenizer().sha256 == spm.sha256);
+  CHECK((*f)->tokenizer().vocab_size == 384);
+  CHECK((*f)->tokenizer().model == "spm.model");
+
+  auto wrong = TokenFile::Open(path, TokenDtype::kU16);
+  CHECK(wrong.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(wrong.status().message(), "holds uint32 ids (its header), data.token_dtype is uint16"));
+  const std::string cut = TmpPath("hdr_cut.bin");
+  std::ofstream(cut, std::ios::binary) << header << ids.substr(0, 396);
+  auto truncated = TokenFile::Open(cut, TokenDtype::kU32);
+  CHECK(absl::StrContains(truncated.status().message(), "100 tokens promised, 396 bytes of ids follow"));
+
+  // Hostile headers: a length past the end of the file, JSON that does not parse, another version.
+  std::string huge = header;
+  huge[8] = huge[9] = huge[10] = huge[11] = '\xff';
+  std::ofstream(TmpPath("hdr_huge.bin"), std::ios::binary) << huge << ids;
+  CHECK(absl::StrContains(TokenFile::Open(TmpPath("hdr_huge.bin"), TokenDtype::kU32).status().message(), "exceeds the file"));
+  std::string garbled = header;
+  garbled[16] = '[';
+  std::ofstream(TmpPath("hdr_json.bin"), std::ios::binary) << garbled << ids;
+  CHECK(absl::StrContains(TokenFile::Open(TmpPath("hdr_json.bin"), TokenDtype::kU32).status().message(), "header"));
+  std::string v2 = header;
+  v2[12] = 2;
+  std::ofstream(TmpPath("hdr_v2.bin"), std::ios::binary) << v2 << ids;
+  CHECK(absl::StrContains(TokenFile::Open(TmpPath("hdr_v2.bin"), TokenDtype::kU32).status().message(), "version 2"));
+
+  auto old = TokenFile::Open(WriteU16("old.bin", 50), TokenDtype::kU16);  // no header
+  REQUIRE(old.ok());
+  CHECK((*old)->size() == 50);
+  CHECK((*old)->tokenizer().kind.empty());
+}
+
+using ::ember::testing::RunCommand;
+
+std::string Slurp(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+}
+
+TEST_CASE("make-tokens with a SentencePiece model trained at test time matches spm_encode", "[data]") {
+  const std::string src = std::string(getenv("TEST_SRCDIR")) + "/ember/";
+  const std::string corpus = src + "examples/data/tiny_corpus.txt", prefix = TmpPath("spm");
+  REQUIRE(RunCommand({"spm_train", "--input=" + corpus, "--model_prefix=" + prefix, "--vocab_size=384",
+               "--model_type=bpe", "--character_coverage=1.0", "--minloglevel=2"}) == 0);
+  const std::string out = TmpPath("spm.bin");
+  REQUIRE(RunCommand({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
+               "--tokenizer=sentencepiece", "--spm-model=" + prefix + ".model", "--log-level=warn"}) == 0);
+  auto f = TokenFile::Open(out, TokenDtype::kU16);
+  REQUIRE(f.ok());
+  CHECK((*f)->tokenizer().kind == "sentencepiece");
+  CHECK((*f)->tokenizer().vocab_size == 384);
+  // Independent references: coreutils' sha256sum, and spm_encode (which also encodes line by line).
+  REQUIRE(RunCommand({"sha256sum", prefix + ".model"}, TmpPath("sum.txt")) == 0);
+  CHECK(Slurp(TmpPath("sum.txt")).substr(0, 64) == (*f)->tokenizer().sha256);
+  REQUIRE(RunCommand({"spm_encode", "--model=" + prefix + ".model", "--output_format=id", "--input=" + corpus},
+              TmpPath("ids.txt")) == 0);
+  std::vector<uint32_t> want;
+  std::istringstream in(Slurp(TmpPath("ids.txt")));
+  for (uint32_t id; in >> id;) want.push_back(id);
+  REQUIRE((*f)->size() == static_cast<int64_t>(want.size()));
+  CHECK((*f)->size() > 10000);
+  for (int64_t i = 0; i < (*f)->size(); ++i) REQUIRE((*f)->at(i) == want[i]);
+  CHECK((*f)->max_token() < 384);
+  CHECK((*f)->max_token() > 255);  // real merges, not bytes
+
+  // Bad flags: a model without --tokenizer=sentencepiece, or a file that is not a model.
+  CHECK(RunCommand({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
+             "--spm-model=" + prefix + ".model", "--log-level=off"}) == 2);
+  CHECK(RunCommand({src + "runtime/data/make-tokens", "--input=" + corpus, "--output=" + out,
+             "--tokenizer=sentencepiece", "--spm-model=" + corpus, "--log-level=off"}) == 1);
 }
 
 }  // namespace

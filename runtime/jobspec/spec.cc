@@ -191,6 +191,18 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     }
   }
   RETURN_IF_ERROR(Range("data.start_position", static_cast<double>(d.start_position()), 0, 1e15));
+  RETURN_IF_ERROR(OneOf("data.tokenizer.kind", d.tokenizer().kind(), {"", "bytes", "sentencepiece"}));
+  if (const std::string& h = d.tokenizer().sha256(); !h.empty()) {
+    if (d.tokenizer().kind() != "sentencepiece") {
+      return Bad("data.tokenizer.sha256", "only with kind: sentencepiece (the hash of its .model file)");
+    }
+    if (h.size() != 64 || h.find_first_not_of("0123456789abcdef") != std::string::npos) {
+      return Bad("data.tokenizer.sha256", absl::StrCat("'", h, "' is not 64 lowercase hex digits (sha256sum of the .model file)"));
+    }
+  }
+  if (d.tokenizer().kind() == "sentencepiece" && d.path().empty()) {
+    return Bad("data.tokenizer.kind", "sentencepiece needs data.path (a make-tokens file); data.text_path is read as bytes");
+  }
   const auto& o = s.optimizer();
   RETURN_IF_ERROR(OneOf("optimizer.name", o.name(), {"adamw"}));
   RETURN_IF_ERROR(Range("optimizer.lr", o.lr(), 0, 10));
@@ -231,6 +243,14 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   if (absl::StartsWith(c.init_from_safetensors(), "/") ||
       absl::StrContains(c.init_from_safetensors(), "..")) {
     return Bad("checkpoint.init_from_safetensors", "must be a relative path inside the job directory");
+  }
+  // Like data.path: absolute only under an operator's data root (the daemon checks), never "..".
+  if (absl::StrContains(c.init_from(), "..")) {
+    return Bad("checkpoint.init_from", absl::StrCat("'", c.init_from(), "' must not contain \"..\" (a directory inside "
+                                                    "the job directory, or an absolute path under a data root)"));
+  }
+  if (!c.init_from().empty() && !c.init_from_safetensors().empty()) {
+    return Bad("checkpoint.init_from", "set either init_from (a Hugging Face directory) or init_from_safetensors, not both");
   }
   RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
   RETURN_IF_ERROR(Range("publish.every_steps", s.publish().every_steps(), 0, 1e9));

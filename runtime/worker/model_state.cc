@@ -5,9 +5,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/dtype.h"
+#include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
 #include "kernels/cast.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/worker/trainer.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -89,6 +91,60 @@ absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m) {
   }
   spdlog::info("initialised {} parameters from {} ({} tensors in the file{})", used, path,
                set->names().size(), set->names().size() > used ? "; extra tensors ignored" : "");
+  return absl::OkStatus();
+}
+
+ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c) {
+  ckpt::HfLlamaConfig h;
+  h.vocab_size = c.vocab_size;
+  h.hidden_size = c.d_model;
+  h.intermediate_size = c.ff();
+  h.num_hidden_layers = c.n_layer;
+  h.num_attention_heads = c.n_head;
+  h.num_key_value_heads = c.kv_heads();
+  h.max_position_embeddings = c.context;
+  h.rms_norm_eps = c.norm_eps;
+  h.rope_theta = c.rope_theta;
+  h.tie_word_embeddings = c.tie_embeddings;
+  if (c.rope_scaling.llama3) {
+    h.rope_scaling.type = "llama3";
+    h.rope_scaling.factor = c.rope_scaling.factor;
+    h.rope_scaling.low_freq_factor = c.rope_scaling.low_freq_factor;
+    h.rope_scaling.high_freq_factor = c.rope_scaling.high_freq_factor;
+    h.rope_scaling.original_max_position_embeddings = c.rope_scaling.original_max_position;
+  }
+  return h;
+}
+
+absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s) {
+  ASSIGN_OR_RETURN(model::GptConfig c, ModelConfig(s));
+  if (c.arch != model::GptConfig::Arch::kLlama || c.mlp != model::GptConfig::Mlp::kSwiGlu) {
+    return absl::FailedPreconditionError(
+        "the spec's model is not model.arch: llama with mlp: swiglu; only those export as Hugging Face Llama");
+  }
+  return HfConfigFor(c);
+}
+
+void RecordModel(const model::GptConfig& c, ckpt::RankState* st) {
+  const bool llama = c.arch == model::GptConfig::Arch::kLlama;
+  st->extra[ckpt::kExtraModelArch] = llama ? "llama" : "gpt";
+  if (llama && c.mlp == model::GptConfig::Mlp::kSwiGlu) st->extra[ckpt::kExtraHfConfig] = ckpt::HfConfigJson(HfConfigFor(c));
+}
+
+absl::Status InitFromHf(const std::string& dir, fsdp::FsdpGpt& m) {
+  const model::GptConfig& c = m.config();
+  if (c.arch != model::GptConfig::Arch::kLlama || c.mlp != model::GptConfig::Mlp::kSwiGlu) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint.init_from: ", dir, " is a Hugging Face Llama directory; the job's model must be "
+        "model.arch: llama with mlp: swiglu"));
+  }
+  ASSIGN_OR_RETURN(auto hf, ckpt::HfCheckpoint::Open(dir, HfConfigFor(c)));
+  for (const fsdp::ShardView& v : m.Shards()) {
+    if (v.rows == 0) continue;
+    absl::Status st = hf->ReadEmberRows(v.name, v.row_begin, v.rows, v.param);
+    if (!st.ok()) return base::Annotate(st, "checkpoint.init_from");
+  }
+  spdlog::info("initialised {} parameters from the Hugging Face Llama directory {}", m.Shards().size(), dir);
   return absl::OkStatus();
 }
 

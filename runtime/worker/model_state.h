@@ -11,8 +11,10 @@
 
 #include "absl/status/statusor.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_config.h"
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/jobspec/spec.h"
 #include "runtime/pipeline/stage.h"
 
 namespace ember::worker {
@@ -42,6 +44,22 @@ absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::Pipeli
 // parameters (a single file or a model.safetensors.index.json set; F32, BF16 or F16). Optimizer
 // state starts at zero. Every model parameter must be present with the model's shape.
 absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m);
+
+// The Hugging Face LlamaForCausalLM config of a llama model (max_position_embeddings = context).
+ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c);
+// The same for a job spec's model (`emberctl ckpt export --format hf --spec`); FAILED_PRECONDITION
+// unless it is model.arch llama with the SwiGLU MLP.
+absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s);
+
+// Adds the model's records to a checkpoint's extra: model.arch ("gpt" | "llama") and, for llama,
+// hf.config (config.json text), which `emberctl ckpt export --format hf` reads.
+void RecordModel(const model::GptConfig& c, ckpt::RankState* st);
+
+// checkpoint.init_from: initialises this rank's parameter shards from a Hugging Face Llama
+// directory (config.json checked against the model: a mismatch names the field and both values;
+// tensors checked by ckpt::HfCheckpoint::Open), un-permuting q/k rows. Optimizer state starts at
+// zero. FAILED_PRECONDITION for a gpt-arch model.
+absl::Status InitFromHf(const std::string& dir, fsdp::FsdpGpt& m);
 
 // What a checkpoint of step `step` saves for this rank; views into `m`'s shards (valid until the
 // next optimizer step).

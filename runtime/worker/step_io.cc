@@ -1,5 +1,7 @@
 #include "runtime/worker/step_io.h"
 
+#include "runtime/worker/model_state.h"
+
 #include <sys/resource.h>
 
 #include <cmath>
@@ -133,6 +135,7 @@ bool Checkpointer::Due(int64_t step) const {
 absl::Status Checkpointer::Save(int64_t step) {
   const absl::Time t0 = absl::Now();
   ckpt::RankState st = snapshot_(step);
+  RecordModel(plan_.model, &st);  // so `emberctl ckpt export --format hf` needs no job spec
   if (async_) {
     RETURN_IF_ERROR(async_->Start(st));
   } else {

@@ -47,6 +47,31 @@ std::string Resolve(const std::string& job_dir, const std::string& p) {
   return p.empty() || p[0] == '/' ? p : absl::StrCat(job_dir, "/", p);
 }
 
+// The token file's tokenizer (header) against the spec: model.vocab_size must cover the
+// tokenizer's vocabulary, and data.tokenizer (when set) must name the same tokenizer.
+absl::Status CheckTokenizer(const spec::JobSpec& s, const data::TokenFile& f) {
+  const data::TokenizerInfo text{"bytes", "", 256, ""};  // data.text_path: read as bytes
+  const data::TokenizerInfo& t = s.data().path().empty() ? text : f.tokenizer();
+  const std::string field = s.data().path().empty() ? "data.text_path" : "data.path";
+  if (!t.kind.empty() && s.model().vocab_size() < t.vocab_size) {
+    return Bad("model.vocab_size", absl::StrCat(s.model().vocab_size(), " is below the ", t.vocab_size, " tokens of ", f.path(),
+                                                "'s tokenizer ", t.Describe(), "; set model.vocab_size >= ", t.vocab_size));
+  }
+  const auto& want = s.data().tokenizer();
+  if (!want.kind().empty() && t.kind.empty()) {
+    return Bad("data.tokenizer", absl::StrCat(f.path(), " records no tokenizer (made by an older make-tokens, or "
+                                              "--header=false); remake it with make-tokens or drop data.tokenizer"));
+  }
+  if (!want.kind().empty() && want.kind() != t.kind) {
+    return Bad("data.tokenizer.kind", absl::StrCat("'", want.kind(), "', but ", field, " ", f.path(), " was made with ", t.Describe()));
+  }
+  if (!want.sha256().empty() && want.sha256() != t.sha256) {
+    return Bad("data.tokenizer.sha256", absl::StrCat(want.sha256(), ", but ", field, " ", f.path(), " was made with the model of sha256 ",
+                                                     t.sha256, " (", t.model, "): another SentencePiece model"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
@@ -183,6 +208,9 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     if (!s.checkpoint().init_from_safetensors().empty()) {
       return Bad("checkpoint.init_from_safetensors", "not supported for pipeline jobs yet");
     }
+    if (!s.checkpoint().init_from().empty()) {
+      return Bad("checkpoint.init_from", "not supported for pipeline jobs yet");
+    }
   }
   if (par.strategy() == "none" && env.world_size != 1) {
     return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, ", job::kEnvWorldSize, " is ", env.world_size));
@@ -230,6 +258,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     if (!f.ok()) return base::Annotate(f.status(), "data.text_path");
     p.tokens = *f;
   }
+  RETURN_IF_ERROR(CheckTokenizer(s, *p.tokens));
   if (p.tokens->max_token() >= static_cast<uint32_t>(p.model.vocab_size)) {
     return Bad(d.path().empty() ? "data.text_path" : "data.path",
                absl::StrCat("token id ", p.tokens->max_token(), " >= model.vocab_size ", p.model.vocab_size));
@@ -241,6 +270,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   if (!s.checkpoint().init_from_safetensors().empty()) {
     p.init_safetensors = Resolve(env.upload_dir, s.checkpoint().init_from_safetensors());
   }
+  if (!s.checkpoint().init_from().empty()) p.init_hf = Resolve(env.upload_dir, s.checkpoint().init_from());
   const int hw = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   p.threads = s.threads() > 0 ? s.threads() : std::max(1, hw / env.local_world_size);
   return p;
@@ -326,6 +356,7 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, fsdp::FsdpGpt& model, dat
     return step;
   }
   if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, model));
+  if (!plan.init_hf.empty()) RETURN_IF_ERROR(InitFromHf(plan.init_hf, model));
   return 0;
 }
 

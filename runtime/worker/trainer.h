@@ -37,6 +37,7 @@ struct Plan {
   std::string checkpoint_root;  // <job_dir>/<checkpoint.dir or "checkpoints">
   std::string metrics_path;     // <job_dir>/metrics/rank-<r>.jsonl
   std::string init_safetensors; // checkpoint.init_from_safetensors resolved, or "" (fresh init)
+  std::string init_hf;          // checkpoint.init_from (a Hugging Face Llama directory) resolved, or ""
   int threads = 1;
   bool separate_reduce_scatter = true;
 };

@@ -3,6 +3,10 @@
 #include "runtime/worker/trainer.h"
 
 #include <catch2/catch.hpp>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace ember::worker {
 namespace {
@@ -86,6 +90,44 @@ TEST_CASE("learning-rate schedule: warmup, constant, cosine floor", "[worker]") 
   CHECK(LearningRate(s, 10) == Approx(1.0));
   CHECK(LearningRate(s, 55) == Approx(0.55));
   CHECK(LearningRate(s, 100) == Approx(0.1));
+}
+
+// Prepare() on a job directory holding tokens.bin (ids 0..299, made with `tok`) and a spec.
+absl::Status PrepareWith(const std::string& name, const data::TokenizerInfo* tok, const std::string& yaml,
+                         int vocab = 384) {
+  const char* t = getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(t ? t : "/tmp", "/", name);
+  REQUIRE(system(("mkdir -p " + dir).c_str()) == 0);
+  std::ofstream f(dir + "/tokens.bin", std::ios::binary);
+  if (tok != nullptr) f << data::TokenFileHeader(data::TokenDtype::kU16, 3000, *tok);
+  for (int i = 0; i < 3000; ++i) {
+    const uint16_t v = static_cast<uint16_t>(i % 300);
+    f.write(reinterpret_cast<const char*>(&v), 2);
+  }
+  f.close();
+  std::ofstream(dir + "/job.yaml") << "name: t\ndata: {path: tokens.bin" << yaml << "}\n"
+                                   << "model: {vocab_size: " << vocab << ", context_length: 16}\n";
+  job::WorkerEnv env;
+  env.job_dir = env.upload_dir = dir;
+  return Prepare(env, "").status();
+}
+
+TEST_CASE("the worker refuses a vocab_size below the tokenizer's and another tokenizer", "[worker]") {
+  const std::string sha(64, 'a');
+  const data::TokenizerInfo spm{"sentencepiece", sha, 384, "spm.model"};
+  CHECK(PrepareWith("ok", &spm, "").ok());
+  CHECK(PrepareWith("ok_named", &spm, ", tokenizer: {kind: sentencepiece, sha256: " + sha + "}").ok());
+  absl::Status s = PrepareWith("small", &spm, "", 256);
+  CHECK(absl::StrContains(s.message(), "model.vocab_size: 256 is below the 384 tokens of"));
+  CHECK(absl::StrContains(s.message(), "sentencepiece (sha256 aaaaaaaaaaaa..., vocab 384, spm.model)"));
+  s = PrepareWith("kind", &spm, ", tokenizer: {kind: bytes}");
+  CHECK(absl::StrContains(s.message(), "data.tokenizer.kind: 'bytes', but data.path"));
+  s = PrepareWith("sha", &spm, ", tokenizer: {kind: sentencepiece, sha256: " + std::string(64, 'b') + "}");
+  CHECK(absl::StrContains(s.message(), "data.tokenizer.sha256: bbbb"));
+  CHECK(absl::StrContains(s.message(), "was made with the model of sha256 aaaa"));
+  s = PrepareWith("old", nullptr, ", tokenizer: {kind: sentencepiece}");
+  CHECK(absl::StrContains(s.message(), "records no tokenizer"));
+  CHECK(PrepareWith("old_unchecked", nullptr, "").ok());  // headerless files train as before
 }
 
 }  // namespace

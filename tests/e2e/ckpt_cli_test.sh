@@ -71,4 +71,14 @@ timeout 20 "$EMBERCTL" ckpt inspect "$T/sharded/model.safetensors.index.json" > 
 [ $rc -eq 2 ] || fail "a bad --max-shard-bytes must exit 2 (got $rc)"
 "$EMBERCTL" ckpt export "$T/good" "$T/z" --max-shard-bytes -5 > /dev/null 2>&1; rc=$?
 [ $rc -eq 2 ] || fail "a negative --max-shard-bytes must exit 2 (got $rc)"
+# --format hf (docs/formats.md): the fixture records no llama model, so it is refused, naming --spec;
+# bad option combinations are usage errors (exit 2).
+out=$(timeout 20 "$EMBERCTL" ckpt export "$T/good" "$T/hf" --format hf 2>&1); rc=$?
+[ $rc -ne 0 ] || fail "hf export of a non-llama checkpoint: rc=$rc: $out"
+echo "$out" | grep -q -- "--spec" || fail "hf export names --spec: $out"
+for bad in "--format onnx" "--format hf --dtype f64" "--dtype bf16" "--format hf --include-optimizer"; do
+  # shellcheck disable=SC2086
+  "$EMBERCTL" ckpt export "$T/good" "$T/hfbad" $bad > /dev/null 2>&1; rc=$?
+  [ $rc -eq 2 ] || fail "ckpt export $bad must exit 2 (got $rc)"
+done
 echo "PASS"
