@@ -48,7 +48,8 @@ def init_param(seed, name, shape, std):
     for i in range(n):
         u1 = ((splitmix64((key + 2 * i) & M64) >> 11) + 0.5) * 2.0 ** -53
         u2 = (splitmix64((key + 2 * i + 1) & M64) >> 11) * 2.0 ** -53
-        out[i] = np.float32(std * math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2))
+        z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
+        out[i] = np.float32(std * z)
     return out.reshape(shape)
 
 
