@@ -82,6 +82,7 @@ def rope_tables(c, T):
     inv = np.array([f32(1.0) / np.power(theta, f32(2 * i) / f32(hd), dtype=f32) for i in range(hd // 2)], f32)
     rs = c.get("llama3")
     if rs:
+        rs = dict(dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192), **rs)
         factor, lo, hi, omp = (f32(rs[k]) for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position"))
         low_wavelen = f32(rs["original_max_position"] / rs["low_freq_factor"])
         high_wavelen = f32(rs["original_max_position"] / rs["high_freq_factor"])
@@ -155,8 +156,11 @@ def forward(c, P, tokens, targets):
     zmax = z.max(-1, keepdims=True)
     lse = (zmax + np.log(np.exp(z - zmax).sum(-1, keepdims=True)))[:, 0]
     tg = targets.reshape(-1)
-    keep = tg != -100
-    loss = float(np.mean(lse[keep] - z[np.arange(B * T)[keep], tg[keep]])) if keep.any() else 0.0
+    keep = tg != c.get("ignore_index", -100)
+    ls, zc = float(np.float32(c.get("label_smoothing", 0.0))), float(np.float32(c.get("z_loss", 0.0)))
+    per = (lse - (1 - ls) * z[np.arange(B * T), np.where(keep, tg, 0)] - ls / z.shape[1] * z.sum(-1)
+           + zc * lse * lse)
+    loss = float(np.mean(per[keep])) if keep.any() else 0.0
     return loss, z
 
 
@@ -164,13 +168,13 @@ def forward(c, P, tokens, targets):
 CONFIGS = [
     # GQA (KV < H), untied head, default theta.
     dict(name="gqa_untied", V=64, C=32, L=2, H=4, KV=2, tied=False, theta=10000.0, init_std=0.3, B=2, T=16),
-    # Tied head, sliding window, multi-query attention, explicit mlp_hidden.
+    # Tied head, sliding window, multi-query attention, explicit mlp_hidden, loss options.
     dict(name="tied_window", V=48, C=24, L=2, H=3, KV=1, tied=True, window=5, theta=500.0, init_std=0.4,
-         mlp_hidden=40, norm_eps=1e-6, B=2, T=12),
-    # Llama 3.1 frequency scaling with all three bands present at hd = 8.
+         mlp_hidden=40, norm_eps=1e-6, ignore_index=3, label_smoothing=0.1, z_loss=1e-3, B=2, T=12),
+    # Llama 3.1 frequency scaling with all three bands present at hd = 8 (low/high_freq_factor left
+    # to their defaults).
     dict(name="llama3_scaling", V=40, C=32, L=1, H=4, KV=4, tied=False, theta=10000.0, init_std=0.5,
-         llama3=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=64),
-         B=1, T=40),
+         llama3=dict(factor=6.0, original_max_position=64), B=1, T=40),
 ]
 
 
@@ -188,11 +192,13 @@ def spec_yaml(c):
          "  init_std: %r" % c["init_std"], "  norm_eps: %r" % c["norm_eps"]]
     if c.get("mlp_hidden"):
         m.append("  mlp_hidden: %d" % c["mlp_hidden"])
+    loss = ["  %s: %r" % (k, c[k]) for k in ("ignore_index", "label_smoothing", "z_loss") if k in c]
     if c.get("window"):
         m.append("  attention_window: %d" % c["window"])
     if c.get("llama3"):
         m.append("  rope_scaling: {type: llama3, %s}" % ", ".join("%s: %r" % kv for kv in c["llama3"].items()))
-    return "name: doccheck\ndata: {text_path: corpus.txt}\nmodel:\n" + "\n".join(m) + "\n"
+    return ("name: doccheck\ndata: {text_path: corpus.txt}\nmodel:\n" + "\n".join(m) + "\n" +
+            ("loss:\n" + "\n".join(loss) + "\n" if loss else ""))
 
 
 def check(c, tool, workdir, rtol, seed=7):
@@ -207,7 +213,8 @@ def check(c, tool, workdir, rtol, seed=7):
     rng = np.random.default_rng(1234)
     tokens = rng.integers(0, V, (B, T)).astype(np.int32)
     targets = rng.integers(0, V, (B, T)).astype(np.int32)
-    targets[0, 1] = -100  # one ignored target
+    targets[0, 1] = complete(c).get("ignore_index", -100)  # one ignored target
+    targets[-1, 2] = targets[0, 1]
     with open(os.path.join(d, "batch.bin"), "wb") as f:
         f.write(struct.pack("<ii", B, T) + tokens.astype("<i4").tobytes() + targets.astype("<i4").tobytes())
     subprocess.run([tool, "--spec=" + os.path.join(d, "job.yaml"), "--init_seed=%d" % seed,
