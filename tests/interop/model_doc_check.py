@@ -12,6 +12,8 @@ its loss and logits), and checks
 Exit 0 when every check passes, 1 otherwise.
 """
 import argparse
+import ctypes
+import ctypes.util
 import math
 import os
 import struct
@@ -75,11 +77,20 @@ def param_specs(c):
 
 
 # ---- RoPE tables (docs/model.md, "RoPE") ----
-def rope_tables(c, T):
+_libm = ctypes.CDLL(ctypes.util.find_library("m") or "libm.so.6")
+_libm.powf.restype = ctypes.c_float
+_libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+
+
+def powf(x, y):  # the C library's powf, as the doc says (numpy's float32 power differs in the last bit)
+    return np.float32(_libm.powf(float(x), float(y)))
+
+
+def rope_tables(c, T, tables=False):
     hd = c["C"] // c["H"]
     f32 = np.float32
     theta = f32(c["theta"])
-    inv = np.array([f32(1.0) / np.power(theta, f32(2 * i) / f32(hd), dtype=f32) for i in range(hd // 2)], f32)
+    inv = np.array([f32(1.0) / powf(theta, f32(2 * i) / f32(hd)) for i in range(hd // 2)], f32)
     rs = c.get("llama3")
     if rs:
         rs = dict(dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position=8192), **rs)
@@ -101,6 +112,8 @@ def rope_tables(c, T):
             a = f32(f32(t) * inv[i])
             cos[t, i] = f32(math.cos(float(a)))
             sin[t, i] = f32(math.sin(float(a)))
+    if tables:
+        return inv, cos, sin
     return cos.astype(np.float64), sin.astype(np.float64)
 
 
@@ -219,8 +232,19 @@ def check(c, tool, workdir, rtol, seed=7):
         f.write(struct.pack("<ii", B, T) + tokens.astype("<i4").tobytes() + targets.astype("<i4").tobytes())
     subprocess.run([tool, "--spec=" + os.path.join(d, "job.yaml"), "--init_seed=%d" % seed,
                     "--batch=" + os.path.join(d, "batch.bin"), "--out=" + os.path.join(d, "out.bin"),
-                    "--params_out=" + os.path.join(d, "params.bin")], check=True, stdout=subprocess.DEVNULL)
+                    "--params_out=" + os.path.join(d, "params.bin"), "--rope_out=" + os.path.join(d, "rope.bin")],
+                   check=True, stdout=subprocess.DEVNULL)
     ok = True
+    # RoPE frequencies and tables: bitwise.
+    mine = np.concatenate([a.reshape(-1) for a in rope_tables(c, T, tables=True)])
+    theirs = np.fromfile(os.path.join(d, "rope.bin"), "<f4")
+    rope_bad = theirs.size != mine.size or int(np.sum(mine.view(np.uint32) != theirs.view(np.uint32)))
+    if rope_bad:
+        print("%s: RoPE inv_freq/cos/sin: %s" % (c["name"], "size %d vs %d" % (theirs.size, mine.size) if theirs.size != mine.size
+              else "%d of %d values differ (first at %d: doc %r, Ember %r)" % (
+                  rope_bad, mine.size, np.argmax(mine != theirs), float(mine[np.argmax(mine != theirs)]),
+                  float(theirs[np.argmax(mine != theirs)]))))
+        ok = False
     # Parameters: bitwise.
     ember = np.fromfile(os.path.join(d, "params.bin"), "<f4")
     specs = param_specs(c)
@@ -249,8 +273,9 @@ def check(c, tool, workdir, rtol, seed=7):
     serr = abs(loss - e_loss) / abs(loss)
     good = lerr <= rtol and serr <= rtol
     ok &= good
-    print("%s: params %s; logits max|d|/max|z| = %.2e, loss %.8f vs Ember %.8f (rel %.2e) %s" % (
-        c["name"], "bitwise equal" if bad == 0 else "DIFFER", lerr, loss, e_loss, serr, "ok" if good else "FAIL"))
+    print("%s: params %s, RoPE tables %s; logits max|d|/max|z| = %.2e, loss %.8f vs Ember %.8f (rel %.2e) %s" % (
+        c["name"], "bitwise equal" if bad == 0 else "DIFFER",
+        "bitwise equal" if not rope_bad else "DIFFER", lerr, loss, e_loss, serr, "ok" if good else "FAIL"))
     return ok
 
 
