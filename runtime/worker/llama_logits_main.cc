@@ -2,11 +2,16 @@
 // loaded from an Ember checkpoint or a Hugging Face Llama directory, for comparison with an
 // independent implementation (hf_llama_reference.py).
 //
-//   llama_logits --spec=job.yaml (--ckpt=CHECKPOINT | --hf=DIR) --batch=BATCH --out=OUT
+//   llama_logits --spec=job.yaml (--ckpt=CHECKPOINT | --hf=DIR | --init_seed=S) --batch=BATCH --out=OUT
+//                [--params_out=FILE] [--rope_out=FILE]
 //
+// --init_seed: no weights loaded; the model's own initialisation from seed S (model_doc_check).
+// --params_out: the parameters used, float32 little-endian, concatenated in ParamSpecs order.
+// --rope_out: float32 inv_freq[hd/2], then the cos and sin tables [context, hd/2] (llama only).
 // BATCH: little-endian int32 B, T, then tokens[B*T], targets[B*T]. OUT: float32 loss (Gpt::Loss,
 // the training path), then logits[B*T, V] (the model's blocks, ln_f and the LM head on the CPU
 // kernels; the training path never materialises logits). Exit 0 ok, 1 failure.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -17,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/hf_layout.h"
 #include "kernels/ops.h"
+#include "kernels/rope.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/model/gpt.h"
@@ -28,12 +34,19 @@ ABSL_FLAG(std::string, ckpt, "", "Ember checkpoint (root or step directory)");
 ABSL_FLAG(std::string, hf, "", "Hugging Face Llama directory");
 ABSL_FLAG(std::string, batch, "", "int32 B, T, tokens[B*T], targets[B*T]");
 ABSL_FLAG(std::string, out, "", "float32 loss, logits[B*T, V]");
+ABSL_FLAG(int64_t, init_seed, -1, "without --ckpt/--hf: Ember's initialisation from this seed");
+ABSL_FLAG(std::string, params_out, "", "optional: write the parameters (float32, ParamSpecs order)");
+ABSL_FLAG(std::string, rope_out, "", "optional: write float32 inv_freq, cos, sin tables (llama)");
 
 namespace ember::worker {
 namespace {
 
 absl::Status Load(model::Gpt& m) {
   const std::string ckpt = absl::GetFlag(FLAGS_ckpt), hf = absl::GetFlag(FLAGS_hf);
+  if (ckpt.empty() && hf.empty()) {
+    if (absl::GetFlag(FLAGS_init_seed) < 0) return absl::InvalidArgumentError("give --ckpt, --hf or --init_seed");
+    return absl::OkStatus();  // Create() already initialised from --init_seed
+  }
   if (!ckpt.empty()) {
     ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(ckpt));
     for (size_t i = 0; i < m.specs().size(); ++i) {
@@ -53,8 +66,24 @@ absl::Status Load(model::Gpt& m) {
 absl::Status Main() {
   ASSIGN_OR_RETURN(spec::JobSpec s, spec::LoadJobSpec(absl::GetFlag(FLAGS_spec)));
   ASSIGN_OR_RETURN(model::GptConfig cfg, ModelConfig(s));
-  ASSIGN_OR_RETURN(auto m, model::Gpt::Create(cfg, 0));
+  ASSIGN_OR_RETURN(auto m, model::Gpt::Create(cfg, static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_init_seed)))));
   RETURN_IF_ERROR(Load(*m));
+  if (const std::string po = absl::GetFlag(FLAGS_params_out); !po.empty()) {
+    std::ofstream pf(po, std::ios::binary);
+    for (size_t i = 0; i < m->specs().size(); ++i) {
+      pf.write(reinterpret_cast<const char*>(m->param(i)), static_cast<std::streamsize>(m->specs()[i].numel() * 4));
+    }
+    if (!pf) return absl::InternalError(absl::StrCat("cannot write --params_out ", po));
+  }
+  if (const std::string ro = absl::GetFlag(FLAGS_rope_out); !ro.empty()) {
+    const std::vector<float> inv = kernels::RopeInvFreq(cfg.head_dim(), cfg.rope_theta, cfg.rope_scaling);
+    const kernels::RopeTable tb = kernels::MakeRopeTable(inv, cfg.context);
+    std::ofstream rf(ro, std::ios::binary);
+    for (const std::vector<float>* v : {&inv, &tb.cos, &tb.sin}) {
+      rf.write(reinterpret_cast<const char*>(v->data()), static_cast<std::streamsize>(v->size() * 4));
+    }
+    if (!rf) return absl::InternalError(absl::StrCat("cannot write --rope_out ", ro));
+  }
   std::ifstream bf(absl::GetFlag(FLAGS_batch), std::ios::binary);
   std::string batch((std::istreambuf_iterator<char>(bf)), std::istreambuf_iterator<char>());
   int32_t B = 0, T = 0;
