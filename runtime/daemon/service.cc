@@ -249,6 +249,16 @@ class JobsService final : public v1::Jobs::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status GetSeries(grpc::ServerContext* ctx, const v1::GetSeriesRequest* req,
+                         v1::Series* out) override {
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.GetSeries");
+    if (!auth.ok()) return auth;
+    auto job = d_->ReadRecord(req->id());
+    if (!job.ok()) return ToGrpcStatus(NotFoundNamed(job.status(), req->id()));
+    return ToGrpcStatus(ReadSeries(d_, job->first, req->metric(), req->max_points(),
+                                   req->has_attempt() ? req->attempt() : -1, out));
+  }
+
  private:
   static absl::Status NotFoundNamed(const absl::Status& s, const std::string& id) {
     if (absl::IsNotFound(s)) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -400,6 +410,37 @@ class NodesService final : public v1::Nodes::Service {
 };
 
 }  // namespace
+
+absl::Status ReadSeries(Daemon::Impl* d, const Job& job, const std::string& metric,
+                        int max_points, int attempt, jobs::v1::Series* out) {
+  ASSIGN_OR_RETURN(std::string m, CanonicalMetric(metric));
+  if (max_points < 0 || max_points > SeriesReader::kCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("max_points: ", max_points, " is not in 0..",
+                                                   SeriesReader::kCapacity));
+  }
+  out->set_id(job.id());
+  out->set_metric(m);
+  for (int r = 0; r < job.world_size(); ++r) {
+    ASSIGN_OR_RETURN(Downsampled ds, d->series.Read(RankMetricsPath(d, job.id(), r), m, attempt,
+                                                    max_points > 0 ? max_points : 1000));
+    v1::RankSeries* rs = out->add_ranks();
+    rs->set_rank(r);
+    rs->set_lines(ds.lines);
+    rs->set_missing(ds.missing);
+    for (const Bucket& b : ds.buckets) {
+      rs->add_step(b.last_step);
+      rs->add_last(b.last);
+      rs->add_min(b.min);
+      rs->add_max(b.max);
+      rs->add_first_step(b.first_step);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string RankMetricsPath(Daemon::Impl* d, const std::string& job, int rank) {
+  return absl::StrCat(d->JobDir(job), "/metrics/rank-", rank, ".jsonl");
+}
 
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d) {
   return std::make_unique<JobsService>(d);

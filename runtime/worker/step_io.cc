@@ -92,6 +92,8 @@ absl::Status Reporter::Report(const StepResult& r) {
   p.set_tokens_per_s(tps);
   p.set_eta_s(eta);
   p.set_peak_rss_bytes(rss);
+  p.set_step_seconds(r.seconds);
+  p.set_comm_wait_seconds(r.comm_wait_s);
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
   metrics_ << absl::StrCat(
                   "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
@@ -101,7 +103,9 @@ absl::Status Reporter::Report(const StepResult& r) {
                   ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
                   ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
                   ",\"all_reduce\":", BytesJson(b.all_reduce),
-                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}}")
+                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted,
+                  "},\"attempt\":", plan_.env.attempt,
+                  ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
            << "\n"
            << std::flush;
   return absl::OkStatus();
