@@ -14,6 +14,7 @@
 #include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/job_page.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/process.h"
 #include "spdlog/spdlog.h"
@@ -116,6 +117,13 @@ absl::Status Daemon::Impl::Init() {
   go.credentials = server_creds;
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
   advertise = opts.advertise.empty() ? server.address : opts.advertise;
+  if (!opts.http_listen.empty()) {
+    base::HttpServerOptions ho;
+    ho.listen = opts.http_listen;
+    ASSIGN_OR_RETURN(http, base::HttpServer::Start(ho));
+    http_address = http->address();
+    RegisterJobPage(http.get(), this, opts.job_page_open);
+  }
 
   LoadState();  // the lease to keep and the workers to re-attach to
   RETURN_IF_ERROR(Register());
@@ -271,6 +279,7 @@ void Daemon::Impl::DrainNow() {
   Persist();
   if (leader) (void)store->Delete(keys::kLeader);
   if (lease.load() != 0) (void)store->RevokeLease(lease.load());
+  http.reset();  // waits for in-flight page requests
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (hosted_store) hosted_store->Shutdown();
 }
@@ -289,6 +298,7 @@ void Daemon::Impl::DetachNow() {
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.
+  http.reset();  // waits for in-flight page requests
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (hosted_store) hosted_store->Shutdown();
 }
@@ -315,6 +325,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
 std::string Daemon::address() const { return impl_->advertise; }
 int Daemon::port() const { return impl_->server.port; }
 std::string Daemon::store_address() const { return impl_->store_addr; }
+std::string Daemon::http_address() const { return impl_->http_address; }
 const std::string& Daemon::node_name() const { return impl_->opts.node_name; }
 void Daemon::Drain() { impl_->DrainNow(); }
 void Daemon::Detach() { impl_->DetachNow(); }

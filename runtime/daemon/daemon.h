@@ -100,6 +100,9 @@ struct DaemonOptions {
   // attempt key (jobs/<job>/...), the job's index and submission keys. The job directory on disk
   // (logs, checkpoints, metrics) stays. 0 / a zero duration = no limit of that kind.
   int keep_finished_jobs = 100;
+  // HTTP server for the job page (job_page.h): "" = none; port 0 = any (http_address() tells).
+  std::string http_listen;
+  bool job_page_open = false;  // the page readable without a login (read-only)
   absl::Duration finished_job_ttl = absl::Hours(7 * 24);
 };
 
@@ -113,6 +116,7 @@ class Daemon {
   std::string address() const;        // bound Jobs/Nodes endpoint
   int port() const;
   std::string store_address() const;  // what workers get as EMBER_STORE_ADDR
+  std::string http_address() const;   // the job page's HOST:PORT; "" without http_listen
   const std::string& node_name() const;
 
   // No new jobs; stops this node's workers (SIGTERM, then SIGKILL after kill_grace), releases its

@@ -22,6 +22,7 @@
 #include "proto/jobs.grpc.pb.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/grpc_server.h"
+#include "runtime/base/http_server.h"
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/scheduler.h"
@@ -74,6 +75,7 @@ class Daemon::Impl {
   std::string advertise;
   std::unique_ptr<grpc::Service> jobs_service, nodes_service;
   base::StartedServer server;
+  std::string http_address;
 
   // ---- Self-synchronized.
   std::atomic<bool> draining{false};
@@ -82,6 +84,9 @@ class Daemon::Impl {
   std::atomic<int64_t> last_tick_ms{0}, last_heartbeat_ms{0};
   absl::Notification stop;
   SeriesReader series;  // metric series of the jobs' metrics files (the API and the job page)
+  // The job page's server (null without http_listen); stopped first at drain/detach. Declared
+  // after everything its handlers use.
+  std::unique_ptr<base::HttpServer> http;
   std::thread control_thread, heartbeat_thread;
 
   // ---- Guarded. The lock rule: `mu` protects `local` and `drained` and nothing else, and is held

@@ -59,6 +59,32 @@ std::string UrlDecode(absl::string_view s) {
   return out;
 }
 
+std::string UrlEncode(absl::string_view s) {
+  static const char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  for (char c : s) {
+    if (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.' || c == '/' || c == '~') {
+      out += c;
+    } else {
+      out += '%';
+      out += kHex[static_cast<unsigned char>(c) >> 4];
+      out += kHex[c & 15];
+    }
+  }
+  return out;
+}
+
+// JSON inside <script type="application/json">: "<" only occurs in strings, where \u003c is the
+// same text, so no "</script>" or "<!--" can end the element early.
+std::string ScriptSafe(const std::string& json_text) {
+  std::string out;
+  for (char c : json_text) {
+    if (c == '<') out += "\\u003c";
+    else out += c;
+  }
+  return out;
+}
+
 std::map<std::string, std::string> ParseForm(absl::string_view q) {
   std::map<std::string, std::string> out;
   for (absl::string_view kv : absl::StrSplit(q, '&', absl::SkipEmpty())) {
@@ -84,7 +110,7 @@ std::string ValidUtf8(absl::string_view s) {
       out += "\xef\xbf\xbd";
       ++i;
     } else {
-      out.append(s.substr(i, n));
+      out.append(s.data() + i, n);
       i += n;
     }
   }
@@ -144,7 +170,7 @@ class JobPage {
     return auth_.MayRead(r.Cookie(kSessionCookie), r.Header("authorization"));
   }
 
-  static std::string Document(const char* body) {
+  static std::string Document(absl::string_view body) {
     return absl::StrCat("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
                         "<meta name=\"viewport\" content=\"width=device-width\">"
                         "<title>Ember</title><style>", kJobPageStyle, "</style></head>\n<body>",
@@ -153,10 +179,31 @@ class JobPage {
 
   HttpResponse Page(const HttpRequest& r) {
     if (r.path == "/jobs") return Redirect("/jobs/");
-    if (!MayRead(r)) return Redirect("/login?next=" + r.path);
+    if (!MayRead(r)) return Redirect("/login?next=" + UrlEncode(r.path));
+    // The first view's data rides in the document (no round trip before the first paint); the
+    // script then polls the API.
+    Value initial = Value::MakeObject();
+    absl::string_view id = r.path;
+    absl::ConsumePrefix(&id, "/jobs/");
+    if (id.empty()) {
+      initial.Set("list", ListJson());
+    } else if (ValidJobId(id)) {
+      auto rec = d_->ReadRecord(std::string(id));
+      if (rec.ok()) {
+        v1::Job& job = rec->first;
+        initial.Set("detail", DetailJson(&job));
+        for (const char* m : {"loss", "tokens_per_s"}) {
+          v1::Series s;
+          if (ReadSeries(d_, job, m, 1000, -1, &s).ok()) initial.Set(m, SeriesJson(s));
+        }
+        initial.Set("logs", LogsJson(job, 0, 50));
+      }
+    }
     HttpResponse resp;
     resp.content_type = "text/html; charset=utf-8";
-    resp.body = Document(kJobPageBody);
+    resp.body = Document(absl::StrCat(
+        "<script type=\"application/json\" id=\"initial\">", ScriptSafe(json::Write(initial)),
+        "</script>\n", kJobPageBody));
     return Secure(std::move(resp));
   }
 
@@ -167,7 +214,7 @@ class JobPage {
     if (r.method == "POST") {
       const std::string session = auth_.Login(ParseForm(r.body)["token"]);
       if (auth_.auth_off()) return Redirect(next);
-      if (session.empty()) return Redirect("/login?failed=1&next=" + next);
+      if (session.empty()) return Redirect("/login?failed=1&next=" + UrlEncode(next));
       HttpResponse resp = Redirect(next);
       resp.headers.push_back({"Set-Cookie", absl::StrCat(kSessionCookie, "=", session,
                                                          "; Path=/; HttpOnly; SameSite=Strict")});
@@ -205,7 +252,7 @@ class JobPage {
     std::vector<std::string> parts = absl::StrSplit(r.path, '/', absl::SkipEmpty());
     // parts: api, jobs[, id[, what]]
     const auto q = ParseForm(r.query);
-    if (parts.size() == 2) return Secure(List());
+    if (parts.size() == 2) return Secure(JsonResponse(200, ListJson()));
     if (parts.size() > 4 || !ValidJobId(parts[2])) return Secure(Error(404, "no such page"));
     auto rec = d_->ReadRecord(parts[2]);
     if (!rec.ok()) {
@@ -213,7 +260,7 @@ class JobPage {
       return Secure(FromStatus(rec.status()));
     }
     v1::Job& job = rec->first;
-    if (parts.size() == 3) return Secure(Detail(&job));
+    if (parts.size() == 3) return Secure(JsonResponse(200, DetailJson(&job)));
     if (parts[3] == "series") {
       v1::Series s;
       absl::Status st = ReadSeries(d_, job, q.count("metric") ? q.at("metric") : "loss",
@@ -221,13 +268,19 @@ class JobPage {
       if (!st.ok()) return Secure(FromStatus(st));
       return Secure(JsonResponse(200, SeriesJson(s)));
     }
-    if (parts[3] == "logs") return Secure(Logs(job, IntParam(q, "rank", 0), IntParam(q, "tail", 50)));
+    if (parts[3] == "logs") {
+      const int rank = IntParam(q, "rank", 0);
+      if (rank < 0 || rank >= job.world_size()) {
+        return Secure(Error(400, absl::StrCat("rank: ", rank, " is not in 0..", job.world_size() - 1)));
+      }
+      return Secure(JsonResponse(200, LogsJson(job, rank, IntParam(q, "tail", 50))));
+    }
     return Secure(Error(404, "no such page"));
   }
 
-  HttpResponse List() {
+  Value ListJson() {
     auto names = d_->store->ListKeys("joblist/");
-    if (!names.ok()) return FromStatus(names.status());
+    if (!names.ok()) return Value::MakeObject().Set("error", Str(names.status().ToString()));
     std::vector<v1::Job> jobs;
     for (const std::string& k : *names) {
       auto rec = d_->ReadRecord(k.substr(k.find('/') + 1));
@@ -252,7 +305,7 @@ class JobPage {
                    .Set("loss", Num(j.progress().loss()))
                    .Set("submit_unix_ms", Value::Int(j.submit_unix_ms())));
     }
-    return JsonResponse(200, Value::MakeObject().Set("jobs", std::move(arr)));
+    return Value::MakeObject().Set("jobs", std::move(arr));
   }
 
   // Committed checkpoints: step-<N> directories under the job's checkpoint root.
@@ -287,7 +340,7 @@ class JobPage {
     return arr;
   }
 
-  HttpResponse Detail(v1::Job* job) {
+  Value DetailJson(v1::Job* job) {
     d_->FillProgress(job);
     Value attempts = Value::MakeArray();
     for (const v1::Attempt& a : job->attempts()) {
@@ -356,7 +409,7 @@ class JobPage {
                   .Set("straggler_rule",
                        Str(absl::StrCat("own time (step time less comm wait, mean of the last ",
                                         kRecentLines, " logged steps) over 1.5x the median")));
-    return JsonResponse(200, v);
+    return v;
   }
 
   static Value SeriesJson(const v1::Series& s) {
@@ -387,10 +440,7 @@ class JobPage {
         .Set("ranks", std::move(ranks));
   }
 
-  HttpResponse Logs(const v1::Job& job, int rank, int tail) {
-    if (rank < 0 || rank >= job.world_size()) {
-      return Error(400, absl::StrCat("rank: ", rank, " is not in 0..", job.world_size() - 1));
-    }
+  Value LogsJson(const v1::Job& job, int rank, int tail) {
     tail = std::clamp(tail, 1, 500);
     const std::string path = absl::StrCat(d_->JobDir(job.id()), "/logs/rank-", rank, ".log");
     Value lines = Value::MakeArray();
@@ -410,10 +460,10 @@ class JobPage {
         lines.Push(Str(all[i]));
       }
     }
-    return JsonResponse(200, Value::MakeObject()
-                                 .Set("rank", Value::Int(rank))
-                                 .Set("on_this_node", Value::Bool(here))
-                                 .Set("lines", std::move(lines)));
+    return Value::MakeObject()
+        .Set("rank", Value::Int(rank))
+        .Set("on_this_node", Value::Bool(here))
+        .Set("lines", std::move(lines));
   }
 
   Daemon::Impl* const d_;
