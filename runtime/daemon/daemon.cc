@@ -123,6 +123,8 @@ absl::Status Daemon::Impl::Init() {
     ASSIGN_OR_RETURN(http, base::HttpServer::Start(ho));
     http_address = http->address();
     RegisterJobPage(http.get(), this, opts.job_page_open);
+    spdlog::info("job page at http://{}/jobs/{}", http_address,
+                 opts.job_page_open ? " (readable without login)" : "");
   }
 
   LoadState();  // the lease to keep and the workers to re-attach to

@@ -196,7 +196,7 @@ class JobPage {
           v1::Series s;
           if (ReadSeries(d_, job, m, 1000, -1, &s).ok()) initial.Set(m, SeriesJson(s));
         }
-        initial.Set("logs", LogsJson(job, 0, 50));
+        initial.Set("logs", LogsJson(job, 0, 200));
       }
     }
     HttpResponse resp;

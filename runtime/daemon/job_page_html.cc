@@ -3,7 +3,8 @@
 // script (an injected one included) does not run. Dynamic values are set with textContent and
 // setAttribute only. Hooks for tools and tests: svg.chart[data-points], polyline.curve
 // [data-rank][data-steps][data-values], g.rank-bar(.straggler)[data-rank], body[data-rendered-ms]
-// (performance.now() when the first view was drawn) and body[data-updates] (polls applied).
+// (performance.now() when the first view was drawn), body[data-response-ms] (when the document
+// had arrived) and body[data-updates] (polls applied).
 #include "runtime/daemon/job_page.h"
 
 namespace ember::daemon {
@@ -251,6 +252,13 @@ async function getJson(path) {
   return r.json();
 }
 
+// When the first view was drawn, and when the document had arrived, in ms since navigation start.
+function markRendered() {
+  document.body.setAttribute("data-rendered-ms", performance.now().toFixed(1));
+  const nav = performance.getEntriesByType("navigation")[0];
+  if (nav) document.body.setAttribute("data-response-ms", nav.responseEnd.toFixed(1));
+}
+
 function loginPage() {
   const q = new URLSearchParams(location.search);
   const next = q.get("next") || "";
@@ -270,7 +278,7 @@ function jobPage(init) {
   };
   if (init.detail) apply(init.detail, init.loss, init.tokens_per_s, init.logs);
   else $("job-title").textContent = "no job " + id;
-  document.body.setAttribute("data-rendered-ms", performance.now().toFixed(1));
+  markRendered();
   let updates = 0, state = init.detail ? init.detail.state : "";
   const done = () => ["SUCCEEDED", "FAILED", "CANCELLED"].includes(state);
   $("log-rank").addEventListener("change", () => poll());
@@ -280,7 +288,7 @@ function jobPage(init) {
       const [d, loss, tps, logs] = await Promise.all([
         getJson(api), getJson(api + "/series?metric=loss&max_points=1000"),
         getJson(api + "/series?metric=tokens_per_s&max_points=1000"),
-        getJson(api + "/logs?rank=" + rank + "&tail=50")]);
+        getJson(api + "/logs?rank=" + rank + "&tail=200")]);
       apply(d, loss, tps, logs);
       state = d.state;
       document.body.setAttribute("data-updates", String(++updates));
@@ -292,7 +300,7 @@ function jobPage(init) {
 function listPage(init) {
   $("list-view").hidden = false;
   if (init.list) renderList(init.list);
-  document.body.setAttribute("data-rendered-ms", performance.now().toFixed(1));
+  markRendered();
   setInterval(() => getJson("/api/jobs").then(renderList).catch(() => {}), 5000);
 }
 
