@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -182,6 +183,20 @@ std::string ConfigFlagsHelp() {
   return out;
 }
 
+absl::StatusOr<std::string> HttpListenOf(const std::string& http_listen,
+                                         const std::string& api_listen) {
+  if (http_listen != "auto") return http_listen;
+  const size_t colon = api_listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(api_listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65534) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_listen: auto needs listen as host:port, not '", api_listen,
+        "'; give http_listen explicitly"));
+  }
+  return absl::StrCat(api_listen.substr(0, colon), ":", port == 0 ? 0 : port + 1);
+}
+
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   RETURN_IF_ERROR(RejectRemoved(cfg, ""));
   DaemonOptions o;
@@ -208,7 +223,6 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.keep_finished_jobs = cfg.keep_finished_jobs();
   o.finished_job_ttl = absl::Seconds(cfg.finished_job_ttl_h() * 3600);
   o.scheduler = cfg.scheduler();
-  o.http_listen = cfg.http_listen();
   o.job_page_open = cfg.job_page_open();
   if (cfg.lease_ttl_s() < 0.5 || cfg.poll_s() <= 0 || cfg.poll_s() > 10 ||
       cfg.restart_backoff_s() < 0) {
@@ -219,6 +233,17 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.heartbeat = std::min(absl::Seconds(1), o.lease_ttl / 4);
   o.poll = absl::Seconds(cfg.poll_s());
   o.restart_backoff = absl::Seconds(cfg.restart_backoff_s());
+  ASSIGN_OR_RETURN(o.http_listen, HttpListenOf(cfg.http_listen(), cfg.listen()));
+  if (cfg.metrics_auth() != "token" && cfg.metrics_auth() != "none") {
+    return absl::InvalidArgumentError(absl::StrCat("metrics_auth: '", cfg.metrics_auth(),
+                                                   "' is not one of token, none"));
+  }
+  o.metrics_require_token = cfg.metrics_auth() == "token";
+  if (cfg.metrics_finished_jobs() < 0 || cfg.metrics_finished_jobs() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_finished_jobs: ", cfg.metrics_finished_jobs(), " is not in 0..1000"));
+  }
+  o.metrics.finished_jobs = cfg.metrics_finished_jobs();
   if (!cfg.auth_token_file().empty()) {
     ASSIGN_OR_RETURN(o.auth_token, base::ReadTokenFile(cfg.auth_token_file()));
   } else if (!cfg.insecure_no_auth()) {

@@ -53,6 +53,11 @@ std::string ConfigFlagsHelp();
 // file.
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg);
 
+// http_listen "auto": the API's host with its port + 1 (port 0 stays 0); other values as given.
+// INVALID_ARGUMENT when auto meets a listen address without a port.
+absl::StatusOr<std::string> HttpListenOf(const std::string& http_listen,
+                                         const std::string& api_listen);
+
 }  // namespace ember::daemon
 
 #endif  // EMBER_RUNTIME_DAEMON_CONFIG_H_

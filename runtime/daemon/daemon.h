@@ -41,7 +41,9 @@
 #include "absl/time/time.h"
 #include "proto/jobs.pb.h"
 #include "runtime/base/auth.h"
+#include "runtime/base/http_server.h"
 #include "runtime/daemon/inventory.h"
+#include "runtime/daemon/metrics.h"
 #include "runtime/store/server.h"
 
 namespace ember::daemon {
@@ -100,10 +102,16 @@ struct DaemonOptions {
   // attempt key (jobs/<job>/...), the job's index and submission keys. The job directory on disk
   // (logs, checkpoints, metrics) stays. 0 / a zero duration = no limit of that kind.
   int keep_finished_jobs = 100;
-  // HTTP server for the job page (job_page.h): "" = none; port 0 = any (http_address() tells).
-  std::string http_listen;
-  bool job_page_open = false;  // the page readable without a login (read-only)
   absl::Duration finished_job_ttl = absl::Hours(7 * 24);
+  // HTTP endpoint (base::HttpServer): /metrics in the Prometheus text format (metrics.h) and
+  // whatever else registers on http_server(). "" = no HTTP server.
+  std::string http_listen;
+  base::HttpServerOptions http;              // bounds; `listen` is replaced by http_listen
+  bool metrics_require_token = true;         // /metrics needs "Authorization: Bearer <auth_token>"
+                                             // (no effect when auth_token is empty)
+  MetricsOptions metrics;
+  // The job page (job_page.h) on the HTTP endpoint is readable without logging in (read-only).
+  bool job_page_open = false;
 };
 
 class Daemon {
@@ -116,7 +124,6 @@ class Daemon {
   std::string address() const;        // bound Jobs/Nodes endpoint
   int port() const;
   std::string store_address() const;  // what workers get as EMBER_STORE_ADDR
-  std::string http_address() const;   // the job page's HOST:PORT; "" without http_listen
   const std::string& node_name() const;
 
   // No new jobs; stops this node's workers (SIGTERM, then SIGKILL after kill_grace), releases its
@@ -133,6 +140,11 @@ class Daemon {
   bool Healthy() const;
   std::string StatusLine() const;     // "2 jobs, 4 workers, leader" (for sd_notify STATUS=)
   int NumWorkers() const;             // live worker processes on this node
+
+  // The HTTP endpoint ("" / null when http_listen is empty). Handlers registered on it run on its
+  // threads until Drain or Detach stops it; they must not outlive the daemon.
+  std::string http_address() const;
+  base::HttpServer* http_server() const;
 
   class Impl;
 

@@ -24,6 +24,7 @@
 #include "runtime/base/grpc_server.h"
 #include "runtime/base/http_server.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/metrics.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/scheduler.h"
 #include "runtime/daemon/series.h"
@@ -75,7 +76,6 @@ class Daemon::Impl {
   std::string advertise;
   std::unique_ptr<grpc::Service> jobs_service, nodes_service;
   base::StartedServer server;
-  std::string http_address;
 
   // ---- Self-synchronized.
   std::atomic<bool> draining{false};
@@ -84,9 +84,6 @@ class Daemon::Impl {
   std::atomic<int64_t> last_tick_ms{0}, last_heartbeat_ms{0};
   absl::Notification stop;
   SeriesReader series;  // metric series of the jobs' metrics files (the API and the job page)
-  // The job page's server (null without http_listen); stopped first at drain/detach. Declared
-  // after everything its handlers use.
-  std::unique_ptr<base::HttpServer> http;
   std::thread control_thread, heartbeat_thread;
 
   // ---- Guarded. The lock rule: `mu` protects `local` and `drained` and nothing else, and is held
@@ -170,6 +167,22 @@ class Daemon::Impl {
   // "node/device" -> job
   absl::StatusOr<std::map<std::string, std::string>> ReadAllocs() ABSL_LOCKS_EXCLUDED(mu);
   void FillProgress(Job* job) ABSL_LOCKS_EXCLUDED(mu);
+
+  // http.cc: the HTTP endpoint and /metrics (metrics.h). Started by Init when http_listen is set.
+  absl::Status StartHttp();
+  // What /metrics shows now: node, this node's ranks (under mu), and on the scheduler every job
+  // record (store reads, without mu).
+  MetricsSnapshot TakeSnapshot() ABSL_LOCKS_EXCLUDED(mu);
+  base::HttpResponse ServeMetrics(const base::HttpRequest& req) ABSL_LOCKS_EXCLUDED(mu);
+
+  // Self-synchronized; created in the constructor (schedule.cc and supervise.cc count into it).
+  std::unique_ptr<MetricsExporter> metrics;
+  // The last rendered /metrics body, reused for scrapes within a second of it.
+  absl::Mutex scrape_mu;
+  std::string scrape_text ABSL_GUARDED_BY(scrape_mu);
+  absl::Time scrape_at ABSL_GUARDED_BY(scrape_mu) = absl::InfinitePast();
+  // Declared last, so destroyed first: its handlers use the members above. Null when off.
+  std::unique_ptr<base::HttpServer> http;
 };
 
 int64_t NowMs();

@@ -140,6 +140,11 @@ void FlightRecorder::Fail(uint64_t id, absl::string_view error) {
   CopyTrunc(e.error, sizeof(e.error), error);
 }
 
+size_t FlightRecorder::size() const {
+  absl::MutexLock l(&mu_);
+  return static_cast<size_t>(std::min<uint64_t>(next_id_ - 1, capacity_));
+}
+
 std::vector<Entry> FlightRecorder::Entries() const {
   absl::MutexLock l(&mu_);
   std::vector<Entry> out;

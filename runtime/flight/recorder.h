@@ -103,6 +103,8 @@ class FlightRecorder {
   void SetDeviceTimes(uint64_t record_id, int64_t start_ns, int64_t end_ns);
 
   size_t capacity() const { return capacity_; }
+  // Entries held now (at most capacity()).
+  size_t size() const;
   // Entries oldest first (a copy) and the groups.
   std::vector<Entry> Entries() const;
   std::vector<GroupInfo> Groups() const;

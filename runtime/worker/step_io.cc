@@ -103,9 +103,10 @@ absl::Status Reporter::Report(const StepResult& r) {
                   ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
                   ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
                   ",\"all_reduce\":", BytesJson(b.all_reduce),
-                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted,
-                  "},\"attempt\":", plan_.env.attempt,
-                  ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
+                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}",
+                  r.checkpoint_save_s >= 0 ? absl::StrCat(",\"checkpoint_save_s\":", Num(r.checkpoint_save_s)) : "",
+                  r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "",
+                  ",\"attempt\":", plan_.env.attempt, ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
            << "\n"
            << std::flush;
   return absl::OkStatus();
@@ -138,6 +139,7 @@ absl::Status Checkpointer::Save(int64_t step) {
   } else {
     RETURN_IF_ERROR(ckpt::SaveCheckpoint(options_, st, protocol_.get()));
   }
+  last_save_s_ = absl::ToDoubleSeconds(absl::Now() - t0);
   spdlog::info("checkpoint step {} {} in {}", step, async_ ? "started" : "committed",
                absl::FormatDuration(absl::Now() - t0));
   return absl::OkStatus();

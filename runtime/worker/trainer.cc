@@ -414,6 +414,7 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups
     r.local_loss = r.loss;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    r.checkpoint_save_s = checkpoints.last_save_seconds();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
   }
@@ -442,6 +443,8 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
+    r.checkpoint_save_s = checkpoints.last_save_seconds();
+    r.flight_entries = static_cast<int64_t>(recorder.size());
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
