@@ -206,15 +206,23 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
   }
   std::shared_ptr<const HttpHandler> handler = Route(req.path);
   if (handler == nullptr) return Plain(404, absl::StrCat("no such path: ", req.path, "\n"));
-  try {
-    return (*handler)(req);
-  } catch (const std::exception& e) {
-    spdlog::error("http server: handler for {} {} threw: {}", req.method, req.path, e.what());
-  } catch (...) {
-    spdlog::error("http server: handler for {} {} threw a non-std exception", req.method,
-                  req.path);
-  }
-  return Plain(500, "internal error (see the server log)\n");
+  // The handler runs on a thread of its own with the default (8 MiB) stack: Debian builds
+  // civetweb with 100 KiB worker stacks, which a handler making gRPC store calls overflows (it
+  // smashed a neighbouring worker's stack: emberd died serving the job page). One thread per
+  // request is cheap next to the request itself.
+  HttpResponse resp = Plain(500, "internal error (see the server log)\n");
+  std::thread run([&] {
+    try {
+      resp = (*handler)(req);
+    } catch (const std::exception& e) {
+      spdlog::error("http server: handler for {} {} threw: {}", req.method, req.path, e.what());
+    } catch (...) {
+      spdlog::error("http server: handler for {} {} threw a non-std exception", req.method,
+                    req.path);
+    }
+  });
+  run.join();
+  return resp;
 }
 
 int HttpServer::Dispatch(mg_connection* conn, void* self) {
