@@ -166,7 +166,7 @@ function drawChart(svg, series) {
 
 function drawBars(svg, ranks) {
   clear(svg);
-  const W = 640, row = 22, L = 70, R = W - 150, H = Math.max(1, ranks.length) * row + 8;
+  const W = 640, row = 22, L = 56, R = W - 230, H = Math.max(1, ranks.length) * row + 8;
   svg.setAttribute("viewBox", "0 0 " + W + " " + H);
   const max = Math.max(1e-9, ...ranks.map((r) => finite(r.step_s) ? r.step_s : 0));
   ranks.forEach((r, i) => {

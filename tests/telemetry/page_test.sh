@@ -5,7 +5,7 @@
 #      login form sets an HttpOnly cookie that is not the token; a wrong token sets none; `plot`
 #      writes a valid SVG (parsed) whose points are the logged ones, a PNG, braille on stdout;
 #      `top --once` prints a row per rank.
-#   B. a daemon with job_page_open: headless Chromium loads the page of a running job while
+#   B. `emberctl run --standalone --http`: headless Chromium loads the page of the running job while
 #      rank 1 is slowed with SIGSTOP/SIGCONT bursts; from the rendered DOM: both curves hold the
 #      logged points (check_page.py reads the metrics files independently), rank 1 and only rank
 #      1 is marked straggler, a hostile log line shows as text (no element, no script). A
@@ -37,14 +37,14 @@ trap cleanup EXIT
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/token"
 cp "$CORPUS" "$T/tiny_corpus.txt"
 spec() {  # name steps batch
-  printf 'name: %s\nmodel: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\ndata: {text_path: %s/tiny_corpus.txt}\nparallelism: {strategy: fsdp, world_size: 2}\nresources: {device_type: cpu}\nsteps: %s\nbatch_size: %s\nthreads: 1\nlog_every: 1\ncheckpoint: {every_steps: 20}\n' "$1" "$T" "$2" "${3:-4}"
+  printf 'name: %s\nmodel: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\ndata: {text_path: tiny_corpus.txt}\nparallelism: {strategy: fsdp, world_size: 2}\nresources: {device_type: cpu}\nsteps: %s\nbatch_size: %s\nthreads: 1\nlog_every: 1\ncheckpoint: {every_steps: 20}\n' "$1" "$2" "${3:-4}"
 }
 
 start_daemon() {  # work root, extra flags...
   local root="$1"; shift
   "$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --host-store --node-name=page \
     --auth-token-file="$T/token" --work-root="$root" --worker-binary="$WORKER" --cpu-slots=2 \
-    --cuda-devices=0 --data_root="$T" --http_listen=127.0.0.1:0 "$@" > "$root.log" 2>&1 &
+    --cuda-devices=0 --http_listen=127.0.0.1:0 "$@" > "$root.log" 2>&1 &
   DPID=$!
   API=""; HTTP=""
   for _ in $(seq 200); do
@@ -134,15 +134,24 @@ echo "A: auth, plot (svg, png, braille), top: ok"
 
 # ---- B. Chromium: curves, straggler, escaping, live updates -------------------------------------
 if [ ! -x "$CHROMIUM" ]; then echo "SKIPPED: no $CHROMIUM (part B)"; exit 0; fi
-start_daemon "$T/b" --job_page_open
+# A standalone run (`emberctl run --standalone --http`): its page needs no login (nobody knows
+# the one-time token) and it listens on loopback.
 # Steps mostly compute (batch 64): a stop then lands in rank 1's own time far more often than in a
 # collective, where it would read as every rank's comm wait.
 spec page-b 1000000 64 > "$T/b.yaml"
-JOB=$(ctl submit "$T/b.yaml" | awk '{print $1}')
-[ -n "$JOB" ] || fail "submit"
+"$EMBERCTL" run --standalone --worker "$WORKER" --work-root "$T/b" --http 127.0.0.1:0 "$T/b.yaml" \
+  > "$T/b.out" 2> "$T/b.log" &
+DPID=$!
+JOB=""; HTTP=""
+for _ in $(seq 300); do
+  JOB=$(grep -o "running [^ ]*" "$T/b.log" | head -1 | cut -d' ' -f2)
+  HTTP=$(grep -o "job page at http://[0-9.:]*" "$T/b.log" | head -1 | cut -d/ -f3)
+  [ -n "$JOB" ] && [ -n "$HTTP" ] && break
+  sleep 0.1
+done
+[ -n "$JOB" ] && [ -n "$HTTP" ] || fail "the standalone run did not start"
 JOBS+=("$JOB")
 JD="$T/b/$JOB"
-wait_state "$JOB" RUNNING
 for _ in $(seq 600); do
   [ "$(cat "$JD/metrics/rank-1.jsonl" 2>/dev/null | wc -l)" -ge 40 ] && break; sleep 0.1
 done
@@ -168,6 +177,8 @@ cp "$T/dom.html" "$OUT/job_page_dom.html"
 # Live: with virtual time, the page's 2 s poll runs and applies fresh data.
 HOME="$T" "${CH[@]}" --virtual-time-budget=5000 --dump-dom "http://$HTTP/jobs/$JOB" > "$T/dom2.html" 2>/dev/null
 grep -q 'data-updates="[1-9]' "$T/dom2.html" || fail "the page did not update itself"
-ctl cancel "$JOB" > /dev/null
-stop_daemon
+kill -INT "$DPID"  # cancels the job; emberctl exits 6 (cancelled) and its workers end
+for _ in $(seq 150); do kill -0 "$DPID" 2>/dev/null || break; sleep 0.1; done
+wait "$DPID"; rc=$?; DPID=""
+[ $rc -eq 6 ] || fail "emberctl run --standalone exit $rc after SIGINT (want 6)"
 echo PASS
