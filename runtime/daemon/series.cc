@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -15,10 +16,6 @@
 
 namespace ember::daemon {
 namespace {
-
-constexpr const char* kMetrics[] = {"loss",        "tokens_per_s", "step_s", "comm_wait_s",
-                                    "grad_norm",   "lr",           "local_loss",
-                                    "peak_rss_bytes"};
 
 int64_t FloorDiv2(int64_t k) { return k >= 0 ? k / 2 : -((-k + 1) / 2); }
 
@@ -46,18 +43,84 @@ bool AttemptMatches(absl::string_view line, int attempt) {
   return a && *a == attempt;
 }
 
+// The end of the JSON value starting at line[i] (an object, array, string or scalar).
+size_t SkipValue(absl::string_view line, size_t i) {
+  int depth = 0;
+  bool in_string = false;
+  for (; i < line.size(); ++i) {
+    const char c = line[i];
+    if (in_string) {
+      if (c == '\\') ++i;
+      else if (c == '"') { in_string = false; if (depth == 0) return i + 1; }
+      continue;
+    }
+    if (c == '"') in_string = true;
+    else if (c == '{' || c == '[') ++depth;
+    else if (c == '}' || c == ']') { if (depth == 0) return i; if (--depth == 0) return i + 1; }
+    else if (c == ',' && depth == 0) return i;
+  }
+  return i;
+}
+
+std::optional<double> ParseNumber(absl::string_view v) {
+  if (v.substr(0, 4) == "null") return std::nan("");
+  double d = 0;
+  const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
+  if (ec != std::errc() || end == v.data()) return std::nullopt;
+  return d;
+}
+
 }  // namespace
+
+const char* const kMetricNames[kNumMetrics] = {"loss",      "tokens_per_s", "step_s",
+                                               "comm_wait_s", "grad_norm",  "lr",
+                                               "local_loss", "peak_rss_bytes"};
+
+int MetricIndex(absl::string_view canonical) {
+  for (int i = 0; i < kNumMetrics; ++i) {
+    if (canonical == kMetricNames[i]) return i;
+  }
+  return -1;
+}
+
+bool ParseMetricsLine(absl::string_view line, MetricsLine* out) {
+  *out = MetricsLine();
+  size_t i = line.find('{');
+  if (i == absl::string_view::npos) return false;
+  ++i;
+  while (i < line.size()) {
+    const size_t q = line.find('"', i);
+    if (q == absl::string_view::npos) break;
+    const size_t qe = line.find('"', q + 1);
+    if (qe == absl::string_view::npos) break;
+    const absl::string_view key = line.substr(q + 1, qe - q - 1);
+    size_t v = qe + 1;
+    while (v < line.size() && (line[v] == ' ' || line[v] == ':')) ++v;
+    const size_t end = SkipValue(line, v);
+    const absl::string_view value = line.substr(v, end - v);
+    i = end + 1;  // past the ','
+    if (value.empty() || value[0] == '{' || value[0] == '[' || value[0] == '"') continue;
+    if (key == "step") {
+      if (auto d = ParseNumber(value)) { out->has_step = std::isfinite(*d); out->step = static_cast<int64_t>(*d); }
+    } else if (key == "attempt") {
+      if (auto d = ParseNumber(value)) { out->has_attempt = true; out->attempt = static_cast<int>(*d); }
+    } else if (const int m = MetricIndex(key); m >= 0) {
+      if (auto d = ParseNumber(value)) { out->has[m] = true; out->value[m] = *d; }
+    }
+  }
+  return out->has_step;
+}
 
 absl::StatusOr<std::string> CanonicalMetric(absl::string_view name) {
   if (name.empty()) return std::string("loss");
   if (name == "step_time") return std::string("step_s");
   if (name == "comm_wait") return std::string("comm_wait_s");
   if (name == "memory") return std::string("peak_rss_bytes");
-  for (const char* m : kMetrics) {
+  for (const char* m : kMetricNames) {
     if (name == m) return std::string(m);
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "metric: '", name, "' is not one of ", absl::StrJoin(kMetrics, ", "),
+      "metric: '", name, "' is not one of ", absl::StrJoin(kMetricNames, ", "),
       " (or the aliases step_time, comm_wait, memory)"));
 }
 
@@ -97,11 +160,13 @@ void Downsampler::Merge(Bucket* into, const Bucket& from) {
   into->count += from.count;
 }
 
-std::map<int64_t, Bucket> Downsampler::Coarsen(const std::map<int64_t, Bucket>& in) {
-  std::map<int64_t, Bucket> out;
+Downsampler::Keyed Downsampler::Coarsen(const Keyed& in) {
+  Keyed out;
+  out.reserve(in.size() / 2 + 1);
   for (const auto& [k, b] : in) {
-    auto [it, fresh] = out.emplace(FloorDiv2(k), b);
-    if (!fresh) Merge(&it->second, b);
+    const int64_t key = FloorDiv2(k);
+    if (!out.empty() && out.back().first == key) Merge(&out.back().second, b);
+    else out.emplace_back(key, b);
   }
   return out;
 }
@@ -113,9 +178,15 @@ void Downsampler::Add(int64_t step, double value) {
   }
   ++points_;
   const int64_t key = step >= 0 ? step / width_ : -((-step + width_ - 1) / width_);
-  Bucket p{step, step, value, value, value, 1};
-  auto [it, fresh] = buckets_.emplace(key, p);
-  if (!fresh) Merge(&it->second, p);
+  const Bucket p{step, step, value, value, value, 1};
+  if (buckets_.empty() || buckets_.back().first < key) {  // the usual case: a later step
+    buckets_.emplace_back(key, p);
+  } else {
+    auto it = std::lower_bound(buckets_.begin(), buckets_.end(), key,
+                               [](const auto& e, int64_t k) { return e.first < k; });
+    if (it != buckets_.end() && it->first == key) Merge(&it->second, p);
+    else buckets_.insert(it, {key, p});
+  }
   while (static_cast<int>(buckets_.size()) > capacity_) {
     buckets_ = Coarsen(buckets_);
     width_ *= 2;
@@ -124,8 +195,8 @@ void Downsampler::Add(int64_t step, double value) {
 
 std::vector<Bucket> Downsampler::Buckets(int max_points) const {
   const size_t limit = static_cast<size_t>(std::max(1, max_points));
-  std::map<int64_t, Bucket> coarse;
-  const std::map<int64_t, Bucket>* use = &buckets_;
+  Keyed coarse;
+  const Keyed* use = &buckets_;
   while (use->size() > limit) {
     coarse = Coarsen(*use);
     use = &coarse;
@@ -214,7 +285,9 @@ std::vector<bool> FindStragglers(const std::vector<RecentStats>& ranks, double f
 
 absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const std::string& metric,
                                                int attempt, int max_points) {
-  Key key{path, metric, attempt < 0 ? -1 : attempt};
+  const int m = MetricIndex(metric);
+  if (m < 0) return CanonicalMetric(metric).status();
+  Key key{path, attempt < 0 ? -1 : attempt};
   std::shared_ptr<Entry> e;
   {
     absl::MutexLock l(&mu_);
@@ -225,7 +298,7 @@ absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const st
     } else {
       e = std::make_shared<Entry>();
       cache_[key] = e;
-      if (static_cast<int>(cache_.size()) > kMaxCachedSeries) {
+      if (static_cast<int>(cache_.size()) > kMaxCachedFiles) {
         cache_.erase(lru_.back());
         lru_.pop_back();
       }
@@ -252,11 +325,12 @@ absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const st
     e->inode = st.st_ino;
     e->offset = 0;
     e->partial.clear();
-    e->ds = Downsampler(kCapacity);
-    e->lines = 0;
+    e->ds.assign(kNumMetrics, Downsampler(kCapacity));
+    std::fill(std::begin(e->lines), std::end(e->lines), 0);
   }
   constexpr int64_t kChunk = 4 << 20;
   std::string text;
+  MetricsLine ml;
   while (e->offset < st.st_size) {
     const int64_t n = std::min(kChunk, st.st_size - e->offset);
     text = e->partial;
@@ -267,18 +341,19 @@ absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const st
     text.resize(base + got);
     e->offset += got;
     const size_t rest = ForEachLine(text, 0, [&](absl::string_view line) {
-      if (!AttemptMatches(line, attempt)) return;
-      std::optional<double> step = LineNumber(line, "step");
-      std::optional<double> v = LineNumber(line, metric);
-      if (!step || !v) return;
-      e->ds.Add(static_cast<int64_t>(*step), *v);
-      ++e->lines;
+      if (!ParseMetricsLine(line, &ml)) return;
+      if (attempt >= 0 && (!ml.has_attempt || ml.attempt != attempt)) return;
+      for (int i = 0; i < kNumMetrics; ++i) {
+        if (!ml.has[i]) continue;
+        e->ds[i].Add(ml.step, ml.value[i]);
+        ++e->lines[i];
+      }
     });
     e->partial = text.substr(rest);
   }
   ::close(fd);
-  out.buckets = e->ds.Buckets(std::min(max_points, kCapacity));
-  out.lines = e->lines;
+  out.buckets = e->ds[m].Buckets(std::min(max_points, kCapacity));
+  out.lines = e->lines[m];
   return out;
 }
 

@@ -8,8 +8,9 @@
 //   for (const Bucket& b : d.buckets) ... b.last_step, b.last, b.min, b.max ...
 //
 // Bounds: a Downsampler keeps at most `capacity` buckets whatever the number of points; the
-// reader caches one Downsampler per (file, metric, attempt) for at most kMaxCachedSeries series
-// and reads only what was appended since the last call (a file that shrank is read again).
+// reader caches one Downsampler per metric for each (file, attempt), at most kMaxCachedFiles of
+// them (about 1 MiB each at most), reads every metric in one pass and only what was appended
+// since the last call (a file that shrank or was replaced is read again).
 // Thread-safety: Downsampler is thread-compatible; SeriesReader is thread-safe.
 #ifndef EMBER_RUNTIME_DAEMON_SERIES_H_
 #define EMBER_RUNTIME_DAEMON_SERIES_H_
@@ -20,7 +21,7 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -34,6 +35,22 @@ namespace ember::daemon {
 // "comm_wait_s", "memory" -> "peak_rss_bytes"; "" -> "loss"). InvalidArgument listing the
 // accepted names for anything else.
 absl::StatusOr<std::string> CanonicalMetric(absl::string_view name);
+
+// The metrics a series can be read for, canonical names (CanonicalMetric); kMetricIndex of one.
+inline constexpr int kNumMetrics = 8;
+extern const char* const kMetricNames[kNumMetrics];
+int MetricIndex(absl::string_view canonical);  // -1 when not one
+
+// One metrics line's top-level numbers (nested objects such as "bytes" are skipped).
+struct MetricsLine {
+  bool has_step = false, has_attempt = false;
+  int64_t step = 0;
+  int attempt = 0;
+  bool has[kNumMetrics] = {};
+  double value[kNumMetrics] = {};  // NaN for null
+};
+// One pass over `line`; false when it has no "step".
+bool ParseMetricsLine(absl::string_view line, MetricsLine* out);
 
 // The number after "key": in one metrics line (top level or not: the keys of a metrics line are
 // unique), nullopt when absent; NaN for null.
@@ -61,13 +78,14 @@ class Downsampler {
   int64_t width() const { return width_; }
 
  private:
+  using Keyed = std::vector<std::pair<int64_t, Bucket>>;  // sorted by key
   static void Merge(Bucket* into, const Bucket& from);
-  static std::map<int64_t, Bucket> Coarsen(const std::map<int64_t, Bucket>& in);
+  static Keyed Coarsen(const Keyed& in);
 
   int capacity_;
   int64_t width_ = 1;
   int64_t points_ = 0, dropped_ = 0;
-  std::map<int64_t, Bucket> buckets_;  // key: step / width_
+  Keyed buckets_;  // key: step / width_ (floor)
 };
 
 struct Downsampled {
@@ -99,11 +117,11 @@ std::vector<bool> FindStragglers(const std::vector<RecentStats>& ranks, double f
 
 class SeriesReader {
  public:
-  static constexpr int kMaxCachedSeries = 64;
-  static constexpr int kCapacity = 4096;  // buckets per cached series (max_points is capped to it)
+  static constexpr int kMaxCachedFiles = 32;
+  static constexpr int kCapacity = 2048;  // buckets per cached series (max_points is capped to it)
 
   // The series of `metric` (canonical) in `path`; attempt < 0 = every line. NotFound is not an
-  // error: missing = true. Other I/O errors name the path.
+  // error: missing = true. InvalidArgument for an unknown metric; I/O errors name the path.
   absl::StatusOr<Downsampled> Read(const std::string& path, const std::string& metric, int attempt,
                                    int max_points) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -113,10 +131,11 @@ class SeriesReader {
     int64_t offset ABSL_GUARDED_BY(mu) = 0;
     uint64_t inode ABSL_GUARDED_BY(mu) = 0;
     std::string partial ABSL_GUARDED_BY(mu);  // an unterminated last line
-    Downsampler ds ABSL_GUARDED_BY(mu){kCapacity};
-    int64_t lines ABSL_GUARDED_BY(mu) = 0;
+    std::vector<Downsampler> ds ABSL_GUARDED_BY(mu) =
+        std::vector<Downsampler>(kNumMetrics, Downsampler(kCapacity));
+    int64_t lines[kNumMetrics] ABSL_GUARDED_BY(mu) = {};
   };
-  using Key = std::tuple<std::string, std::string, int>;
+  using Key = std::pair<std::string, int>;  // path, attempt (-1 = every one)
 
   absl::Mutex mu_;
   std::map<Key, std::shared_ptr<Entry>> cache_ ABSL_GUARDED_BY(mu_);

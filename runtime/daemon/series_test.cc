@@ -40,6 +40,29 @@ TEST_CASE("LineNumber finds exact keys only") {
   CHECK(!LineNumber("{\"loss\":}", "loss").has_value());
 }
 
+TEST_CASE("ParseMetricsLine reads top-level numbers in one pass and skips nested objects") {
+  MetricsLine m;
+  REQUIRE(ParseMetricsLine(Line(12, 2.5, 3, 0.25, 0.125), &m));
+  CHECK(m.step == 12);
+  CHECK(m.has_attempt);
+  CHECK(m.attempt == 3);
+  CHECK(m.value[MetricIndex("loss")] == 2.5);
+  CHECK(m.value[MetricIndex("local_loss")] == 7);
+  CHECK(m.value[MetricIndex("step_s")] == 0.25);
+  CHECK(m.value[MetricIndex("comm_wait_s")] == 0.125);
+  CHECK(!m.has[MetricIndex("grad_norm")]);
+  // "loss" inside a nested object or a string is not the line's loss.
+  REQUIRE(ParseMetricsLine(
+      "{\"bytes\":{\"loss\":9,\"x\":[1,{\"loss\":8}]},\"note\":\"\\\"loss\\\":7\",\"step\":4,"
+      "\"grad_norm\":null}", &m));
+  CHECK(m.step == 4);
+  CHECK(!m.has[MetricIndex("loss")]);
+  CHECK(std::isnan(m.value[MetricIndex("grad_norm")]));
+  CHECK(!ParseMetricsLine("{\"loss\":1}", &m));
+  CHECK(!ParseMetricsLine("garbage", &m));
+  CHECK(MetricIndex("bogus") == -1);
+}
+
 TEST_CASE("CanonicalMetric maps aliases and names the accepted ones") {
   CHECK(*CanonicalMetric("") == "loss");
   CHECK(*CanonicalMetric("step_time") == "step_s");
