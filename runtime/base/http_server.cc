@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <exception>
+#include <system_error>
 #include <atomic>
 #include <mutex>
 #include <thread>
@@ -51,7 +52,7 @@ absl::Status ParseListen(const std::string& listen, std::string* host, int* port
   if (colon == std::string::npos || !absl::SimpleAtoi(listen.substr(colon + 1), &p) || p < 0 ||
       p > 65535 || colon == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "http listen address '", listen, "' is not host:port (e.g. 127.0.0.1:9400, [::1]:0)"));
+        "http listen address '", listen, "' is not IPv4 host:port (e.g. 127.0.0.1:9400, 0.0.0.0:0)"));
   }
   *host = listen.substr(0, colon);
   *port = p;
@@ -192,7 +193,7 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
   }
   if (info->content_length != 0) {
     const int64_t cap = options_.max_body_bytes + 1;
-    char buf[8192];
+    char buf[4096];
     while (static_cast<int64_t>(req.body.size()) < cap) {
       size_t want = std::min<int64_t>(sizeof(buf), cap - req.body.size());
       int got = mg_read(conn, buf, want);
@@ -206,12 +207,11 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
   }
   std::shared_ptr<const HttpHandler> handler = Route(req.path);
   if (handler == nullptr) return Plain(404, absl::StrCat("no such path: ", req.path, "\n"));
-  // The handler runs on a thread of its own with the default (8 MiB) stack: Debian builds
-  // civetweb with 100 KiB worker stacks, which a handler making gRPC store calls overflows (it
-  // smashed a neighbouring worker's stack: emberd died serving the job page). One thread per
-  // request is cheap next to the request itself.
+  // civetweb's threads have 100 KiB stacks (a build-time setting), too small for handlers that
+  // parse protos, talk gRPC or render pages: the handler runs on a thread of its own with the
+  // default stack while this one waits (threads bounds how many run at once).
   HttpResponse resp = Plain(500, "internal error (see the server log)\n");
-  std::thread run([&] {
+  auto run = [&] {
     try {
       resp = (*handler)(req);
     } catch (const std::exception& e) {
@@ -220,8 +220,13 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
       spdlog::error("http server: handler for {} {} threw a non-std exception", req.method,
                     req.path);
     }
-  });
-  run.join();
+  };
+  try {
+    std::thread(run).join();
+  } catch (const std::system_error& e) {  // no thread to be had
+    spdlog::error("http server: cannot start a handler thread: {}", e.what());
+    return Plain(503, "server busy, try again\n");
+  }
   return resp;
 }
 

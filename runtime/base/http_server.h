@@ -5,8 +5,8 @@
 //   int port = server->port();
 //
 // Routing: the longest registered prefix that the request path starts with wins ("/jobs/" beats
-// "/"); no match is 404. Handlers run on the server's threads, several at once, and must be
-// thread-safe. A handler that throws gives 500 (the exception text is logged, not sent).
+// "/"); no match is 404. Handlers run several at once, each on a thread of its own with the
+// default stack (civetweb's own threads have only 100 KiB), and must be thread-safe. A handler that throws gives 500 (the exception text is logged, not sent).
 //
 // Bounds: `threads` connections are served at once (each on its own thread; keep-alive is off, so
 // one request per connection); at most `queue` more wait, accepted, for a thread. Request headers
@@ -58,7 +58,7 @@ struct HttpResponse {
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 struct HttpServerOptions {
-  std::string listen = "127.0.0.1:0";  // host:port (IPv6 as [::1]:port); port 0 picks a free one
+  std::string listen = "127.0.0.1:0";  // IPv4 host:port (Debian's civetweb has no IPv6); port 0 = any
   int threads = 4;                       // connections served at once
   int64_t max_body_bytes = 64 << 10;     // larger request bodies get 413
   int request_timeout_ms = 10000;        // per request: receiving it and sending the answer

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <stdexcept>
 #include <thread>
@@ -174,6 +175,25 @@ TEST_CASE("http server bounds headers, idle peers and concurrency") {
     REQUIRE(peak <= 2);
     REQUIRE(peak >= 1);
   }
+}
+
+// civetweb's threads have 100 KiB stacks; a handler needing more (deep recursion, big buffers, a
+// gRPC call) must still work.
+int DeepStack(int depth) {
+  volatile char pad[1024];
+  pad[0] = static_cast<char>(depth);
+  return depth == 0 ? pad[0] : DeepStack(depth - 1) + pad[0] - pad[0] + 1;
+}
+
+TEST_CASE("http server handlers get a full-size stack") {
+  auto server = MustStart();
+  server->Handle("/deep", [](const HttpRequest&) {
+    std::vector<char> unused;
+    char big[512 << 10];  // 512 KiB on the stack: five times civetweb's
+    std::memset(big, 1, sizeof(big));
+    return HttpResponse{.body = std::to_string(DeepStack(1000) + big[4096] - 1)};
+  });
+  REQUIRE(Get(*server, "/deep").body == "1000");
 }
 
 TEST_CASE("http server start errors name the address") {

@@ -194,7 +194,16 @@ absl::StatusOr<std::string> HttpListenOf(const std::string& http_listen,
         "http_listen: auto needs listen as host:port, not '", api_listen,
         "'; give http_listen explicitly"));
   }
-  return absl::StrCat(api_listen.substr(0, colon), ":", port == 0 ? 0 : port + 1);
+  std::string host = api_listen.substr(0, colon);
+  // The HTTP server is IPv4 only (base/http_server.h): the IPv6 wildcard and loopback map over.
+  if (host == "[::]") host = "0.0.0.0";
+  if (host == "[::1]") host = "127.0.0.1";
+  if (absl::StartsWith(host, "[")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_listen: auto cannot serve HTTP on the IPv6 address of listen '", api_listen,
+        "' (the HTTP server is IPv4 only); give http_listen explicitly"));
+  }
+  return absl::StrCat(host, ":", port == 0 ? 0 : port + 1);
 }
 
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {

@@ -248,8 +248,10 @@ TEST_CASE("config: store: etcd://... hosts a store backed by etcd, with its etcd
 TEST_CASE("config: http_listen and metrics_auth") {
   CHECK(*HttpListenOf("auto", "10.0.0.5:7000") == "10.0.0.5:7001");
   CHECK(*HttpListenOf("auto", "127.0.0.1:0") == "127.0.0.1:0");
-  CHECK(*HttpListenOf("auto", "[::1]:29400") == "[::1]:29401");
-  CHECK(*HttpListenOf("", "127.0.0.1:29400").empty());  // off
+  CHECK(*HttpListenOf("auto", "[::1]:29400") == "127.0.0.1:29401");  // HTTP is IPv4 only
+  CHECK(*HttpListenOf("auto", "[::]:29400") == "0.0.0.0:29401");
+  CHECK(absl::IsInvalidArgument(HttpListenOf("auto", "[fe80::1]:29400").status()));
+  CHECK(HttpListenOf("", "127.0.0.1:29400")->empty());  // off
   CHECK(*HttpListenOf("0.0.0.0:9100", "127.0.0.1:29400") == "0.0.0.0:9100");
   CHECK(absl::IsInvalidArgument(HttpListenOf("auto", "no-port").status()));
   EmberdConfig cfg;

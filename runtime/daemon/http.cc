@@ -10,6 +10,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
+#include "runtime/job/env.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
@@ -47,8 +48,7 @@ MetricsSnapshot Daemon::Impl::TakeSnapshot() {
       for (const LocalWorker& w : a.workers) {
         if (w.exited) continue;
         ++s.workers;
-        s.ranks.push_back({a.job, a.attempt, w.rank,
-                           absl::StrCat(JobDir(a.job), "/metrics/rank-", w.rank, ".jsonl")});
+        s.ranks.push_back({a.job, a.attempt, w.rank, job::MetricsPath(JobDir(a.job), w.rank)});
       }
     }
   }

@@ -100,10 +100,10 @@ void AddNode(const MetricsSnapshot& s, Families* f) {
   f->Add("ember_node_nvml", "1 when NVML (GPU telemetry) is loaded", kGauge, {}, s.nvml ? 1 : 0);
   // GPU telemetry under the names of NVIDIA's DCGM exporter (units as DCGM: MiB, W, C, MHz).
   for (const GpuSample& g : s.gpus) {
-    std::vector<ClientMetric::Label> l = {{"gpu", std::to_string(g.index)},
-                                          {"UUID", g.uuid},
-                                          {"modelName", g.name},
-                                          {"Hostname", s.node}};
+    // DCGM's exporter labels these UUID, modelName and Hostname; promtool's lint refuses
+    // camelCase label names, so: uuid, model_name (the host is Prometheus' `instance`).
+    std::vector<ClientMetric::Label> l = {
+        {"gpu", std::to_string(g.index)}, {"uuid", g.uuid}, {"model_name", g.name}};
     auto add = [&](const char* name, const char* help, MetricType type, double v, bool have) {
       if (have) f->Add(name, help, type, l, v);
     };
@@ -122,10 +122,12 @@ void AddNode(const MetricsSnapshot& s, Families* f) {
         g.temperature_c >= 0);
     add("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz)", kGauge, g.sm_clock_mhz,
         g.sm_clock_mhz >= 0);
+    // Gauges, not counters as in DCGM: a counter's name must end in _total (lower case) for
+    // promtool, and volatile counts restart with the driver anyway.
     add("DCGM_FI_DEV_ECC_SBE_VOL_TOTAL", "Total number of single-bit volatile ECC errors",
-        kCounter, static_cast<double>(g.ecc_corrected_volatile), g.ecc_corrected_volatile >= 0);
+        kGauge, static_cast<double>(g.ecc_corrected_volatile), g.ecc_corrected_volatile >= 0);
     add("DCGM_FI_DEV_ECC_DBE_VOL_TOTAL", "Total number of double-bit volatile ECC errors",
-        kCounter, static_cast<double>(g.ecc_uncorrected_volatile),
+        kGauge, static_cast<double>(g.ecc_uncorrected_volatile),
         g.ecc_uncorrected_volatile >= 0);
   }
 }

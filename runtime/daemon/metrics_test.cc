@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
+#include <unistd.h>
 #include <string>
 
 #include <catch2/catch.hpp>
@@ -136,7 +138,7 @@ TEST_CASE("a scrape shows node, GPU, job and rank series with bounded labels") {
   REQUIRE(Value(text, "ember_node_devices{kind=\"cuda\"}") == 1);
   REQUIRE(Value(text, "ember_node_devices_in_use{kind=\"cpu\"}") == 2);
   REQUIRE(Value(text, "ember_node_memory_available_bytes") == 400);
-  const std::string gpu = "{gpu=\"0\",UUID=\"GPU-1\",modelName=\"NVIDIA H200\",Hostname=\"n1\"}";
+  const std::string gpu = "{gpu=\"0\",uuid=\"GPU-1\",model_name=\"NVIDIA H200\"}";
   REQUIRE(Value(text, "DCGM_FI_DEV_GPU_UTIL" + gpu) == 55);
   REQUIRE(Value(text, "DCGM_FI_DEV_FB_USED" + gpu) == 3);
   REQUIRE(Value(text, "DCGM_FI_DEV_FB_FREE" + gpu) == 7);
@@ -169,6 +171,20 @@ TEST_CASE("a scrape shows node, GPU, job and rank series with bounded labels") {
   REQUIRE(Value(text, "ember_store_op_duration_seconds_count{op=\"heartbeat\"}") == 1);
   REQUIRE(Value(text, "ember_metrics_series_dropped") == 0);
   REQUIRE(text.find("# TYPE ember_job_loss gauge") != std::string::npos);
+  // Prometheus' own checker (format and lint: names, label case, counter suffixes, help texts),
+  // on a scrape that has every kind of series, GPU ones included.
+  if (access("/usr/bin/promtool", X_OK) != 0) {
+    WARN("SKIPPED: promtool is not installed (Debian package prometheus)");
+    return;
+  }
+  const std::string path = TempDir() + "/metrics.txt";
+  std::ofstream(path) << text;
+  const std::string out = path + ".out";
+  const int rc = std::system(("/usr/bin/promtool check metrics < " + path + " > " + out + " 2>&1").c_str());
+  std::ifstream f(out);
+  std::string said((std::istreambuf_iterator<char>(f)), {});
+  INFO(said);
+  REQUIRE(rc == 0);
 }
 
 TEST_CASE("a non-scheduler daemon leaves cluster-wide job series out") {

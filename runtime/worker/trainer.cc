@@ -226,7 +226,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   data::TokenLoader probe(p.tokens, LoaderFor(p));
   if (absl::Status st = probe.Validate(); !st.ok()) return base::Annotate(st, "data");
   p.checkpoint_root = Resolve(env.job_dir, s.checkpoint().dir().empty() ? "checkpoints" : s.checkpoint().dir());
-  p.metrics_path = absl::StrCat(env.job_dir, "/metrics/rank-", env.rank, ".jsonl");
+  p.metrics_path = job::MetricsPath(env.job_dir, env.rank);
   if (!s.checkpoint().init_from_safetensors().empty()) {
     p.init_safetensors = Resolve(env.upload_dir, s.checkpoint().init_from_safetensors());
   }

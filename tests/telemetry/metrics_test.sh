@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # emberd's /metrics with a real job (the real ember-worker, 2 ranks, CPU), as operators use it:
-#   * metrics_auth token: no token or a wrong one gets 401; the cluster token gets 200;
+#   * metrics_auth token: no token or a wrong one gets 401; the cluster token gets 200; a daemon
+#     with metrics_auth none answers without one;
 #   * `promtool check metrics` (Debian's prometheus package) accepts the output;
 #   * a real Prometheus, started here on loopback (scrape_interval 1s, storage in a temp dir,
 #     bearer token from a file), scrapes it and its query API returns the job's loss series, with
@@ -14,7 +15,14 @@ T="${TEST_TMPDIR:-$(mktemp -d)}/telemetry"
 rm -rf "$T"; mkdir -p "$T"
 fail() { echo "FAIL: $*" >&2; exit 1; }
 PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done; true; }
+JOB=""
+# The job's workers (own sessions, outliving a killed emberd): live processes with EMBER_JOB_ID=$1.
+job_pids() { grep -lxzF "EMBER_JOB_ID=$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3; }
+cleanup() {
+  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  [ -n "$JOB" ] && for p in $(job_pids "$JOB"); do kill -KILL "$p" 2>/dev/null; done
+  true
+}
 trap cleanup EXIT
 command -v curl >/dev/null || { echo "SKIPPED: curl is not installed"; exit 0; }
 PY=/usr/bin/python3
@@ -44,12 +52,30 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -H "Authorization: B
 [ "$code" = 401 ] || fail "/metrics with a wrong token: HTTP $code (want 401)"
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://$HTTP/nothing")
 [ "$code" = 404 ] || fail "unknown path: HTTP $code (want 404)"
+# metrics_auth: none leaves /metrics open (the API keeps its token).
+"$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
+  --metrics-auth=none --host-store --node-name=open --auth-token-file="$T/token" \
+  --work-root="$T/jobs-open" --worker-binary="$WORKER" --cpu-slots=1 --cuda-devices=0 \
+  > "$T/emberd-open.log" 2>&1 &
+OPEN_PID=$!
+PIDS+=($OPEN_PID)
+OPEN=""
+for _ in $(seq 150); do
+  OPEN=$(grep -o "http 127.0.0.1:[0-9]*" "$T/emberd-open.log" | head -1 | grep -o "127.0.0.1:[0-9]*")
+  [ -n "$OPEN" ] && break
+  sleep 0.1
+done
+[ -n "$OPEN" ] || { cat "$T/emberd-open.log"; fail "the second emberd did not report its http address"; }
+curl -s --fail --max-time 10 "http://$OPEN/metrics" | grep -q '^ember_node_cpu_slots 1$' ||
+  fail "metrics_auth none: /metrics without a token did not answer"
+kill -TERM "$OPEN_PID"
+
 scrape() { curl -s --fail --max-time 10 -H "Authorization: Bearer $TOKEN" "http://$HTTP/metrics"; }
 
 # 2. A real job; wait until rank 0's loss shows.
 cp "$CORPUS" "$T/tiny_corpus.txt"
-printf 'name: tele\nmodel: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\ndata: {text_path: %s}\nparallelism: {strategy: fsdp, world_size: 2}\nresources: {device_type: cpu}\nsteps: 1000000\nbatch_size: 4\nthreads: 1\nlog_every: 5\ncheckpoint: {every_steps: 50}\n' \
-  "$T/tiny_corpus.txt" > "$T/job.yaml"
+printf 'name: tele\nmodel: {vocab_size: 256, context_length: 32, n_layers: 1, n_heads: 2, d_model: 32}\ndata: {text_path: tiny_corpus.txt}\nparallelism: {strategy: fsdp, world_size: 2}\nresources: {device_type: cpu}\nsteps: 1000000\nbatch_size: 4\nthreads: 1\nlog_every: 5\ncheckpoint: {every_steps: 50}\n' \
+  > "$T/job.yaml"
 JOB=$("$EMBERCTL" submit "$T/job.yaml") || fail "submit"
 JOB=${JOB%% *}
 for _ in $(seq 300); do
@@ -158,4 +184,6 @@ if r.get("status") == "success" and res:
 fi
 
 "$EMBERCTL" cancel "$JOB" > /dev/null || fail "cancel"
+for _ in $(seq 100); do [ -z "$(job_pids "$JOB")" ] && break; sleep 0.1; done
+[ -z "$(job_pids "$JOB")" ] || fail "workers still running 10 s after cancel: $(job_pids "$JOB")"
 echo "PASS"
