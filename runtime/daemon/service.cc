@@ -14,6 +14,7 @@
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/memory_estimate.h"
 #include "runtime/daemon/spec_policy.h"
+#include "runtime/job/env.h"
 #include "runtime/jobspec/spec.h"
 #include "spdlog/spdlog.h"
 
@@ -439,7 +440,7 @@ absl::Status ReadSeries(Daemon::Impl* d, const Job& job, const std::string& metr
 }
 
 std::string RankMetricsPath(Daemon::Impl* d, const std::string& job, int rank) {
-  return absl::StrCat(d->JobDir(job), "/metrics/rank-", rank, ".jsonl");
+  return ::ember::job::MetricsPath(d->JobDir(job), rank);
 }
 
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d) {
