@@ -190,6 +190,8 @@ int64_t NowMs();
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);
 std::unique_ptr<grpc::Service> MakeNodesService(Daemon::Impl* d);
+// Job records under active/ (or every listed one), newest submission first (List; the job page).
+absl::StatusOr<std::vector<Job>> ListJobs(Daemon::Impl* d, bool active_only);
 // <job dir>/metrics/rank-<rank>.jsonl on this node.
 std::string RankMetricsPath(Daemon::Impl* d, const std::string& job, int rank);
 // `metric` of every rank of `job` (GetSeries; the job page's JSON): attempt < 0 = every attempt,

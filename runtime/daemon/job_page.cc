@@ -179,6 +179,7 @@ class JobPage {
 
   HttpResponse Page(const HttpRequest& r) {
     if (r.path == "/jobs") return Redirect("/jobs/");
+    if (!absl::StartsWith(r.path, "/jobs/")) return Secure(Error(404, "no such page"));
     if (!MayRead(r)) return Redirect("/login?next=" + UrlEncode(r.path));
     // The first view's data rides in the document (no round trip before the first paint); the
     // script then polls the API.
@@ -252,6 +253,7 @@ class JobPage {
     std::vector<std::string> parts = absl::StrSplit(r.path, '/', absl::SkipEmpty());
     // parts: api, jobs[, id[, what]]
     const auto q = ParseForm(r.query);
+    if (parts.size() < 2 || parts[1] != "jobs") return Secure(Error(404, "no such page"));
     if (parts.size() == 2) return Secure(JsonResponse(200, ListJson()));
     if (parts.size() > 4 || !ValidJobId(parts[2])) return Secure(Error(404, "no such page"));
     auto rec = d_->ReadRecord(parts[2]);
@@ -279,16 +281,9 @@ class JobPage {
   }
 
   Value ListJson() {
-    auto names = d_->store->ListKeys("joblist/");
-    if (!names.ok()) return Value::MakeObject().Set("error", Str(names.status().ToString()));
-    std::vector<v1::Job> jobs;
-    for (const std::string& k : *names) {
-      auto rec = d_->ReadRecord(k.substr(k.find('/') + 1));
-      if (rec.ok()) jobs.push_back(rec->first);
-    }
-    std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
-      return a.submit_unix_ms() > b.submit_unix_ms();
-    });
+    auto listed = ListJobs(d_, /*active_only=*/false);
+    if (!listed.ok()) return Value::MakeObject().Set("error", Str(listed.status().ToString()));
+    std::vector<v1::Job>& jobs = *listed;
     Value arr = Value::MakeArray();
     for (size_t i = 0; i < jobs.size() && i < 200; ++i) {
       d_->FillProgress(&jobs[i]);

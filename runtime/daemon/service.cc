@@ -73,16 +73,9 @@ class JobsService final : public v1::Jobs::Service {
                     v1::ListJobsResponse* out) override {
     grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.List");
     if (!auth.ok()) return auth;
-    auto names = d_->store->ListKeys(req->active_only() ? "active/" : "joblist/");
-    if (!names.ok()) return ToGrpcStatus(names.status());
-    std::vector<v1::Job> jobs;
-    for (const std::string& k : *names) {
-      auto rec = d_->ReadRecord(k.substr(k.find('/') + 1));
-      if (rec.ok()) jobs.push_back(rec->first);
-    }
-    std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
-      return a.submit_unix_ms() > b.submit_unix_ms();
-    });
+    auto listed = ListJobs(d_, req->active_only());
+    if (!listed.ok()) return ToGrpcStatus(listed.status());
+    std::vector<v1::Job>& jobs = *listed;
     size_t limit = req->limit() > 0 ? req->limit() : 100;
     for (size_t i = 0; i < jobs.size() && i < limit; ++i) {
       d_->FillProgress(&jobs[i]);
@@ -411,6 +404,20 @@ class NodesService final : public v1::Nodes::Service {
 };
 
 }  // namespace
+
+absl::StatusOr<std::vector<Job>> ListJobs(Daemon::Impl* d, bool active_only) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names,
+                   d->store->ListKeys(active_only ? "active/" : "joblist/"));
+  std::vector<Job> jobs;
+  for (const std::string& k : names) {
+    auto rec = d->ReadRecord(k.substr(k.find('/') + 1));
+    if (rec.ok()) jobs.push_back(rec->first);
+  }
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    return a.submit_unix_ms() > b.submit_unix_ms();
+  });
+  return jobs;
+}
 
 absl::Status ReadSeries(Daemon::Impl* d, const Job& job, const std::string& metric,
                         int max_points, int attempt, jobs::v1::Series* out) {
