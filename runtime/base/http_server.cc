@@ -140,6 +140,7 @@ HttpServer::~HttpServer() {
   if (ctx_ == nullptr) return;
   // mg_stop waits for in-flight requests and joins the threads, but civetweb's accept loop only
   // sees the stop flag when its poll (2 s quantum) returns: knock on the port until it has gone.
+  stopping_ = true;  // requests from here on (the knocks below among them) get 503
   std::atomic<bool> stopped{false};
   std::thread stopper([&] {
     mg_stop(ctx_);
@@ -205,6 +206,7 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
                                      options_.max_body_bytes, " bytes\n"));
     }
   }
+  if (stopping_) return Plain(503, "server stopping\n");
   std::shared_ptr<const HttpHandler> handler = Route(req.path);
   if (handler == nullptr) return Plain(404, absl::StrCat("no such path: ", req.path, "\n"));
   // civetweb's threads have 100 KiB stacks (a build-time setting), too small for handlers that

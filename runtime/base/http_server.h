@@ -16,10 +16,11 @@
 // put authentication in the handlers (see HttpRequest::Header, Cookie).
 //
 // Thread-safety: Handle() may be called from any thread, before or after Start. The destructor
-// stops accepting, waits for in-flight handlers and joins the threads.
+// answers new requests with 503, waits for in-flight handlers and joins the threads.
 #ifndef EMBER_RUNTIME_BASE_HTTP_SERVER_H_
 #define EMBER_RUNTIME_BASE_HTTP_SERVER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -92,6 +93,7 @@ class HttpServer {
 
   const HttpServerOptions options_;
   mg_context* ctx_ = nullptr;
+  std::atomic<bool> stopping_{false};
   int port_ = 0;
   std::string address_;
   mutable absl::Mutex mu_;

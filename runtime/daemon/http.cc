@@ -25,6 +25,13 @@ absl::Status Daemon::Impl::StartHttp() {
   absl::StatusOr<std::unique_ptr<base::HttpServer>> started = base::HttpServer::Start(ho);
   if (!started.ok()) return base::Annotate(started.status(), "http_listen");
   http = std::move(*started);
+  const bool loopback = absl::StartsWith(http->address(), "127.") ||
+                        absl::StartsWith(http->address(), "localhost:");
+  if (opts.tls.enabled() && !loopback && opts.metrics_require_token && !opts.auth_token.empty()) {
+    spdlog::warn("http {}: plain HTTP while the API uses TLS: Prometheus' bearer token (the "
+                 "cluster token) crosses the network in clear text; bind http_listen to loopback "
+                 "or use metrics_auth: none on a trusted network", http->address());
+  }
   http->Handle("/metrics", [this](const base::HttpRequest& r) { return ServeMetrics(r); });
   return absl::OkStatus();
 }
