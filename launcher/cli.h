@@ -136,6 +136,9 @@ int RunCkptInspect(Ctl& ctl);
 int RunCkptExport(Ctl& ctl);
 // cmd_pipeline.cc
 int RunPipelineShow(Ctl& ctl);
+// cmd_plot.cc
+int RunPlot(Ctl& ctl);
+int RunTop(Ctl& ctl);
 // cmd_weights.cc
 int RunWeightsSubscribe(Ctl& ctl);
 

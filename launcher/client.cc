@@ -120,6 +120,20 @@ absl::StatusOr<v1::DumpResponse> Client::Dump(const std::string& id) {
   return resp;
 }
 
+absl::StatusOr<v1::Series> Client::GetSeries(const std::string& id, const std::string& metric,
+                                             int max_points, int attempt) {
+  v1::GetSeriesRequest req;
+  req.set_id(id);
+  req.set_metric(metric);
+  req.set_max_points(max_points);
+  if (attempt >= 0) req.set_attempt(attempt);
+  v1::Series resp;
+  grpc::ClientContext ctx;
+  Prepare(&ctx, true);
+  RETURN_IF_ERROR(Convert(jobs_->GetSeries(&ctx, req, &resp)));
+  return resp;
+}
+
 absl::StatusOr<std::vector<v1::Node>> Client::Nodes() {
   v1::ListNodesRequest req;
   v1::ListNodesResponse resp;

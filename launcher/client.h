@@ -48,6 +48,10 @@ class Client {
   absl::StatusOr<jobs::v1::Job> Cancel(const std::string& id);
   absl::StatusOr<jobs::v1::DumpResponse> Dump(const std::string& id);
   absl::StatusOr<std::vector<jobs::v1::Node>> Nodes();
+  // `metric` of every rank, downsampled to at most max_points per rank (0 = 1000); attempt < 0 =
+  // every attempt. INVALID_ARGUMENT names an unknown metric.
+  absl::StatusOr<jobs::v1::Series> GetSeries(const std::string& id, const std::string& metric,
+                                             int max_points = 0, int attempt = -1);
 
   // Streams until the job ends (follow) or the log is exhausted; `on_line` returns false to stop.
   absl::Status StreamLogs(const std::string& id, int rank, bool follow, int tail_lines,

@@ -187,6 +187,7 @@ int RunStandalone(Ctl& ctl) {
   so.argv0 = ctl.argv0();
   so.ranks = nproc;
   if (!ctl.IntOption("--max-ranks", 1, &so.max_ranks)) return kUsage;
+  so.http_listen = a.Get("--http");
   // SIGTERM and SIGHUP clean up like Ctrl-C: cancel the job, stop the workers, exit.
   for (int sig : {SIGTERM, SIGHUP}) {
     struct sigaction sa = {};
@@ -202,6 +203,10 @@ int RunStandalone(Ctl& ctl) {
   if (!ctl.json()) {
     std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
               << " ranks, logs in " << r->job().job_dir() << "/logs)\n";
+    if (!(*cluster)->http_address().empty()) {
+      std::cerr << "emberctl: job page at http://" << (*cluster)->http_address() << "/jobs/"
+                << r->job().id() << "\n";
+    }
   }
   // Follow notices a signal only when a progress update arrives; a job that makes none (still
   // starting, or hung) is cancelled from here, which ends the stream.

@@ -37,7 +37,8 @@ const std::vector<Command>& Commands() {
         {"--nproc", "N", "ranks (overrides parallelism.world_size)"},
         {"--max-ranks", "N", "allow up to N CPU ranks (default 4 x the online cores)"},
         {"--work-root", "DIR", "job directories (default ./ember-jobs)"},
-        {"--worker", "PATH", "the worker binary ($EMBER_WORKER; default: next to emberctl)"}},
+        {"--worker", "PATH", "the worker binary ($EMBER_WORKER; default: next to emberctl)"},
+        {"--http", "HOST:PORT", "serve the job page there (no login: keep it on loopback)"}},
        RunStandalone},
       {"submit", "", "submit JOB.yaml [--follow] [--id SID]",
        "submit to a cluster; --follow waits and exits with the result",
@@ -64,6 +65,28 @@ const std::vector<Command>& Commands() {
       {"cancel", "", "cancel JOB", "stop every worker of the job",
        "  Stops every worker (SIGTERM, SIGKILL after the grace period) and frees its devices.\n",
        1, {}, RunCancel},
+      {"plot", "", "plot JOB [--metric M] [--out FILE.svg|FILE.png]",
+       "draw a metric's curve per rank (file, or braille on the terminal)",
+       "  The job's metric over the steps, one line per rank, from the ranks' metrics files\n"
+       "  (downsampled on the daemon: a band shows each bucket's min..max). Without --out it is\n"
+       "  drawn on the terminal in braille characters; --output json prints the series.\n",
+       1,
+       {{"--metric", "M", "loss (default), tokens_per_s, step_time, comm_wait, grad_norm, lr, memory"},
+        {"--out", "FILE", "write FILE.svg or FILE.png instead"},
+        {"--rank", "R", "only rank R"},
+        {"--attempt", "N", "only attempt N (default: every attempt)"},
+        {"--max-points", "N", "points per rank (default 2000 in a file, 2 per column on a terminal)"}},
+       RunPlot},
+      {"top", "", "top [JOB] [--once] [--interval-ms MS]",
+       "live per-rank table: step, step time, comm wait, memory",
+       "  Every rank's latest report (step, step time, share of it waiting in collectives,\n"
+       "  tokens/s, loss, peak memory), redrawn in place; a rank whose own time (step time less\n"
+       "  comm wait) is over 1.5x the median is marked straggler. Without JOB, every active job.\n"
+       "  Ends with the job (or Ctrl-C); --once prints one table and exits.\n",
+       0,
+       {{"--once", "", "print once and exit (for scripts)"},
+        {"--interval-ms", "MS", "refresh period (default 1000)"}},
+       RunTop},
       {"nodes", "", "nodes", "daemons, devices (and which job holds each), telemetry",
        "  Registered daemons, their devices, which job holds each, memory and GPU telemetry.\n",
        0, {}, RunNodes},

@@ -74,6 +74,8 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.inventory.cpu_slots = cuda ? 0 : ranks;
   o.inventory.cuda_devices = cuda ? -1 : 0;
   o.workers_die_with_daemon = true;  // a killed launcher leaves no worker behind
+  o.http_listen = options.http_listen;
+  o.job_page_open = true;  // nobody outside this process knows the one-time token
   o.state_dir = absl::StrCat(options.work_root, "/.emberd/standalone-", getpid());
   auto cluster = std::unique_ptr<StandaloneCluster>(new StandaloneCluster());
   cluster->token_ = base::GenerateToken();

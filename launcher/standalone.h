@@ -26,6 +26,9 @@ struct StandaloneOptions {
   // Refuse more CPU ranks than this before any worker is forked; 0 = kRanksPerCore x the online
   // cores (one machine cannot usefully run more, and each rank is a process with its own memory).
   int max_ranks = 0;
+  // The job page (runtime/daemon/job_page.h) on this HOST:PORT ("" = none; port 0 = any). The
+  // cluster's token is never shown, so the page is readable without a login: keep it on loopback.
+  std::string http_listen;
 };
 
 inline constexpr int kRanksPerCore = 4;
@@ -46,6 +49,7 @@ class StandaloneCluster {
   absl::StatusOr<Client> Connect() const;
   daemon::Daemon* daemon() { return daemon_.get(); }
   const std::string& token() const { return token_; }
+  std::string http_address() const { return daemon_->http_address(); }  // "" without http_listen
 
  private:
   StandaloneCluster() = default;

@@ -232,6 +232,7 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.keep_finished_jobs = cfg.keep_finished_jobs();
   o.finished_job_ttl = absl::Seconds(cfg.finished_job_ttl_h() * 3600);
   o.scheduler = cfg.scheduler();
+  o.job_page_open = cfg.job_page_open();
   if (cfg.lease_ttl_s() < 0.5 || cfg.poll_s() <= 0 || cfg.poll_s() > 10 ||
       cfg.restart_backoff_s() < 0) {
     return absl::InvalidArgumentError(

@@ -14,6 +14,7 @@
 #include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/job_page.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/process.h"
 #include "spdlog/spdlog.h"
@@ -118,7 +119,12 @@ absl::Status Daemon::Impl::Init() {
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
   advertise = opts.advertise.empty() ? server.address : opts.advertise;
 
-  if (!opts.http_listen.empty()) RETURN_IF_ERROR(StartHttp());
+  if (!opts.http_listen.empty()) {
+    RETURN_IF_ERROR(StartHttp());
+    RegisterJobPage(http.get(), this, opts.job_page_open);
+    spdlog::info("job page at http://{}/jobs/{}", http->address(),
+                 opts.job_page_open ? " (readable without login)" : "");
+  }
   LoadState();  // the lease to keep and the workers to re-attach to
   RETURN_IF_ERROR(Register());
   last_tick_ms = NowMs();
@@ -276,7 +282,7 @@ void Daemon::Impl::DrainNow() {
   Persist();
   if (leader) (void)store->Delete(keys::kLeader);
   if (lease.load() != 0) (void)store->RevokeLease(lease.load());
-  http.reset();
+  http.reset();  // waits for in-flight page and /metrics requests
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (hosted_store) hosted_store->Shutdown();
 }
@@ -295,7 +301,7 @@ void Daemon::Impl::DetachNow() {
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.
-  http.reset();
+  http.reset();  // waits for in-flight page and /metrics requests
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   if (hosted_store) hosted_store->Shutdown();
 }

@@ -110,6 +110,8 @@ struct DaemonOptions {
   bool metrics_require_token = true;         // /metrics needs "Authorization: Bearer <auth_token>"
                                              // (no effect when auth_token is empty)
   MetricsOptions metrics;
+  // The job page (job_page.h) on the HTTP endpoint is readable without logging in (read-only).
+  bool job_page_open = false;
 };
 
 class Daemon {

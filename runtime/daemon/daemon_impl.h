@@ -27,6 +27,7 @@
 #include "runtime/daemon/metrics.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/scheduler.h"
+#include "runtime/daemon/series.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 
@@ -82,6 +83,7 @@ class Daemon::Impl {
   std::atomic<int64_t> lease{0};
   std::atomic<int64_t> last_tick_ms{0}, last_heartbeat_ms{0};
   absl::Notification stop;
+  SeriesReader series;  // metric series of the jobs' metrics files (the API and the job page)
   std::thread control_thread, heartbeat_thread;
 
   // ---- Guarded. The lock rule: `mu` protects `local` and `drained` and nothing else, and is held
@@ -188,6 +190,14 @@ int64_t NowMs();
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);
 std::unique_ptr<grpc::Service> MakeNodesService(Daemon::Impl* d);
+// Job records under active/ (or every listed one), newest submission first (List; the job page).
+absl::StatusOr<std::vector<Job>> ListJobs(Daemon::Impl* d, bool active_only);
+// <job dir>/metrics/rank-<rank>.jsonl on this node.
+std::string RankMetricsPath(Daemon::Impl* d, const std::string& job, int rank);
+// `metric` of every rank of `job` (GetSeries; the job page's JSON): attempt < 0 = every attempt,
+// max_points 0 = 1000. INVALID_ARGUMENT for an unknown metric or max_points out of range.
+absl::Status ReadSeries(Daemon::Impl* d, const Job& job, const std::string& metric,
+                        int max_points, int attempt, jobs::v1::Series* out);
 
 }  // namespace ember::daemon
 

@@ -14,6 +14,7 @@
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/memory_estimate.h"
 #include "runtime/daemon/spec_policy.h"
+#include "runtime/job/env.h"
 #include "runtime/jobspec/spec.h"
 #include "spdlog/spdlog.h"
 
@@ -72,16 +73,9 @@ class JobsService final : public v1::Jobs::Service {
                     v1::ListJobsResponse* out) override {
     grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.List");
     if (!auth.ok()) return auth;
-    auto names = d_->store->ListKeys(req->active_only() ? "active/" : "joblist/");
-    if (!names.ok()) return ToGrpcStatus(names.status());
-    std::vector<v1::Job> jobs;
-    for (const std::string& k : *names) {
-      auto rec = d_->ReadRecord(k.substr(k.find('/') + 1));
-      if (rec.ok()) jobs.push_back(rec->first);
-    }
-    std::sort(jobs.begin(), jobs.end(), [](const v1::Job& a, const v1::Job& b) {
-      return a.submit_unix_ms() > b.submit_unix_ms();
-    });
+    auto listed = ListJobs(d_, req->active_only());
+    if (!listed.ok()) return ToGrpcStatus(listed.status());
+    std::vector<v1::Job>& jobs = *listed;
     size_t limit = req->limit() > 0 ? req->limit() : 100;
     for (size_t i = 0; i < jobs.size() && i < limit; ++i) {
       d_->FillProgress(&jobs[i]);
@@ -249,6 +243,16 @@ class JobsService final : public v1::Jobs::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status GetSeries(grpc::ServerContext* ctx, const v1::GetSeriesRequest* req,
+                         v1::Series* out) override {
+    grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.GetSeries");
+    if (!auth.ok()) return auth;
+    auto job = d_->ReadRecord(req->id());
+    if (!job.ok()) return ToGrpcStatus(NotFoundNamed(job.status(), req->id()));
+    return ToGrpcStatus(ReadSeries(d_, job->first, req->metric(), req->max_points(),
+                                   req->has_attempt() ? req->attempt() : -1, out));
+  }
+
  private:
   static absl::Status NotFoundNamed(const absl::Status& s, const std::string& id) {
     if (absl::IsNotFound(s)) return absl::NotFoundError(absl::StrCat("no job '", id, "'"));
@@ -410,6 +414,51 @@ class NodesService final : public v1::Nodes::Service {
 };
 
 }  // namespace
+
+absl::StatusOr<std::vector<Job>> ListJobs(Daemon::Impl* d, bool active_only) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names,
+                   d->store->ListKeys(active_only ? "active/" : "joblist/"));
+  std::vector<Job> jobs;
+  for (const std::string& k : names) {
+    auto rec = d->ReadRecord(k.substr(k.find('/') + 1));
+    if (rec.ok()) jobs.push_back(rec->first);
+  }
+  std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
+    return a.submit_unix_ms() > b.submit_unix_ms();
+  });
+  return jobs;
+}
+
+absl::Status ReadSeries(Daemon::Impl* d, const Job& job, const std::string& metric,
+                        int max_points, int attempt, jobs::v1::Series* out) {
+  ASSIGN_OR_RETURN(std::string m, CanonicalMetric(metric));
+  if (max_points < 0 || max_points > SeriesReader::kCapacity) {
+    return absl::InvalidArgumentError(absl::StrCat("max_points: ", max_points, " is not in 0..",
+                                                   SeriesReader::kCapacity));
+  }
+  out->set_id(job.id());
+  out->set_metric(m);
+  for (int r = 0; r < job.world_size(); ++r) {
+    ASSIGN_OR_RETURN(Downsampled ds, d->series.Read(RankMetricsPath(d, job.id(), r), m, attempt,
+                                                    max_points > 0 ? max_points : 1000));
+    v1::RankSeries* rs = out->add_ranks();
+    rs->set_rank(r);
+    rs->set_lines(ds.lines);
+    rs->set_missing(ds.missing);
+    for (const Bucket& b : ds.buckets) {
+      rs->add_step(b.last_step);
+      rs->add_last(b.last);
+      rs->add_min(b.min);
+      rs->add_max(b.max);
+      rs->add_first_step(b.first_step);
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string RankMetricsPath(Daemon::Impl* d, const std::string& job, int rank) {
+  return ::ember::job::MetricsPath(d->JobDir(job), rank);
+}
 
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d) {
   return std::make_unique<JobsService>(d);

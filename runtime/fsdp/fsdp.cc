@@ -392,7 +392,12 @@ absl::StatusOr<float> FsdpGpt::Run(const ExecContext& ctx, const int32_t* tokens
 
 absl::StatusOr<double> FsdpGpt::AllReduceMean(double value) {
   double v = value;
-  RETURN_IF_ERROR(Wait(groups_.world->AllReduce(&v, 1, DataType::kF64, comm::ReduceOp::kSum)));
+  // Issue time counts as comm wait too: a scalar all-reduce runs inline on this thread, and its
+  // issue is where a rank waits for a slower one (the straggler mark on the job page reads it).
+  const absl::Time t0 = absl::Now();
+  auto work = groups_.world->AllReduce(&v, 1, DataType::kF64, comm::ReduceOp::kSum);
+  comm_wait_ += absl::Now() - t0;
+  RETURN_IF_ERROR(Wait(work));
   bytes_.all_reduce["f64"] += 8;
   return v / world_;
 }
@@ -406,7 +411,10 @@ absl::StatusOr<double> FsdpGpt::OptimizerStep(const ExecContext& ctx, float lr) 
     for (int64_t i = 0; i < q->shard_numel(); ++i) s += static_cast<double>(g[i]) * g[i];
     sumsq += s;
   }
-  RETURN_IF_ERROR(Wait(groups_.world->AllReduce(&sumsq, 1, DataType::kF64, comm::ReduceOp::kSum)));
+  const absl::Time t0 = absl::Now();  // issue time counts (inline), as in AllReduceMean
+  auto work = groups_.world->AllReduce(&sumsq, 1, DataType::kF64, comm::ReduceOp::kSum);
+  comm_wait_ += absl::Now() - t0;
+  RETURN_IF_ERROR(Wait(work));
   bytes_.all_reduce["f64"] += 8;
   const double norm = std::sqrt(sumsq);
   if (opts_.clip_norm > 0 && norm > opts_.clip_norm) {

@@ -95,6 +95,8 @@ absl::Status Reporter::Report(const StepResult& r) {
   p.set_eta_s(eta);
   p.set_peak_rss_bytes(rss);
   p.set_comm_memory_bytes(r.comm_memory_bytes);
+  p.set_step_seconds(r.seconds);
+  p.set_comm_wait_seconds(r.comm_wait_s);
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
   metrics_ << absl::StrCat(
                   "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
@@ -107,7 +109,8 @@ absl::Status Reporter::Report(const StepResult& r) {
                   ",\"all_reduce\":", BytesJson(b.all_reduce),
                   ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}",
                   r.checkpoint_save_s >= 0 ? absl::StrCat(",\"checkpoint_save_s\":", Num(r.checkpoint_save_s)) : "",
-                  r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "", "}")
+                  r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "",
+                  ",\"attempt\":", plan_.env.attempt, ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
            << "\n"
            << std::flush;
   return absl::OkStatus();
