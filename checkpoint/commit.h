@@ -7,7 +7,7 @@
 //
 // A rank that fails before voting votes "error: <why>" so rank 0 aborts at once instead of timing
 // out. Keys (under the client's prefix, which scopes job and attempt): ckpt/<N>/done/<rank>,
-// ckpt/<N>/outcome. One save per step per prefix. Implementations are thread-safe.
+// ckpt/<N>/commit (Claim), ckpt/<N>/outcome. One save per step per prefix. Implementations are thread-safe.
 #ifndef EMBER_CHECKPOINT_COMMIT_H_
 #define EMBER_CHECKPOINT_COMMIT_H_
 
@@ -33,6 +33,11 @@ class CommitProtocol {
   // names the ranks that did not vote.
   virtual absl::StatusOr<std::vector<std::string>> WaitAllDone(int64_t step, int world,
                                                                absl::Duration timeout) = 0;
+  // Rank 0, after every check and right before the rename that makes step-N (and `latest`)
+  // visible: an error aborts the commit. The store protocol writes ckpt/<N>/commit, so a client
+  // fenced off by a newer attempt (store FAILED_PRECONDITION "write refused by fence") cannot
+  // publish a checkpoint into the directory the new attempt resumes from. Default: OK.
+  virtual absl::Status Claim(int64_t step) { return absl::OkStatus(); }
   virtual absl::Status Publish(int64_t step, const std::string& outcome) = 0;
   virtual absl::StatusOr<std::string> WaitOutcome(int64_t step, absl::Duration timeout) = 0;
   // Drops the keys of a finished step (called by rank 0 for the previous save).
@@ -62,6 +67,7 @@ class StoreCommitProtocol : public CommitProtocol {
   absl::Status MarkDone(int64_t step, int rank, const std::string& token) override;
   absl::StatusOr<std::vector<std::string>> WaitAllDone(int64_t step, int world,
                                                        absl::Duration timeout) override;
+  absl::Status Claim(int64_t step) override;
   absl::Status Publish(int64_t step, const std::string& outcome) override;
   absl::StatusOr<std::string> WaitOutcome(int64_t step, absl::Duration timeout) override;
   absl::Status Forget(int64_t step) override;

@@ -262,6 +262,18 @@ class EtcdBackend : public Backend {
         return Applied::kAnswered;
       }
     }
+    if (req.has_fence() && (req.has_lease_grant() || req.has_lease_revoke() ||
+                            req.has_delete_prefix())) {
+      // These bypass Evaluate's compare-and-write: the fence is read first (not atomic with the
+      // write; fenced clients use them rarely). Other writes compare the fence key in their Txn.
+      StoreState view;
+      absl::Status s = ReadKeys({req.fence().key()}, &view, OpDeadline());
+      if (!s.ok()) {
+        SetStatus(r, s);
+        return Applied::kAnswered;
+      }
+      if (!PassesFence(view, req, r)) return Applied::kAnswered;
+    }
     switch (req.op_case()) {
       case Request::kLeaseGrant: LeaseGrant(req, r); return Applied::kAnswered;
       case Request::kLeaseRefresh: LeaseRefresh(req, r); return Applied::kAnswered;

@@ -477,6 +477,10 @@ void RecordExit(const absl::Status& st, store::Client& attempt, int rank) {
 absl::StatusOr<store::Client> ConnectStore(const job::WorkerEnv& env) {
   store::ClientOptions co;
   co.address = env.store_addr;
+  // Every write carries the attempt: refused once the job's fence names a newer one (a stale
+  // worker, e.g. on a host that was cut off from the store while the job moved on).
+  co.fence_key = job::keys::Fence(env.job_id);
+  co.fence_epoch = env.attempt;
   if (!env.auth_token_file.empty()) {
     std::ifstream f(env.auth_token_file);
     if (!f) {
@@ -504,6 +508,14 @@ absl::Status Train(const Plan& plan) {
   StopWatcher watcher(attempt, &recorder, env.fr_dump_dir, env.rank);
   watcher.Start();
   absl::Status st = TrainLoop(plan, attempt, recorder);
+  if (store::IsFenced(st)) {
+    // Superseded: nothing this process writes may land (the store refuses it); stop now.
+    st = absl::FailedPreconditionError(absl::StrCat(
+        "stale worker: rank ", env.rank, " of attempt ", env.attempt, " of job ", env.job_id,
+        " is fenced off because a newer attempt started; exiting without writing (", st.message(),
+        ")"));
+    spdlog::error("{}", st.message());
+  }
   AwaitStopDecision(st, watcher, env.rank);
   RecordExit(st, attempt, env.rank);
   return st;
