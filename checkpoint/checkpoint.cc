@@ -166,9 +166,9 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
   RETURN_IF_ERROR(base::WriteFileAtomic(JoinPath(tmp, kMetadataFile), SerializeMetadata(all), kFileMode));
   RETURN_IF_ERROR(base::SyncDir(tmp));
   const std::string final_dir = JoinPath(opts.root, StepDirName(st.step));
-  // The last moment a stale rank 0 (of a superseded attempt, CommitProtocol::Claim) is stopped
-  // before it changes anything the job's current attempt sees: a fenced store write.
-  RETURN_IF_ERROR(protocol->Claim(st.step));
+  // Again at the last moment a stale rank 0 (its attempt superseded during the save) can be
+  // stopped before it changes anything the job's current attempt sees (CommitProtocol::Claim).
+  RETURN_IF_ERROR(protocol->Claim(st.step, /*rank=*/0));
   if (PathExists(final_dir)) {
     // Re-saving a step: the run resumed from an older one (latest was lost or damaged, or a crash
     // came between this rename and `latest`). The old directory is the only copy of whatever it
@@ -277,6 +277,9 @@ absl::Status SaveCheckpoint(const SaveOptions& opts, const RankState& st, Commit
   if (opts.rank < 0 || opts.rank >= opts.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", opts.rank, " not in world of ", opts.world_size));
   }
+  // A rank of a superseded attempt (fenced off in the store) writes nothing, not even its data.
+  RETURN_IF_ERROR(base::Annotate(protocol->Claim(st.step, opts.rank),
+                                 absl::StrCat("checkpoint step ", st.step)));
   const std::string tmp = JoinPath(opts.root, TmpDirName(st.step));
   absl::StatusOr<std::string> token = [&]() -> absl::StatusOr<std::string> {
     RETURN_IF_ERROR(base::MakeDirs(tmp, kDirMode));

@@ -100,8 +100,8 @@ absl::StatusOr<std::vector<std::string>> StoreCommitProtocol::WaitAllDone(int64_
   }
 }
 
-absl::Status StoreCommitProtocol::Claim(int64_t step) {
-  return client_.Set(absl::StrCat("ckpt/", step, "/commit"), "rank 0");
+absl::Status StoreCommitProtocol::Claim(int64_t step, int rank) {
+  return client_.Set(absl::StrCat("ckpt/", step, "/claim/", rank), "");
 }
 
 absl::Status StoreCommitProtocol::Publish(int64_t step, const std::string& outcome) {

@@ -157,10 +157,11 @@ TEST_CASE("a fenced-off attempt cannot commit a checkpoint", "[checkpoint][fenci
   CHECK(store::IsFenced(s));
   CHECK(absl::StrContains(s.message(), "belongs to epoch 0, the fence is at epoch 1"));
   CheckStep1IsLatestAndGood(root);
-  // Its next save is refused at its first write (the vote).
+  // Its next save is refused at its first write (the claim), before any file is written.
   s = SaveCheckpoint(so, testing::ShardState(testing::MakeModel(3), 3, 0, 1), &p0);
   CHECK(store::IsFenced(s));
   CHECK_FALSE(PathExists(root + "/step-3"));
+  CHECK_FALSE(PathExists(root + "/.tmp-step-3"));
   CheckStep1IsLatestAndGood(root);
 }
 

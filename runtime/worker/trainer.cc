@@ -474,7 +474,9 @@ void RecordExit(const absl::Status& st, store::Client& attempt, int rank) {
   (void)attempt.Set(job::keys::WorkerExitOf(rank), e.SerializeAsString(), o);
 }
 
-absl::StatusOr<store::Client> ConnectStore(const job::WorkerEnv& env) {
+}  // namespace
+
+absl::StatusOr<store::Client> ConnectJobStore(const job::WorkerEnv& env) {
   store::ClientOptions co;
   co.address = env.store_addr;
   // Every write carries the attempt: refused once the job's fence names a newer one (a stale
@@ -496,11 +498,9 @@ absl::StatusOr<store::Client> ConnectStore(const job::WorkerEnv& env) {
   return store::Client::Connect(co);
 }
 
-}  // namespace
-
 absl::Status Train(const Plan& plan) {
   const job::WorkerEnv& env = plan.env;
-  ASSIGN_OR_RETURN(store::Client client, ConnectStore(env));
+  ASSIGN_OR_RETURN(store::Client client, ConnectJobStore(env));
   store::Client attempt = client.WithPrefix(env.prefix());
   // Stop within ~0.1 s when the job is told to stop (a peer died, cancel, node lost), dumping the
   // flight recorder first; see stop_watch.h.
@@ -514,7 +514,7 @@ absl::Status Train(const Plan& plan) {
         "stale worker: rank ", env.rank, " of attempt ", env.attempt, " of job ", env.job_id,
         " is fenced off because a newer attempt started; exiting without writing (", st.message(),
         ")"));
-    spdlog::error("{}", st.message());
+    spdlog::error("{}", std::string(st.message()));
   }
   AwaitStopDecision(st, watcher, env.rank);
   RecordExit(st, attempt, env.rank);

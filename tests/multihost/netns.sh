@@ -101,14 +101,16 @@ mh_setup() {
   exit 1
 }
 
-# mh_netem ARGS...: `tc qdisc add dev eth0 root netem ARGS` in every namespace (each packet
-# crosses two eth0 egresses, so "delay 5ms" is a 10 ms RTT). Skips where tc or netem is missing.
-mh_netem() {
+# mh_qdisc KIND ARGS...: `tc qdisc add dev eth0 root KIND ARGS` in every namespace, e.g. "netem
+# delay 5ms loss 1%" (each packet crosses two eth0 egresses, so 5 ms is a 10 ms RTT) or "tbf rate
+# 200mbit burst 64kb latency 50ms" (a rate limit per link). Skips where tc or the qdisc is missing
+# (this development VM's kernel has tbf and htb but no sch_netem).
+mh_qdisc() {
   command -v tc >/dev/null || mh_skip "no 'tc' (iproute2) on PATH"
   local i
   for i in $(seq 0 "$MH_N"); do
-    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root netem "$@" 2>"$T/netem.err" \
-      || mh_skip "tc netem unavailable (sch_netem module?): $(cat "$T/netem.err")"
+    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root "$@" 2>"$T/qdisc.err" \
+      || mh_skip "tc qdisc $1 unavailable (sch_$1 module?): $(cat "$T/qdisc.err")"
   done
 }
 
@@ -159,6 +161,21 @@ mh_cluster() {
 mh_ctl() {
   local i="$1"; shift
   mh_exec "$i" env EMBER_ADDRESS="$(mh_ip "$i"):29400" EMBER_TOKEN_FILE="$MH_TOKEN" "$MH_EMBERCTL" "$@"
+}
+
+# mh_wait_nodes N: until host 1's API lists N nodes (at most 10 s).
+mh_wait_nodes() {
+  for _ in $(seq 100); do
+    [ "$(mh_ctl 1 --output json nodes 2>/dev/null | grep -c '"name"')" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+}
+
+# mh_job JOB PYTHON: runs PYTHON (statements) with j = job JOB's status (emberctl --output json
+# status) loaded, through host 1's API: mh_job "$JOB" 'print(j["state"])'.
+mh_job() {
+  mh_ctl 1 --output json status "$1" 2>/dev/null \
+    | python3 -c "import json,sys; j=json.load(sys.stdin); $2"
 }
 
 # mh_losses FILE: "step loss" per line of a worker's metrics/rank-N.jsonl.
