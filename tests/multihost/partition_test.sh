@@ -40,8 +40,8 @@ echo "job $JOB on $PLACED; cutting off host$CUT"
 ranks_of() {  # ranks_of HOST ATTEMPT: pids in namespace HOST of this job's attempt ATTEMPT
   local p
   for p in $(ip netns pids "${MH}-$1" 2>/dev/null); do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "EMBER_JOB_ID=$JOB" || continue
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "EMBER_ATTEMPT=$2" || continue
+    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_JOB_ID=$JOB" || continue
+    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_ATTEMPT=$2" || continue
     [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
     echo "$p"
   done
@@ -102,8 +102,8 @@ done
 grep -rl "stale.weight" "$CKPT" && fail "a checkpoint holds the stale writer's tensor"
 ls -a "$CKPT" | grep -q '^.superseded-' && fail "a checkpoint step was moved aside: $(ls -a "$CKPT")"
 SR=$(sed -n 's/^EMBER_RANK=//p' "$T/stale.env")
-STALE_EXIT=$(sed -n "/=== ember: attempt 0 rank $SR /,/=== ember: attempt 1 /p" "$T/jobs/$JOB/logs/rank-$SR.log" \
-  | grep -E "stopping: |stale worker: |error" | tail -1 | cut -c1-200)
+STALE_EXIT=$(grep -h "ember-worker\[$STALE_PID\]" "$T/jobs/$JOB/logs/rank-$SR.log" \
+  | grep -E "stopping: |stale worker: " | tail -1 | sed 's/ (flight recorder.*//; s/.*\] //')
 RESUMED=$(sed -n '/=== ember: attempt 1 rank 0 /,$p' "$T/jobs/$JOB/logs/rank-0.log" | grep -o "resumed from .* (step [0-9]*" | head -1)
 echo "$RESUMED" | grep -q "(step [1-9]" || fail "attempt 1 did not resume from a checkpoint: '$RESUMED'"
 echo "PASS: partition of host$CUT: ranks on host$KEEP stopped after ${STOP_S} s, attempt 1 on $NEW running after ${AGAIN_S} s, $RESUMED ($REASON)"

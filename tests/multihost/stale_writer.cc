@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
   const std::string data(16, '\x7f');
   ckpt::RankState st;
   st.step = absl::GetFlag(FLAGS_step);
-  st.tensors.push_back({"stale.weight", DType::kF32, {1, 4}, 0, data});
+  st.tensors.push_back({"stale.weight", ckpt::DType::kF32, {1, 4}, 0, data});
   ckpt::StoreCommitProtocol protocol(mine);
   report(absl::StrCat(who, " checkpoint step ", st.step),
          ckpt::SaveCheckpoint({.root = absl::GetFlag(FLAGS_checkpoint_root), .rank = 0,

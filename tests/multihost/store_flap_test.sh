@@ -22,7 +22,7 @@ mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
 mh_wait_nodes 2
 JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
 [ -n "$JOB" ] || fail "submit"
-dump() { mh_ctl 1 --output json status "$JOB"; tail -5 "$T"/host*.log "$T/store.log"; }
+dump() { mh_ctl 1 --output json status "$JOB"; tail -n 5 "$T"/host*.log "$T/store.log"; }
 step() { mh_job "$JOB" 'print(int(j.get("progress",{}).get("step",0)))' 2>/dev/null || echo 0; }
 wait_step() {  # wait_step N SECONDS: until the job's progress reaches step N
   for _ in $(seq $(( $2 * 10 ))); do
