@@ -221,7 +221,11 @@ absl::Status RunEmber(const char* self, int n, absl::string_view tr,
         setenv(ember::comm::kEnvBootId, absl::StrCat("comm-bench-host", r).c_str(), 1);
         a = {"ip", "netns", "exec", NetnsList(FLAGS_netns)[r]};
       }
-      std::vector<std::string> own = {self, absl::StrCat("--worker_rank=", r),
+      // Under `ip netns exec`, /proc/self/exe would name ip: pass this binary's real path.
+      char exe[4096];
+      const ssize_t len = readlink(self, exe, sizeof(exe) - 1);
+      std::vector<std::string> own = {len > 0 ? std::string(exe, len) : std::string(self),
+                                      absl::StrCat("--worker_rank=", r),
                                     absl::StrCat("--worker_size=", n), "--worker_dir=" + dir,
                                     "--ops=" + absl::GetFlag(FLAGS_ops),
                                     absl::StrCat("--min_bytes=", absl::GetFlag(FLAGS_min_bytes)),
@@ -457,6 +461,7 @@ int Orchestrate(int argc, char** argv, const char* self) {
         t.AddRow(std::move(row));
       }
       for (const char* peer : {"gloo", "mpi"}) {
+        if (std::find(impls.begin(), impls.end(), peer) == impls.end()) continue;
         auto e = peer_error.find({peer, n});
         if (e != peer_error.end()) t.AddNote(absl::StrCat(peer, " not measured: ", e->second));
       }

@@ -52,7 +52,14 @@ mh_bg() {
 mh_cleanup() {
   trap - EXIT INT TERM
   local p ns
-  [ -n "$MH_WATCHDOG" ] && kill -KILL "$MH_WATCHDOG" 2>/dev/null
+  # The watchdog subshell first (else it goes on to TERM this shell), then its sleep (which would
+  # outlive it).
+  if [ -n "$MH_WATCHDOG" ]; then
+    local sleeper
+    sleeper=$(pgrep -P "$MH_WATCHDOG" 2>/dev/null)
+    kill -KILL "$MH_WATCHDOG" 2>/dev/null
+    [ -n "$sleeper" ] && kill -KILL $sleeper 2>/dev/null
+  fi
   for p in $MH_PIDS; do kill -KILL "$p" 2>/dev/null; done
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${MH}-"); do
     # What runs in our namespaces was started by this test (the daemons' workers included).
@@ -73,7 +80,7 @@ mh_setup() {
   command -v ip >/dev/null || mh_skip "no 'ip' (iproute2) on PATH"
   trap 'mh_cleanup' EXIT
   trap 'echo "FAIL: interrupted or past the ${MH_DEADLINE_S:-110} s deadline" >&2; mh_cleanup; exit 1' INT TERM
-  ( sleep "${MH_DEADLINE_S:-110}"; kill -TERM $$ ) 2>/dev/null &
+  ( sleep "${MH_DEADLINE_S:-110}"; kill -TERM $$ ) >/dev/null 2>&1 &  # holds no caller's pipe
   MH_WATCHDOG=$!
   disown "$MH_WATCHDOG"  # no "Killed" line when mh_cleanup ends it
   ip link add "$MH_BR" type bridge 2>/dev/null || mh_skip "cannot create a bridge (ip link add type bridge)"
