@@ -46,20 +46,23 @@ ranks_of() {  # ranks_of HOST ATTEMPT: pids in namespace HOST of this job's atte
     echo "$p"
   done
 }
+gone_after() {  # gone_after HOST SECONDS SINCE: seconds from SINCE until HOST's attempt-0 ranks are gone
+  local i
+  for i in $(seq $(( $2 * 20 ))); do
+    [ -z "$(ranks_of "$1" 0)" ] && { echo "$(date +%s.%N) - $3" | bc; return 0; }
+    sleep 0.05
+  done
+  return 1
+}
 [ -n "$(ranks_of "$KEEP" 0)" ] || fail "no attempt-0 ranks on host$KEEP"
 T0=$(date +%s.%N)
 mh_link "$CUT" down
-STOPPED=""
-for _ in $(seq 160); do
-  [ -z "$(ranks_of "$KEEP" 0)" ] && { STOPPED=$(date +%s.%N); break; }
-  sleep 0.05
-done
-[ -n "$STOPPED" ] || fail "attempt-0 ranks on host$KEEP still running 8 s after the partition: $(ranks_of "$KEEP" 0)"
+STOP_S=$(gone_after "$KEEP" 8 "$T0") \
+  || fail "attempt-0 ranks on host$KEEP still running 8 s after the partition: $(ranks_of "$KEEP" 0)"
 # The cut-off host's ranks run on, unreachable: keep one's environment for the stale writer.
 STALE_PID=$(ranks_of "$CUT" 0 | head -1)
 [ -n "$STALE_PID" ] || fail "no attempt-0 rank left running on the cut-off host$CUT"
 tr '\0' '\n' < "/proc/$STALE_PID/environ" | grep '^EMBER_' > "$T/stale.env"
-STOP_S=$(echo "$STOPPED - $T0" | bc)
 RUNNING=""
 for _ in $(seq 300); do
   mh_job "$JOB" 'sys.exit(0 if len(j["attempts"]) >= 2 and j["state"] == "RUNNING" else 1)' 2>/dev/null \
@@ -85,13 +88,8 @@ cat "$T/stale.out"
 [ "$(grep -c "^refused: .*write refused by fence 'jobs/$JOB/fence': this client belongs to epoch 0, the fence is at epoch 1" "$T/stale.out")" = 3 ] \
   || fail "want 3 writes refused by the fence, attempt 0 vs 1"
 [ -e "$CKPT/.tmp-step-$STEPS" ] && fail "the stale writer left $CKPT/.tmp-step-$STEPS"
-GONE=""
-for _ in $(seq 200); do
-  [ -z "$(ranks_of "$CUT" 0)" ] && { GONE=$(date +%s.%N); break; }
-  sleep 0.05
-done
-[ -n "$GONE" ] || fail "attempt-0 ranks on host$CUT still running 10 s after the link came back: $(ranks_of "$CUT" 0)"
-GONE_S=$(echo "$GONE - $HEALED" | bc)
+GONE_S=$(gone_after "$CUT" 10 "$HEALED") \
+  || fail "attempt-0 ranks on host$CUT still running 10 s after the link came back: $(ranks_of "$CUT" 0)"
 FINAL=""
 for _ in $(seq 600); do
   FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("step",0), len(j["attempts"]))' 2>/dev/null)
