@@ -149,9 +149,9 @@ TEST_CASE("a fenced-off attempt cannot commit a checkpoint", "[checkpoint][fenci
   const SaveOptions so{.root = root, .rank = 0, .world_size = 1, .commit_timeout = absl::Seconds(10)};
   // Attempt 0 commits step 1; then attempt 1 starts during its save of step 2: refused at the
   // claim, after the votes, before anything becomes visible.
-  StoreCommitProtocol p0(attempt0->WithPrefix("jobs/j/attempt/0/"));
+  StoreCommitProtocol p0(attempt0->WithPrefix("jobs/j/a0/"));
   REQUIRE(SaveCheckpoint(so, testing::ShardState(model, 1, 0, 1), &p0).ok());
-  TakeoverDuringSave stale(attempt0->WithPrefix("jobs/j/attempt/0/"), *plain);
+  TakeoverDuringSave stale(attempt0->WithPrefix("jobs/j/a0/"), *plain);
   absl::Status s = SaveCheckpoint(so, testing::ShardState(testing::MakeModel(2), 2, 0, 1), &stale);
   INFO(s);
   CHECK(store::IsFenced(s));

@@ -399,7 +399,7 @@ TEST_CASE("fenced writes are refused once the fence passes their epoch, on every
         c0->CompareSet("jobs/j/a", std::string("old"), "x").status(),
         c0->Delete("jobs/j/a").status(), c0->MultiSet({{"jobs/j/a", "x"}, {"jobs/j/b", "y"}}),
         c0->Append("jobs/j/a", "x").status(), c0->DeletePrefix("jobs/j/").status(),
-        c0->WithPrefix("jobs/j/attempt/1/").Set("progress/0", "x")};
+        c0->WithPrefix("jobs/j/next/").Set("rec/0", "x")};
     for (const absl::Status& s : refused) {
       INFO(s);
       REQUIRE(IsFenced(s));
