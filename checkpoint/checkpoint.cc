@@ -121,7 +121,7 @@ absl::StatusOr<std::string> WriteRankFiles(const SaveOptions& opts, const RankSt
 
 // Rank 0: merges the manifests into the complete metadata and commits the directory.
 absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::string& tmp,
-                    const std::vector<std::string>& tokens) {
+                    const std::vector<std::string>& tokens, CommitProtocol* protocol) {
   Metadata all;
   all.step = st.step;
   all.world_size = opts.world_size;
@@ -166,6 +166,9 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
   RETURN_IF_ERROR(base::WriteFileAtomic(JoinPath(tmp, kMetadataFile), SerializeMetadata(all), kFileMode));
   RETURN_IF_ERROR(base::SyncDir(tmp));
   const std::string final_dir = JoinPath(opts.root, StepDirName(st.step));
+  // Again at the last moment a stale rank 0 (its attempt superseded during the save) can be
+  // stopped before it changes anything the job's current attempt sees (CommitProtocol::Claim).
+  RETURN_IF_ERROR(protocol->Claim(st.step, /*rank=*/0));
   if (PathExists(final_dir)) {
     // Re-saving a step: the run resumed from an older one (latest was lost or damaged, or a crash
     // came between this rename and `latest`). The old directory is the only copy of whatever it
@@ -178,6 +181,7 @@ absl::Status Commit(const SaveOptions& opts, const RankState& st, const std::str
     spdlog::warn("checkpoint step {}: {} already existed; moved it to {} (delete it by hand once "
                  "it is not needed)", st.step, final_dir, aside);
   }
+  // The last moment a stale rank 0 (of a superseded attempt) can be stopped: a fenced store write.
   if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
     return base::ErrnoToStatus(errno, absl::StrCat("rename ", tmp, " -> ", final_dir));
   }
@@ -273,6 +277,9 @@ absl::Status SaveCheckpoint(const SaveOptions& opts, const RankState& st, Commit
   if (opts.rank < 0 || opts.rank >= opts.world_size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", opts.rank, " not in world of ", opts.world_size));
   }
+  // A rank of a superseded attempt (fenced off in the store) writes nothing, not even its data.
+  RETURN_IF_ERROR(base::Annotate(protocol->Claim(st.step, opts.rank),
+                                 absl::StrCat("checkpoint step ", st.step)));
   const std::string tmp = JoinPath(opts.root, TmpDirName(st.step));
   absl::StatusOr<std::string> token = [&]() -> absl::StatusOr<std::string> {
     RETURN_IF_ERROR(base::MakeDirs(tmp, kDirMode));
@@ -302,7 +309,7 @@ absl::Status SaveCheckpoint(const SaveOptions& opts, const RankState& st, Commit
       for (const std::string& t : *tokens) {
         if (absl::StartsWith(t, "error")) { s = absl::AbortedError(t); break; }
       }
-      if (s.ok()) s = Commit(opts, st, tmp, *tokens);
+      if (s.ok()) s = Commit(opts, st, tmp, *tokens, protocol);
     }
   }
   protocol->Publish(st.step, s.ok() ? "ok" : absl::StrCat("error: ", s.message())).IgnoreError();

@@ -100,6 +100,10 @@ absl::StatusOr<std::vector<std::string>> StoreCommitProtocol::WaitAllDone(int64_
   }
 }
 
+absl::Status StoreCommitProtocol::Claim(int64_t step, int rank) {
+  return client_.Set(absl::StrCat("ckpt/", step, "/claim/", rank), "");
+}
+
 absl::Status StoreCommitProtocol::Publish(int64_t step, const std::string& outcome) {
   return client_.Set(OutcomeKey(step), outcome);
 }

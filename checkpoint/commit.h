@@ -1,13 +1,15 @@
 // The commit protocol a checkpoint save runs across ranks (a two-phase commit through the store):
 //
-//   every rank:  write data + manifest into <root>/.tmp-step-N/, then MarkDone(N, rank, token)
+//   every rank:  Claim(N, rank) (fencing); write data + manifest into <root>/.tmp-step-N/, then
+//                MarkDone(N, rank, token)
 //   rank 0:      WaitAllDone(N) -> tokens; verify manifests; write metadata.json last (fsync file and
 //                dir); rename to <root>/step-N; move `latest`; Publish(N, "ok" | "error: ...")
 //   other ranks: WaitOutcome(N) -> "ok" means committed; anything else (or a timeout) is a failure.
 //
 // A rank that fails before voting votes "error: <why>" so rank 0 aborts at once instead of timing
 // out. Keys (under the client's prefix, which scopes job and attempt): ckpt/<N>/done/<rank>,
-// ckpt/<N>/outcome. One save per step per prefix. Implementations are thread-safe.
+// ckpt/<N>/claim/<rank>, ckpt/<N>/outcome. One save per step per prefix. Implementations are
+// thread-safe.
 #ifndef EMBER_CHECKPOINT_COMMIT_H_
 #define EMBER_CHECKPOINT_COMMIT_H_
 
@@ -33,6 +35,12 @@ class CommitProtocol {
   // names the ranks that did not vote.
   virtual absl::StatusOr<std::vector<std::string>> WaitAllDone(int64_t step, int world,
                                                                absl::Duration timeout) = 0;
+  // Every rank before it writes anything for the step, and rank 0 again right before the rename
+  // that makes step-N (and `latest`) visible: an error aborts the save. The store protocol writes
+  // ckpt/<N>/claim/<rank>, so a rank whose client is fenced off by a newer attempt (store
+  // FAILED_PRECONDITION "write refused by fence") writes no file into the directory the new
+  // attempt resumes from. Default: OK.
+  virtual absl::Status Claim(int64_t step, int rank) { return absl::OkStatus(); }
   virtual absl::Status Publish(int64_t step, const std::string& outcome) = 0;
   virtual absl::StatusOr<std::string> WaitOutcome(int64_t step, absl::Duration timeout) = 0;
   // Drops the keys of a finished step (called by rank 0 for the previous save).
@@ -62,6 +70,7 @@ class StoreCommitProtocol : public CommitProtocol {
   absl::Status MarkDone(int64_t step, int rank, const std::string& token) override;
   absl::StatusOr<std::vector<std::string>> WaitAllDone(int64_t step, int world,
                                                        absl::Duration timeout) override;
+  absl::Status Claim(int64_t step, int rank) override;
   absl::Status Publish(int64_t step, const std::string& outcome) override;
   absl::StatusOr<std::string> WaitOutcome(int64_t step, absl::Duration timeout) override;
   absl::Status Forget(int64_t step) override;

@@ -119,5 +119,51 @@ TEST_CASE("kill -9 of a rank mid-save keeps the previous checkpoint", "[checkpoi
   CHECK(ListSteps(c.root) == std::vector<int64_t>{1, 2});
 }
 
+// A commit protocol whose WaitAllDone first lets a newer attempt take over (bumps the fence), as
+// when a partitioned host's rank 0 finishes a save after the job moved on.
+class TakeoverDuringSave : public StoreCommitProtocol {
+ public:
+  TakeoverDuringSave(store::Client stale, store::Client owner)
+      : StoreCommitProtocol(std::move(stale)), owner_(std::move(owner)) {}
+  absl::StatusOr<std::vector<std::string>> WaitAllDone(int64_t step, int world,
+                                                       absl::Duration timeout) override {
+    REQUIRE(owner_.Set("jobs/j/fence", "1").ok());
+    return StoreCommitProtocol::WaitAllDone(step, world, timeout);
+  }
+
+ private:
+  store::Client owner_;
+};
+
+TEST_CASE("a fenced-off attempt cannot commit a checkpoint", "[checkpoint][fencing]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string root = testing::TmpDir("fence");
+  store::ClientOptions o{.address = (*server)->address()};
+  auto plain = store::Client::Connect(o);
+  o.fence_key = "jobs/j/fence";
+  auto attempt0 = store::Client::Connect(o);
+  REQUIRE(plain.ok());
+  REQUIRE(attempt0.ok());
+  const auto model = testing::MakeModel(1);
+  const SaveOptions so{.root = root, .rank = 0, .world_size = 1, .commit_timeout = absl::Seconds(10)};
+  // Attempt 0 commits step 1; then attempt 1 starts during its save of step 2: refused at the
+  // claim, after the votes, before anything becomes visible.
+  StoreCommitProtocol p0(attempt0->WithPrefix("jobs/j/a0/"));
+  REQUIRE(SaveCheckpoint(so, testing::ShardState(model, 1, 0, 1), &p0).ok());
+  TakeoverDuringSave stale(attempt0->WithPrefix("jobs/j/a0/"), *plain);
+  absl::Status s = SaveCheckpoint(so, testing::ShardState(testing::MakeModel(2), 2, 0, 1), &stale);
+  INFO(s);
+  CHECK(store::IsFenced(s));
+  CHECK(absl::StrContains(s.message(), "belongs to epoch 0, the fence is at epoch 1"));
+  CheckStep1IsLatestAndGood(root);
+  // Its next save is refused at its first write (the claim), before any file is written.
+  s = SaveCheckpoint(so, testing::ShardState(testing::MakeModel(3), 3, 0, 1), &p0);
+  CHECK(store::IsFenced(s));
+  CHECK_FALSE(PathExists(root + "/step-3"));
+  CHECK_FALSE(PathExists(root + "/.tmp-step-3"));
+  CheckStep1IsLatestAndGood(root);
+}
+
 }  // namespace
 }  // namespace ember::ckpt

@@ -13,6 +13,12 @@
 // interleaved (ember shm, ember tcp, gloo, mpi, ember shm, ...) and each cell is the median over
 // rounds. One table per (op, ranks), bench/report.h format.
 //
+// Across hosts (issue 20): with --netns=NS0,NS1,... (one network namespace per rank, e.g. made by
+// tests/multihost/veth_bench.sh) and --netns_hosts=ADDR0,ADDR1,..., rank r of ours and of Gloo
+// runs in NS r (`ip netns exec`) and talks over ADDR r (ours: EMBER_COMM_HOST, a boot id per rank so
+// no pair shares memory; Gloo: GLOO_SOCKET_IFNAME=eth0, its store at ADDR 0). The report is then
+// "comm_veth_bench", TCP only, tcp-vs-gloo targets for every size >= 1 MiB.
+//
 // Like for like (issue 11): shm targets are against Open MPI (shared memory, vader); TCP targets
 // against Gloo (TCP). torch's Gloo has no reduce_scatter: its column there is an all_reduce of the
 // full buffer (about twice the traffic), shown as a labelled reference and never a target.
@@ -51,6 +57,8 @@ ABSL_FLAG(double, loop_seconds, 0.15, "target length of one timed loop; --quick:
 ABSL_FLAG(int, rounds, 3, "interleaved rounds of the whole sweep (median per cell); --quick: 1");
 ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the Gloo peer");
 ABSL_FLAG(std::string, bench_dir, "runtime/comm/bench", "where gloo_peer.py and mpi_peer.c live");
+ABSL_FLAG(std::string, netns, "", "comma-separated network namespace per rank (across hosts)");
+ABSL_FLAG(std::string, netns_hosts, "", "with --netns: the address of each rank's namespace");
 // Internal: worker mode.
 ABSL_FLAG(int, worker_rank, -1, "");
 ABSL_FLAG(int, worker_size, 0, "");
@@ -70,6 +78,11 @@ std::vector<int64_t> Sizes() {
 double BusFactor(const std::string& op, int n) {
   return op == "all_reduce" ? 2.0 * (n - 1) / n : static_cast<double>(n - 1) / n;
 }
+
+std::vector<std::string> NetnsList(const absl::Flag<std::string>& f) {
+  return absl::StrSplit(absl::GetFlag(f), ',', absl::SkipEmpty());
+}
+bool AcrossHosts() { return !absl::GetFlag(FLAGS_netns).empty(); }
 
 int Worker() {
   const int rank = absl::GetFlag(FLAGS_worker_rank), n = absl::GetFlag(FLAGS_worker_size);
@@ -202,17 +215,28 @@ absl::Status RunEmber(const char* self, int n, absl::string_view tr,
     pid_t pid = fork();
     if (pid == 0) {
       if (tr == "tcp") setenv(ember::comm::kEnvDisableShm, "1", 1);
-      std::vector<std::string> a = {self, absl::StrCat("--worker_rank=", r),
+      std::vector<std::string> a;
+      if (AcrossHosts()) {  // rank r in namespace r, as host r (validated by Orchestrate)
+        setenv(ember::comm::kEnvHost, NetnsList(FLAGS_netns_hosts)[r].c_str(), 1);
+        setenv(ember::comm::kEnvBootId, absl::StrCat("comm-bench-host", r).c_str(), 1);
+        a = {"ip", "netns", "exec", NetnsList(FLAGS_netns)[r]};
+      }
+      // Under `ip netns exec`, /proc/self/exe would name ip: pass this binary's real path.
+      char exe[4096];
+      const ssize_t len = readlink(self, exe, sizeof(exe) - 1);
+      std::vector<std::string> own = {len > 0 ? std::string(exe, len) : std::string(self),
+                                      absl::StrCat("--worker_rank=", r),
                                     absl::StrCat("--worker_size=", n), "--worker_dir=" + dir,
                                     "--ops=" + absl::GetFlag(FLAGS_ops),
                                     absl::StrCat("--min_bytes=", absl::GetFlag(FLAGS_min_bytes)),
                                     absl::StrCat("--max_bytes=", absl::GetFlag(FLAGS_max_bytes)),
                                     absl::StrCat("--loop_seconds=", absl::GetFlag(FLAGS_loop_seconds)),
                                     "--log_level=warn"};
+      a.insert(a.end(), own.begin(), own.end());
       std::vector<char*> argv;
       for (auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
       argv.push_back(nullptr);
-      execv(self, argv.data());
+      execvp(argv[0], argv.data());
       _exit(127);
     }
     pids.push_back(pid);
@@ -249,12 +273,36 @@ absl::Status RunEmber(const char* self, int n, absl::string_view tr,
   return absl::OkStatus();
 }
 
+// The shell command that runs gloo_peer.py (`peer`: python, script, n, sizes, ops) as n ranks, rank
+// r in namespace r over eth0, its TCPStore at host 0:port; rank 0's stdout is the command's.
+std::string GlooAcrossHosts(const std::string& peer, int n, int port, const std::string& err) {
+  const std::vector<std::string> ns = NetnsList(FLAGS_netns), hosts = NetnsList(FLAGS_netns_hosts);
+  std::string cmd = "pids=''; ";
+  for (int r = n - 1; r >= 0; --r) {  // rank 0 (the store) last: the others retry until it is up
+    absl::StrAppend(&cmd, "timeout 300 ip netns exec ", ns[r], " env GLOO_SOCKET_IFNAME=eth0 ",
+                    "MASTER_ADDR=", hosts[0], " ", peer, " ", r, " tcp://", hosts[0], ":", port,
+                    r == 0 ? "" : " >/dev/null", " 2>>", err, " & pids=\"$pids $!\"; ");
+  }
+  return absl::StrCat("sh -c '", cmd, "rc=0; for p in $pids; do wait $p || rc=1; done; exit $rc'");
+}
+
 std::string SizeName(int64_t b) {
   return b >= (1 << 20) ? absl::StrCat(b >> 20, "MiB") : absl::StrCat(b >> 10, "KiB");
 }
 
 int Orchestrate(int argc, char** argv, const char* self) {
-  bench::Report report("comm_bench", argc, argv);
+  bench::Report report(AcrossHosts() ? "comm_veth_bench" : "comm_bench", argc, argv);
+  if (AcrossHosts()) {
+    const size_t n = NetnsList(FLAGS_netns).size();
+    if (n < 2 || NetnsList(FLAGS_netns_hosts).size() != n) {
+      return report.Fail(absl::InvalidArgumentError(absl::StrCat(
+          "--netns names ", n, " namespaces and --netns_hosts ", NetnsList(FLAGS_netns_hosts).size(),
+          " addresses; give one of each per rank (at least 2)")));
+    }
+    absl::SetFlag(&FLAGS_ranks, absl::StrCat(n));
+    absl::SetFlag(&FLAGS_transports, "tcp");
+    absl::SetFlag(&FLAGS_peers, "gloo");
+  }
   if (bench::Quick()) {
     absl::SetFlag(&FLAGS_ranks, "2");
     absl::SetFlag(&FLAGS_loop_seconds, 0.02);
@@ -302,9 +350,11 @@ int Orchestrate(int argc, char** argv, const char* self) {
       }
       if (peers.find("gloo") != std::string::npos) {
         std::string out;
-        int st = Run(absl::StrCat("timeout 300 ", absl::GetFlag(FLAGS_python), " ",
-                                  absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n, " ",
-                                  sizes_csv, " ", absl::GetFlag(FLAGS_ops), " 2>", err),
+        const std::string peer = absl::StrCat(absl::GetFlag(FLAGS_python), " ",
+                                              absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n,
+                                              " ", sizes_csv, " ", absl::GetFlag(FLAGS_ops));
+        int st = Run(AcrossHosts() ? GlooAcrossHosts(peer, n, 29600 + 10 * round, err)
+                                   : absl::StrCat("timeout 300 ", peer, " 2>", err),
                      &out);
         std::string tail = ReadTail(err);
         if (st != 0) {
@@ -356,7 +406,10 @@ int Orchestrate(int argc, char** argv, const char* self) {
   };
   report.SetMeta("rounds", json::Value::Int(rounds));
   report.SetMeta("dtype", json::Value::Str("f32"));
-  const std::vector<std::string> impls = {"ember-shm", "ember-tcp", "mpi", "gloo"};
+  const std::vector<std::string> impls =
+      AcrossHosts() ? std::vector<std::string>{"ember-tcp", "gloo"}
+                    : std::vector<std::string>{"ember-shm", "ember-tcp", "mpi", "gloo"};
+  const bool algbw = AcrossHosts();  // nccl-tests' full set of columns: time, algbw, busbw
   for (const std::string& op : ops) {
     for (int n : rank_counts) {
       std::vector<std::string> cols = {"size(B)"};
@@ -364,6 +417,7 @@ int Orchestrate(int argc, char** argv, const char* self) {
         std::string label = impl == "gloo" && op == "reduce_scatter"
                                 ? "gloo all_reduce (reference)" : impl;
         cols.push_back(label + " us");
+        if (algbw) cols.push_back(label + " algbw GB/s");
         cols.push_back(label + " busbw GB/s");
       }
       bench::Table& t = report.AddTable(
@@ -372,8 +426,12 @@ int Orchestrate(int argc, char** argv, const char* self) {
           cols);
       t.SetLoad(load_begin, load_end);  // the whole interleaved sweep
       t.AddNote(absl::StrCat("busbw = algbw x ", op == "all_reduce" ? "2(n-1)/n" : "(n-1)/n",
-                             "; ember-shm and mpi (vader) use shared memory, ember-tcp and gloo "
-                             "TCP loopback"));
+                             AcrossHosts()
+                                 ? "; algbw = size / time; one rank per network namespace, TCP "
+                                   "over veth pairs and a bridge (no netem), ember and gloo "
+                                   "interleaved on the same links"
+                                 : "; ember-shm and mpi (vader) use shared memory, ember-tcp and "
+                                   "gloo TCP loopback"));
       if (op == "reduce_scatter") {
         t.AddNote("torch's Gloo has no reduce_scatter: its columns are an all_reduce of the full "
                   "buffer (about twice the traffic), a reference only, never a target");
@@ -387,17 +445,23 @@ int Orchestrate(int argc, char** argv, const char* self) {
             // all_reduce factor, since that is the traffic it moved.
             auto tm = us(impl, op, n, b);
             row.push_back(tm);
+            if (algbw) row.push_back(tm ? std::optional<double>(b / (*tm * 1e-6) / 1e9) : std::nullopt);
             std::optional<double> bw;
             if (tm) bw = b / (*tm * 1e-6) / 1e9 * BusFactor("all_reduce", n);
             row.push_back(bw);
             continue;
           }
           row.push_back(us(impl, src_op, n, b));
+          if (algbw) {
+            auto tm = us(impl, src_op, n, b);
+            row.push_back(tm ? std::optional<double>(b / (*tm * 1e-6) / 1e9) : std::nullopt);
+          }
           row.push_back(bus(impl, src_op, n, b));
         }
         t.AddRow(std::move(row));
       }
       for (const char* peer : {"gloo", "mpi"}) {
+        if (std::find(impls.begin(), impls.end(), peer) == impls.end()) continue;
         auto e = peer_error.find({peer, n});
         if (e != peer_error.end()) t.AddNote(absl::StrCat(peer, " not measured: ", e->second));
       }
@@ -414,7 +478,7 @@ int Orchestrate(int argc, char** argv, const char* self) {
   for (int n : rank_counts) {
     for (const std::string& op : ops) {
       for (int64_t b : Sizes()) {
-        if (b < (256 << 10)) continue;
+        if (b < (AcrossHosts() ? (1 << 20) : (256 << 10))) continue;
         std::string cell = absl::StrCat(op, " busbw ", n, "r ", SizeName(b));
         if (auto shm = bus("ember-shm", op, n, b)) {
           report.AddTarget(bench::Target::VsPeer(cell + " shm vs mpi", *shm, bus("mpi", op, n, b),
@@ -426,7 +490,9 @@ int Orchestrate(int argc, char** argv, const char* self) {
           report.AddTarget(bench::Target::VsPeer(cell + " tcp vs gloo", *tcp,
                                                  bus("gloo", op, n, b), 2.0,
                                                  bench::kHigherIsBetter, "GB/s",
-                                                 reason("gloo", n), "TCP loopback on both"));
+                                                 reason("gloo", n),
+                                                 AcrossHosts() ? "TCP over veth on both"
+                                                               : "TCP loopback on both"));
         }
       }
     }

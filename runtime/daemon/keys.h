@@ -40,6 +40,7 @@ inline std::string SpecYaml(absl::string_view job) {
 using ::ember::job::keys::DumpRequest;
 using ::ember::job::keys::Exit;
 using ::ember::job::keys::Failure;
+using ::ember::job::keys::Fence;
 using ::ember::job::keys::File;
 using ::ember::job::keys::FilesPrefix;
 using ::ember::job::keys::Progress;

@@ -85,6 +85,9 @@ void Daemon::Impl::Schedule() {
       }
     }
     int next_attempt = job.attempts_size();
+    // Fence off every older attempt before this one can start (job/keys.h Fence): a worker of
+    // attempt n-1 still running on a host cut off from the store has its writes refused.
+    ok = ok && store->Set(keys::Fence(id), absl::StrCat(next_attempt)).ok();
     auto updated = ok ? UpdateRecord(id, [&](Job* j) {
       if (j->state() != jobs::v1::PENDING && j->state() != jobs::v1::RESTARTING) return false;
       scheduler.StartAttempt(j, next_attempt, placed);

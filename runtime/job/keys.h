@@ -4,6 +4,11 @@
 //
 //   jobs/<job>/                            JobPrefix
 //   jobs/<job>/files/<name>                File: an uploaded input file (FilesPrefix lists them)
+//   jobs/<job>/fence                       Fence: the number of the job's newest attempt, decimal;
+//                                          the scheduling daemon sets it before it starts that
+//                                          attempt. Workers' writes carry (Fence(job), their
+//                                          attempt) and the store refuses them once it is larger
+//                                          (proto/store.proto Fence): stale workers cannot write.
 //   jobs/<job>/attempt/<n>/                AttemptPrefix; below it, relative to it:
 //     stop                  kStop         reason every rank of the attempt must stop (any writer)
 //     failure               kFailure      first failing rank's jobs.v1.RankExit (first writer wins)
@@ -59,6 +64,7 @@ inline std::string FilesPrefix(absl::string_view job) { return absl::StrCat(JobP
 inline std::string File(absl::string_view job, absl::string_view name) {
   return absl::StrCat(FilesPrefix(job), name);
 }
+inline std::string Fence(absl::string_view job) { return absl::StrCat(JobPrefix(job), "fence"); }
 inline std::string AttemptsPrefix(absl::string_view job) { return absl::StrCat(JobPrefix(job), "attempt/"); }
 inline std::string AttemptPrefix(absl::string_view job, int attempt) {
   return absl::StrCat(AttemptsPrefix(job), attempt, "/");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "proto/store.pb.h"
 #include "runtime/base/status_macros.h"
@@ -54,6 +55,10 @@ constexpr absl::Duration kServerSlack = absl::Seconds(5);
 int64_t Ms(absl::Duration d) { return std::max<int64_t>(1, absl::ToInt64Milliseconds(d)); }
 
 }  // namespace
+
+bool IsFenced(const absl::Status& s) {
+  return absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), "write refused by fence");
+}
 
 absl::StatusOr<Client> Client::Connect(const ClientOptions& options) {
   if (options.address.empty()) {

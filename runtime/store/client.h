@@ -56,7 +56,16 @@ struct ClientOptions {
   // On the fast path with a loopback address, use the server's abstract Unix socket (same host,
   // cheaper than TCP loopback) when it has one.
   bool use_unix_socket = true;
+  // Fencing (proto/store.proto Fence): when set, every write of this client carries
+  // (fence_key, fence_epoch) and the server refuses it with FAILED_PRECONDITION "write refused by
+  // fence ..." once the key holds a larger integer (IsFenced). A worker of attempt N of job J uses
+  // job keys' Fence(J) and N (runtime/worker), so it cannot write once attempt N+1 has started.
+  std::string fence_key;
+  int64_t fence_epoch = 0;
 };
+
+// Whether `s` is the server's refusal of a fenced write (the writer is stale: it must stop).
+bool IsFenced(const absl::Status& s);
 
 struct CallOptions {
   // For Get/MultiGet: block until the key(s) exist (like TCPStore.get).

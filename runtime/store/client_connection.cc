@@ -64,6 +64,10 @@ v1::Store::Stub* Connection::stub() {
 void Connection::Call(Request req, absl::Duration timeout, Done done, bool caller_reads,
                       bool send) {
   bool kick_stream = false;
+  if (!options_.fence_key.empty()) {  // the server checks it on writes only
+    req.mutable_fence()->set_key(options_.fence_key);
+    req.mutable_fence()->set_epoch(options_.fence_epoch);
+  }
   {
     absl::MutexLock l(&mu_);
     const absl::Time deadline = absl::Now() + timeout;

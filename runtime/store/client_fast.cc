@@ -56,13 +56,7 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
                                                  ": ", strerror(err)));
     }
   }
-  // Keepalive finds a server host that vanished without closing the socket (then reconnect).
-  int one = 1, idle = 20, intvl = 5, cnt = 3;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+  TuneFastPathSocket(fd);
   v1::RequestBatch hello;
   hello.set_auth_token(options.auth_token);
   std::string reply;

@@ -272,13 +272,26 @@ class EtcdBackend : public Backend {
         return Applied::kAnswered;
       }
     }
+    if (req.has_fence() && IsEtcdNativeOp(req) && !req.has_lease_refresh()) {
+      // Lease grant/revoke and prefix deletes bypass EvaluateBatch's compare-and-write: the fence
+      // is read first (not atomic with the write; fenced clients use them rarely). Other writes
+      // read the fence key with their keys and compare it in their Txn.
+      StoreState view;
+      absl::Status s = ReadKeys({req.fence().key()}, &view, OpDeadline());
+      if (!s.ok()) {
+        SetStatus(r, s);
+        return Applied::kAnswered;
+      }
+      if (!PassesFence(view, req, r)) return Applied::kAnswered;
+    }
     if (IsEtcdNativeOp(req)) {
       RunEtcdNativeOp({client_.get(), &options_, etcd_.prefix, OpDeadline(),
                        [this](int64_t rev) { NoteRevision(rev); }},
                       req, r);
       return Applied::kAnswered;
     }
-    if (req.has_add()) return RunAdd(req, r);
+    // Combined adds share one view read for the first's keys: fenced adds run alone.
+    if (req.has_add() && !req.has_fence()) return RunAdd(req, r);
     return Evaluate(req, r, OpDeadline());
   }
 
@@ -336,7 +349,8 @@ class EtcdBackend : public Backend {
     }
     if (live.empty()) return Applied::kAnswered;
     const Request& first = *live.front().first;
-    const bool blind = first.has_set() || first.has_multi_set();
+    // A fenced write must read (and compare) its fence key, so it is never blind.
+    const bool blind = (first.has_set() || first.has_multi_set()) && !first.has_fence();
     const std::vector<std::string> keys = blind ? std::vector<std::string>() : KeysOf(first);
     for (int attempt = 1;; ++attempt) {
       StoreState view;

@@ -23,6 +23,8 @@ std::vector<std::string> KeysOf(const Request& r) {
       break;
     default: keys = KeysWaitedFor(r); break;
   }
+  // A fenced write reads the fence key too, and its compare-and-write includes it: atomic.
+  if (r.has_fence() && IsWrite(r)) keys.push_back(r.fence().key());
   std::sort(keys.begin(), keys.end());
   keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
   return keys;

@@ -261,12 +261,7 @@ class FastPathServer::Impl {
         close(fd);
         continue;
       }
-      int one = 1, idle = 20, intvl = 5, cnt = 3;  // (TCP options fail harmlessly on Unix sockets)
-      setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-      setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof(idle));
-      setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
-      setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+      TuneFastPathSocket(fd);
       auto c = std::make_shared<Conn>();
       c->id = next_conn_++;
       c->accepted = absl::Now();

@@ -395,7 +395,30 @@ void ApplyLeaseRevoke(StoreState& s, const ApplyContext& c, const v1::LeaseRevok
   r->mutable_lease_revoke()->set_deleted(n);
 }
 
+bool PassesFence(const StoreState& s, const Request& req, Response* r) {
+  if (!req.has_fence() || !IsWrite(req)) return true;
+  const v1::Fence& f = req.fence();
+  auto it = s.kv.find(f.key());
+  if (it == s.kv.end()) return true;  // never bumped: epoch 0
+  int64_t at = 0;
+  if (!absl::SimpleAtoi(it->second.value, &at)) {
+    SetError(r, absl::StatusCode::kFailedPrecondition,
+             absl::StrCat("write refused by fence '", f.key(), "': it holds '",
+                          absl::CHexEscape(it->second.value.substr(0, 32)),
+                          "', not an integer epoch; whoever sets it must write a decimal number"));
+    return false;
+  }
+  if (at <= f.epoch()) return true;
+  SetError(r, absl::StatusCode::kFailedPrecondition,
+           absl::StrCat("write refused by fence '", f.key(), "': this client belongs to epoch ",
+                        f.epoch(), ", the fence is at epoch ", at,
+                        " (a newer owner took over, e.g. a new attempt of the job); a stale "
+                        "writer must stop"));
+  return false;
+}
+
 Applied Apply(StoreState& s, const ApplyContext& c, const Request& req, Response* r) {
+  if (!PassesFence(s, req, r)) return Applied::kAnswered;
   switch (req.op_case()) {
     case Request::kSet: ApplySet(s, c, req.set(), r); break;
     case Request::kGet: return ApplyGet(s, c, req.get(), r);

@@ -130,7 +130,13 @@ std::vector<std::string> KeysWaitedFor(const v1::Request& req);
 void SetWaitTimedOut(const v1::Request& req, const std::function<bool(const std::string&)>& exists,
                      v1::Response* r);
 
-// Dispatches on req.op_case() (INVALID_ARGUMENT when no op is set). Does not touch r->id().
+// A write carrying a Fence (proto/store.proto) passes when the fence key is absent or holds an
+// integer <= the request's epoch; otherwise FAILED_PRECONDITION "write refused by fence '<key>':
+// this client belongs to epoch E, the fence is at epoch F ..." in `r` and false. Reads always pass.
+bool PassesFence(const StoreState& s, const v1::Request& req, v1::Response* r);
+
+// Dispatches on req.op_case() (INVALID_ARGUMENT when no op is set) after PassesFence. Does not
+// touch r->id().
 Applied Apply(StoreState& s, const ApplyContext& c, const v1::Request& req, v1::Response* r);
 
 // The answer to a Get, MultiGet or Wait from the current state (for a parked one, once its keys

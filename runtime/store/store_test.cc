@@ -381,6 +381,45 @@ TEST_CASE("a key that is not UTF-8 is INVALID_ARGUMENT naming the byte, on every
   }
 }
 
+TEST_CASE("fenced writes are refused once the fence passes their epoch, on every transport") {
+  for (int transport : {0, 1, 2}) {
+    INFO("transport " << transport);
+    Fixture f({}, transport);
+    ClientOptions o0 = f.options, o1 = f.options;
+    o0.fence_key = o1.fence_key = "jobs/j/fence";
+    o0.fence_epoch = 0;
+    o1.fence_epoch = 1;
+    auto c0 = Client::Connect(o0), c1 = Client::Connect(o1);
+    REQUIRE(c0.ok());
+    REQUIRE(c1.ok());
+    REQUIRE(c0->Set("jobs/j/a", "old").ok());  // no fence key yet: epoch 0 may write
+    REQUIRE(f.client->Set("jobs/j/fence", "1").ok());  // the owner of epoch 1 takes over
+    std::vector<absl::Status> refused = {
+        c0->Set("jobs/j/a", "stale"), c0->Add("jobs/j/n", 1).status(),
+        c0->CompareSet("jobs/j/a", std::string("old"), "x").status(),
+        c0->Delete("jobs/j/a").status(), c0->MultiSet({{"jobs/j/a", "x"}, {"jobs/j/b", "y"}}),
+        c0->Append("jobs/j/a", "x").status(), c0->DeletePrefix("jobs/j/").status(),
+        c0->WithPrefix("jobs/j/next/").Set("rec/0", "x")};
+    for (const absl::Status& s : refused) {
+      INFO(s);
+      REQUIRE(IsFenced(s));
+      REQUIRE(s.message().find("belongs to epoch 0, the fence is at epoch 1") != std::string::npos);
+    }
+    // Nothing changed; reads still work for the stale client; the current epoch writes.
+    REQUIRE(*c0->Get("jobs/j/a") == "old");
+    REQUIRE(absl::IsNotFound(f.client->Get("jobs/j/b").status()));
+    REQUIRE(absl::IsNotFound(f.client->Get("jobs/j/n").status()));
+    REQUIRE(c1->Set("jobs/j/a", "new").ok());
+    REQUIRE(*f.client->Get("jobs/j/a") == "new");
+    // An unfenced client is not affected; a fence that is not a number refuses fenced writes.
+    REQUIRE(f.client->Set("jobs/j/fence", "two").ok());
+    absl::Status bad = c1->Set("jobs/j/a", "x");
+    REQUIRE(IsFenced(bad));
+    REQUIRE(bad.message().find("not an integer epoch") != std::string::npos);
+    REQUIRE(!IsFenced(absl::FailedPreconditionError("other")));
+  }
+}
+
 TEST_CASE("Add past INT64_MAX or below INT64_MIN is OUT_OF_RANGE and leaves the value") {
   for (int transport : {0, 2}) {
     INFO("transport " << transport);

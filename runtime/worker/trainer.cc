@@ -528,9 +528,15 @@ void RecordExit(const absl::Status& st, store::Client& attempt, int rank) {
   (void)attempt.Set(job::keys::WorkerExitOf(rank), e.SerializeAsString(), o);
 }
 
-absl::StatusOr<store::Client> ConnectStore(const job::WorkerEnv& env) {
+}  // namespace
+
+absl::StatusOr<store::Client> ConnectJobStore(const job::WorkerEnv& env) {
   store::ClientOptions co;
   co.address = env.store_addr;
+  // Every write carries the attempt: refused once the job's fence names a newer one (a stale
+  // worker, e.g. on a host that was cut off from the store while the job moved on).
+  co.fence_key = job::keys::Fence(env.job_id);
+  co.fence_epoch = env.attempt;
   if (!env.auth_token_file.empty()) {
     std::ifstream f(env.auth_token_file);
     if (!f) {
@@ -546,11 +552,9 @@ absl::StatusOr<store::Client> ConnectStore(const job::WorkerEnv& env) {
   return store::Client::Connect(co);
 }
 
-}  // namespace
-
 absl::Status Train(const Plan& plan) {
   const job::WorkerEnv& env = plan.env;
-  ASSIGN_OR_RETURN(store::Client client, ConnectStore(env));
+  ASSIGN_OR_RETURN(store::Client client, ConnectJobStore(env));
   store::Client attempt = client.WithPrefix(env.prefix());
   // Stop within ~0.1 s when the job is told to stop (a peer died, cancel, node lost), dumping the
   // flight recorder first; see stop_watch.h.
@@ -558,6 +562,14 @@ absl::Status Train(const Plan& plan) {
   StopWatcher watcher(attempt, &recorder, env.fr_dump_dir, env.rank);
   watcher.Start();
   absl::Status st = TrainLoop(plan, attempt, recorder);
+  if (store::IsFenced(st)) {
+    // Superseded: nothing this process writes may land (the store refuses it); stop now.
+    st = absl::FailedPreconditionError(absl::StrCat(
+        "stale worker: rank ", env.rank, " of attempt ", env.attempt, " of job ", env.job_id,
+        " is fenced off because a newer attempt started; exiting without writing (", st.message(),
+        ")"));
+    spdlog::error("{}", std::string(st.message()));
+  }
   AwaitStopDecision(st, watcher, env.rank);
   RecordExit(st, attempt, env.rank);
   return st;

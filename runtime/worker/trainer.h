@@ -25,6 +25,7 @@
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/jobspec/spec.h"
 #include "runtime/job/env.h"
+#include "runtime/store/client.h"
 
 namespace ember::worker {
 
@@ -57,6 +58,11 @@ kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
 float LearningRate(const spec::JobSpec& spec, int64_t step);
 
 absl::Status Train(const Plan& plan);
+
+// The worker's store client (token, TLS from `env`), fenced by its attempt: every write carries
+// (job::keys::Fence(job), env.attempt) and is refused once a newer attempt of the job started
+// (store::IsFenced). Train uses it; so does the multihost fencing test's stale writer.
+absl::StatusOr<store::Client> ConnectJobStore(const job::WorkerEnv& env);
 
 }  // namespace ember::worker
 

@@ -291,6 +291,28 @@ TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses; the checkpoint res
   }
 }
 
+TEST_CASE("workers of an attempt older than the job's fence write nothing and exit 1", "[worker][fencing]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  auto client = store::Client::Connect({.address = (*server)->address()});
+  REQUIRE(client.ok());
+  const std::string dir = NewJobDir("fenced");
+  WriteSpec(dir, 4, 2);
+  REQUIRE(client->Set(job::keys::Fence("fenced"), "1").ok());  // attempt 1 has started
+  const absl::Time t0 = absl::Now();
+  CHECK(RunJob((*server)->address(), "fenced", dir, 2, 0) == std::vector<int>{1, 1});
+  CHECK(absl::Now() - t0 < absl::Seconds(30));
+  // Nothing under attempt 0 (no rendezvous, progress or exit record), no checkpoint, no metrics.
+  auto keys = client->ListKeys(job::keys::AttemptPrefix("fenced", 0));
+  REQUIRE(keys.ok());
+  CHECK(keys->empty());
+  CHECK(ckpt::ListSteps(dir + "/checkpoints").empty());
+  CHECK(Losses(dir).empty());
+  // The attempt that owns the job is not affected.
+  for (int c : RunJob((*server)->address(), "fenced", dir, 2, 1)) CHECK(c == 0);
+  CHECK(Losses(dir).size() == 4);
+}
+
 TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());

@@ -52,7 +52,14 @@ mh_bg() {
 mh_cleanup() {
   trap - EXIT INT TERM
   local p ns
-  [ -n "$MH_WATCHDOG" ] && kill -KILL "$MH_WATCHDOG" 2>/dev/null
+  # The watchdog subshell first (else it goes on to TERM this shell), then its sleep (which would
+  # outlive it).
+  if [ -n "$MH_WATCHDOG" ]; then
+    local sleeper
+    sleeper=$(pgrep -P "$MH_WATCHDOG" 2>/dev/null)
+    kill -KILL "$MH_WATCHDOG" 2>/dev/null
+    [ -n "$sleeper" ] && kill -KILL $sleeper 2>/dev/null
+  fi
   for p in $MH_PIDS; do kill -KILL "$p" 2>/dev/null; done
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${MH}-"); do
     # What runs in our namespaces was started by this test (the daemons' workers included).
@@ -73,7 +80,7 @@ mh_setup() {
   command -v ip >/dev/null || mh_skip "no 'ip' (iproute2) on PATH"
   trap 'mh_cleanup' EXIT
   trap 'echo "FAIL: interrupted or past the ${MH_DEADLINE_S:-110} s deadline" >&2; mh_cleanup; exit 1' INT TERM
-  ( sleep "${MH_DEADLINE_S:-110}"; kill -TERM $$ ) 2>/dev/null &
+  ( sleep "${MH_DEADLINE_S:-110}"; kill -TERM $$ ) >/dev/null 2>&1 &  # holds no caller's pipe
   MH_WATCHDOG=$!
   disown "$MH_WATCHDOG"  # no "Killed" line when mh_cleanup ends it
   ip link add "$MH_BR" type bridge 2>/dev/null || mh_skip "cannot create a bridge (ip link add type bridge)"
@@ -101,14 +108,16 @@ mh_setup() {
   exit 1
 }
 
-# mh_netem ARGS...: `tc qdisc add dev eth0 root netem ARGS` in every namespace (each packet
-# crosses two eth0 egresses, so "delay 5ms" is a 10 ms RTT). Skips where tc or netem is missing.
-mh_netem() {
+# mh_qdisc KIND ARGS...: `tc qdisc add dev eth0 root KIND ARGS` in every namespace, e.g. "netem
+# delay 5ms loss 1%" (each packet crosses two eth0 egresses, so 5 ms is a 10 ms RTT) or "tbf rate
+# 200mbit burst 64kb latency 50ms" (a rate limit per link). Skips where tc or the qdisc is missing
+# (this development VM's kernel has tbf and htb but no sch_netem).
+mh_qdisc() {
   command -v tc >/dev/null || mh_skip "no 'tc' (iproute2) on PATH"
   local i
   for i in $(seq 0 "$MH_N"); do
-    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root netem "$@" 2>"$T/netem.err" \
-      || mh_skip "tc netem unavailable (sch_netem module?): $(cat "$T/netem.err")"
+    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root "$@" 2>"$T/qdisc.err" \
+      || mh_skip "tc qdisc $1 unavailable (sch_$1 module?): $(cat "$T/qdisc.err")"
   done
 }
 
@@ -159,6 +168,21 @@ mh_cluster() {
 mh_ctl() {
   local i="$1"; shift
   mh_exec "$i" env EMBER_ADDRESS="$(mh_ip "$i"):29400" EMBER_TOKEN_FILE="$MH_TOKEN" "$MH_EMBERCTL" "$@"
+}
+
+# mh_wait_nodes N: until host 1's API lists N nodes (at most 10 s).
+mh_wait_nodes() {
+  for _ in $(seq 100); do
+    [ "$(mh_ctl 1 --output json nodes 2>/dev/null | grep -c '"name"')" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+}
+
+# mh_job JOB PYTHON: runs PYTHON (statements) with j = job JOB's status (emberctl --output json
+# status) loaded, through host 1's API: mh_job "$JOB" 'print(j["state"])'.
+mh_job() {
+  mh_ctl 1 --output json status "$1" 2>/dev/null \
+    | python3 -c "import json,sys; j=json.load(sys.stdin); $2"
 }
 
 # mh_losses FILE: "step loss" per line of a worker's metrics/rank-N.jsonl.

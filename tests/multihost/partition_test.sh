@@ -4,26 +4,29 @@
 # down (ip link set eth0 down in that namespace). Checked: the ranks on the reachable host of the
 # job stop within the lease timeout (3 s) + 5 s; attempt 0 ends with "node lost: <host>"; attempt
 # 1 runs on the two reachable hosts, resumes from a checkpoint (step > 0) and the job SUCCEEDS at
-# the last step. Needs root: skips otherwise.
+# the last step.
+# Fencing: with attempt 1 running, the link comes back. The cut-off host's attempt-0 ranks must exit
+# (stop key or fence), and a stale writer (6th argument, stale_writer.cc) started there with one of
+# their environments has all its writes refused by the job's fence (attempt 0 < 1): its progress
+# record under attempt 0 and under attempt 1, and a checkpoint save of the last step into the job's
+# checkpoint directory. The job still succeeds; no checkpoint holds the stale writer's tensor and
+# none was moved aside. Needs root: skips otherwise.
 set -u
 source "$(dirname "$0")/netns.sh"
-mh_init 3 mhp "$@"
+STALE_WRITER=$(realpath "$6")
+mh_init 3 mhp "${@:1:5}"
 STEPS=400
 mh_spec mh-part "$STEPS" ", nodes: 2" \
   "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
 max_restarts: 1" > "$T/job.yaml"
 mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
 json() { mh_ctl 1 --output json status "$JOB" 2>/dev/null; }
-py() { python3 -c "import json,sys; j=json.load(sys.stdin); $1"; }
-for _ in $(seq 100); do
-  [ "$(mh_ctl 1 --output json nodes 2>/dev/null | grep -c '"name"')" -ge 3 ] && break
-  sleep 0.1
-done
+mh_wait_nodes 3
 JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
 [ -n "$JOB" ] || fail "submit"
 PLACED=""
 for _ in $(seq 300); do
-  PLACED=$(json | py 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= 60 else "")' 2>/dev/null)
+  PLACED=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= 60 else "")' 2>/dev/null)
   [ -n "$PLACED" ] && break
   sleep 0.1
 done
@@ -37,41 +40,69 @@ echo "job $JOB on $PLACED; cutting off host$CUT"
 ranks_of() {  # ranks_of HOST ATTEMPT: pids in namespace HOST of this job's attempt ATTEMPT
   local p
   for p in $(ip netns pids "${MH}-$1" 2>/dev/null); do
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "EMBER_JOB_ID=$JOB" || continue
-    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "EMBER_ATTEMPT=$2" || continue
+    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_JOB_ID=$JOB" || continue
+    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_ATTEMPT=$2" || continue
     [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
     echo "$p"
   done
 }
+gone_after() {  # gone_after HOST SECONDS SINCE: seconds from SINCE until HOST's attempt-0 ranks are gone
+  local i
+  for i in $(seq $(( $2 * 20 ))); do
+    [ -z "$(ranks_of "$1" 0)" ] && { echo "$(date +%s.%N) - $3" | bc; return 0; }
+    sleep 0.05
+  done
+  return 1
+}
 [ -n "$(ranks_of "$KEEP" 0)" ] || fail "no attempt-0 ranks on host$KEEP"
 T0=$(date +%s.%N)
 mh_link "$CUT" down
-STOPPED=""
-for _ in $(seq 160); do
-  [ -z "$(ranks_of "$KEEP" 0)" ] && { STOPPED=$(date +%s.%N); break; }
-  sleep 0.05
-done
-[ -n "$STOPPED" ] || fail "attempt-0 ranks on host$KEEP still running 8 s after the partition: $(ranks_of "$KEEP" 0)"
-STOP_S=$(echo "$STOPPED - $T0" | bc)
+STOP_S=$(gone_after "$KEEP" 8 "$T0") \
+  || fail "attempt-0 ranks on host$KEEP still running 8 s after the partition: $(ranks_of "$KEEP" 0)"
+# The cut-off host's ranks run on, unreachable: keep one's environment for the stale writer.
+STALE_PID=$(ranks_of "$CUT" 0 | head -1)
+[ -n "$STALE_PID" ] || fail "no attempt-0 rank left running on the cut-off host$CUT"
+tr '\0' '\n' < "/proc/$STALE_PID/environ" | grep '^EMBER_' > "$T/stale.env"
 RUNNING=""
 for _ in $(seq 300); do
-  json | py 'sys.exit(0 if len(j["attempts"]) >= 2 and j["state"] == "RUNNING" else 1)' 2>/dev/null \
+  mh_job "$JOB" 'sys.exit(0 if len(j["attempts"]) >= 2 and j["state"] == "RUNNING" else 1)' 2>/dev/null \
     && { RUNNING=$(date +%s.%N); break; }
   sleep 0.1
 done
 [ -n "$RUNNING" ] || { json; fail "no attempt 1 running 30 s after the partition"; }
 AGAIN_S=$(echo "$RUNNING - $T0" | bc)
-REASON=$(json | py 'print(j["attempts"][0].get("reason",""))')
+REASON=$(mh_job "$JOB" 'print(j["attempts"][0].get("reason",""))')
 echo "$REASON" | grep -q "node lost: host$CUT" || fail "attempt 0 reason '$REASON', want 'node lost: host$CUT'"
-NEW=$(json | py 'print(" ".join(sorted(n["node"] for n in j["attempts"][1]["assignment"]["nodes"])))')
+NEW=$(mh_job "$JOB" 'print(" ".join(sorted(n["node"] for n in j["attempts"][1]["assignment"]["nodes"])))')
 echo "$NEW" | grep -q "host$CUT" && fail "attempt 1 placed on the cut-off host: $NEW"
+
+# Fencing: the partition heals while attempt 1 runs.
+mh_link "$CUT" up
+HEALED=$(date +%s.%N)
+CKPT="$T/jobs/$JOB/checkpoints"
+mh_exec "$CUT" env -i $(cat "$T/stale.env") "$STALE_WRITER" --checkpoint_root="$CKPT" \
+  --step="$STEPS" > "$T/stale.out" 2>&1
+rc=$?
+cat "$T/stale.out"
+[ "$rc" = 0 ] || fail "the stale writer got a write through (rc $rc)"
+[ "$(grep -c "^refused: .*write refused by fence 'jobs/$JOB/fence': this client belongs to epoch 0, the fence is at epoch 1" "$T/stale.out")" = 3 ] \
+  || fail "want 3 writes refused by the fence, attempt 0 vs 1"
+[ -e "$CKPT/.tmp-step-$STEPS" ] && fail "the stale writer left $CKPT/.tmp-step-$STEPS"
+GONE_S=$(gone_after "$CUT" 10 "$HEALED") \
+  || fail "attempt-0 ranks on host$CUT still running 10 s after the link came back: $(ranks_of "$CUT" 0)"
 FINAL=""
 for _ in $(seq 600); do
-  FINAL=$(json | py 'print(j["state"], j.get("progress",{}).get("step",0), len(j["attempts"]))' 2>/dev/null)
+  FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("step",0), len(j["attempts"]))' 2>/dev/null)
   case "$FINAL" in SUCCEEDED*|FAILED*|CANCELLED*) break ;; esac
   sleep 0.1
 done
 [ "$FINAL" = "SUCCEEDED $STEPS 2" ] || { json; fail "final: '$FINAL', want 'SUCCEEDED $STEPS 2'"; }
+grep -rl "stale.weight" "$CKPT" && fail "a checkpoint holds the stale writer's tensor"
+ls -a "$CKPT" | grep -q '^.superseded-' && fail "a checkpoint step was moved aside: $(ls -a "$CKPT")"
+SR=$(sed -n 's/^EMBER_RANK=//p' "$T/stale.env")
+STALE_EXIT=$(grep -h "ember-worker\[$STALE_PID\]" "$T/jobs/$JOB/logs/rank-$SR.log" \
+  | grep -E "stopping: |stale worker: " | tail -1 | sed 's/ (flight recorder.*//; s/.*\] //')
 RESUMED=$(sed -n '/=== ember: attempt 1 rank 0 /,$p' "$T/jobs/$JOB/logs/rank-0.log" | grep -o "resumed from .* (step [0-9]*" | head -1)
 echo "$RESUMED" | grep -q "(step [1-9]" || fail "attempt 1 did not resume from a checkpoint: '$RESUMED'"
 echo "PASS: partition of host$CUT: ranks on host$KEEP stopped after ${STOP_S} s, attempt 1 on $NEW running after ${AGAIN_S} s, $RESUMED ($REASON)"
+echo "PASS: fencing: link back, host$CUT's attempt-0 ranks gone after ${GONE_S} s ($STALE_EXIT); the stale writer's 3 writes refused; attempt 1 succeeded untouched"

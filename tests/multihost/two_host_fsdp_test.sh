@@ -4,13 +4,14 @@
 # (emberctl run --standalone, loopback + shared memory), within 1e-5 relative; the ranks are placed
 # on both hosts, and the ranks across them move their data over TCP between the hosts' addresses
 # (ss byte counts of ember-worker sockets host1 <-> host2). Needs root: skips otherwise.
-# A 6th argument is a netem setting for every link (e.g. "delay 5ms loss 1%": 10 ms RTT, 1% loss
-# each way); the same losses are required, and the two-host tokens/s is printed.
+# A 6th argument is a qdisc for every link (netns.sh mh_qdisc: "netem delay 5ms loss 1%" is a 10 ms
+# RTT and 1% loss each way; "tbf rate 100mbit ..." a rate limit); the same losses are required,
+# and the two-host tokens/s is printed.
 set -u
 source "$(dirname "$0")/netns.sh"
 NETEM="${6:-}"
 mh_init 2 mh "$@"
-[ -n "$NETEM" ] && mh_netem $NETEM
+[ -n "$NETEM" ] && mh_qdisc $NETEM
 
 STEPS=30
 mh_spec mh-fsdp "$STEPS" "" > "$T/one.yaml"
@@ -62,6 +63,17 @@ XBYTES=$(awk -v a="$(mh_ip 1)" -v b="$(mh_ip 2)" '
 echo "ember-worker TCP bytes host1 <-> host2: $XBYTES"
 [ "$XBYTES" -gt 1000000 ] || { head -20 "$T/ss.out"; fail "cross-host ranks did not move their data over TCP ($XBYTES bytes)"; }
 
+if [ -n "$NETEM" ]; then
+  # The traffic went through the qdisc (and a rate limit actually held packets back).
+  QS=$(mh_exec 1 tc -s qdisc show dev eth0 | tr '\n' ' ')
+  echo "host1 eth0: $QS"
+  SENT=$(echo "$QS" | sed -n 's/.*Sent \([0-9]*\) bytes.*/\1/p')
+  [ "${SENT:-0}" -gt 1000000 ] || fail "host1's qdisc sent ${SENT:-0} bytes, want > 1 MB"
+  case "$NETEM" in tbf*)
+    OVER=$(echo "$QS" | sed -n 's/.*overlimits \([0-9]*\).*/\1/p')
+    [ "${OVER:-0}" -gt 0 ] || fail "tbf never held a packet back (overlimits ${OVER:-0})" ;;
+  esac
+fi
 TWO=$(find "$T/jobs" -path "*/$JOB/metrics/rank-0.jsonl" | head -1)
 [ -n "$TWO" ] || fail "two-host run wrote no metrics/rank-0.jsonl"
 mh_losses "$REF" > "$T/ref.losses"
@@ -77,5 +89,5 @@ paste "$T/ref.losses" "$T/two.losses" | awk '
   || fail "losses differ between one host and two hosts"
 TPS=$(sed -n 's/.*"tokens_per_s":\([^,]*\),.*/\1/p' "$TWO" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
 REF_TPS=$(sed -n 's/.*"tokens_per_s":\([^,]*\),.*/\1/p' "$REF" | awk '{ s += $1 } END { printf "%.0f", s / NR }')
-echo "PASS: $JOB on host1+host2 over TCP${NETEM:+ with netem $NETEM}, losses as on one host;" \
+echo "PASS: $JOB on host1+host2 over TCP${NETEM:+ with qdisc $NETEM}, losses as on one host;" \
   "mean tokens/s (rank 0): two hosts $TPS, one host $REF_TPS"

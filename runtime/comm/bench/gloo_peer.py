@@ -1,5 +1,9 @@
 # Gloo peer for comm_bench: torch.distributed's gloo backend (Debian python3-torch), same sizes and
 # busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us>". Run with /usr/bin/python3.
+#   gloo_peer.py N SIZES OPS                 N ranks on this host (loopback), spawned here
+#   gloo_peer.py N SIZES OPS RANK INIT       one rank (comm_bench --netns: a rank per namespace,
+#                                            INIT tcp://host0:port, GLOO_SOCKET_IFNAME set); rank
+#                                            0 prints the lines
 #
 # ProcessGroupGloo (torch 1.13) has no reduce_scatter, so "reduce_scatter" is what a gloo user
 # does instead: all_reduce of the full buffer, keeping this rank's slice (reported as such).
@@ -58,15 +62,20 @@ def worker(rank, n, init, sizes, ops, out):
             if rank == 0:
                 lines.append("gloo %s %d %d %.3f" % (op, n, size, v.item() * 1e6))
                 sys.stderr.write(lines[-1] + "\n")
-    if rank == 0:
+    if rank == 0 and out:
         with open(out, "w") as f:
             f.write("\n".join(lines) + "\n")
+    elif rank == 0:
+        sys.stdout.write("\n".join(lines) + "\n")
     dist.barrier()
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
     n = int(sys.argv[1]); sizes = [int(s) for s in sys.argv[2].split(",")]; ops = sys.argv[3].split(",")
+    if len(sys.argv) > 5:
+        worker(int(sys.argv[4]), n, sys.argv[5], sizes, ops, None)
+        sys.exit(0)
     d = tempfile.mkdtemp()
     out = os.path.join(d, "out.txt")
     import socket

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Issue 20: the store unreachable for a while. Two hosts run a 2-node x 2-rank FSDP job of the
+# real ember-worker (lease 3 s, checkpoints every 25 steps, max_restarts 1); the store's own link
+# goes down (ip link set eth0 down in its namespace), so every daemon and worker loses the store
+# while the hosts still reach each other.
+#   1. A flap shorter than the lease (FLAP_S, default 1.5 s): daemons and workers ride through.
+#      Checked: still attempt 0, RUNNING, and the job steps on after the link is back.
+#   2. A drop longer than the lease (DROP_S, default 6 s): the node leases expire in the store, so
+#      this is a node loss. Checked: the job restarts exactly once (attempt 1) with a "node lost"
+#      reason, resumes from a checkpoint and SUCCEEDS at the last step.
+# Prints the measured times. Needs root: skips otherwise.
+set -u
+source "$(dirname "$0")/netns.sh"
+mh_init 2 mhf "$@"
+FLAP_S=${FLAP_S:-1.5}
+DROP_S=${DROP_S:-6}
+STEPS=500
+mh_spec mh-flap "$STEPS" ", nodes: 2" \
+  "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
+max_restarts: 1" > "$T/job.yaml"
+mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
+mh_wait_nodes 2
+JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
+[ -n "$JOB" ] || fail "submit"
+dump() { mh_ctl 1 --output json status "$JOB"; tail -n 5 "$T"/host*.log "$T/store.log"; }
+step() { mh_job "$JOB" 'print(int(j.get("progress",{}).get("step",0)))' 2>/dev/null || echo 0; }
+wait_step() {  # wait_step N SECONDS: until the job's progress reaches step N
+  for _ in $(seq $(( $2 * 10 ))); do
+    [ "$(step)" -ge "$1" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+wait_step 30 30 || { dump; fail "job did not reach step 30"; }
+
+# 1. A short flap of the store's link.
+S0=$(step)
+mh_link 0 down
+sleep "$FLAP_S"
+mh_link 0 up
+UP=$(date +%s.%N)
+wait_step $(( S0 + 20 )) 20 || { dump; fail "no progress after a ${FLAP_S} s store flap (step $(step), was $S0)"; }
+AGAIN_S=$(echo "$(date +%s.%N) - $UP" | bc)
+sleep 1
+RIDE=$(mh_job "$JOB" 'print(j["state"], len(j["attempts"]))')
+[ "$RIDE" = "RUNNING 1" ] || { dump; fail "after a ${FLAP_S} s store flap: '$RIDE', want 'RUNNING 1' (rode through)"; }
+grep -h "node lost\|heartbeat to the store failed" "$T"/host*.log | head -3
+echo "flap ${FLAP_S} s: rode through (attempt 0 RUNNING); 20 more steps ${AGAIN_S} s after the link came back"
+
+# 2. A drop longer than the lease: a node loss, one restart.
+wait_step $(( S0 + 60 )) 30 || { dump; fail "job stalled before the long drop"; }
+mh_link 0 down
+DOWN=$(date +%s.%N)
+sleep "$DROP_S"
+mh_link 0 up
+RUNNING=""
+for _ in $(seq 300); do
+  mh_job "$JOB" 'sys.exit(0 if len(j["attempts"]) >= 2 and j["state"] == "RUNNING" else 1)' \
+    && { RUNNING=$(date +%s.%N); break; }
+  sleep 0.1
+done
+[ -n "$RUNNING" ] || { dump; fail "no attempt 1 running 30 s after a ${DROP_S} s store drop"; }
+REASON=$(mh_job "$JOB" 'print(j["attempts"][0].get("reason",""))')
+echo "$REASON" | grep -q "node lost: host" || { dump; fail "attempt 0 reason '$REASON', want 'node lost: host<i>'"; }
+BACK_S=$(echo "$RUNNING - $DOWN - $DROP_S" | bc)
+FINAL=""
+for _ in $(seq 900); do
+  FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("step",0), len(j["attempts"]))')
+  case "$FINAL" in SUCCEEDED*|FAILED*|CANCELLED*) break ;; esac
+  sleep 0.1
+done
+[ "$FINAL" = "SUCCEEDED $STEPS 2" ] || { dump; fail "final: '$FINAL', want 'SUCCEEDED $STEPS 2' (one restart)"; }
+RESUMED=$(sed -n '/=== ember: attempt 1 rank 0 /,$p' "$T/jobs/$JOB/logs/rank-0.log" | grep -o "resumed from .* (step [0-9]*" | head -1)
+echo "$RESUMED" | grep -q "(step [1-9]" || fail "attempt 1 did not resume from a checkpoint: '$RESUMED'"
+echo "PASS: store flap ${FLAP_S} s rode through (20 steps ${AGAIN_S} s after); store drop ${DROP_S} s:" \
+  "one restart ($REASON), attempt 1 running ${BACK_S} s after the link came back, $RESUMED, SUCCEEDED"
