@@ -272,6 +272,7 @@ void Daemon::Impl::DrainNow() {
   if (leader) (void)store->Delete(keys::kLeader);
   if (lease.load() != 0) (void)store->RevokeLease(lease.load());
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  StopTorchStores();  // before the backend they borrow
   if (hosted_store) hosted_store->Shutdown();
 }
 
@@ -290,6 +291,7 @@ void Daemon::Impl::DetachNow() {
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  StopTorchStores();  // before the backend they borrow
   if (hosted_store) hosted_store->Shutdown();
 }
 

@@ -44,14 +44,11 @@ constexpr size_t kMaxConnections = 1024;                // one thread each
 
 std::atomic<uint64_t> g_next_owner{uint64_t{1} << 62};  // apart from the gRPC/fast-path owners
 
-std::string StoreKey(std::string k) {
-  if (!k.empty() && k[0] == '/') k.erase(0, 1);
-  return k;
-}
 
 class Connection {
  public:
-  Connection(int fd, Backend* backend) : fd_(fd), backend_(backend) {}
+  Connection(int fd, Backend* backend, const std::string& prefix)
+      : fd_(fd), backend_(backend), prefix_(prefix) {}
 
   // Serves queries until the peer closes, a query fails or the server stops.
   void Serve() {
@@ -134,7 +131,7 @@ class Connection {
         return Write(&answer, 1);
       }
       case kGetNumKeys: {
-        q.mutable_num_keys()->set_prefix("");
+        q.mutable_num_keys()->set_prefix(prefix_);
         auto r = Call(q);
         if (!r.ok()) return r.status();
         int64_t n = r->num_keys().count();
@@ -235,8 +232,14 @@ class Connection {
   }
   static absl::Status Closed() { return absl::CancelledError("peer closed the connection"); }
 
+  // TCPStore sends "/k" for a user key "k": the store key is prefix_ + "k".
+  std::string StoreKey(const std::string& k) const {
+    return absl::StrCat(prefix_, absl::string_view(k).substr(!k.empty() && k[0] == '/' ? 1 : 0));
+  }
+
   const int fd_;
   Backend* const backend_;
+  const std::string prefix_;
   const uint64_t owner_ = g_next_owner.fetch_add(1);
 };
 
@@ -298,7 +301,7 @@ class TcpStoreServer::Impl {
         continue;
       }
       conns_[fd] = std::thread([this, fd] {
-        Connection(fd, backend).Serve();
+        Connection(fd, backend, key_prefix).Serve();
         absl::MutexLock l(&mu_);
         finished_.push_back(fd);
       });
@@ -338,6 +341,7 @@ class TcpStoreServer::Impl {
   }
 
   Backend* backend = nullptr;
+  std::string key_prefix;
   int port_ = 0;
 
  private:
@@ -351,9 +355,11 @@ class TcpStoreServer::Impl {
 };
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
-                                                                      int port, Backend* backend) {
+                                                                      int port, Backend* backend,
+                                                                      std::string key_prefix) {
   auto impl = std::make_unique<Impl>();
   impl->backend = backend;
+  impl->key_prefix = std::move(key_prefix);
   absl::Status s = impl->Listen(host, port);
   if (!s.ok()) return s;
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));

@@ -6,7 +6,9 @@
 // watch_key (the connection is closed, logged) and torch 2.x's validation handshake and
 // multi get/set (2.x renumbered the query types; a 2.x client fails on its first query).
 // Keys: TCPStore sends "/k" for a user key "k"; the leading '/' is dropped so that Ember clients
-// see "k" (and torch sees Ember's "k" as "k").
+// see "k" (and torch sees Ember's "k" as "k"). With a key_prefix P every key is P + "k" and
+// num_keys counts the keys under P only: a listener per prefix is a private key space (emberd
+// starts one per script-job attempt on jobs/<job>/attempt/<n>/torch/).
 // TCPStore has no authentication: whoever reaches the port can read and write every key. It binds
 // loopback unless the caller chooses another host.
 //
@@ -26,9 +28,10 @@ namespace ember::store {
 class TcpStoreServer {
  public:
   // Listens on host:port (port 0 = any free port). `backend` is borrowed and must outlive the
-  // server (StoreServer::backend()).
+  // server (StoreServer::backend()). Every key is stored under `key_prefix`.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, int port,
-                                                               Backend* backend);
+                                                               Backend* backend,
+                                                               std::string key_prefix = "");
   ~TcpStoreServer();
   int port() const;
   void Shutdown();
