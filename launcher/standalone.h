@@ -26,6 +26,8 @@ struct StandaloneOptions {
   // Refuse more CPU ranks than this before any worker is forked; 0 = kRanksPerCore x the online
   // cores (one machine cannot usefully run more, and each rank is a process with its own memory).
   int max_ranks = 0;
+  // Script jobs when emberctl runs as root (daemon::DaemonOptions::allow_root_scripts).
+  bool allow_root_scripts = false;
 };
 
 inline constexpr int kRanksPerCore = 4;
