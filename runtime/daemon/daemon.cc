@@ -248,6 +248,7 @@ void Daemon::Impl::DrainNow() {
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
   Supervise();  // a last reap (SIGKILLs anything left) with the loops stopped
+  SuperviseStandbys({}, {}, /*all=*/true);
   // Kill and reap whatever is left, on a copy: the waits happen without the lock.
   std::vector<LocalAttempt> left;
   {
@@ -287,6 +288,7 @@ void Daemon::Impl::DetachNow() {
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
+  SuperviseStandbys({}, {}, /*all=*/true);  // not persisted: a new daemon would not know them
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.

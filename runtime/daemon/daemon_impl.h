@@ -61,6 +61,13 @@ struct LocalAttempt {
   std::string stop_reason;
   absl::Time term_sent = absl::InfinitePast();
   bool released = false;  // every worker reaped and the devices given back
+  absl::Time started = absl::InfinitePast();  // when this daemon forked it (standby.cc's delay)
+};
+
+// Warm standby interpreters of one script job for its next attempt on this node (standby.cc).
+struct Standby {
+  int attempt = 0;                  // the attempt they wait for
+  std::vector<LocalWorker> workers; // rank, device, log and pid of each waiting interpreter
 };
 
 class Daemon::Impl {
@@ -111,6 +118,7 @@ class Daemon::Impl {
   Scheduler scheduler;  // placement, restart, node-loss and retention decisions (scheduler.h)
   // The kernel's OOM-kill count at the previous Supervise pass (-1 = not read yet), and when it
   // last rose: a worker reaped with SIGKILL soon after was killed by the OOM killer.
+  std::map<std::string, Standby> standbys;  // key "<job>#<attempt they wait for>"
   int64_t oom_kills_seen = -1;
   absl::Time last_oom_kill = absl::InfinitePast();
 
@@ -176,6 +184,16 @@ class Daemon::Impl {
   // with an empty job.
   void StopTorchStore(const std::string& job, int attempt) ABSL_LOCKS_EXCLUDED(torch_mu);
   void StopTorchStores() ABSL_LOCKS_EXCLUDED(torch_mu);
+
+  // standby.cc (control thread): starts attempt a.attempt+1's warm interpreters for this node's
+  // ranks of `a` when the job wants them and `a` has run a few seconds; TakeStandby hands rank
+  // w's interpreter its go file (so's environment and argv) and returns its pid, nullopt when none
+  // waits; SuperviseStandbys reaps them and kills the unused (`all`: every one, for drain).
+  void MaybeStartStandby(const Job& job, const LocalAttempt& a) ABSL_LOCKS_EXCLUDED(mu);
+  std::optional<pid_t> TakeStandby(const std::string& job, int attempt, const LocalWorker& w,
+                                   const SpawnOptions& so, const ScriptLaunch& launch);
+  void SuperviseStandbys(const std::map<std::string, Job>& records,
+                         const std::set<std::string>& started, bool all) ABSL_LOCKS_EXCLUDED(mu);
 
   // worker_state.cc: <state_dir>/workers.state.
   // Writes the lease and the unreleased attempts (snapshot under mu, write without it), atomically

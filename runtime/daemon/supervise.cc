@@ -79,6 +79,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   LocalAttempt la;
   la.job = job.id();
   la.attempt = at.number();
+  la.started = clock->Now();
   la.devices.assign(mine->devices().begin(), mine->devices().end());
 
   std::string dir = JobDir(job.id());
@@ -166,8 +167,13 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
                                       [](const auto& kv) { return kv.first == comm::kEnvHost; });
     if (!comm_host.empty() && !host_set) so.env.push_back({comm::kEnvHost, comm_host});
     for (const auto& kv : opts.worker_env) so.env.push_back(kv);
-    if (script) ScriptSpawnOptions(job, *mine, *script, we, &so);
-    auto pid = script_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(script_error);
+    std::optional<pid_t> warm;
+    if (script) {
+      ScriptSpawnOptions(job, *mine, *script, we, &so);
+      warm = TakeStandby(job.id(), at.number(), w, so, *script);
+    }
+    auto pid = warm ? absl::StatusOr<pid_t>(*warm)
+               : script_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(script_error);
     if (!pid.ok()) {
       spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
       w.exited = true;
@@ -262,9 +268,17 @@ void Daemon::Impl::Supervise() {
   }
   bool changed = false;
   for (LocalAttempt& a : pass) changed = SuperviseAttempt(&a, records, oom_recent) || changed;
+  std::set<std::string> started;
   {
     absl::MutexLock l(&mu);
     for (const LocalAttempt& a : pass) MergeAttempt(a);
+    for (const auto& [key, a] : local) started.insert(key);
+  }
+  // 3. Script jobs' warm standbys for their next attempts (standby.cc).
+  SuperviseStandbys(records, started, /*all=*/false);
+  for (const LocalAttempt& a : pass) {
+    auto it = records.find(a.job);
+    if (it != records.end()) MaybeStartStandby(it->second, a);
   }
   if (changed) Persist();
 }
