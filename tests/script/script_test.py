@@ -173,7 +173,14 @@ def mode_hang():
     lines = [l for l in text.splitlines() if "reason:" in l or "last lines of rank" in l]
     if not any("last lines of rank" in l and "rank 1" not in l for l in lines):
         fail(f"the report should name a rank that timed out waiting for rank 1:\n{text}")
+    # PyTorch's flight recorder: every rank had TORCH_NCCL_DEBUG_INFO_TEMP_FILE pointing here;
+    # torch 1.13 (and gloo in any version) writes nothing, which is what this reports.
+    job = os.listdir(f"{TMP}/jobs")
+    job = [j for j in job if not j.startswith(".")][0]
+    flight = f"{TMP}/jobs/{job}/flight/attempt-0"
+    torch_dumps = [n for n in os.listdir(flight) if n.startswith("torch-rank-")]
     print(f"PASS: FAILED after {took:.1f} s: " + " | ".join(l.strip() for l in lines)[:300])
+    print(f"PyTorch flight-recorder dumps in {flight}: {torch_dumps or 'none (torch 1.13, gloo)'}")
 
 
 def mode_root():
