@@ -83,8 +83,8 @@ class Raw {
 TEST_CASE("a key prefix makes a listener its own key space; Shutdown closes its port") {
   auto server = StoreServer::Start({});
   REQUIRE(server.ok());
-  auto a = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), "jobs/j/attempt/0/torch/");
-  auto b = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), "jobs/j/attempt/1/torch/");
+  auto a = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), "scope-a/torch/");
+  auto b = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), "scope-b/torch/");
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   auto c = Client::Connect(ClientOptions{.address = (*server)->address()});
@@ -103,8 +103,8 @@ TEST_CASE("a key prefix makes a listener its own key space; Shutdown closes its 
     CHECK(ra.NumKeys() == 2);  // k and n under a's prefix only, not "outside" or b's
     CHECK(rb.NumKeys() == 2);
   }
-  CHECK(*c->Get("jobs/j/attempt/0/torch/k") == "from-a");
-  CHECK(*c->Get("jobs/j/attempt/1/torch/k") == "from-b");
+  CHECK(*c->Get("scope-a/torch/k") == "from-a");
+  CHECK(*c->Get("scope-b/torch/k") == "from-b");
   const int port = (*a)->port();
   (*a)->Shutdown();
   Raw stale(port);  // a rank of the finished attempt: refused
