@@ -230,6 +230,7 @@ int RunStandalone(Ctl& ctl) {
   if (!s.ok()) return ctl.Fail(s);
   StandaloneOptions so;
   so.allow_root_scripts = a.Has("--allow-root-scripts");
+  so.script_user = a.Get("--script-user");
   so.work_root = Ctl::UserPath(a.Get("--work-root", "ember-jobs"));
   so.worker_binary = a.Get("--worker");
   so.argv0 = ctl.argv0();

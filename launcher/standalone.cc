@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
     ASSIGN_OR_RETURN(options.worker_binary, std::move(found));
   }
   o.allow_root_scripts = options.allow_root_scripts;
+  o.script_user = options.script_user;
   o.worker_binary = options.worker_binary;
   o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());

@@ -28,6 +28,7 @@ struct StandaloneOptions {
   int max_ranks = 0;
   // Script jobs when emberctl runs as root (daemon::DaemonOptions::allow_root_scripts).
   bool allow_root_scripts = false;
+  std::string script_user;  // DaemonOptions::script_user
 };
 
 inline constexpr int kRanksPerCore = 4;

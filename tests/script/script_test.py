@@ -194,6 +194,30 @@ def mode_root():
     if r.returncode != 2 or "allow_root_scripts" not in r.stderr:
         fail(f"rc {r.returncode}: {r.stderr}")
     print(f"PASS: refused: {r.stderr.strip()[:200]}")
+    # --script-user nobody: the ranks run as nobody, in a job directory nobody owns.
+    root = tempfile.mkdtemp(prefix="script-user-", dir="/tmp")
+    try:
+        os.chmod(root, 0o755)
+        open(f"{root}/whoami.py", "w").write(
+            "import os, sys\n"
+            "open('out-%s.txt' % os.environ['RANK'], 'w').write('%d %d' % (os.getuid(), os.getgid()))\n"
+            "assert os.getuid() != 0\n")
+        r = subprocess.run([EMBERCTL, "run", "--standalone", "--nproc", "2", "--work-root",
+                            f"{root}/jobs", "--allow-root-scripts", "--script-user", "nobody",
+                            f"{root}/whoami.py"], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            fail(f"--script-user nobody: rc {r.returncode}: {r.stderr}")
+        jobdir = [d for d in os.listdir(f"{root}/jobs") if not d.startswith(".")][0]
+        import pwd
+        nobody = pwd.getpwnam("nobody")
+        for rank in range(2):
+            path = f"{root}/jobs/{jobdir}/out-{rank}.txt"
+            got = open(path).read()
+            if got != f"{nobody.pw_uid} {nobody.pw_gid}" or os.stat(path).st_uid != nobody.pw_uid:
+                fail(f"rank {rank} ran as uid/gid {got}, wanted nobody's")
+        print(f"PASS: --script-user nobody: both ranks ran as uid {nobody.pw_uid}")
+    finally:
+        subprocess.run(["rm", "-rf", root])
 
 
 try:
