@@ -1,6 +1,7 @@
 // kernel_bench: the issue-4 benchmark table. Fused vs materialised linear cross-entropy, sliding-
 // window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
-// training step against the same model in PyTorch (run in the same process tree, same threads).
+// training step against the same model in PyTorch (run in the same process tree, same threads);
+// `llama`: RoPE, GQA attention and a Llama training step against PyTorch (kernel_bench_llama.h).
 //
 //   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
 //       [--threads=N] [--device=cpu|cuda]
@@ -34,6 +35,8 @@
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
 #include "bench/kernel_bench_cuda.h"
+#include "bench/kernel_bench_llama.h"
+#include "bench/kernel_bench_util.h"
 #include "bench/report.h"
 #include "runtime/base/flags.h"
 #include "runtime/model/gpt.h"
@@ -42,7 +45,7 @@ ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
 ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
 ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
 ABSL_FLAG(bool, peer, true, "measure PyTorch (/usr/bin/python3) for the training-step target");
-ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step (default all)");
+ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step, llama (default all)");
 ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
 ABSL_FLAG(int, profile_steps, 0,
           "only run this many training steps of ours (default mode, after 2 warm-up steps) and "
@@ -56,31 +59,13 @@ ABSL_FLAG(std::string, device, "cpu",
 namespace ember::kernels {
 namespace {
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 using bench::Median;
-
-double TimeMedian(int reps, const std::function<void()>& fn) {
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    double s = Now();
-    fn();
-    t.push_back(Now() - s);
-  }
-  return Median(t);
-}
+using bench::Now;
+using bench::Rand;
+using bench::TimeMedian;
+using bench::TrainStep;
 
 using Target = bench::KernelFigure;  // bench/kernel_bench_cuda.h
-
-std::vector<float> Rand(int64_t n, uint64_t seed, float scale) {
-  std::vector<float> v(n);
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  for (auto& x : v) x = d(rng);
-  return v;
-}
 
 // Fused vs materialised LCE forward+backward: time and peak workspace bytes (allocator high-water
 // mark above the inputs/outputs, which both variants share).
@@ -144,14 +129,12 @@ double SgemmCeiling(const ExecContext& ctx, int64_t n, int reps) {
   return 2.0 * n * n * n / t;
 }
 
-const char* kTorchScript = R"PY(
+std::string GptPeerScript() {
+  return absl::StrCat(R"PY(
 import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F
 V, T, L, H, C, B, steps, threads = [int(x) for x in sys.argv[1:9]]
 torch.set_num_threads(threads); torch.manual_seed(0)
-class RMSNorm(nn.Module):
-    def __init__(s, c): super().__init__(); s.weight = nn.Parameter(torch.ones(c))
-    def forward(s, x): return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * s.weight
-class Block(nn.Module):
+)PY", bench::kTorchRmsNorm, R"PY(class Block(nn.Module):
     def __init__(s):
         super().__init__()
         s.ln1, s.ln2 = RMSNorm(C), RMSNorm(C)
@@ -173,64 +156,16 @@ class GPT(nn.Module):
         x = s.wte(idx) + s.wpe(torch.arange(T))
         for b in s.blocks: x = b(x)
         return F.cross_entropy((s.ln_f(x) @ s.wte.weight.t()).view(-1, V), tgt.view(-1))
-m = GPT(); opt = torch.optim.AdamW(m.parameters(), lr=1e-4, weight_decay=0.01)
-idx = torch.randint(0, V, (B, T)); tgt = torch.randint(0, V, (B, T)); times = []
-for i in range(steps + 2):
-    t = time.perf_counter(); opt.zero_grad(set_to_none=True)
-    loss = m(idx, tgt); loss.backward(); opt.step(); times.append(time.perf_counter() - t)
-times = sorted(times[2:]); print(B * T / times[len(times) // 2])
-)PY";
+m = GPT()
+)PY", bench::kTorchTrainLoop);
+}
 
 absl::StatusOr<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, int steps,
                                          int threads) {
-  std::string path = absl::StrCat("/tmp/kernel_bench_peer_", getpid(), ".py");
-  std::ofstream(path) << kTorchScript;
-  std::string cmd = absl::StrCat("OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=", threads, " ",
-                                 absl::GetFlag(FLAGS_python), " ", path, " ", c.vocab_size, " ",
-                                 c.context, " ", c.n_layer, " ", c.n_head, " ", c.d_model, " ", B,
-                                 " ", steps, " ", threads, " 2>&1");
-  FILE* p = popen(cmd.c_str(), "r");
-  if (p == nullptr) return absl::InternalError("popen failed");
-  std::string text;
-  char buf[512];
-  while (fgets(buf, sizeof buf, p)) text += buf;
-  int rc = pclose(p);
-  std::remove(path.c_str());
-  if (rc != 0) {
-    std::fprintf(stderr, "peer failed: %s\n", text.c_str());
-    if (text.size() > 300) text = "..." + text.substr(text.size() - 300);
-    return absl::UnavailableError(
-        absl::StrCat("PyTorch peer (", absl::GetFlag(FLAGS_python), ") exited with wait status ",
-                     rc, ": ", text));
-  }
-  double tps = std::strtod(text.c_str() + text.rfind('\n', text.size() - 2) + 1, nullptr);
-  if (!(tps > 0)) return absl::UnavailableError("PyTorch peer printed no tokens/s: " + text);
-  return tps;
-}
-
-// Returns tokens/s (median over `steps` after 2 warm-up steps) of the training step (forward, fused LCE, backward, AdamW).
-double TrainStep(const ExecContext& ctx, const model::GptConfig& c, int64_t B, int steps,
-                 int64_t* peak_bytes) {
-  auto m = *model::Gpt::Create(c, 1);
-  model::AdamW opt(AdamWOptions{1e-4f}, m->num_params());
-  std::vector<int32_t> tok(B * c.context), tgt(B * c.context);
-  std::mt19937 rng(7);
-  for (auto& t : tok) t = rng() % c.vocab_size;
-  for (auto& t : tgt) t = rng() % c.vocab_size;
-  std::vector<double> times;
-  for (int i = 0; i < steps + 2; ++i) {
-    double s = Now();
-    m->ZeroGrad();
-    auto loss = m->ForwardBackward(ctx, tok.data(), tgt.data(), B, c.context);
-    opt.Step(ctx, *m);
-    if (i >= 2) times.push_back(Now() - s);
-    if (!loss.ok()) {
-      std::fprintf(stderr, "training step failed: %s\n", loss.status().ToString().c_str());
-      std::exit(1);
-    }
-  }
-  *peak_bytes = m->peak_activation_bytes();
-  return B * c.context / Median(times);
+  return bench::RunTorchPeer(absl::GetFlag(FLAGS_python), GptPeerScript(),
+                             absl::StrCat(c.vocab_size, " ", c.context, " ", c.n_layer, " ", c.n_head,
+                                          " ", c.d_model, " ", B, " ", steps, " ", threads),
+                             threads);
 }
 
 void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out);
@@ -308,6 +243,11 @@ int Main(int argc, char** argv) {
   }
   if (want("attention")) BenchAttention(ctx, quick ? 2048 : 32768, 256, reps, &t);
   if (want("step")) BenchStep(ctx, quick, reps, threads, &t);
+  if (want("llama")) {
+    for (auto& f : bench::BenchLlama(ctx, quick, reps, threads,
+                                     absl::GetFlag(FLAGS_peer) ? absl::GetFlag(FLAGS_python) : ""))
+      t.push_back(std::move(f));
+  }
   return Print(report, t, threads, load_begin);
 }
 

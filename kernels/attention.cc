@@ -48,13 +48,15 @@ void AttentionForward(const ExecContext& ctx, const AttentionShape& s, const flo
   const int64_t hd = s.hd, T = s.T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t qblocks = (T + kBq - 1) / kBq;
+  const int64_t group = s.H / s.kv_heads();
   auto task = [&](int64_t id) {
     const int64_t bh = id / qblocks, qb = id % qblocks;
     const int64_t b = bh / s.H, h = bh % s.H;
     const int64_t base = b * T * qkv_stride + h * hd;
+    const int64_t kv_base = b * T * qkv_stride + h / group * hd;
     const float* qh = q + base;
-    const float* kh = k + base;
-    const float* vh = v + base;
+    const float* kh = k + kv_base;
+    const float* vh = v + kv_base;
     float* oh = o + b * T * o_stride + h * hd;
     float* lseh = lse + bh * T;
     const int64_t q0 = qb * kBq, q1 = std::min(T, q0 + kBq), nq = q1 - q0;
@@ -106,13 +108,14 @@ void AttentionBackward(const ExecContext& ctx, const AttentionShape& s, const fl
                        const float* dout, int64_t o_stride, const float* lse, float* dq,
                        float* dk, float* dv) {
   PinOpenBlasSingleThreaded();
-  const int64_t hd = s.hd, T = s.T, BH = s.B * s.H;
+  const int64_t hd = s.hd, T = s.T, BH = s.B * s.H, KV = s.kv_heads(), BKV = s.B * KV;
+  const int64_t group = s.H / KV;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t kblocks = (T + kBk - 1) / kBk;
   // Splits of each head's key tiles: 1 in deterministic mode; enough to fill the pool otherwise.
   int64_t splits = 1;
   if (!ctx.deterministic) {
-    splits = std::min<int64_t>(kblocks, (2 * ctx.num_threads() + BH - 1) / BH);
+    splits = std::min<int64_t>(kblocks, (2 * ctx.num_threads() + BKV - 1) / BKV);
   }
   const int64_t tiles_per_split = (kblocks + splits - 1) / splits;
   // dq accumulators: the output itself (splits == 1) or one [BH, T, hd] buffer per split.
@@ -131,62 +134,68 @@ void AttentionBackward(const ExecContext& ctx, const AttentionShape& s, const fl
     }
   });
 
-  run(BH * splits, [&](int64_t id) {
-    const int64_t bh = id / splits, split = id % splits;
-    const int64_t b = bh / s.H, h = bh % s.H;
-    const int64_t base = b * T * qkv_stride + h * hd;
-    const float* qh = q + base;
-    const float* kh = k + base;
-    const float* vh = v + base;
-    const float* doh = dout + b * T * o_stride + h * hd;
-    const float* lseh = lse + bh * T;
-    const float* dlt = delta.data() + bh * T;
-    float* dq_out = splits == 1 ? dq + base : dq_parts.data() + (split * BH + bh) * T * hd;
-    const int64_t dq_stride = splits == 1 ? qkv_stride : hd;
+  // One task per (batch, kv head, split): it owns dk/dv rows of its key tiles, and adds the group's
+  // query heads into them in head order.
+  run(BKV * splits, [&](int64_t id) {
+    const int64_t bkv = id / splits, split = id % splits;
+    const int64_t b = bkv / KV, kvh = bkv % KV;
+    const int64_t kv_base = b * T * qkv_stride + kvh * hd;
+    const float* kh = k + kv_base;
+    const float* vh = v + kv_base;
     std::vector<float> p(kBq * kBk), dp(kBq * kBk);
     const int64_t tb0 = split * tiles_per_split, tb1 = std::min(kblocks, tb0 + tiles_per_split);
     for (int64_t kb = tb0; kb < tb1; ++kb) {
       const int64_t k0 = kb * kBk, k1 = std::min(T, k0 + kBk), nk = k1 - k0;
       const float* kt = kh + k0 * qkv_stride;
       const float* vt = vh + k0 * qkv_stride;
-      float* dkt = dk + base + k0 * qkv_stride;
-      float* dvt = dv + base + k0 * qkv_stride;
+      float* dkt = dk + kv_base + k0 * qkv_stride;
+      float* dvt = dv + kv_base + k0 * qkv_stride;
       const int64_t t_end = s.window > 0 ? std::min(T, k1 + s.window - 1) : T;
-      float beta = 0.0f;  // the first query block overwrites dk/dv rows, the rest accumulate
-      for (int64_t t0 = k0; t0 < t_end; t0 += kBq) {
-        const int64_t t1 = std::min(t_end, t0 + kBq), nt = t1 - t0;
-        const float* qt = qh + t0 * qkv_stride;
-        const float* dot = doh + t0 * o_stride;
-        // p = q k^T (unscaled), dp = dout v^T
-        TileGemm(false, true, nt, nk, hd, 1.0f, qt, qkv_stride, kt, qkv_stride, 0.0f, p.data(),
-                 kBk);
-        TileGemm(false, true, nt, nk, hd, 1.0f, dot, o_stride, vt, qkv_stride, 0.0f, dp.data(),
-                 kBk);
-        for (int64_t r = 0; r < nt; ++r) {
-          const int64_t t = t0 + r;
-          float* pr = p.data() + r * kBk;
-          float* dsr = dp.data() + r * kBk;  // dp becomes ds in place
-          const int64_t lo = std::max<int64_t>(0, std::max(k0, FirstKey(s, t)) - k0);
-          const int64_t hi = std::max<int64_t>(lo, std::min(k1 - 1, t) + 1 - k0);
-          const float l = lseh[t], D = dlt[t];
-          for (int64_t j = lo; j < hi; ++j) {
-            const float pj = vec::Exp(pr[j] * scale - l);
-            pr[j] = pj;
-            dsr[j] = pj * (dsr[j] - D) * scale;
+      float beta = 0.0f;  // the first (head, query block) overwrites dk/dv rows, the rest accumulate
+      for (int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+        const int64_t bh = b * s.H + h;
+        const int64_t base = b * T * qkv_stride + h * hd;
+        const float* qh = q + base;
+        const float* doh = dout + b * T * o_stride + h * hd;
+        const float* lseh = lse + bh * T;
+        const float* dlt = delta.data() + bh * T;
+        float* dq_out = splits == 1 ? dq + base : dq_parts.data() + (split * BH + bh) * T * hd;
+        const int64_t dq_stride = splits == 1 ? qkv_stride : hd;
+        for (int64_t t0 = k0; t0 < t_end; t0 += kBq) {
+          const int64_t t1 = std::min(t_end, t0 + kBq), nt = t1 - t0;
+          const float* qt = qh + t0 * qkv_stride;
+          const float* dot = doh + t0 * o_stride;
+          // p = q k^T (unscaled), dp = dout v^T
+          TileGemm(false, true, nt, nk, hd, 1.0f, qt, qkv_stride, kt, qkv_stride, 0.0f, p.data(),
+                   kBk);
+          TileGemm(false, true, nt, nk, hd, 1.0f, dot, o_stride, vt, qkv_stride, 0.0f, dp.data(),
+                   kBk);
+          for (int64_t r = 0; r < nt; ++r) {
+            const int64_t t = t0 + r;
+            float* pr = p.data() + r * kBk;
+            float* dsr = dp.data() + r * kBk;  // dp becomes ds in place
+            const int64_t lo = std::max<int64_t>(0, std::max(k0, FirstKey(s, t)) - k0);
+            const int64_t hi = std::max<int64_t>(lo, std::min(k1 - 1, t) + 1 - k0);
+            const float l = lseh[t], D = dlt[t];
+            for (int64_t j = lo; j < hi; ++j) {
+              const float pj = vec::Exp(pr[j] * scale - l);
+              pr[j] = pj;
+              dsr[j] = pj * (dsr[j] - D) * scale;
+            }
+            std::fill(pr, pr + lo, 0.0f);
+            std::fill(pr + hi, pr + nk, 0.0f);
+            std::fill(dsr, dsr + lo, 0.0f);
+            std::fill(dsr + hi, dsr + nk, 0.0f);
           }
-          std::fill(pr, pr + lo, 0.0f);
-          std::fill(pr + hi, pr + nk, 0.0f);
-          std::fill(dsr, dsr + lo, 0.0f);
-          std::fill(dsr + hi, dsr + nk, 0.0f);
+          // dv[k0:k1] += p^T dout[t0:t1];  dk[k0:k1] += ds^T q[t0:t1];  dq[t0:t1] += ds k[k0:k1]
+          TileGemm(true, false, nk, hd, nt, 1.0f, p.data(), kBk, dot, o_stride, beta, dvt,
+                   qkv_stride);
+          TileGemm(true, false, nk, hd, nt, 1.0f, dp.data(), kBk, qt, qkv_stride, beta, dkt,
+                   qkv_stride);
+          TileGemm(false, false, nt, hd, nk, 1.0f, dp.data(), kBk, kt, qkv_stride, 1.0f,
+                   dq_out + t0 * dq_stride, dq_stride);
+          beta = 1.0f;
         }
-        // dv[k0:k1] += p^T dout[t0:t1];  dk[k0:k1] += ds^T q[t0:t1];  dq[t0:t1] += ds k[k0:k1]
-        TileGemm(true, false, nk, hd, nt, 1.0f, p.data(), kBk, dot, o_stride, beta, dvt,
-                 qkv_stride);
-        TileGemm(true, false, nk, hd, nt, 1.0f, dp.data(), kBk, qt, qkv_stride, beta, dkt,
-                 qkv_stride);
-        TileGemm(false, false, nt, hd, nk, 1.0f, dp.data(), kBk, kt, qkv_stride, 1.0f,
-                 dq_out + t0 * dq_stride, dq_stride);
-        beta = 1.0f;
       }
     }
   });

@@ -11,6 +11,12 @@
 // with o_stride = C. lse[B, H, T] is the per-row log-sum-exp of the scaled scores, saved for the
 // backward pass.
 //
+// Grouped-query attention: with KV < H key/value heads (KV divides H), query head h reads key and
+// value head h / (H / KV); q rows hold H heads, k and v rows KV heads, all with the same row stride
+// (a fused [B, T, (H + 2 KV) hd] buffer: q = qkv, k = qkv + H hd, v = qkv + (H + KV) hd). The
+// backward runs one task per (batch, kv head) and adds the group's query heads into dk/dv in head
+// order, so it is as deterministic as with KV = H.
+//
 // Determinism: forward is deterministic for any thread count. Backward is deterministic in
 // ctx.deterministic mode (one task per (batch, head), dq summed over key tiles in order); otherwise
 // key tiles of one head may be split across threads with per-split dq buffers summed afterwards,
@@ -29,6 +35,8 @@ namespace ember::kernels {
 struct AttentionShape {
   int64_t B = 1, T = 1, H = 1, hd = 64;
   int64_t window = 0;  // 0: full causal; W > 0: sliding window of W keys
+  int64_t KV = 0;      // key/value heads; 0: H (multi-head attention). Must divide H.
+  int64_t kv_heads() const { return KV > 0 ? KV : H; }
 };
 
 // o (written), lse[B*H*T] (written).

@@ -17,12 +17,16 @@ using testing::ToDouble;
 using testing::WeightedSum;
 using V = std::vector<double>;
 
-// Dense reference on packed qkv[B,T,3,H,hd]; returns o[B,T,H,hd]; fills grads if dout given.
+// Dense reference on packed qkv rows [B,T,(H+2KV)*hd] (q heads, k heads, v heads); query head h
+// reads kv head h / (H/KV). Returns o[B,T,H,hd]; fills grads if dout given.
 struct Ref {
   AttentionShape s;
   bool Visible(int64_t t, int64_t j) const { return j <= t && (s.window == 0 || t - j < s.window); }
+  // which 0: q head h; 1, 2: k, v of query head h's kv head.
   int64_t Idx(int64_t b, int64_t t, int64_t which, int64_t h) const {
-    return ((b * s.T + t) * 3 + which) * s.H * s.hd + h * s.hd;
+    const int64_t KV = s.kv_heads(), row = (b * s.T + t) * (s.H + 2 * KV) * s.hd;
+    if (which == 0) return row + h * s.hd;
+    return row + (s.H + (which - 1) * KV + h / (s.H / KV)) * s.hd;
   }
   V Forward(const V& qkv, const V* dout = nullptr, V* dqkv = nullptr) const {
     const int64_t T = s.T, hd = s.hd, C = s.H * hd;
@@ -75,16 +79,16 @@ struct Result {
 
 Result RunKernel(const ExecContext& ctx, const AttentionShape& s, const std::vector<float>& qkv,
                  const std::vector<float>& dout) {
-  const int64_t C = s.H * s.hd;
+  const int64_t C = s.H * s.hd, KC = s.kv_heads() * s.hd, row = C + 2 * KC;
   Result r;
   r.o.resize(s.B * s.T * C);
   r.lse.resize(s.B * s.H * s.T);
   r.dqkv.assign(qkv.size(), -1.0f);
-  AttentionForward(ctx, s, qkv.data(), qkv.data() + C, qkv.data() + 2 * C, 3 * C, r.o.data(), C,
+  AttentionForward(ctx, s, qkv.data(), qkv.data() + C, qkv.data() + C + KC, row, r.o.data(), C,
                    r.lse.data());
   float* d = r.dqkv.data();
-  AttentionBackward(ctx, s, qkv.data(), qkv.data() + C, qkv.data() + 2 * C, 3 * C, r.o.data(),
-                    dout.data(), C, r.lse.data(), d, d + C, d + 2 * C);
+  AttentionBackward(ctx, s, qkv.data(), qkv.data() + C, qkv.data() + C + KC, row, r.o.data(),
+                    dout.data(), C, r.lse.data(), d, d + C, d + C + KC);
   return r;
 }
 
@@ -116,6 +120,46 @@ TEST_CASE("Flash attention (dense and windowed) equals the band-masked dense ref
       CHECK(ErrRatio(got.dqkv, dref, 2e-5) <= 1);
     }
   }
+}
+
+TEST_CASE("Grouped-query attention equals the dense reference; its reference matches finite differences") {
+  {
+    AttentionShape s{1, 7, 4, 4, 0, 2};
+    Ref ref{s};
+    auto qkv = ToDouble(Random(7 * 8 * 4, 21));
+    auto dout = ToDouble(Random(7 * 16, 22));
+    V dqkv;
+    ref.Forward(qkv, &dout, &dqkv);
+    auto num = NumericGrad([&](const V& x) { return WeightedSum(ref.Forward(x), dout); }, qkv);
+    CHECK(ErrRatio(dqkv, num, 1e-7) <= 1);
+  }
+  ThreadPool pool(2);
+  for (bool det : {true, false}) {
+    ExecContext ctx{&pool, det};
+    for (int64_t KV : {1, 2, 3}) {
+      for (int64_t window : {0, 45}) {
+        AttentionShape s{2, 150, 6, 16, window, KV};
+        const int64_t row = (s.H + 2 * KV) * s.hd;
+        auto qkv = Random(s.B * s.T * row, 30 + KV + window);
+        auto dout = Random(s.B * s.T * s.H * s.hd, 31 + KV);
+        auto got = RunKernel(ctx, s, qkv, dout);
+        Ref ref{s};
+        V dref, dd = ToDouble(dout);
+        V oref = ref.Forward(ToDouble(qkv), &dd, &dref);
+        INFO("KV " << KV << " window " << window << " deterministic " << det);
+        CHECK(ErrRatio(got.o, oref, 2e-5) <= 1);
+        CHECK(ErrRatio(got.dqkv, dref, 2e-5) <= 1);
+      }
+    }
+  }
+  // Determinism across pool sizes with GQA.
+  AttentionShape s{1, 200, 4, 32, 0, 2};
+  auto qkv = Random(200 * 8 * 32, 40), dout = Random(200 * 4 * 32, 41);
+  ThreadPool p1(1), p3(3);
+  auto a = RunKernel(ExecContext{&p1, true}, s, qkv, dout);
+  auto b = RunKernel(ExecContext{&p3, true}, s, qkv, dout);
+  CHECK(std::memcmp(a.dqkv.data(), b.dqkv.data(), a.dqkv.size() * 4) == 0);
+  CHECK(std::memcmp(a.o.data(), b.o.data(), a.o.size() * 4) == 0);
 }
 
 TEST_CASE("Attention is bitwise deterministic across runs and pool sizes") {

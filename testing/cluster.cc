@@ -33,7 +33,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(ClusterOptions o
     d.work_root = c->work_root_;
     d.worker_binary = worker;
     d.inventory.cpu_slots = o.slots;
-    d.inventory.cuda_devices = 0;
+    d.inventory.cuda_devices = o.cuda;
     d.poll = absl::Milliseconds(50);
     d.heartbeat = absl::Milliseconds(250);
     d.lease_ttl = absl::Seconds(3);

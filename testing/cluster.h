@@ -19,6 +19,7 @@ namespace ember::e2e {
 struct ClusterOptions {
   int nodes = 2;
   int slots = 2;              // CPU devices per node
+  int cuda = 0;               // CUDA devices offered per node (counted only: nothing runs on them)
   std::string worker;         // "" = tests/e2e/test_worker from the runfiles
   std::vector<std::pair<std::string, std::string>> worker_env;  // DaemonOptions::worker_env
   absl::Duration restart_backoff = absl::Milliseconds(200);     // emberd's default is 1 s

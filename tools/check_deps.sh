@@ -48,6 +48,7 @@ runtime/onesided 40
 runtime/worker 50
 runtime/daemon 50
 launcher 60
+clients/python 60
 testing 70
 tests 80
 bench 80

@@ -16,6 +16,8 @@ import os
 
 ORDER = [
     ("store_bench", "Rendezvous store (issues 2, 11)", "//runtime/store:store_bench"),
+    ("store_compat_bench", "Store on etcd, TCPStore clients (issue 19)",
+     "//runtime/store:store_compat_bench"),
     ("comm_bench", "Communication (issues 3, 11)", "//runtime/comm:comm_bench"),
     ("kernel_bench", "Kernels and training step (issue 4)", "//bench:kernel_bench"),
     ("fsdp_bench", "FSDP worker (issue 5)", "//runtime/fsdp:fsdp_bench"),
@@ -26,6 +28,8 @@ ORDER = [
     ("pipeline_bench", "Pipeline parallelism (issue 15)", "//bench:pipeline_bench"),
     ("onesided_bench", "One-sided transfers (issue 16)", "//runtime/onesided:onesided_bench"),
     ("script_bench", "PyTorch scripts under Ember vs torchrun (issue 23)", "//bench:script_bench"),
+    ("kernel_bench_llama", "Llama kernels and training step (issue 22)", "//bench:kernel_bench"),
+    ("metrics_bench", "Metrics endpoint (issue 21)", "//bench:metrics_bench"),
 ]
 
 
@@ -101,7 +105,9 @@ def main():
     for path in sorted(glob.glob(os.path.join(a.results, "*.json"))):
         with open(path) as f:
             d = json.load(f)
-        runs[d["benchmark"]] = (d, os.path.basename(path))
+        # Keyed by file name: one benchmark binary may have several committed runs (kernel_bench
+        # and kernel_bench_llama, its `--only=llama` figures).
+        runs[os.path.splitext(os.path.basename(path))[0]] = (d, os.path.basename(path))
     run_meta = {}
     meta_path = os.path.join(a.results, "RUNS.md")
     out = ["# Benchmarks", "",

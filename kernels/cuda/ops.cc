@@ -206,6 +206,11 @@ absl::StatusOr<detail::AttentionDims> Dims(const AttentionShape& s, int64_t qkv_
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA attention supports head sizes 32 and 64, got ", s.hd, "; use the CPU kernel"));
   }
+  if (s.kv_heads() != s.H) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA attention has no grouped-query attention yet (KV = ", s.kv_heads(), " key/value heads "
+        "for H = ", s.H, "); use the CPU kernel"));
+  }
   return detail::AttentionDims{s.B, s.T, s.H, s.hd, s.window, qkv_stride, o_stride};
 }
 }  // namespace

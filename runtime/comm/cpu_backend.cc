@@ -226,6 +226,7 @@ absl::Status CpuBackend::Connect() {
   std::vector<Channel*> p2p_channels(size, nullptr);
   for (int r = 0; r < size; ++r) p2p_channels[r] = peers_[r].p2p.get();
   p2p_.Start(std::move(p2p_channels), bell(1), &p2p_spin_);
+  memory_bytes_.store(my_seg_ ? my_seg_->mapped_bytes() : 0, std::memory_order_release);
   return absl::OkStatus();
 }
 

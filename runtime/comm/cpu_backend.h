@@ -141,6 +141,8 @@ class CpuBackend : public Backend {
   }
   void Abort(const absl::Status& why) override;
   std::string Describe() const override;
+  // This rank's shared-memory segment (rings and direct-collective stages), once connected.
+  size_t MemoryBytes() const override { return memory_bytes_.load(std::memory_order_acquire); }
 
  private:
   bool aborted() const { return abort_.load(std::memory_order_relaxed); }
@@ -195,6 +197,7 @@ class CpuBackend : public Backend {
   std::vector<Peer> peers_;
   std::unique_ptr<TcpListener> listener_;
   std::unique_ptr<ShmSegment> my_seg_;
+  std::atomic<size_t> memory_bytes_{0};  // my_seg_'s size, published at the end of Connect
   std::vector<std::unique_ptr<ShmSegment>> peer_segs_;
   SpinBudget coll_spin_, p2p_spin_;  // executor thread / p2p thread
   bool direct_ = false;              // constant after Connect

@@ -162,6 +162,9 @@ absl::Status ProcessGroup::EnsureConnected() {
   if (!st.ok()) return base::Annotate(st, absl::StrCat("connecting group '", opts_.name, "'"));
   connected_ = true;
   connected_fast_.store(true, std::memory_order_release);
+  if (opts_.recorder) {
+    opts_.recorder->SetGroupMemory(fr_group_, static_cast<int64_t>(backend_->MemoryBytes()));
+  }
   return absl::OkStatus();
 }
 
@@ -539,6 +542,11 @@ void ProcessGroup::WatchdogLoop() {
       mu_.AwaitWithTimeout(absl::Condition(stopped, &stop_), opts_.watchdog_period);
     }
     if (stop_) break;
+    // Device backends create communicators lazily (nccl-lazy, nccl-legacy): keep the dump's
+    // per-group memory current.
+    if (opts_.recorder && connected_fast_.load(std::memory_order_acquire)) {
+      opts_.recorder->SetGroupMemory(fr_group_, static_cast<int64_t>(backend_->MemoryBytes()));
+    }
     int64_t now = NowNs();
     std::string timeout_msg;
     {

@@ -130,7 +130,7 @@ class ProcessGroup {
   // rank is excluded or the ranks are not distinct ranks of the group.
   absl::StatusOr<std::unique_ptr<ProcessGroup>> Shrink(const std::vector<int>& excluded_ranks,
                                                        const std::string& name = "");
-  // Bytes the communication library holds outside any allocator (0 for cpu).
+  // Bytes the communication library holds outside any allocator (cpu: its shared-memory segment).
   size_t CommMemoryBytes() const { return backend_ ? backend_->MemoryBytes() : 0; }
 
   // Fails the running and queued ops with ABORTED(why) and unblocks every thread.

@@ -64,6 +64,7 @@ class ShmSegment {
   char* data(int i) const;
   size_t ring_bytes() const { return ring_bytes_; }
   char* extra() const { return static_cast<char*>(base_) + extra_off_; }
+  size_t mapped_bytes() const { return len_; }
 
  private:
   ShmSegment(std::string name, void* base, size_t len, size_t ring_bytes, size_t extra_off,

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
@@ -182,6 +183,29 @@ std::string ConfigFlagsHelp() {
   return out;
 }
 
+absl::StatusOr<std::string> HttpListenOf(const std::string& http_listen,
+                                         const std::string& api_listen) {
+  if (http_listen != "auto") return http_listen;
+  const size_t colon = api_listen.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(api_listen.substr(colon + 1), &port) ||
+      port < 0 || port > 65534) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_listen: auto needs listen as host:port, not '", api_listen,
+        "'; give http_listen explicitly"));
+  }
+  std::string host = api_listen.substr(0, colon);
+  // The HTTP server is IPv4 only (base/http_server.h): the IPv6 wildcard and loopback map over.
+  if (host == "[::]") host = "0.0.0.0";
+  if (host == "[::1]") host = "127.0.0.1";
+  if (absl::StartsWith(host, "[")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "http_listen: auto cannot serve HTTP on the IPv6 address of listen '", api_listen,
+        "' (the HTTP server is IPv4 only); give http_listen explicitly"));
+  }
+  return absl::StrCat(host, ":", port == 0 ? 0 : port + 1);
+}
+
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   RETURN_IF_ERROR(RejectRemoved(cfg, ""));
   DaemonOptions o;
@@ -219,6 +243,17 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.heartbeat = std::min(absl::Seconds(1), o.lease_ttl / 4);
   o.poll = absl::Seconds(cfg.poll_s());
   o.restart_backoff = absl::Seconds(cfg.restart_backoff_s());
+  ASSIGN_OR_RETURN(o.http_listen, HttpListenOf(cfg.http_listen(), cfg.listen()));
+  if (cfg.metrics_auth() != "token" && cfg.metrics_auth() != "none") {
+    return absl::InvalidArgumentError(absl::StrCat("metrics_auth: '", cfg.metrics_auth(),
+                                                   "' is not one of token, none"));
+  }
+  o.metrics_require_token = cfg.metrics_auth() == "token";
+  if (cfg.metrics_finished_jobs() < 0 || cfg.metrics_finished_jobs() > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "metrics_finished_jobs: ", cfg.metrics_finished_jobs(), " is not in 0..1000"));
+  }
+  o.metrics.finished_jobs = cfg.metrics_finished_jobs();
   if (!cfg.auth_token_file().empty()) {
     ASSIGN_OR_RETURN(o.auth_token, base::ReadTokenFile(cfg.auth_token_file()));
   } else if (!cfg.insecure_no_auth()) {

@@ -53,6 +53,12 @@ std::string ConfigFlagsHelp();
 // file.
 absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg);
 
+// http_listen "auto": the API's host with its port + 1 (port 0 stays 0; [::] and [::1] become
+// 0.0.0.0 and 127.0.0.1, the HTTP server being IPv4 only); other values as given.
+// INVALID_ARGUMENT when auto meets a listen address without a port or another IPv6 host.
+absl::StatusOr<std::string> HttpListenOf(const std::string& http_listen,
+                                         const std::string& api_listen);
+
 }  // namespace ember::daemon
 
 #endif  // EMBER_RUNTIME_DAEMON_CONFIG_H_

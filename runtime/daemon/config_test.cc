@@ -72,6 +72,9 @@ TEST_CASE("config: the defaults are emberd's documented ones") {
   CHECK(o->poll == absl::Milliseconds(100));
   CHECK(o->restart_backoff == absl::Seconds(1));
   CHECK(o->scheduler);
+  CHECK(o->http_listen == "127.0.0.1:29401");  // http_listen: auto
+  CHECK(o->metrics_require_token);
+  CHECK(o->metrics.finished_jobs == 10);
   // Every setting is listed by --help with its default.
   std::string help = ConfigFlagsHelp();
   CHECK(absl::StrContains(help, "--work_root=string"));
@@ -242,6 +245,29 @@ TEST_CASE("config: store: etcd://... hosts a store backed by etcd, with its etcd
   CHECK(o->store_backend == nullptr);
 }
 
+TEST_CASE("config: http_listen and metrics_auth") {
+  CHECK(*HttpListenOf("auto", "10.0.0.5:7000") == "10.0.0.5:7001");
+  CHECK(*HttpListenOf("auto", "127.0.0.1:0") == "127.0.0.1:0");
+  CHECK(*HttpListenOf("auto", "[::1]:29400") == "127.0.0.1:29401");  // HTTP is IPv4 only
+  CHECK(*HttpListenOf("auto", "[::]:29400") == "0.0.0.0:29401");
+  CHECK(absl::IsInvalidArgument(HttpListenOf("auto", "[fe80::1]:29400").status()));
+  CHECK(HttpListenOf("", "127.0.0.1:29400")->empty());  // off
+  CHECK(*HttpListenOf("0.0.0.0:9100", "127.0.0.1:29400") == "0.0.0.0:9100");
+  CHECK(absl::IsInvalidArgument(HttpListenOf("auto", "no-port").status()));
+  EmberdConfig cfg;
+  cfg.set_host_store(true);
+  cfg.set_insecure_no_auth(true);
+  cfg.set_metrics_auth("none");
+  REQUIRE(ToDaemonOptions(cfg).ok());
+  CHECK(!ToDaemonOptions(cfg)->metrics_require_token);
+  cfg.set_metrics_auth("basic");
+  auto bad = ToDaemonOptions(cfg);
+  CHECK(absl::StrContains(bad.status().message(), "metrics_auth: 'basic'"));
+  cfg.set_metrics_auth("token");
+  cfg.set_metrics_finished_jobs(-1);
+  CHECK(absl::StrContains(ToDaemonOptions(cfg).status().message(), "metrics_finished_jobs"));
+}
+
 TEST_CASE("config: the sample in deploy/ parses") {
   EmberdConfig cfg;
   REQUIRE(LoadEmberdConfig("deploy/emberd.yaml", &cfg).ok());
@@ -249,6 +275,8 @@ TEST_CASE("config: the sample in deploy/ parses") {
   CHECK(cfg.store_data_dir() == "/var/lib/ember/store");
   CHECK(cfg.auth_token_file() == "/etc/ember/token");
   CHECK(cfg.cpu_slots() == -1);
+  CHECK(cfg.http_listen() == "auto");
+  CHECK(cfg.metrics_auth() == "token");
 }
 
 }  // namespace

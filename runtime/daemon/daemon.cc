@@ -39,7 +39,8 @@ SchedulerOptions SchedulerOptionsOf(const DaemonOptions& o) {
 }  // namespace
 
 Daemon::Impl::Impl(DaemonOptions o)
-    : opts(std::move(o)), clock(base::RealClock()), scheduler(SchedulerOptionsOf(opts), clock) {}
+    : opts(std::move(o)), clock(base::RealClock()), scheduler(SchedulerOptionsOf(opts), clock),
+      metrics(std::make_unique<MetricsExporter>(opts.metrics)) {}
 
 std::string Daemon::Impl::JobDir(const std::string& job) const {
   return absl::StrCat(opts.work_root, "/", job);
@@ -117,13 +118,14 @@ absl::Status Daemon::Impl::Init() {
   ASSIGN_OR_RETURN(server, base::StartGrpcServer(go, {jobs_service.get(), nodes_service.get()}));
   advertise = opts.advertise.empty() ? server.address : opts.advertise;
 
+  if (!opts.http_listen.empty()) RETURN_IF_ERROR(StartHttp());
   LoadState();  // the lease to keep and the workers to re-attach to
   RETURN_IF_ERROR(Register());
   last_tick_ms = NowMs();
   control_thread = std::thread([this] { ControlLoop(); });
   heartbeat_thread = std::thread([this] { HeartbeatLoop(); });
-  spdlog::info("emberd {} ready: api {}, store {}{}, work root {}, auth {}", opts.node_name,
-               advertise, store_addr,
+  spdlog::info("emberd {} ready: api {}, http {}, store {}{}, work root {}, auth {}",
+               opts.node_name, advertise, http ? http->address() : "off", store_addr,
                !opts.host_store ? ""
                : opts.store_backend_name.empty()
                    ? std::string(" (hosted)")
@@ -156,7 +158,10 @@ absl::Status Daemon::Impl::Register() {
       for (const auto& w : a.workers) n += w.exited ? 0 : 1;
     node.set_workers(n);
   }
-  RETURN_IF_ERROR(store->SetWithLease(keys::Node(opts.node_name), node.SerializeAsString(), id));
+  const absl::Time t0 = absl::Now();
+  absl::Status set = store->SetWithLease(keys::Node(opts.node_name), node.SerializeAsString(), id);
+  metrics->ObserveStoreOp("heartbeat", absl::ToDoubleSeconds(absl::Now() - t0));
+  RETURN_IF_ERROR(set);
   last_heartbeat_ms = NowMs();
   return absl::OkStatus();
 }
@@ -272,6 +277,7 @@ void Daemon::Impl::DrainNow() {
   Persist();
   if (leader) (void)store->Delete(keys::kLeader);
   if (lease.load() != 0) (void)store->RevokeLease(lease.load());
+  http.reset();
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   StopTorchStores();  // before the backend they borrow
   if (hosted_store) hosted_store->Shutdown();
@@ -292,6 +298,7 @@ void Daemon::Impl::DetachNow() {
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.
+  http.reset();
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
   StopTorchStores();  // before the backend they borrow
   if (hosted_store) hosted_store->Shutdown();
@@ -328,6 +335,9 @@ bool Daemon::Healthy() const {
   int64_t slack = 3 * absl::ToInt64Milliseconds(impl_->opts.heartbeat) + 2000;
   return now - impl_->last_tick_ms < slack && now - impl_->last_heartbeat_ms < slack;
 }
+
+std::string Daemon::http_address() const { return impl_->http ? impl_->http->address() : ""; }
+base::HttpServer* Daemon::http_server() const { return impl_->http.get(); }
 
 int Daemon::NumWorkers() const {
   absl::MutexLock l(&impl_->mu);

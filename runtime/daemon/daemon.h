@@ -41,7 +41,9 @@
 #include "absl/time/time.h"
 #include "proto/jobs.pb.h"
 #include "runtime/base/auth.h"
+#include "runtime/base/http_server.h"
 #include "runtime/daemon/inventory.h"
+#include "runtime/daemon/metrics.h"
 #include "runtime/store/server.h"
 
 namespace ember::daemon {
@@ -107,6 +109,13 @@ struct DaemonOptions {
   // (logs, checkpoints, metrics) stays. 0 / a zero duration = no limit of that kind.
   int keep_finished_jobs = 100;
   absl::Duration finished_job_ttl = absl::Hours(7 * 24);
+  // HTTP endpoint (base::HttpServer): /metrics in the Prometheus text format (metrics.h) and
+  // whatever else registers on http_server(). "" = no HTTP server.
+  std::string http_listen;
+  base::HttpServerOptions http;              // bounds; `listen` is replaced by http_listen
+  bool metrics_require_token = true;         // /metrics needs "Authorization: Bearer <auth_token>"
+                                             // (no effect when auth_token is empty)
+  MetricsOptions metrics;
 };
 
 class Daemon {
@@ -135,6 +144,11 @@ class Daemon {
   bool Healthy() const;
   std::string StatusLine() const;     // "2 jobs, 4 workers, leader" (for sd_notify STATUS=)
   int NumWorkers() const;             // live worker processes on this node
+
+  // The HTTP endpoint ("" / null when http_listen is empty). Handlers registered on it run on its
+  // threads until Drain or Detach stops it; they must not outlive the daemon.
+  std::string http_address() const;
+  base::HttpServer* http_server() const;
 
   class Impl;
 

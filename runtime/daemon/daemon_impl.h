@@ -23,7 +23,9 @@
 #include "proto/jobs.grpc.pb.h"
 #include "runtime/base/clock.h"
 #include "runtime/base/grpc_server.h"
+#include "runtime/base/http_server.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/metrics.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/scheduler.h"
@@ -216,6 +218,22 @@ class Daemon::Impl {
   // "node/device" -> job
   absl::StatusOr<std::map<std::string, std::string>> ReadAllocs() ABSL_LOCKS_EXCLUDED(mu);
   void FillProgress(Job* job) ABSL_LOCKS_EXCLUDED(mu);
+
+  // http.cc: the HTTP endpoint and /metrics (metrics.h). Started by Init when http_listen is set.
+  absl::Status StartHttp();
+  // What /metrics shows now: node, this node's ranks (under mu), and on the scheduler every job
+  // record (store reads, without mu).
+  MetricsSnapshot TakeSnapshot() ABSL_LOCKS_EXCLUDED(mu);
+  base::HttpResponse ServeMetrics(const base::HttpRequest& req) ABSL_LOCKS_EXCLUDED(mu);
+
+  // Self-synchronized; created in the constructor (schedule.cc and supervise.cc count into it).
+  std::unique_ptr<MetricsExporter> metrics;
+  // The last rendered /metrics body, reused for scrapes within a second of it.
+  absl::Mutex scrape_mu;
+  std::string scrape_text ABSL_GUARDED_BY(scrape_mu);
+  absl::Time scrape_at ABSL_GUARDED_BY(scrape_mu) = absl::InfinitePast();
+  // Declared last, so destroyed first: its handlers use the members above. Null when off.
+  std::unique_ptr<base::HttpServer> http;
 };
 
 int64_t NowMs();

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "proto/jobs.pb.h"
+#include "runtime/daemon/nvml.h"
 
 namespace ember::daemon {
 
@@ -29,11 +30,10 @@ class Inventory {
   int cpu_slots() const { return cpu_slots_; }
   int cuda_devices() const { return cuda_; }
   bool nvml_loaded() const;
+  const Nvml* nvml() const { return nvml_.get(); }  // null without NVML
 
   // Fills devices (without job ids), memory and GPU telemetry of `node`.
   void Fill(jobs::v1::Node* node) const;
-
-  class Nvml;  // dlopen'd libnvidia-ml (inventory.cc)
 
  private:
   std::unique_ptr<Nvml> nvml_;

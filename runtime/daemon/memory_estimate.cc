@@ -34,9 +34,13 @@ MemoryEstimate EstimateMemory(const spec::v1::JobSpec& spec, int world) {
     mlp_params = 2 * d * hidden;
   }
   if (m.mlp() == "moe") mlp_params = mlp_params * m.moe_experts() + d * m.moe_experts();
-  const int64_t layer = 4 * d * d + mlp_params + 2 * d;  // qkv, proj, MLP, two norms
+  // qkv ((H + 2 KV) hd rows), proj, MLP, two norms
+  const int64_t kv = m.n_kv_heads() > 0 ? m.n_kv_heads() : heads;
+  const int64_t layer = (heads + 2 * kv) * (d / heads) * d + d * d + mlp_params + 2 * d;
   MemoryEstimate e;
-  e.params = V * d + T * d + L * layer + d;               // wte, wpe (tied head), blocks, ln_f
+  const bool llama = m.arch() == "llama";
+  // wte, wpe (gpt), blocks, ln_f, lm_head (untied)
+  e.params = V * d + (llama ? 0 : T * d) + L * layer + d + (m.tie_embeddings() || !llama ? 0 : V * d);
   const int64_t w = std::max(1, world);
   e.state_bytes = 16 * ((e.params + w - 1) / w);  // fp32 weights, gradients, m, v
   e.gathered_bytes = 2 * 4 * std::max(layer, V * d);

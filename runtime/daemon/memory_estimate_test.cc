@@ -24,6 +24,9 @@ int64_t ModelParams(const spec::v1::JobSpec& s) {
           : m.mlp() == "moe"  ? model::GptConfig::Mlp::kMoe
                               : model::GptConfig::Mlp::kGelu;
   c.n_expert = m.moe_experts();
+  c.arch = m.arch() == "llama" ? model::GptConfig::Arch::kLlama : model::GptConfig::Arch::kGpt;
+  c.n_kv_head = m.n_kv_heads();
+  c.tie_embeddings = m.tie_embeddings();
   int64_t n = 0;
   for (const auto& p : model::ParamSpecs(c)) n += p.numel();
   return n;
@@ -46,7 +49,10 @@ TEST_CASE("the estimate counts the parameters the model has") {
                             "{n_layers: 3, d_model: 80, n_heads: 4, mlp: swiglu}",
                             "{n_layers: 1, d_model: 32, n_heads: 2, mlp: moe, moe_experts: 3}",
                             "{n_layers: 2, d_model: 48, n_heads: 4, mlp_hidden: 100, "
-                            "vocab_size: 1000, context_length: 64}"}) {
+                            "vocab_size: 1000, context_length: 64}",
+                            "{arch: llama, n_layers: 2, d_model: 64, n_heads: 4, n_kv_heads: 2}",
+                            "{arch: llama, n_layers: 2, d_model: 64, n_heads: 8, n_kv_heads: 1, "
+                            "tie_embeddings: true, mlp: moe}"}) {
     auto s = spec::ParseJobSpec(std::string("model: ") + model);
     REQUIRE(s.ok());
     INFO(model);

@@ -180,11 +180,15 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
     jobs::v1::Progress p;
     if (p.ParseFromString(*v)) report.last_step = p.step();
   }
+  bool recorded = false;
   auto r = UpdateRecord(id, [&](Job* j) {
+    recorded = false;
     if (j->state() != jobs::v1::RUNNING || j->attempts_size() != job.attempts_size()) return false;
     scheduler.RecordFailure(j, report);
+    recorded = true;
     return true;
   });
+  if (r.ok() && recorded && r->state() == jobs::v1::RESTARTING) metrics->CountRestart();
   if (r.ok()) {
     spdlog::warn("job {} attempt {} failed: {} -> {}", id, n, r->reason(),
                  jobs::v1::JobState_Name(r->state()));

@@ -100,9 +100,10 @@ absl::StatusOr<Daemon::Impl::ScriptLaunch> Daemon::Impl::PrepareScript(
       std::set<int>& used = torch_ports[job.id()];
       std::vector<std::unique_ptr<store::TcpStoreServer>> unwanted;  // closed after the choice
       std::unique_ptr<store::TcpStoreServer> server;
+      store::TcpStoreOptions to;
+      to.key_prefix = job::keys::TorchStore(job.id(), n);
       for (int tries = 0; tries < 8 && !server; ++tries) {
-        ASSIGN_OR_RETURN(auto s, store::TcpStoreServer::Start(
-                                     host, 0, backend, job::keys::TorchStore(job.id(), n)));
+        ASSIGN_OR_RETURN(auto s, store::TcpStoreServer::Start(host, 0, backend, to));
         if (used.count(s->port())) unwanted.push_back(std::move(s));  // an earlier attempt's
         else server = std::move(s);
       }

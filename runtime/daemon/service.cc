@@ -328,6 +328,16 @@ class JobsService final : public v1::Jobs::Service {
       const std::string& b = spec.parallelism().backend();
       type = (b.rfind("nccl", 0) == 0) ? "cuda" : "cpu";
     }
+    // The backend follows the devices: an empty one is `nccl` on cuda (PyTorch 2.15's default
+    // NCCL process group) and `cpu` on cpu; an explicit mismatch is refused naming both fields.
+    const std::string& backend = spec.parallelism().backend();
+    if (backend.empty()) {
+      job.mutable_spec()->mutable_parallelism()->set_backend(type == "cuda" ? "nccl" : "cpu");
+    } else if ((type == "cuda") != (backend.rfind("nccl", 0) == 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "parallelism.backend: '", backend, "' does not run on resources.device_type '", type,
+          "' (cuda takes nccl, nccl-lazy or nccl-legacy; cpu takes cpu); change one of them"));
+    }
     job.set_device_type(type);
     int world = spec.parallelism().world_size();
     if (world == 0 && spec.resources().devices_per_node() > 0) {

@@ -188,6 +188,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
       (void)store->CompareSet(keys::Failure(job.id(), at.number()), std::nullopt,
                               e.SerializeAsString());
     } else {
+      metrics->CountWorkerStart();
       w.pid = *pid;
       if (auto info = ReadProcInfo(w.pid)) w.start_ticks = info->start_ticks;
     }

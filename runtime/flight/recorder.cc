@@ -61,6 +61,13 @@ int FlightRecorder::RegisterGroup(GroupInfo info) {
   return static_cast<int>(groups_.size()) - 1;
 }
 
+void FlightRecorder::SetGroupMemory(int group_id, int64_t bytes) {
+  absl::MutexLock l(&mu_);
+  if (group_id >= 0 && group_id < static_cast<int>(groups_.size())) {
+    groups_[group_id].memory_bytes = bytes;
+  }
+}
+
 uint64_t FlightRecorder::Record(const OpRecord& r) {
   int64_t now = NowNanos();
   absl::MutexLock l(&mu_);
@@ -140,6 +147,11 @@ void FlightRecorder::Fail(uint64_t id, absl::string_view error) {
   CopyTrunc(e.error, sizeof(e.error), error);
 }
 
+size_t FlightRecorder::size() const {
+  absl::MutexLock l(&mu_);
+  return static_cast<size_t>(std::min<uint64_t>(next_id_ - 1, capacity_));
+}
+
 std::vector<Entry> FlightRecorder::Entries() const {
   absl::MutexLock l(&mu_);
   std::vector<Entry> out;
@@ -185,7 +197,8 @@ std::string FlightRecorder::DumpJson(absl::string_view reason, int rank) const {
     absl::StrAppend(&out, "], \"last_enqueued_seq\": ", g.last_enqueued_seq,
                     ", \"last_started_seq\": ", g.last_started_seq,
                     ", \"last_completed_seq\": ", g.last_completed_seq,
-                    ", \"last_p2p_seq\": ", g.last_p2p_seq, "}");
+                    ", \"last_p2p_seq\": ", g.last_p2p_seq,
+                    ", \"memory_bytes\": ", g.memory_bytes, "}");
   }
   absl::StrAppend(&out, "\n  ],\n  \"entries\": [");
   for (size_t i = 0; i < entries.size(); ++i) {

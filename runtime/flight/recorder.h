@@ -29,7 +29,7 @@ namespace ember::flight {
 // Bump the minor version when adding fields, the major when changing existing ones.
 inline constexpr char kSchemaName[] = "ember.flight_recorder";
 inline constexpr int kSchemaMajor = 1;
-inline constexpr int kSchemaMinor = 0;
+inline constexpr int kSchemaMinor = 1;  // 1.1: groups[].memory_bytes
 
 enum class State : uint8_t { kScheduled, kStarted, kCompleted, kFailed };
 const char* StateName(State s);
@@ -78,6 +78,9 @@ struct GroupInfo {
   // Maintained by the recorder from the group's collective records.
   int64_t last_enqueued_seq = 0, last_started_seq = 0, last_completed_seq = 0;
   int64_t last_p2p_seq = 0;
+  // Memory the group's communicators hold outside any allocator (shm segments, NCCL buffers), as
+  // its backend last reported it (SetGroupMemory); 0 = none or unknown.
+  int64_t memory_bytes = 0;
 };
 
 struct RecorderOptions {
@@ -95,6 +98,8 @@ class FlightRecorder {
 
   // Records a scheduled op; returns its record id. Overwrites the oldest entry when full.
   uint64_t Record(const OpRecord& r);
+  // The group's communicator memory (GroupInfo::memory_bytes), reported by its owner.
+  void SetGroupMemory(int group_id, int64_t bytes);
   // State transitions. Ignored when the entry has already been overwritten.
   void Start(uint64_t record_id);
   void Complete(uint64_t record_id);
@@ -103,6 +108,8 @@ class FlightRecorder {
   void SetDeviceTimes(uint64_t record_id, int64_t start_ns, int64_t end_ns);
 
   size_t capacity() const { return capacity_; }
+  // Entries held now (at most capacity()).
+  size_t size() const;
   // Entries oldest first (a copy) and the groups.
   std::vector<Entry> Entries() const;
   std::vector<GroupInfo> Groups() const;

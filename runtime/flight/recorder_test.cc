@@ -29,6 +29,11 @@ TEST_CASE("ring keeps the newest entries and tracks seq numbers") {
   REQUIRE(json.find("\"schema\": \"ember.flight_recorder\"") != std::string::npos);
   REQUIRE(json.find("\"state\": \"failed\"") != std::string::npos);
   REQUIRE(json.find("boom \\\"quoted\\\"") != std::string::npos);
+  REQUIRE(json.find("\"memory_bytes\": 0}") != std::string::npos);
+  fr.SetGroupMemory(g, 3 << 20);
+  fr.SetGroupMemory(7, 1);  // no such group: ignored
+  REQUIRE(fr.Groups()[0].memory_bytes == 3 << 20);
+  REQUIRE(fr.DumpJson("api", 1).find("\"memory_bytes\": 3145728}") != std::string::npos);
   fr.Start(1);  // overwritten entry: ignored
   REQUIRE(fr.ClaimDump("x"));
   REQUIRE(!fr.ClaimDump("x"));
@@ -41,7 +46,7 @@ TEST_CASE("DumpToFile writes the document atomically") {
   std::ifstream f(path);
   std::stringstream ss;
   ss << f.rdbuf();
-  REQUIRE(ss.str().find("\"version\": \"1.0\"") != std::string::npos);
+  REQUIRE(ss.str().find("\"version\": \"1.1\"") != std::string::npos);
 }
 
 }  // namespace ember::flight

@@ -163,7 +163,7 @@ absl::Status FsdpGpt::Init() {
     }
     units_.push_back(std::move(u));
   };
-  add_unit("root", {"wte.weight", "wpe.weight", "ln_f.weight"});
+  add_unit("root", model::RootParamNames(cfg_));
   for (int64_t l = 0; l < cfg_.n_layer; ++l) {
     std::vector<std::string> names;
     for (const auto& s : model::BlockParamSpecs(cfg_, l)) names.push_back(s.name);
@@ -334,15 +334,19 @@ absl::StatusOr<float> FsdpGpt::Run(const ExecContext& ctx, const int32_t* tokens
   Unit& root = *units_[0];
   RETURN_IF_ERROR(EnsureGathered(root));
   if (opts_.prefetch && L > 0) IssueGather(*units_[1]);
-  Param& wte = *root.params[0];
-  Param& wpe = *root.params[1];
-  Param& lnf = *root.params[2];
-  std::vector<int32_t> pos(N);
-  for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
+  // Root unit, in model::RootParamNames order: wte, [wpe (gpt)], ln_f, [lm_head (untied)].
+  auto root_index = [&](const char* name) {
+    for (size_t i = 0; i < root.params.size(); ++i)
+      if (root.params[i]->spec.name == name) return static_cast<int>(i);
+    return -1;
+  };
+  const int i_wte = root_index("wte.weight"), i_wpe = root_index("wpe.weight");
+  const int i_lnf = root_index("ln_f.weight");
+  const int i_head = cfg_.tie_embeddings ? i_wte : root_index("lm_head.weight");
+  auto full = [&](int i) { return i < 0 ? nullptr : root.params[i]->full.data<float>(); };
 
   Tensor x = Tensor::Empty(kernels::DType::kF32, {N, C});
-  kernels::EmbeddingForward(ctx, tokens, N, wte.full.data<float>(), C, x.data<float>(), false);
-  kernels::EmbeddingForward(ctx, pos.data(), N, wpe.full.data<float>(), C, x.data<float>(), true);
+  RETURN_IF_ERROR(model::EmbedForward(ctx, cfg_, full(i_wte), full(i_wpe), tokens, B, T, x.data<float>()));
   std::vector<model::BlockActivationsPtr> acts(L);
   for (int64_t l = 1; l <= L; ++l) {
     Unit& u = *units_[l];
@@ -355,28 +359,18 @@ absl::StatusOr<float> FsdpGpt::Run(const ExecContext& ctx, const int32_t* tokens
     // The last block's backward comes right away: keep it gathered (as FSDP2 does).
     if (!backward || (opts_.reshard_after_forward && l < L)) Reshard(u);
   }
-  Tensor y = Tensor::Empty(kernels::DType::kF32, {N, C});
-  Tensor rstd = Tensor::Empty(kernels::DType::kF32, {N});
-  kernels::RmsNormForward(ctx, x.data<float>(), lnf.full.data<float>(), N, C, cfg_.norm_eps,
-                          y.data<float>(), rstd.data<float>());
   if (!backward) {
-    ASSIGN_OR_RETURN(kernels::LceResult lce,
-                     kernels::FusedLinearCrossEntropy(ctx, cfg_.loss, y.data<float>(), wte.full.data<float>(),
-                                                      targets, N, C, V, nullptr, nullptr));
+    ASSIGN_OR_RETURN(float loss, model::HeadLoss(ctx, cfg_, full(i_lnf), full(i_head), x.data<float>(),
+                                                 targets, B, T, 1.0f, nullptr, nullptr, nullptr));
     Reshard(root);
-    return static_cast<float>(lce.loss);
+    return loss;
   }
-  std::vector<float*> root_grads = Grads(root);  // wte, wpe, ln_f
-  Tensor dy = Tensor::Empty(kernels::DType::kF32, {N, C});
-  ASSIGN_OR_RETURN(kernels::LceResult lce,
-                   kernels::FusedLinearCrossEntropy(ctx, cfg_.loss, y.data<float>(), wte.full.data<float>(),
-                                                    targets, N, C, V, dy.data<float>(), root_grads[0]));
-  y.Reset();
-  Tensor dx = Tensor::Empty(kernels::DType::kF32, {N, C});
-  kernels::RmsNormBackward(ctx, x.data<float>(), lnf.full.data<float>(), rstd.data<float>(),
-                           dy.data<float>(), N, C, dx.data<float>(), root_grads[2]);
+  std::vector<float*> root_grads = Grads(root);
+  auto grad = [&](int i) { return i < 0 ? nullptr : root_grads[i]; };
+  Tensor dx;
+  ASSIGN_OR_RETURN(float loss, model::HeadLoss(ctx, cfg_, full(i_lnf), full(i_head), x.data<float>(),
+                                               targets, B, T, 1.0f, &dx, grad(i_lnf), grad(i_head)));
   x.Reset();
-  dy.Reset();
   for (int64_t l = L; l >= 1; --l) {
     Unit& u = *units_[l];
     RETURN_IF_ERROR(EnsureGathered(u));
@@ -387,14 +381,13 @@ absl::StatusOr<float> FsdpGpt::Run(const ExecContext& ctx, const int32_t* tokens
     Reshard(u);
     if (sync) IssueReduceScatter(u);
   }
-  kernels::EmbeddingBackward(ctx, tokens, N, dx.data<float>(), C, root_grads[0]);
-  kernels::EmbeddingBackward(ctx, pos.data(), N, dx.data<float>(), C, root_grads[1]);
+  model::EmbedBackward(ctx, cfg_, tokens, B, T, dx.data<float>(), grad(i_wte), grad(i_wpe));
   Reshard(root);
   if (sync) {
     IssueReduceScatter(root);
     RETURN_IF_ERROR(FinishReduceScatters());
   }
-  return static_cast<float>(lce.loss);
+  return loss;
 }
 
 absl::StatusOr<double> FsdpGpt::AllReduceMean(double value) {

@@ -1,6 +1,6 @@
 // FSDP (ZeRO-3, PyTorch FSDP2 `fully_shard` semantics) for the GPT of runtime/model.
 //
-// Units: unit 0 is the root (wte, wpe, ln_f: gathered once per micro-batch for the embeddings
+// Units: unit 0 is the root (wte, [wpe], ln_f, [lm_head]: gathered once per micro-batch for the embeddings
 // and the tied LM head, freed after the backward), units 1..L are the transformer blocks. Every
 // parameter is sharded on dim 0 across the group with torch.chunk semantics: c = ceil(rows/N)
 // rows per rank, rank r holds rows [min(r c, rows), min((r+1) c, rows)), zero-padded to c rows so

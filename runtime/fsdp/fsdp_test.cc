@@ -18,9 +18,13 @@ namespace {
 
 using comm::DataType;
 
+// Set by the llama test case: TinyConfig() is then a Llama (RoPE, one kv head, untied head).
+bool g_llama = false;
+
 // Odd sizes so that torch.chunk pads at 4 ranks: vocab 67, context 19, width 36.
 model::GptConfig TinyConfig() {
-  model::GptConfig c;
+  model::GptConfig c = g_llama ? model::LlamaConfig() : model::GptConfig();
+  if (g_llama) c.n_kv_head = 1;
   c.vocab_size = 67;
   c.context = 19;
   c.n_layer = 2;
@@ -186,23 +190,40 @@ TEST_CASE("torch.chunk sharding and policy resolution", "[fsdp]") {
   CHECK(!ParseFloatDtype("precision.param_dtype", "f8").ok());
 }
 
-TEST_CASE("one rank matches the unsharded model with AdamW", "[fsdp]") {
-  const model::GptConfig cfg = TinyConfig();
-  auto gpt = *model::Gpt::Create(cfg, 42);
+// Losses of the unsharded model (TinyConfig(), seed 42, AdamW with clipping) over `steps` steps.
+std::vector<double> Unsharded(int steps) {
+  auto gpt = *model::Gpt::Create(TinyConfig(), 42);
   model::AdamW adam(Adam(), gpt->num_params(), 1.0);
   kernels::ThreadPool pool(1);
   kernels::ExecContext ctx{&pool, true};
   std::vector<double> ref;
   std::vector<int32_t> tok, tgt;
-  for (int s = 0; s < 8; ++s) {
+  for (int s = 0; s < steps; ++s) {
     auto gb = GlobalBatch(s, 4, 16, 67);
     Slice(gb, 16, 0, 4, &tok, &tgt);
     gpt->ZeroGrad();
     ref.push_back(*gpt->ForwardBackward(ctx, tok.data(), tgt.data(), 4, 16));
     adam.Step(ctx, *gpt);
   }
+  return ref;
+}
+
+TEST_CASE("one rank matches the unsharded model with AdamW", "[fsdp]") {
+  const std::vector<double> ref = Unsharded(8);
   CheckClose(Train(1, Fp32(), false, 8), ref, 1e-5);
   CHECK(ref.back() < ref.front());
+}
+
+TEST_CASE("llama (RoPE, GQA, untied head): 1 rank matches the unsharded model, 2 and 4 ranks match 1", "[fsdp]") {
+  g_llama = true;
+  const auto names = model::RootParamNames(TinyConfig());
+  CHECK(names == std::vector<std::string>{"wte.weight", "ln_f.weight", "lm_head.weight"});
+  const std::vector<double> ref = Unsharded(10);
+  CHECK(ref.back() < 0.9 * ref.front());
+  CheckClose(Train(1, Fp32(), false, 10), ref, 1e-5);
+  CheckClose(Train(2, Fp32(), true, 10), ref, 1e-5);
+  CheckClose(Train(4, Fp32(), true, 10), ref, 1e-5);
+  g_llama = false;
 }
 
 TEST_CASE("1, 2 and 4 ranks give the same fp32 losses; overlap settings are bitwise neutral", "[fsdp]") {

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "runtime/base/auth.h"
 
 namespace ember::job {
@@ -78,6 +80,12 @@ struct WorkerEnv {
 
 bool operator==(const WorkerEnv& a, const WorkerEnv& b);
 inline bool operator!=(const WorkerEnv& a, const WorkerEnv& b) { return !(a == b); }
+
+// Where rank `rank` appends its metrics lines (one JSON object per report, runtime/worker/step_io.h)
+// and emberd's /metrics reads the newest one: <job_dir>/metrics/rank-<rank>.jsonl.
+inline std::string MetricsPath(absl::string_view job_dir, int rank) {
+  return absl::StrCat(job_dir, "/metrics/rank-", rank, ".jsonl");
+}
 
 }  // namespace ember::job
 

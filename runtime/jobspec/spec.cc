@@ -84,6 +84,40 @@ absl::Status ValidateWorker(const spec::v1::WorkerConfig& w) {
   return absl::OkStatus();
 }
 
+// model.arch and the fields only llama uses (n_kv_heads, rope_*, tie_embeddings).
+absl::Status ValidateArch(const v1::ModelConfig& m) {
+  RETURN_IF_ERROR(OneOf("model.arch", m.arch(), {"gpt", "llama"}));
+  RETURN_IF_ERROR(Range("model.n_kv_heads", m.n_kv_heads(), 1, m.n_heads()));
+  if (m.n_heads() % m.n_kv_heads() != 0) {
+    return Bad("model.n_kv_heads", absl::StrCat(m.n_kv_heads(), " does not divide model.n_heads=",
+                                                m.n_heads()));
+  }
+  const auto& r = m.rope_scaling();
+  RETURN_IF_ERROR(OneOf("model.rope_scaling.type", r.type(), {"", "llama3"}));
+  if (m.arch() == "gpt") {
+    const std::string why = " needs model.arch: llama (gpt has learned positions, multi-head "
+                            "attention and a tied head)";
+    if (m.n_kv_heads() != m.n_heads())
+      return Bad("model.n_kv_heads", absl::StrCat(m.n_kv_heads(), " != n_heads", why));
+    if (!m.tie_embeddings()) return Bad("model.tie_embeddings", absl::StrCat("false", why));
+    if (!r.type().empty()) return Bad("model.rope_scaling.type", absl::StrCat("'", r.type(), "'", why));
+    return absl::OkStatus();
+  }
+  if ((m.d_model() / m.n_heads()) % 2 != 0) {
+    return Bad("model.d_model", absl::StrCat("head width d_model/n_heads = ", m.d_model() / m.n_heads(),
+                                             " is odd; RoPE rotates pairs of dimensions"));
+  }
+  RETURN_IF_ERROR(Range("model.rope_theta", m.rope_theta(), 1.0001, 1e12));
+  if (r.type() == "llama3") {
+    RETURN_IF_ERROR(Range("model.rope_scaling.factor", r.factor(), 1, 1e6));
+    RETURN_IF_ERROR(Range("model.rope_scaling.low_freq_factor", r.low_freq_factor(), 1e-6, 1e6));
+    RETURN_IF_ERROR(Range("model.rope_scaling.high_freq_factor", r.high_freq_factor(),
+                          r.low_freq_factor() * (1 + 1e-6), 1e6));
+    RETURN_IF_ERROR(Range("model.rope_scaling.original_max_position", r.original_max_position(), 1, 1 << 24));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // Defaults apply to unset fields only: an explicit value, 0 included, is kept and validated.
@@ -95,7 +129,19 @@ void ApplyDefaults(JobSpec* s) {
   if (!m->has_n_layers()) m->set_n_layers(2);
   if (!m->has_n_heads()) m->set_n_heads(4);
   if (!m->has_d_model()) m->set_d_model(128);
-  if (m->mlp().empty()) m->set_mlp("gelu");
+  if (m->arch().empty()) m->set_arch("gpt");
+  const bool llama = m->arch() == "llama";
+  if (m->mlp().empty()) m->set_mlp(llama ? "swiglu" : "gelu");
+  if (!m->has_n_kv_heads()) m->set_n_kv_heads(m->n_heads());
+  if (!m->has_rope_theta()) m->set_rope_theta(10000.0f);
+  if (!m->has_tie_embeddings()) m->set_tie_embeddings(!llama);
+  if (m->rope_scaling().type() == "llama3") {
+    auto* r = m->mutable_rope_scaling();
+    if (r->factor() == 0) r->set_factor(8.0f);
+    if (r->low_freq_factor() == 0) r->set_low_freq_factor(1.0f);
+    if (r->high_freq_factor() == 0) r->set_high_freq_factor(4.0f);
+    if (r->original_max_position() == 0) r->set_original_max_position(8192);
+  }
   if (m->mlp() == "moe") {
     if (!m->has_moe_experts()) m->set_moe_experts(4);
     if (!m->has_moe_top_k()) m->set_moe_top_k(2);
@@ -169,6 +215,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   }
   RETURN_IF_ERROR(Range("model.init_std", m.init_std(), 1e-6, 10));
   RETURN_IF_ERROR(Range("model.norm_eps", m.norm_eps(), 1e-12, 1));
+  RETURN_IF_ERROR(ValidateArch(m));
   const auto& l = s.loss();
   RETURN_IF_ERROR(Range("loss.label_smoothing", l.label_smoothing(), 0, 0.999));
   RETURN_IF_ERROR(Range("loss.z_loss", l.z_loss(), 0, 10));

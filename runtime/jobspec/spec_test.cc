@@ -132,6 +132,41 @@ TEST_CASE("job names: [A-Za-z0-9][A-Za-z0-9._-]{0,62}") {
   REQUIRE(ParseJobSpec("name: -x").status().message().find("name: '-x'") == 0);
 }
 
+TEST_CASE("model.arch llama: defaults, and errors naming the field and value") {
+  auto g = ParseJobSpec("model: {n_heads: 4}");
+  REQUIRE(g.ok());
+  CHECK(g->model().arch() == "gpt");
+  CHECK(g->model().mlp() == "gelu");
+  CHECK(g->model().n_kv_heads() == 4);
+  CHECK(g->model().tie_embeddings());
+  auto l = ParseJobSpec("model: {arch: llama, n_heads: 8, n_kv_heads: 2}");
+  REQUIRE(l.ok());
+  CHECK(l->model().mlp() == "swiglu");
+  CHECK(l->model().n_kv_heads() == 2);
+  CHECK(l->model().rope_theta() == 10000.0f);
+  CHECK_FALSE(l->model().tie_embeddings());
+  CHECK(l->model().rope_scaling().type().empty());
+  auto r = ParseJobSpec("model: {arch: llama, rope_theta: 500000, rope_scaling: {type: llama3, factor: 32}}");
+  REQUIRE(r.ok());
+  CHECK(r->model().rope_scaling().factor() == 32.0f);
+  CHECK(r->model().rope_scaling().low_freq_factor() == 1.0f);
+  CHECK(r->model().rope_scaling().high_freq_factor() == 4.0f);
+  CHECK(r->model().rope_scaling().original_max_position() == 8192);
+  REQUIRE(ParseJobSpec("model: {arch: llama, mlp: moe, attention_window: 16, tie_embeddings: true}").ok());
+  auto msg = [](const char* t) { return std::string(ParseJobSpec(t).status().message()); };
+  CHECK(msg("model: {arch: mamba}") == "model.arch: 'mamba' is not allowed; use one of gpt, llama");
+  CHECK(msg("model: {arch: llama, n_heads: 4, n_kv_heads: 3}") ==
+        "model.n_kv_heads: 3 does not divide model.n_heads=4");
+  CHECK(msg("model: {arch: llama, n_heads: 4, n_kv_heads: 8}").find("model.n_kv_heads: 8 is out of range") == 0);
+  CHECK(msg("model: {n_heads: 4, n_kv_heads: 2}").find("model.n_kv_heads: 2 != n_heads needs model.arch: llama") == 0);
+  CHECK(msg("model: {tie_embeddings: false}").find("model.tie_embeddings: false needs model.arch: llama") == 0);
+  CHECK(msg("model: {arch: llama, rope_scaling: {type: yarn}}").find("model.rope_scaling.type: 'yarn'") == 0);
+  CHECK(msg("model: {arch: llama, rope_theta: 0.5}").find("model.rope_theta: 0.5 is out of range") == 0);
+  CHECK(msg("model: {arch: llama, rope_scaling: {type: llama3, low_freq_factor: 4, high_freq_factor: 2}}")
+            .find("model.rope_scaling.high_freq_factor: 2 is out of range") == 0);
+  CHECK(msg("model: {arch: llama, d_model: 12, n_heads: 4}").find("model.d_model: head width") == 0);
+}
+
 TEST_CASE("loss and norm settings: defaults, ranges") {
   auto s = ParseJobSpec("name: j");
   REQUIRE(s->model().norm_eps() == 1e-5f);

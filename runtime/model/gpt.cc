@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <numeric>
 
 #include "absl/strings/str_cat.h"
@@ -21,119 +23,34 @@ namespace {
 
 Tensor F32(std::vector<int64_t> shape) { return Tensor::Empty(DType::kF32, std::move(shape)); }
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-uint64_t Fnv1a64(const std::string& s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
-
 // Indices of the block's parameters, in BlockParamSpecs order.
 enum BlockParam { kLn1 = 0, kQkv, kProj, kLn2, kFc1, kFc2, kGate = 4 };
 
+// One cos/sin table per distinct (head_dim, theta, scaling, context) in the process, shared by
+// every block (a table is context * head_dim floats).
+std::shared_ptr<const kernels::RopeTable> SharedRopeTable(const GptConfig& cfg) {
+  static std::mutex mu;
+  static auto* cache = new std::map<std::string, std::shared_ptr<const kernels::RopeTable>>;
+  const auto& r = cfg.rope_scaling;
+  auto bits = [](float f) {  // exact: StrCat would print 6 significant digits
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+  };
+  const std::string key = absl::StrCat(cfg.head_dim(), "/", bits(cfg.rope_theta), "/", r.llama3, "/",
+                                       bits(r.factor), "/", bits(r.low_freq_factor), "/",
+                                       bits(r.high_freq_factor), "/", r.original_max_position, "/",
+                                       cfg.context);
+  std::lock_guard<std::mutex> lock(mu);
+  auto& slot = (*cache)[key];
+  if (slot == nullptr) {
+    slot = std::make_shared<const kernels::RopeTable>(kernels::MakeRopeTable(
+        kernels::RopeInvFreq(cfg.head_dim(), cfg.rope_theta, cfg.rope_scaling), cfg.context));
+  }
+  return slot;
+}
+
 }  // namespace
-
-GptConfig BenchmarkConfig() {
-  GptConfig c;
-  c.vocab_size = 8192;
-  c.context = 256;
-  c.n_layer = 4;
-  c.n_head = 4;
-  c.d_model = 256;
-  return c;
-}
-
-int64_t GptConfig::ff() const {
-  if (d_ff > 0) return d_ff;
-  if (mlp == Mlp::kSwiGlu) return (8 * d_model / 3 + 15) / 16 * 16;
-  return 4 * d_model;
-}
-
-absl::Status GptConfig::Validate() const {
-  auto bad = [](const char* what) { return absl::InvalidArgumentError(absl::StrCat("GptConfig: ", what)); };
-  if (vocab_size <= 0) return bad("vocab_size must be > 0");
-  if (context <= 0) return bad("context must be > 0");
-  if (n_layer <= 0) return bad("n_layer must be > 0");
-  if (n_head <= 0 || d_model % n_head != 0) return bad("d_model must be a multiple of n_head");
-  if (window < 0) return bad("window must be >= 0");
-  if (mlp == Mlp::kMoe && (n_expert <= 0 || top_k <= 0 || top_k > n_expert))
-    return bad("MoE needs 0 < top_k <= n_expert");
-  if (vocab_size > (int64_t{1} << 31) - 1) return bad("vocab_size must fit int32");
-  return absl::OkStatus();
-}
-
-int64_t ParamSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-std::vector<ParamSpec> BlockParamSpecs(const GptConfig& cfg, int64_t layer) {
-  const int64_t C = cfg.d_model, F = cfg.ff();
-  const float std_w = cfg.init_std;
-  const float std_out = cfg.init_std / std::sqrt(2.0f * cfg.n_layer);  // residual projections
-  const std::string p = absl::StrCat("blocks.", layer, ".");
-  std::vector<ParamSpec> s = {
-      {p + "ln1.weight", {C}, 0.0f},
-      {p + "attn.qkv.weight", {3 * C, C}, std_w},
-      {p + "attn.proj.weight", {C, C}, std_out},
-      {p + "ln2.weight", {C}, 0.0f},
-  };
-  switch (cfg.mlp) {
-    case GptConfig::Mlp::kGelu:
-      s.push_back({p + "mlp.fc1.weight", {F, C}, std_w});
-      s.push_back({p + "mlp.fc2.weight", {C, F}, std_out});
-      break;
-    case GptConfig::Mlp::kSwiGlu:
-      s.push_back({p + "mlp.fc1.weight", {2 * F, C}, std_w});
-      s.push_back({p + "mlp.fc2.weight", {C, F}, std_out});
-      break;
-    case GptConfig::Mlp::kMoe:
-      s.push_back({p + "moe.gate.weight", {cfg.n_expert, C}, std_w});
-      for (int64_t e = 0; e < cfg.n_expert; ++e) {
-        const std::string q = absl::StrCat(p, "moe.experts.", e, ".");
-        s.push_back({q + "fc1.weight", {F, C}, std_w});
-        s.push_back({q + "fc2.weight", {C, F}, std_out});
-      }
-      break;
-  }
-  return s;
-}
-
-std::vector<ParamSpec> ParamSpecs(const GptConfig& cfg) {
-  std::vector<ParamSpec> s = {
-      {"wte.weight", {cfg.vocab_size, cfg.d_model}, cfg.init_std},
-      {"wpe.weight", {cfg.context, cfg.d_model}, cfg.init_std},
-  };
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    auto b = BlockParamSpecs(cfg, l);
-    s.insert(s.end(), b.begin(), b.end());
-  }
-  s.push_back({"ln_f.weight", {cfg.d_model}, 0.0f});
-  return s;
-}
-
-void InitParam(const ParamSpec& spec, uint64_t seed, int64_t offset, int64_t count, float* out) {
-  if (spec.init_std == 0.0f) {
-    std::fill(out, out + count, 1.0f);
-    return;
-  }
-  const uint64_t key = SplitMix64(seed) ^ Fnv1a64(spec.name);
-  for (int64_t i = 0; i < count; ++i) {
-    const uint64_t idx = static_cast<uint64_t>(offset + i);
-    const uint64_t a = SplitMix64(key + 2 * idx), b = SplitMix64(key + 2 * idx + 1);
-    const double u1 = (static_cast<double>(a >> 11) + 0.5) * 0x1p-53;
-    const double u2 = static_cast<double>(b >> 11) * 0x1p-53;
-    const double z = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-    out[i] = static_cast<float>(spec.init_std * z);
-  }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Block
@@ -155,7 +72,9 @@ struct BlockActivations {
 
 void BlockActivationsDeleter::operator()(BlockActivations* a) const { delete a; }
 
-Block::Block(const GptConfig& cfg, int64_t layer) : cfg_(cfg), layer_(layer) {}
+Block::Block(const GptConfig& cfg, int64_t layer) : cfg_(cfg), layer_(layer) {
+  if (cfg.arch == GptConfig::Arch::kLlama) rope_ = SharedRopeTable(cfg);
+}
 
 absl::StatusOr<BlockActivationsPtr> Block::Forward(const ExecContext& ctx,
                                                    absl::Span<const float* const> w,
@@ -174,13 +93,19 @@ absl::StatusOr<BlockActivationsPtr> Block::Forward(const ExecContext& ctx,
   a->ln1 = F32({N, C});
   a->rstd1 = F32({N});
   kernels::RmsNormForward(ctx, x, w[kLn1], N, C, cfg_.norm_eps, a->ln1.data<float>(), a->rstd1.data<float>());
-  a->qkv = F32({N, 3 * C});
-  kernels::LinearForward(ctx, a->ln1.data<float>(), w[kQkv], nullptr, N, C, 3 * C, a->qkv.data<float>());
+  const int64_t Q = cfg_.qkv_width(), KC = cfg_.kv_heads() * cfg_.head_dim();
+  if (rope_ != nullptr && T > rope_->T)
+    return absl::InvalidArgumentError(absl::StrCat("Block ", layer_, ": T ", T, " > context ", rope_->T));
+  a->qkv = F32({N, Q});
+  kernels::LinearForward(ctx, a->ln1.data<float>(), w[kQkv], nullptr, N, C, Q, a->qkv.data<float>());
+  // llama: rotate q and k (the first H + KV heads of each row) in place; qkv keeps rotated values.
+  if (rope_ != nullptr)
+    kernels::RopeForward(ctx, *rope_, a->qkv.data<float>(), B, T, cfg_.n_head + cfg_.kv_heads(), cfg_.head_dim(), Q);
   a->att = F32({N, C});
   a->lse = F32({B, cfg_.n_head, T});
-  kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window};
+  kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window, cfg_.kv_heads()};
   const float* qkv = a->qkv.data<float>();
-  kernels::AttentionForward(ctx, as, qkv, qkv + C, qkv + 2 * C, 3 * C, a->att.data<float>(), C,
+  kernels::AttentionForward(ctx, as, qkv, qkv + C, qkv + C + KC, Q, a->att.data<float>(), C,
                             a->lse.data<float>());
   a->xmid = F32({N, C});
   float* xmid = a->xmid.data<float>();
@@ -392,17 +317,21 @@ absl::Status Block::BackwardImpl(const ExecContext& ctx, absl::Span<const float*
   // Attention half.
   Tensor datt = F32({N, C});
   linear(a->att, kProj, dres, false, N, C, C, datt.data<float>());
-  Tensor dqkv = F32({N, 3 * C});
-  kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window};
+  const int64_t Q = cfg_.qkv_width(), KC = cfg_.kv_heads() * cfg_.head_dim();
+  Tensor dqkv = F32({N, Q});
+  kernels::AttentionShape as{B, T, cfg_.n_head, cfg_.head_dim(), cfg_.window, cfg_.kv_heads()};
   const float* qkv = a->qkv.data<float>();
   float* dq = dqkv.data<float>();
-  kernels::AttentionBackward(ctx, as, qkv, qkv + C, qkv + 2 * C, 3 * C, a->att.data<float>(),
-                             datt.data<float>(), C, a->lse.data<float>(), dq, dq + C, dq + 2 * C);
+  kernels::AttentionBackward(ctx, as, qkv, qkv + C, qkv + C + KC, Q, a->att.data<float>(),
+                             datt.data<float>(), C, a->lse.data<float>(), dq, dq + C, dq + C + KC);
   a->att.Reset();
   a->lse.Reset();
   datt.Reset();
+  // llama: gradients w.r.t. the rotated q and k back to the projection's outputs.
+  if (rope_ != nullptr)
+    kernels::RopeBackward(ctx, *rope_, dq, B, T, cfg_.n_head + cfg_.kv_heads(), cfg_.head_dim(), Q);
   Tensor dln1 = F32({N, C});
-  linear(a->ln1, kQkv, dqkv, false, N, C, 3 * C, dln1.data<float>());
+  linear(a->ln1, kQkv, dqkv, false, N, C, Q, dln1.data<float>());
   a->qkv.Reset();
   a->ln1.Reset();
   dqkv.Reset();
@@ -464,9 +393,10 @@ absl::Status EmbedForward(const ExecContext& ctx, const GptConfig& cfg, const fl
   for (int64_t n = 0; n < N; ++n)
     if (tokens[n] < 0 || tokens[n] >= V)
       return absl::InvalidArgumentError(absl::StrCat("token ", tokens[n], " at ", n, " outside [0, ", V, ")"));
+  kernels::EmbeddingForward(ctx, tokens, N, wte, C, x, false);
+  if (cfg.arch == GptConfig::Arch::kLlama) return absl::OkStatus();  // positions come from RoPE
   std::vector<int32_t> pos(N);
   for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
-  kernels::EmbeddingForward(ctx, tokens, N, wte, C, x, false);
   kernels::EmbeddingForward(ctx, pos.data(), N, wpe, C, x, true);
   return absl::OkStatus();
 }
@@ -474,9 +404,10 @@ absl::Status EmbedForward(const ExecContext& ctx, const GptConfig& cfg, const fl
 void EmbedBackward(const ExecContext& ctx, const GptConfig& cfg, const int32_t* tokens, int64_t B,
                    int64_t T, const float* dx, float* g_wte, float* g_wpe) {
   const int64_t N = B * T, C = cfg.d_model;
+  kernels::EmbeddingBackward(ctx, tokens, N, dx, C, g_wte);
+  if (cfg.arch == GptConfig::Arch::kLlama) return;
   std::vector<int32_t> pos(N);
   for (int64_t n = 0; n < N; ++n) pos[n] = static_cast<int32_t>(n % T);
-  kernels::EmbeddingBackward(ctx, tokens, N, dx, C, g_wte);
   kernels::EmbeddingBackward(ctx, pos.data(), N, dx, C, g_wpe);
 }
 
@@ -506,10 +437,13 @@ absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
   const int64_t N = B * T, C = cfg_.d_model;
   const int64_t base = kernels::MemoryStats::live_bytes();
   kernels::MemoryStats::ResetPeak();
-  const int wte = 0, wpe = 1, lnf = static_cast<int>(specs_.size()) - 1;
+  const int wte = FindParam("wte.weight"), wpe = FindParam("wpe.weight"), lnf = FindParam("ln_f.weight");
+  const int head = cfg_.tie_embeddings ? wte : FindParam("lm_head.weight");
+  auto p_or_null = [&](int i) { return i < 0 ? nullptr : param(i); };
+  auto g_or_null = [&](int i) { return i < 0 ? nullptr : grad(i); };
 
   Tensor x = F32({N, C});
-  RETURN_IF_ERROR(EmbedForward(ctx, cfg_, param(wte), param(wpe), tokens, B, T, x.data<float>()));
+  RETURN_IF_ERROR(EmbedForward(ctx, cfg_, param(wte), p_or_null(wpe), tokens, B, T, x.data<float>()));
   std::vector<BlockActivationsPtr> acts(blocks_.size());
   auto weights = [&](size_t l) {
     std::vector<const float*> w;
@@ -522,8 +456,8 @@ absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
   }
   // dx becomes the gradient of the residual stream, flowing back through the blocks.
   Tensor dx;
-  ASSIGN_OR_RETURN(float loss, HeadLoss(ctx, cfg_, param(lnf), param(wte), x.data<float>(), targets, B, T,
-                                        1.0f, backward ? &dx : nullptr, grad(lnf), grad(wte)));
+  ASSIGN_OR_RETURN(float loss, HeadLoss(ctx, cfg_, param(lnf), param(head), x.data<float>(), targets, B, T,
+                                        1.0f, backward ? &dx : nullptr, grad(lnf), grad(head)));
   if (backward) {
     x.Reset();
     for (size_t l = blocks_.size(); l-- > 0;) {
@@ -531,7 +465,7 @@ absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
       for (int i : block_param_index_[l]) g.push_back(grad(i));
       RETURN_IF_ERROR(blocks_[l].Backward(ctx, weights(l), g, std::move(acts[l]), dx.data<float>(), dx.data<float>()));
     }
-    EmbedBackward(ctx, cfg_, tokens, B, T, dx.data<float>(), grad(wte), grad(wpe));
+    EmbedBackward(ctx, cfg_, tokens, B, T, dx.data<float>(), grad(wte), g_or_null(wpe));
   }
   peak_activation_bytes_ = kernels::MemoryStats::peak_bytes() - base;
   return loss;

@@ -1,7 +1,10 @@
-// GPT-style decoder with hand-written forward and backward passes on the CPU kernels.
+// GPT-style and Llama-style decoders with hand-written forward and backward passes on the CPU
+// kernels.
 //
-//   tokens[B,T] -> wte[tok] + wpe[t] -> n_layer x Block -> RMSNorm (ln_f) -> fused linear
-//   cross-entropy against targets with the LM head tied to wte.
+//   gpt:   tokens[B,T] -> wte[tok] + wpe[t] -> n_layer x Block -> RMSNorm (ln_f) -> fused linear
+//          cross-entropy against targets with the LM head tied to wte.
+//   llama: tokens[B,T] -> wte[tok] -> n_layer x Block (RoPE on q and k, grouped-query attention)
+//          -> RMSNorm (ln_f) -> fused linear cross-entropy with lm_head (or wte when tied).
 //   Block: x + Attn(RMSNorm(x)) -> h; h + Mlp(RMSNorm(h)), Mlp = GELU MLP | SwiGLU MLP | top-k MoE.
 // docs/model.md has the exact math, shapes, initialisation and parameter names.
 //
@@ -37,6 +40,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/exec_context.h"
 #include "kernels/ops.h"
+#include "kernels/rope.h"
 #include "kernels/tensor.h"
 
 namespace ember::model {
@@ -45,6 +49,8 @@ namespace ember::model {
 // checks that they agree), listed once in docs/model.md.
 struct GptConfig {
   enum class Mlp { kGelu, kSwiGlu, kMoe };
+  enum class Arch { kGpt, kLlama };
+  Arch arch = Arch::kGpt;
   int64_t vocab_size = 256;
   int64_t context = 128;  // maximum T (rows of wpe)
   int64_t n_layer = 2;
@@ -59,8 +65,18 @@ struct GptConfig {
   float norm_eps = 1e-5f;
   float init_std = 0.02f;
   kernels::LceOptions loss;  // ignore_index, label smoothing, z-loss, reduction
+  // llama only (the gpt arch refuses other values): key/value heads (0: n_head; must divide
+  // n_head), RoPE base and Llama 3 frequency scaling, and whether the LM head is wte (true) or
+  // its own lm_head.weight (false; the llama job-spec default). gpt always ties.
+  int64_t n_kv_head = 0;
+  float rope_theta = 10000.0f;
+  kernels::RopeScaling rope_scaling;
+  bool tie_embeddings = true;
 
   int64_t head_dim() const { return d_model / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // Rows of attn.qkv.weight: (n_head + 2 kv_heads) * head_dim (3C without GQA).
+  int64_t qkv_width() const { return (n_head + 2 * kv_heads()) * head_dim(); }
   int64_t ff() const;
   // InvalidArgument naming the first bad field.
   absl::Status Validate() const;
@@ -69,6 +85,8 @@ struct GptConfig {
 // The 5.3M-parameter model of the benchmarks (kernel_bench, fsdp_bench; docs/benchmarks.md):
 // vocab 8192, context 256, 4 layers, 4 heads, width 256, GELU MLP, other fields default.
 GptConfig BenchmarkConfig();
+// GptConfig{} with arch llama, SwiGLU MLP and an untied head (what `model.arch: llama` defaults to).
+GptConfig LlamaConfig();
 
 // One parameter: hierarchical name (e.g. "blocks.3.attn.qkv.weight"), shape, and init rule:
 // normal(0, init_std) elementwise, or all ones when init_std == 0 (norm weights).
@@ -79,8 +97,11 @@ struct ParamSpec {
   int64_t numel() const;
 };
 
-// Every parameter in a fixed order: wte.weight, wpe.weight, blocks.0.*, ..., ln_f.weight.
+// Every parameter in a fixed order: wte.weight, wpe.weight (gpt only), blocks.0.*, ...,
+// ln_f.weight, lm_head.weight (untied only).
 std::vector<ParamSpec> ParamSpecs(const GptConfig& cfg);
+// The parameters outside the blocks, in ParamSpecs order: wte, [wpe], ln_f, [lm_head].
+std::vector<std::string> RootParamNames(const GptConfig& cfg);
 // The parameters of block `layer`, in the order Block expects its pointers.
 std::vector<ParamSpec> BlockParamSpecs(const GptConfig& cfg, int64_t layer);
 
@@ -138,18 +159,21 @@ class Block {
 
   const GptConfig cfg_;
   const int64_t layer_;
+  std::shared_ptr<const kernels::RopeTable> rope_;  // llama: positions [0, context)
 };
 
 // The ends of the model on caller-held parameters, for pipeline stages (runtime/pipeline): the
 // first stage embeds, the last one normalises and takes the loss. Gpt::Run is built from them.
 //
-// x[B*T,C] = wte[tokens] + wpe[t]. InvalidArgument for T > context or a token outside the vocab.
+// x[B*T,C] = wte[tokens] + wpe[t] (llama: wte[tokens]; wpe and g_wpe are then unused and may be
+// null). InvalidArgument for T > context or a token outside the vocab.
 absl::Status EmbedForward(const kernels::ExecContext& ctx, const GptConfig& cfg, const float* wte,
                           const float* wpe, const int32_t* tokens, int64_t B, int64_t T, float* x);
 // Accumulates the embedding gradients of dx[B*T,C] into g_wte and g_wpe.
 void EmbedBackward(const kernels::ExecContext& ctx, const GptConfig& cfg, const int32_t* tokens,
                    int64_t B, int64_t T, const float* dx, float* g_wte, float* g_wpe);
-// RMSNorm (ln_f) then the fused LM-head loss (head tied to wte) of x[B*T,C] against targets.
+// RMSNorm (ln_f) then the fused LM-head loss of x[B*T,C] against targets; `wte` is the head
+// weight [V,C]: wte when tied, lm_head.weight when not (g_wte likewise).
 // With dx != nullptr also the backward, scaled by dloss: *dx becomes a new [B*T,C] tensor, the
 // gradient w.r.t. x (allocated once the logits' workspace is gone), and g_lnf and g_wte are
 // accumulated. Returns the reduced loss (unscaled).

@@ -80,9 +80,14 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
     return layout.back().second;
   };
   const int first_rank = schedule.RankOfStage(0), last_rank = schedule.RankOfStage(S - 1);
+  auto spec_named = [&](const std::string& name) {
+    for (const model::ParamSpec& sp : all)
+      if (sp.name == name) return sp;
+    return model::ParamSpec{};
+  };
   if (p->rank_ == first_rank) {
     p->wte_ = add(all[0]);
-    p->wpe_ = add(all[1]);
+    if (cfg.arch == model::GptConfig::Arch::kGpt) p->wpe_ = add(spec_named("wpe.weight"));
   }
   const int64_t per_stage = cfg.n_layer / S;
   for (int st = p->rank_; st < S; st += R) {
@@ -100,8 +105,13 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   }
   if (p->rank_ == last_rank) {
     cur = S - 1;
-    p->lnf_ = add(all.back());
-    if (p->wte_ < 0) p->wte_ = add(all[0]);
+    p->lnf_ = add(spec_named("ln_f.weight"));
+    if (cfg.tie_embeddings) {
+      if (p->wte_ < 0) p->wte_ = add(all[0]);
+      p->head_ = p->wte_;
+    } else {
+      p->head_ = add(spec_named("lm_head.weight"));
+    }
   }
   p->layout_ = layout;
   p->params_.assign(total, 0.0f);
@@ -109,7 +119,7 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   p->grads_.assign(total, 0.0f);
   RETURN_IF_ERROR(p->PlanReductions(owner, options.data));
 
-  if (first_rank != last_rank) {
+  if (first_rank != last_rank && cfg.tie_embeddings) {
     ASSIGN_OR_RETURN(p->tied_, pg->NewGroup({first_rank, last_rank}));
   }
   ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * cfg.d_model,
@@ -302,7 +312,7 @@ absl::Status PipelineGpt::Forward(const kernels::ExecContext& ctx, const Action&
   StageState& ss = Local(s);
   std::vector<float> x(n);
   if (s == 0) {
-    RETURN_IF_ERROR(model::EmbedForward(ctx, cfg_, P(wte_), P(wpe_), tokens + mb * N_, mbs_, T_,
+    RETURN_IF_ERROR(model::EmbedForward(ctx, cfg_, P(wte_), wpe_ < 0 ? nullptr : P(wpe_), tokens + mb * N_, mbs_, T_,
                                         x.data()));
   } else if (schedule_.RankOfStage(s - 1) == rank_) {
     auto it = handover_.find(KeyOf(ActionType::kSendActivation, s - 1, mb));
@@ -323,9 +333,9 @@ absl::Status PipelineGpt::Forward(const kernels::ExecContext& ctx, const Action&
   }
   if (s == S - 1) {
     const int M = schedule_.options.micro_batches;
-    ASSIGN_OR_RETURN(float loss, model::HeadLoss(ctx, cfg_, P(lnf_), P(wte_), x.data(),
+    ASSIGN_OR_RETURN(float loss, model::HeadLoss(ctx, cfg_, P(lnf_), P(head_), x.data(),
                                                  targets + mb * N_, mbs_, T_, 1.0f / M,
-                                                 &head_dx_[mb], G(lnf_), G(wte_)));
+                                                 &head_dx_[mb], G(lnf_), G(head_)));
     loss_sum_ += static_cast<double>(loss) / M;
     return absl::OkStatus();
   }
@@ -375,7 +385,7 @@ absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action
   }
   acts_.erase(acts);
   if (s == 0) {
-    model::EmbedBackward(ctx, cfg_, tokens + mb * N_, mbs_, T_, dx.data(), G(wte_), G(wpe_));
+    model::EmbedBackward(ctx, cfg_, tokens + mb * N_, mbs_, T_, dx.data(), G(wte_), wpe_ < 0 ? nullptr : G(wpe_));
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(float* out, OutputFor(ActionType::kSendGrad, s, mb, s - 1));

@@ -7,7 +7,8 @@
 // gradients are summed (an all-reduce on a two-rank subgroup) so both copies take the same step.
 // That all-reduce runs at the Optimizer action, not at ReduceGrad: the CPU backend runs small
 // collectives inline on the caller's thread, which at ReduceGrad could block a rank that still owes
-// its peer activations (interleaved 1F1B).
+// its peer activations (interleaved 1F1B). A llama model with an untied head has no wpe and no
+// wte copy: its last stage holds lm_head.weight, and there is no tied all-reduce.
 //
 // Data parallelism (PipelineOptions::data, the stage group: the ranks of the other pipeline
 // replicas that hold this rank's stages): at ReduceGrad(s) the stage's gradients (its blocks;
@@ -168,6 +169,7 @@ class PipelineGpt {
   std::vector<int> stage_ids_;
   std::vector<std::unique_ptr<StageState>> local_stages_;
   int64_t wte_ = -1, wpe_ = -1, lnf_ = -1;  // offsets into params_/grads_, -1: not on this rank
+  int64_t head_ = -1;  // last stage: the LM head (wte_ when tied, lm_head.weight when not)
   std::vector<std::pair<model::ParamSpec, int64_t>> layout_;  // every parameter and its offset
   // Per layout_ entry: the rows this rank updates and where they sit in gshard_ / adam_m_ / adam_v_
   // (`chunk` rows reserved, zero-padded), and the stage whose ReduceGrad reduces it.

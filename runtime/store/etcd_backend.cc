@@ -15,6 +15,7 @@
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/etcd_mapping.h"
+#include "runtime/store/etcd_ops.h"
 #include "runtime/store/etcd_watch.h"
 #include "runtime/store/idempotent.h"
 #include "runtime/store/state.h"
@@ -217,21 +218,30 @@ class EtcdBackend : public Backend {
     q.set_key(etcd_.prefix + prefix);
     q.set_range_end(PrefixRangeEnd(etcd_.prefix + prefix));
     q.set_keys_only(!values);
+    return ReadRange(q, absl::StrCat("a read of prefix '", prefix, "'"), view, deadline);
+  }
+  absl::Status ReadRange(const pb::RangeRequest& q, const std::string& what, StoreState* view,
+                         absl::Time deadline) {
     pb::RangeResponse resp;
-    RETURN_IF_ERROR(client_->Call(
-        absl::StrCat("a read of prefix '", prefix, "'"), true, deadline,
-        [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
-          return s.kv->Range(ctx, q, &resp);
-        }));
+    RETURN_IF_ERROR(client_->Call(what, true, deadline,
+                                  [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
+                                    return s.kv->Range(ctx, q, &resp);
+                                  }));
     for (const auto& kv : resp.kvs()) AddEntry(kv, view);
-    view->revision = resp.header().revision();
+    view->revision = std::max(view->revision, resp.header().revision());
     NoteRevision(view->revision);
     return absl::OkStatus();
   }
 
-  // One transaction of range reads per kMaxOpsPerTxn keys (each chunk a consistent snapshot).
+  // One key: a plain Range (what a plain etcd client sends). More: one transaction of range
+  // reads per kMaxOpsPerTxn keys (each chunk a consistent snapshot).
   absl::Status ReadKeys(const std::vector<std::string>& keys, StoreState* view,
                         absl::Time deadline) {
+    if (keys.size() == 1) {
+      pb::RangeRequest q;
+      q.set_key(etcd_.prefix + keys[0]);
+      return ReadRange(q, absl::StrCat("a read of '", keys[0], "'"), view, deadline);
+    }
     for (size_t begin = 0; begin < keys.size(); begin += kMaxOpsPerTxn) {
       const size_t end = std::min(keys.size(), begin + kMaxOpsPerTxn);
       pb::TxnRequest txn;
@@ -262,180 +272,154 @@ class EtcdBackend : public Backend {
         return Applied::kAnswered;
       }
     }
-    switch (req.op_case()) {
-      case Request::kLeaseGrant: LeaseGrant(req, r); return Applied::kAnswered;
-      case Request::kLeaseRefresh: LeaseRefresh(req, r); return Applied::kAnswered;
-      case Request::kLeaseRevoke: LeaseRevoke(req, r); return Applied::kAnswered;
-      case Request::kDeletePrefix: DeletePrefix(req, r); return Applied::kAnswered;
-      default: return Evaluate(req, r, OpDeadline());
+    if (IsEtcdNativeOp(req)) {
+      RunEtcdNativeOp({client_.get(), &options_, etcd_.prefix, OpDeadline(),
+                       [this](int64_t rev) { NoteRevision(rev); }},
+                      req, r);
+      return Applied::kAnswered;
     }
+    if (req.has_add()) return RunAdd(req, r);
+    return Evaluate(req, r, OpDeadline());
   }
 
   // Read -> apply -> compare-and-write, again after a lost race, until `deadline`.
   Applied Evaluate(const Request& req, Response* r, absl::Time deadline) {
-    Response checked = OnEmptyState(req, options_);
-    if (checked.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
-        !req.has_add()) {  // an Add's INVALID_ARGUMENT (not a number) depends on the value
-      SetError(r, absl::StatusCode::kInvalidArgument, checked.message());
+    return EvaluateBatch({{&req, r}}, deadline);
+  }
+
+  // Adds on one key from different callers combine: while one caller's read-apply-write runs, the
+  // others queue; the next batch is one read, the adds in arrival order, one write. (Else N adds
+  // on a barrier key race in etcd: one compare-and-write wins per round, N^2/2 writes in all.)
+  struct AddSlot {
+    const Request* req;
+    Response* r;
+    bool done = false;
+  };
+  Applied RunAdd(const Request& req, Response* r) {
+    AddSlot me{&req, r};
+    absl::MutexLock l(&add_mu_);
+    AddQueue& q = adds_[req.add().key()];
+    q.pending.push_back(&me);
+    if (q.running) {
+      add_mu_.Await(absl::Condition(&me.done));  // the running caller answers us
       return Applied::kAnswered;
     }
-    const std::vector<std::string> keys = KeysOf(req);
+    q.running = true;
+    while (!q.pending.empty()) {
+      std::vector<AddSlot*> batch;
+      batch.swap(q.pending);
+      add_mu_.Unlock();
+      std::vector<std::pair<const Request*, Response*>> work;
+      for (AddSlot* s : batch) work.emplace_back(s->req, s->r);
+      EvaluateBatch(work, OpDeadline());
+      add_mu_.Lock();
+      for (AddSlot* s : batch) s->done = true;
+    }
+    adds_.erase(req.add().key());  // (q is invalid from here)
+    return Applied::kAnswered;
+  }
+
+  // EvaluateBatch: every request names the same keys; they are applied in order on one view and
+  // written in one transaction. Only a batch of one may answer kMustWait. Set and MultiSet do not
+  // depend on what is stored (etcd itself checks a Set's lease), so they write without reading.
+  Applied EvaluateBatch(const std::vector<std::pair<const Request*, Response*>>& batch,
+                        absl::Time deadline) {
+    std::vector<std::pair<const Request*, Response*>> live;
+    for (const auto& [req, r] : batch) {
+      Response checked = OnEmptyState(*req, options_);
+      if (checked.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
+          !req->has_add()) {  // an Add's INVALID_ARGUMENT (not a number) depends on the value
+        SetError(r, absl::StatusCode::kInvalidArgument, checked.message());
+      } else {
+        live.emplace_back(req, r);
+      }
+    }
+    if (live.empty()) return Applied::kAnswered;
+    const Request& first = *live.front().first;
+    const bool blind = first.has_set() || first.has_multi_set();
+    const std::vector<std::string> keys = blind ? std::vector<std::string>() : KeysOf(first);
     for (int attempt = 1;; ++attempt) {
       StoreState view;
-      absl::Status s = PrefixOf(req) != nullptr
-                           ? ReadPrefix(*PrefixOf(req), /*values=*/false, &view, deadline)
-                           : ReadKeys(keys, &view, deadline);
+      absl::Status s = blind                         ? absl::OkStatus()
+                       : PrefixOf(first) != nullptr ? ReadPrefix(*PrefixOf(first), false, &view,
+                                                                 deadline)
+                                                     : ReadKeys(keys, &view, deadline);
       if (!s.ok()) {
-        SetStatus(r, s);
+        for (const auto& [req, r] : live) SetStatus(r, s);
         return Applied::kAnswered;
       }
-      AssumeLease(req, &view);
+      AssumeLease(first, &view);
       absl::flat_hash_map<std::string, int64_t> read_at;  // mod_revision as read (0 = absent)
       for (const auto& [k, e] : view.kv) read_at[k] = e.revision;
       Recorder rec;
       ApplyContext ctx{options_, base::RealClock(), &rec};
-      Response out;
-      out.set_id(r->id());
-      if (Apply(view, ctx, req, &out) == Applied::kMustWait) return Applied::kMustWait;
-      if (out.code() != 0 || rec.changes.empty()) {
-        *r = std::move(out);
+      std::vector<Response> outs(live.size());
+      for (size_t i = 0; i < live.size(); ++i) {
+        outs[i].set_id(live[i].second->id());
+        if (Apply(view, ctx, *live[i].first, &outs[i]) == Applied::kMustWait) {
+          return Applied::kMustWait;  // (a Get/Wait/MultiGet: batches of one)
+        }
+      }
+      if (rec.changes.empty()) {
+        for (size_t i = 0; i < live.size(); ++i) *live[i].second = std::move(outs[i]);
         return Applied::kAnswered;
       }
       const pb::TxnRequest txn = CompareAndWrite(etcd_.prefix, keys, read_at, rec.changes);
       pb::TxnResponse resp;
+      // A lone unconditional put (a Set) is sent as a plain Put, the cheaper call.
+      const bool put = txn.compare_size() == 0 && txn.success_size() == 1 &&
+                       txn.success(0).has_request_put();
       s = client_->Call(absl::StrCat("a write of ", rec.changes.size(), " key(s) from '",
                                      rec.changes.begin()->first, "'"),
-                        IdempotentRequest(req), deadline,
+                        IdempotentRequest(first), deadline,
                         [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-                          return st.kv->Txn(c, txn, &resp);
+                          if (!put) return st.kv->Txn(c, txn, &resp);
+                          pb::PutResponse pr;
+                          grpc::Status g = st.kv->Put(c, txn.success(0).request_put(), &pr);
+                          resp.set_succeeded(g.ok());
+                          *resp.mutable_header() = pr.header();
+                          return g;
                         });
-      if (absl::IsNotFound(s) && req.has_set()) {  // etcd: "requested lease not found"
-        *r = OnEmptyState(req, options_);
-        r->set_id(req.id());
+      if (absl::IsNotFound(s) && first.has_set()) {  // etcd: "requested lease not found"
+        *live.front().second = OnEmptyState(first, options_);
+        live.front().second->set_id(first.id());
         return Applied::kAnswered;
       }
       if (!s.ok()) {
-        if (txn.compare_size() > kMaxOpsPerTxn) {
-          s = absl::Status(s.code(), absl::StrCat(s.message(), " (", txn.compare_size(),
+        if (txn.compare_size() > kMaxOpsPerTxn || txn.success_size() > kMaxOpsPerTxn) {
+          s = absl::Status(s.code(), absl::StrCat(s.message(), " (", rec.changes.size(),
                                                   " keys in one write; etcd allows "
                                                   "--max-txn-ops, default 128)"));
         }
-        SetStatus(r, s);
+        for (size_t i = 0; i < live.size(); ++i) {
+          // An add that failed on its own (not a number, overflow) keeps its own answer.
+          if (outs[i].code() != 0) {
+            *live[i].second = std::move(outs[i]);
+          } else {
+            SetStatus(live[i].second, s);
+          }
+        }
         return Applied::kAnswered;
       }
       if (resp.succeeded()) {
         NoteRevision(resp.header().revision());
-        if (out.has_set()) out.mutable_set()->set_revision(resp.header().revision());
-        if (out.has_multi_set()) out.mutable_multi_set()->set_revision(resp.header().revision());
-        *r = std::move(out);
+        for (size_t i = 0; i < live.size(); ++i) {
+          Response& out = outs[i];
+          if (out.has_set()) out.mutable_set()->set_revision(resp.header().revision());
+          if (out.has_multi_set()) out.mutable_multi_set()->set_revision(resp.header().revision());
+          *live[i].second = std::move(out);
+        }
         return Applied::kAnswered;
       }
       if (absl::Now() >= deadline) {
-        SetError(r, absl::StatusCode::kUnavailable,
-                 absl::StrCat("gave up after ", attempt, " attempts lost to concurrent writers "
-                              "of the same key(s) in etcd; retry"));
+        for (const auto& [req, r] : live) {
+          SetError(r, absl::StatusCode::kUnavailable,
+                   absl::StrCat("gave up after ", attempt, " attempts lost to concurrent writers "
+                                "of the same key(s) in etcd; retry"));
+        }
         return Applied::kAnswered;
       }
     }
-  }
-
-  // --- leases and prefix deletes: etcd's own operations ------------------------------------------
-  void LeaseGrant(const Request& req, Response* r) {
-    Response checked = OnEmptyState(req, options_);
-    if (checked.code() != 0) {
-      SetError(r, static_cast<absl::StatusCode>(checked.code()), checked.message());
-      return;
-    }
-    pb::LeaseGrantRequest q;
-    q.set_ttl((req.lease_grant().ttl_ms() + 999) / 1000);
-    pb::LeaseGrantResponse resp;
-    absl::Status s = client_->Call("a lease grant", false, OpDeadline(),
-                                   [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-                                     return st.lease->LeaseGrant(c, q, &resp);
-                                   });
-    if (s.ok() && !resp.error().empty()) s = absl::InternalError(resp.error());
-    if (!s.ok()) return SetStatus(r, s);
-    NoteRevision(resp.header().revision());
-    r->mutable_lease_grant()->set_lease_id(resp.id());
-    r->mutable_lease_grant()->set_ttl_ms(resp.ttl() * 1000);
-  }
-
-  void LeaseRefresh(const Request& req, Response* r) {
-    pb::LeaseKeepAliveRequest q;
-    q.set_id(req.lease_refresh().lease_id());
-    pb::LeaseKeepAliveResponse resp;
-    absl::Status s = client_->Call(
-        "a lease keep-alive", true, OpDeadline(),
-        [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-          auto stream = st.lease->LeaseKeepAlive(c);
-          if (!stream->Write(q) || !stream->Read(&resp)) {
-            c->TryCancel();
-            grpc::Status f = stream->Finish();
-            return f.ok() ? grpc::Status(grpc::StatusCode::UNAVAILABLE, "keep-alive stream ended")
-                          : f;
-          }
-          stream->WritesDone();
-          return stream->Finish();
-        });
-    if (!s.ok()) return SetStatus(r, s);
-    if (resp.ttl() <= 0) {
-      *r = OnEmptyState(req, options_);  // NOT_FOUND naming the lease
-      r->set_id(req.id());
-      return;
-    }
-    r->mutable_lease_refresh()->set_ttl_ms(resp.ttl() * 1000);
-  }
-
-  void LeaseRevoke(const Request& req, Response* r) {
-    pb::LeaseTimeToLiveRequest tq;
-    tq.set_id(req.lease_revoke().lease_id());
-    tq.set_keys(true);
-    pb::LeaseTimeToLiveResponse ttl;
-    absl::Status s = client_->Call("a lease lookup", true, OpDeadline(),
-                                   [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-                                     return st.lease->LeaseTimeToLive(c, tq, &ttl);
-                                   });
-    if (s.ok() && ttl.ttl() < 0) s = absl::NotFoundError("lease not found");
-    pb::LeaseRevokeRequest q;
-    q.set_id(req.lease_revoke().lease_id());
-    pb::LeaseRevokeResponse resp;
-    if (s.ok()) {
-      s = client_->Call("a lease revoke", true, OpDeadline(),
-                        [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-                          return st.lease->LeaseRevoke(c, q, &resp);
-                        });
-    }
-    if (absl::IsNotFound(s)) {
-      *r = OnEmptyState(req, options_);
-      r->set_id(req.id());
-      return;
-    }
-    if (!s.ok()) return SetStatus(r, s);
-    NoteRevision(resp.header().revision());
-    int64_t ours = 0;
-    for (const std::string& k : ttl.keys()) ours += k.rfind(etcd_.prefix, 0) == 0;
-    r->mutable_lease_revoke()->set_deleted(ours);
-  }
-
-  void DeletePrefix(const Request& req, Response* r) {
-    Response checked = OnEmptyState(req, options_);
-    if (checked.code() != 0) {
-      SetError(r, static_cast<absl::StatusCode>(checked.code()), checked.message());
-      return;
-    }
-    const std::string p = etcd_.prefix + req.delete_prefix().prefix();
-    pb::DeleteRangeRequest q;
-    q.set_key(p);
-    q.set_range_end(PrefixRangeEnd(p));
-    pb::DeleteRangeResponse resp;
-    absl::Status s = client_->Call(
-        absl::StrCat("a delete of prefix '", req.delete_prefix().prefix(), "'"), false,
-        OpDeadline(), [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-          return st.kv->DeleteRange(c, q, &resp);
-        });
-    if (!s.ok()) return SetStatus(r, s);
-    NoteRevision(resp.header().revision());
-    r->mutable_delete_prefix()->set_deleted(resp.deleted());
   }
 
   // --- parked blocking reads --------------------------------------------------------------------
@@ -522,6 +506,11 @@ class EtcdBackend : public Backend {
             r.mutable_get()->set_value(e.kv().value());
             r.mutable_get()->set_revision(e.kv().mod_revision());
             fired.emplace_back(std::move(waiter.done), std::move(r));
+          } else if (waiter.req.has_wait() && waiter.keys.size() == 1) {
+            Response r;  // its one key exists as of this event
+            r.set_id(waiter.req.id());
+            r.mutable_wait();
+            fired.emplace_back(std::move(waiter.done), std::move(r));
           } else {
             woken_.push_back(std::move(waiter));
           }
@@ -582,6 +571,13 @@ class EtcdBackend : public Backend {
   std::atomic<int64_t> revision_{0};
   std::atomic<uint64_t> next_unary_{0};
   StrandPool pool_{kPoolThreads};
+
+  struct AddQueue {
+    std::vector<AddSlot*> pending;
+    bool running = false;
+  };
+  absl::Mutex add_mu_;
+  std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);  // (std::map: stable refs)
 
   mutable absl::Mutex mu_;
   std::map<uint64_t, Waiter> waiters_ ABSL_GUARDED_BY(mu_);

@@ -4,8 +4,10 @@
 #define EMBER_RUNTIME_STORE_STORE_PROCESS_TEST_UTIL_H_
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -18,6 +20,20 @@
 #include <catch2/catch.hpp>
 
 namespace ember::store::testing {
+
+// A loopback TCP port that was free a moment ago (bound to port 0, then closed).
+inline int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  socklen_t len = sizeof(a);
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
 
 // The ember-store binary in the test's runfiles.
 inline std::string StoreBinary() {

@@ -3,6 +3,10 @@
 
   tcpstore_peer.py ops --op get --clients 4 --seconds 1.5
   tcpstore_peer.py barrier --clients 256
+  tcpstore_peer.py ops --op wait --clients 16 --port 29600   # clients only, against that server
+Without --port the script starts torch's own TCPStore server (is_master=True) in this process;
+with it, the clients talk to whatever serves TCPStore's protocol there (ember-store --tcpstore-port).
+Ops: set, get, add, wait (wait on a key that exists), check.
 Prints one JSON object on stdout. Mirrors store_bench's own client loop: each client process
 connects, reports ready, blocks on a shared pipe until the parent closes it, then runs.
 """
@@ -34,6 +38,10 @@ def child_ops(port, rank, op, seconds, ready_w, go_r, out_path):
             store.set(f"bench/set/{rank}/{n % 100}", "x" * 16)
         elif op == "get":
             store.get(f"bench/get/{rank}/{n % 100}")
+        elif op == "wait":
+            store.wait([f"bench/get/{rank}/{n % 100}"])
+        elif op == "check":
+            store.check([f"bench/get/{rank}/{n % 100}"])
         else:
             store.add(f"bench/add/{rank}", 1)
         t1 = ns()
@@ -49,18 +57,18 @@ def child_ops(port, rank, op, seconds, ready_w, go_r, out_path):
     os._exit(0)
 
 
-def child_barrier(port, world, ready_w, go_r, out_path):
+def child_barrier(port, world, ready_w, go_r, out_path, key):
     os.write(ready_w, b"r")
     os.read(go_r, 1)
     t0 = ns()
     store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=120))
     t1 = ns()
-    store.add("barrier/arrived", 1)
-    store.wait(["barrier/arrived"])
+    store.add(f"{key}/arrived", 1)
+    store.wait([f"{key}/arrived"])
     # TCPStore-style barrier: the last arrival sets the done key, everyone waits for it.
-    if int(store.add("barrier/arrived", 0)) == world:
-        store.set("barrier/done", "1")
-    store.wait(["barrier/done"])
+    if int(store.add(f"{key}/arrived", 0)) == world:
+        store.set(f"{key}/done", "1")
+    store.wait([f"{key}/done"])
     t2 = ns()
     with open(out_path, "w") as f:
         json.dump({"connect_end": t1, "barrier_end": t2, "start": t0}, f)
@@ -68,8 +76,13 @@ def child_barrier(port, world, ready_w, go_r, out_path):
 
 
 def run(kind, args):
-    server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120))
-    port = server.port
+    if args.port:
+        port = args.port  # someone else's server (ember-store --tcpstore-port)
+    else:
+        server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120))
+        port = server.port
+    # A fresh barrier key per run: the same server may serve several rounds.
+    key = f"barrier/{os.getpid()}"
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
     tmp = f"/tmp/tcpstore-peer-{os.getpid()}"
@@ -84,7 +97,7 @@ def run(kind, args):
                 if kind == "ops":
                     child_ops(port, rank, args.op, args.seconds, ready_w, go_r, out)
                 else:
-                    child_barrier(port, args.clients, ready_w, go_r, out)
+                    child_barrier(port, args.clients, ready_w, go_r, out, key)
             except Exception as e:  # noqa
                 sys.stderr.write(f"peer child {rank}: {e}\n")
                 os._exit(1)
@@ -120,4 +133,5 @@ if __name__ == "__main__":
     ap.add_argument("--op", default="get")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--seconds", type=float, default=1.5)
+    ap.add_argument("--port", type=int, default=0, help="use this TCPStore server (no own server)")
     run(ap.parse_args().kind, ap.parse_args())

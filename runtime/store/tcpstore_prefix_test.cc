@@ -83,8 +83,8 @@ class Raw {
 TEST_CASE("a key prefix makes a listener its own key space; Shutdown closes its port") {
   auto server = StoreServer::Start({});
   REQUIRE(server.ok());
-  auto a = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), "scope-a/torch/");
-  auto b = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), "scope-b/torch/");
+  auto a = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), {.key_prefix = "scope-a/torch/"});
+  auto b = TcpStoreServer::Start("127.0.0.1", 0, (*server)->backend(), {.key_prefix = "scope-b/torch/"});
   REQUIRE(a.ok());
   REQUIRE(b.ok());
   auto c = Client::Connect(ClientOptions{.address = (*server)->address()});

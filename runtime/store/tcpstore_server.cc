@@ -1,9 +1,11 @@
-// TcpStoreServer: torch 1.13's TCPStore protocol (see tcpstore_server.h). Wire format (c10d
-// tcputil): a query is one byte of QueryType, then its arguments; a string or byte vector is a
-// u64 (host order = little-endian) length then the bytes; integers are raw 8-byte little-endian.
+// TcpStoreServer: torch 1.13's and 2.x's TCPStore protocols (see tcpstore_server.h). Wire format
+// (c10d tcputil, both): a query is one byte of QueryType, then its arguments; a string or byte
+// vector is a u64 (host order = little-endian) length then the bytes; integers are raw
+// little-endian (8 bytes; 2.x's validation magic and ping nonce 4). Replies: GET, COMPARE_SET
+// and each MULTI_GET value a byte vector; ADD, GETNUMKEYS, DELETE_KEY an int64; CHECK, WAIT and
+// CANCEL_WAIT one byte; PING the nonce; SET, APPEND, MULTI_SET and VALIDATE nothing.
 #include "runtime/store/tcpstore_server.h"
 
-#include <algorithm>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -11,7 +13,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <iterator>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -19,31 +23,47 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::store {
 namespace {
 
-// torch/csrc/distributed/c10d/TCPStore.cpp (1.13): enum class QueryType : uint8_t.
-enum QueryType : uint8_t {
-  kSet = 0,
-  kCompareSet = 1,
-  kGet = 2,
-  kAdd = 3,
-  kCheck = 4,
-  kWait = 5,
-  kGetNumKeys = 6,
-  kWatchKey = 7,
-  kDeleteKey = 8,
+// What a query asks, whichever protocol numbered it.
+enum class Op {
+  kValidate, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kNumKeys, kWatchKey, kDelete, kAppend,
+  kMultiGet, kMultiSet, kCancelWait, kPing, kUnknown
 };
+
+// torch 1.13: torch/csrc/distributed/c10d/TCPStore.cpp, enum class QueryType : uint8_t
+// (SET, COMPARE_SET, GET, ADD, CHECK, WAIT, GETNUMKEYS, WATCH_KEY, DELETE_KEY).
+Op FromV1(uint8_t t) {
+  static constexpr Op kOps[] = {Op::kSet,  Op::kCompareSet, Op::kGet,      Op::kAdd,   Op::kCheck,
+                                Op::kWait, Op::kNumKeys,    Op::kWatchKey, Op::kDelete};
+  return t < std::size(kOps) ? kOps[t] : Op::kUnknown;
+}
+
+// torch 2.x: torch/csrc/distributed/c10d/TCPStoreBackend.hpp, enum class QueryType : uint8_t as
+// of pytorch/pytorch commit 0278b21833d7 (VALIDATE .. CANCEL_WAIT) and tag v2.8.0-rc4 (adds PING,
+// QUEUE_PUSH, QUEUE_POP, QUEUE_LEN); client side: TCPStore.cpp of the same releases (validate(),
+// ping(), doWait(), multiGet(), multiSet()). The queue ops (14-16; the libuv server only) and
+// anything newer are not served: the connection is closed naming the query type.
+Op FromV2(uint8_t t) {
+  static constexpr Op kOps[] = {
+      Op::kValidate, Op::kSet,      Op::kCompareSet, Op::kGet,      Op::kAdd,
+      Op::kCheck,    Op::kWait,     Op::kNumKeys,    Op::kDelete,   Op::kAppend,
+      Op::kMultiGet, Op::kMultiSet, Op::kCancelWait, Op::kPing};
+  return t < std::size(kOps) ? kOps[t] : Op::kUnknown;
+}
+constexpr uint32_t kValidationMagic = 0x3C85F7CE;  // c10d::detail::validationMagicNumber (2.x)
+constexpr uint8_t kV2CancelWait = 12;
+
 constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;  // CheckResponseType
-constexpr uint8_t kStopWaiting = 0;                     // WaitResponseType
+constexpr uint8_t kStopWaiting = 0, kWaitCanceled = 1;  // WaitResponseType (WAIT_CANCELED: 2.x)
 constexpr uint64_t kMaxBytes = uint64_t{1} << 30;       // larger lengths are garbage: close
-constexpr size_t kMaxConnections = 1024;                // one thread each
 
 std::atomic<uint64_t> g_next_owner{uint64_t{1} << 62};  // apart from the gRPC/fast-path owners
-
 
 class Connection {
  public:
@@ -52,9 +72,10 @@ class Connection {
 
   // Serves queries until the peer closes, a query fails or the server stops.
   void Serve() {
+    v2_ = SpeaksV2();
     uint8_t type;
     while (Read(&type, 1)) {
-      absl::Status s = Handle(type);
+      absl::Status s = Handle(v2_ ? FromV2(type) : FromV1(type), type);
       if (!s.ok()) {
         if (absl::IsCancelled(s)) {
           spdlog::debug("store: TCPStore client went away: {}", s.ToString());
@@ -68,18 +89,81 @@ class Connection {
   }
 
  private:
-  absl::Status Handle(uint8_t type) {
+  // A 2.x client opens with VALIDATE (0) and the magic number; a 1.13 client's first query is
+  // never that (a 1.13 SET of a key whose length starts with the magic would be a 1 GB key).
+  bool SpeaksV2() {
+    uint8_t head[5];
+    if (recv(fd_, head, 1, MSG_PEEK) != 1 || head[0] != 0) return false;
+    if (recv(fd_, head, 5, MSG_PEEK | MSG_WAITALL) != 5) return false;  // (both send >= 5 bytes)
+    uint32_t magic;
+    std::memcpy(&magic, head + 1, 4);
+    return magic == kValidationMagic;
+  }
+
+  absl::Status Handle(Op op, uint8_t type) {
     v1::Request q;
     q.set_id(1);
-    switch (type) {
-      case kSet: {
+    switch (op) {
+      case Op::kValidate: {
+        uint32_t magic;
+        if (!Read(&magic, 4)) return Closed();
+        if (magic != kValidationMagic) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "TCPStore VALIDATE with magic number ", magic, ", not torch's ", kValidationMagic,
+              ": not a TCPStore client"));
+        }
+        return absl::OkStatus();
+      }
+      case Op::kPing: {
+        uint32_t nonce;
+        if (!Read(&nonce, 4)) return Closed();
+        return Write(&nonce, 4);
+      }
+      case Op::kCancelWait: {  // the wait it cancels already ended (Call stops it on arrival)
+        uint8_t answer = kWaitCanceled;
+        return Write(&answer, 1);
+      }
+      case Op::kAppend: {
+        std::string k, v;
+        if (!ReadString(&k) || !ReadString(&v)) return Closed();
+        q.mutable_append()->set_key(StoreKey(k));
+        q.mutable_append()->set_value(v);
+        return Call(q).status();
+      }
+      case Op::kMultiSet: {
+        uint64_t n;
+        if (!Read(&n, 8) || n > kMaxBytes) return Closed();
+        for (uint64_t i = 0; i < n; ++i) {
+          std::string k, v;
+          if (!ReadString(&k) || !ReadString(&v)) return Closed();
+          auto* kv = q.mutable_multi_set()->add_kvs();
+          kv->set_key(StoreKey(k));
+          kv->set_value(v);
+        }
+        return Call(q).status();
+      }
+      case Op::kMultiGet: {
+        uint64_t n;
+        if (!Read(&n, 8) || n > kMaxBytes) return Closed();
+        for (uint64_t i = 0; i < n; ++i) {
+          std::string k;
+          if (!ReadString(&k)) return Closed();
+          q.mutable_multi_get()->add_keys(StoreKey(k));
+        }
+        q.mutable_multi_get()->set_wait(true);  // the client waited already
+        auto r = Call(q);
+        if (!r.ok()) return r.status();
+        for (const std::string& v : r->multi_get().values()) RETURN_IF_ERROR(WriteString(v));
+        return absl::OkStatus();
+      }
+      case Op::kSet: {
         std::string k, v;
         if (!ReadString(&k) || !ReadString(&v)) return Closed();
         q.mutable_set()->set_key(StoreKey(k));
         q.mutable_set()->set_value(v);
         return Call(q).status();
       }
-      case kCompareSet: {
+      case Op::kCompareSet: {
         std::string k, expected, desired;
         if (!ReadString(&k) || !ReadString(&expected) || !ReadString(&desired)) return Closed();
         auto* c = q.mutable_compare_set();
@@ -93,7 +177,7 @@ class Connection {
         const auto& a = r->compare_set();
         return WriteString(!a.exists() && !a.swapped() ? expected : a.current());
       }
-      case kGet: {
+      case Op::kGet: {
         std::string k;
         if (!ReadString(&k)) return Closed();
         q.mutable_get()->set_key(StoreKey(k));
@@ -102,7 +186,7 @@ class Connection {
         if (!r.ok()) return r.status();
         return WriteString(r->get().value());
       }
-      case kAdd: {
+      case Op::kAdd: {
         std::string k;
         int64_t delta;
         if (!ReadString(&k) || !Read(&delta, 8)) return Closed();
@@ -113,31 +197,33 @@ class Connection {
         int64_t v = r->add().value();
         return Write(&v, 8);
       }
-      case kCheck:
-      case kWait: {
+      case Op::kCheck:
+      case Op::kWait: {
         uint64_t n;
         if (!Read(&n, 8) || n > kMaxBytes) return Closed();
-        auto* keys = type == kCheck ? q.mutable_check()->mutable_keys()
-                                    : q.mutable_wait()->mutable_keys();
+        auto* keys = op == Op::kCheck ? q.mutable_check()->mutable_keys()
+                                      : q.mutable_wait()->mutable_keys();
         for (uint64_t i = 0; i < n; ++i) {
           std::string k;
           if (!ReadString(&k)) return Closed();
           keys->Add(StoreKey(k));
         }
-        auto r = Call(q);
+        bool cancelled = false;
+        auto r = Call(q, op == Op::kWait && v2_ ? &cancelled : nullptr);
+        if (cancelled) return absl::OkStatus();  // CANCEL_WAIT answers instead
         if (!r.ok()) return r.status();
-        uint8_t answer = type == kWait ? kStopWaiting
-                                       : (r->check().all_exist() ? kCheckReady : kCheckNotReady);
+        uint8_t answer = op == Op::kWait ? kStopWaiting
+                                         : (r->check().all_exist() ? kCheckReady : kCheckNotReady);
         return Write(&answer, 1);
       }
-      case kGetNumKeys: {
+      case Op::kNumKeys: {
         q.mutable_num_keys()->set_prefix(prefix_);
         auto r = Call(q);
         if (!r.ok()) return r.status();
         int64_t n = r->num_keys().count();
         return Write(&n, 8);
       }
-      case kDeleteKey: {
+      case Op::kDelete: {
         std::string k;
         if (!ReadString(&k)) return Closed();
         q.mutable_delete_()->set_key(StoreKey(k));
@@ -146,18 +232,22 @@ class Connection {
         int64_t n = r->delete_().deleted() ? 1 : 0;
         return Write(&n, 8);
       }
-      case kWatchKey:
+      case Op::kWatchKey:
         return absl::UnimplementedError("TCPStore watch_key is not supported by ember-store");
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "unknown TCPStore query type ", static_cast<int>(type),
-            " (ember-store speaks torch 1.13's protocol; 2.x clients are not supported)"));
+      case Op::kUnknown:
+        break;
     }
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unsupported TCPStore query type ", static_cast<int>(type), " from a torch ",
+        v2_ ? "2.x" : "1.13", " client (ember-store serves 1.13's queries 0-8 except WATCH_KEY "
+        "and 2.x's 0-13: no QUEUE_PUSH/POP/LEN or newer)"));
   }
 
   // Runs one request on the backend and waits for its answer; gives up (cancelling it) when the
-  // peer hangs up meanwhile.
-  absl::StatusOr<v1::Response> Call(const v1::Request& q) {
+  // peer hangs up meanwhile. With `cancelled`: a 2.x client that sends CANCEL_WAIT (its wait timed
+  // out) while we wait cancels the request too, and *cancelled says so; the CANCEL_WAIT itself is
+  // left to be read as the next query.
+  absl::StatusOr<v1::Response> Call(const v1::Request& q, bool* cancelled = nullptr) {
     struct Slot {
       absl::Mutex mu;
       std::optional<v1::Response> r;
@@ -169,14 +259,21 @@ class Connection {
     }, owner_);
     absl::MutexLock l(&slot->mu);
     auto ready = [&slot]() ABSL_NO_THREAD_SAFETY_ANALYSIS { return slot->r.has_value(); };
+    // Cancelled again every 100 ms until answered: a request still being evaluated when the
+    // first cancel came (etcd backend) parks afterwards and is caught by the next one.
     while (!slot->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100))) {
-      char c;
-      if (recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) {  // peer closed while we wait
+      uint8_t c;
+      const ssize_t n = recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      const bool gone = n == 0;
+      const bool cancel = n == 1 && cancelled != nullptr && c == kV2CancelWait;
+      if (gone || cancel) {
+        if (cancel) *cancelled = true;
         slot->mu.Unlock();
         backend_->CancelOwner(owner_);
         slot->mu.Lock();
       }
     }
+    if (cancelled != nullptr && *cancelled) return absl::CancelledError("wait cancelled");
     if (slot->r->code() != 0) {
       return absl::Status(static_cast<absl::StatusCode>(slot->r->code()), slot->r->message());
     }
@@ -239,8 +336,9 @@ class Connection {
 
   const int fd_;
   Backend* const backend_;
-  const std::string prefix_;
+  const std::string prefix_;  // TcpStoreOptions::key_prefix
   const uint64_t owner_ = g_next_owner.fetch_add(1);
+  bool v2_ = false;  // torch 2.x's numbering (set by Serve from the first bytes)
 };
 
 }  // namespace
@@ -292,7 +390,7 @@ class TcpStoreServer::Impl {
         break;
       }
       Reap();
-      if (conns_.size() >= kMaxConnections) {  // a thread each: bounded, and no client authenticates
+      if (conns_.size() >= options.max_connections) {  // a thread each: bounded, and no client authenticates
         close(fd);
         if (refused_++ % 1000 == 0) {
           spdlog::warn("tcpstore: refused a connection: {} open (the limit; {} refused so far)",
@@ -301,7 +399,8 @@ class TcpStoreServer::Impl {
         continue;
       }
       conns_[fd] = std::thread([this, fd] {
-        Connection(fd, backend, key_prefix).Serve();
+        Connection(fd, backend, options.key_prefix).Serve();
+        ::shutdown(fd, SHUT_RDWR);  // the peer sees the end now; the fd closes at the next Reap
         absl::MutexLock l(&mu_);
         finished_.push_back(fd);
       });
@@ -341,7 +440,7 @@ class TcpStoreServer::Impl {
   }
 
   Backend* backend = nullptr;
-  std::string key_prefix;
+  TcpStoreOptions options;
   int port_ = 0;
 
  private:
@@ -354,12 +453,11 @@ class TcpStoreServer::Impl {
   std::vector<int> finished_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
-                                                                      int port, Backend* backend,
-                                                                      std::string key_prefix) {
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    const std::string& host, int port, Backend* backend, TcpStoreOptions options) {
   auto impl = std::make_unique<Impl>();
   impl->backend = backend;
-  impl->key_prefix = std::move(key_prefix);
+  impl->options = options;
   absl::Status s = impl->Listen(host, port);
   if (!s.ok()) return s;
   return std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(impl)));

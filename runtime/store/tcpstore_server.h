@@ -1,10 +1,13 @@
-// TcpStoreServer: PyTorch c10d TCPStore's wire protocol (as torch 1.13 speaks it: Debian's
-// python3-torch) on the store's key space, so unmodified TCPStore clients rendezvous through
-// ember-store (docs/store-etcd.md "TCPStore compatibility").
+// TcpStoreServer: PyTorch c10d TCPStore's wire protocol on the store's key space, so unmodified
+// TCPStore clients rendezvous through ember-store (docs/store.md "TCPStore compatibility").
 //
-// Supported: set, get (blocking), add, check, wait, compare_set, delete_key, num_keys. Not:
-// watch_key (the connection is closed, logged) and torch 2.x's validation handshake and
-// multi get/set (2.x renumbered the query types; a 2.x client fails on its first query).
+// Two protocols, told apart per connection by its first bytes: torch 1.13's (Debian's
+// python3-torch; checked against the real client) and torch 2.x's, which opens with VALIDATE and
+// a magic number and renumbered the query types (built from c10d's source, see the .cc; no 2.x
+// client has been run against it here). 1.13: set, get, add, check, wait, compare_set,
+// delete_key, num_keys; not watch_key. 2.x: those plus ping, append, multi_get, multi_set and
+// cancel_wait (a wait that timed out on the client); not the queue ops (libuv server only).
+// Unsupported queries close the connection, logged with the query type.
 // Keys: TCPStore sends "/k" for a user key "k"; the leading '/' is dropped so that Ember clients
 // see "k" (and torch sees Ember's "k" as "k"). With a key_prefix P every key is P + "k" and
 // num_keys counts the keys under P only: a listener per prefix is a private key space (emberd
@@ -25,13 +28,21 @@
 
 namespace ember::store {
 
+struct TcpStoreOptions {
+  // Open connections at most (a thread each; TCPStore clients never authenticate). Further
+  // connections are accepted and closed at once, with a warning every 1000.
+  size_t max_connections = 1024;
+  // Every key is stored under this prefix ("" = the store's own key space).
+  std::string key_prefix;
+};
+
 class TcpStoreServer {
  public:
   // Listens on host:port (port 0 = any free port). `backend` is borrowed and must outlive the
-  // server (StoreServer::backend()). Every key is stored under `key_prefix`.
+  // server (StoreServer::backend()).
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host, int port,
                                                                Backend* backend,
-                                                               std::string key_prefix = "");
+                                                               TcpStoreOptions options = {});
   ~TcpStoreServer();
   int port() const;
   void Shutdown();

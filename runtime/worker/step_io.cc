@@ -92,16 +92,20 @@ absl::Status Reporter::Report(const StepResult& r) {
   p.set_tokens_per_s(tps);
   p.set_eta_s(eta);
   p.set_peak_rss_bytes(rss);
+  p.set_comm_memory_bytes(r.comm_memory_bytes);
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
   metrics_ << absl::StrCat(
                   "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
                   ",\"lr\":", Num(r.lr), ",\"grad_norm\":", Num(r.grad_norm), ",\"tokens_per_s\":", Num(tps),
                   ",\"step_s\":", Num(r.seconds), ",\"comm_wait_s\":", Num(r.comm_wait_s),
                   ",\"peak_rss_bytes\":", rss, ",\"state_bytes\":", state_bytes_,
+                  ",\"comm_memory_bytes\":", r.comm_memory_bytes,
                   ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
                   ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
                   ",\"all_reduce\":", BytesJson(b.all_reduce),
-                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}}")
+                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}",
+                  r.checkpoint_save_s >= 0 ? absl::StrCat(",\"checkpoint_save_s\":", Num(r.checkpoint_save_s)) : "",
+                  r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "", "}")
            << "\n"
            << std::flush;
   return absl::OkStatus();
@@ -134,6 +138,7 @@ absl::Status Checkpointer::Save(int64_t step) {
   } else {
     RETURN_IF_ERROR(ckpt::SaveCheckpoint(options_, st, protocol_.get()));
   }
+  last_save_s_ = absl::ToDoubleSeconds(absl::Now() - t0);
   spdlog::info("checkpoint step {} {} in {}", step, async_ ? "started" : "committed",
                absl::FormatDuration(absl::Now() - t0));
   return absl::OkStatus();

@@ -30,6 +30,9 @@ struct StepResult {
   double seconds = 0;
   double comm_wait_s = 0;     // FSDP: time in collectives on the training thread
   fsdp::CommBytes bytes;      // FSDP: bytes moved by collectives in this step
+  int64_t comm_memory_bytes = 0;  // held by the communicators outside any allocator
+  double checkpoint_save_s = -1;  // the last checkpoint save before this step (-1: none yet)
+  int64_t flight_entries = -1;    // entries in the flight recorder (-1: not known)
 };
 
 // Tokens one optimizer step trains on, over every rank.
@@ -64,6 +67,8 @@ class Checkpointer {
   Checkpointer(const Plan& plan, store::Client& attempt, SnapshotFn snapshot);
   bool Due(int64_t step) const;
   absl::Status Save(int64_t step);
+  // Seconds the last Save took (with async: until the background copy started); -1 before one.
+  double last_save_seconds() const { return last_save_s_; }
   // Waits for a background save still in flight.
   absl::Status Finish() { return async_ ? async_->Wait() : absl::OkStatus(); }
 
@@ -73,6 +78,7 @@ class Checkpointer {
   std::shared_ptr<ckpt::StoreCommitProtocol> protocol_;
   ckpt::SaveOptions options_;
   std::unique_ptr<ckpt::AsyncSaver> async_;
+  double last_save_s_ = -1;
 };
 
 }  // namespace ember::worker

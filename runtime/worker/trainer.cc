@@ -68,6 +68,17 @@ absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
   c.window = m.attention_window();
   c.init_std = m.init_std();
   c.norm_eps = m.norm_eps();
+  c.arch = m.arch() == "llama" ? model::GptConfig::Arch::kLlama : model::GptConfig::Arch::kGpt;
+  c.n_kv_head = m.n_kv_heads();
+  c.rope_theta = m.rope_theta();
+  c.tie_embeddings = m.tie_embeddings();
+  if (m.rope_scaling().type() == "llama3") {
+    c.rope_scaling.llama3 = true;
+    c.rope_scaling.factor = m.rope_scaling().factor();
+    c.rope_scaling.low_freq_factor = m.rope_scaling().low_freq_factor();
+    c.rope_scaling.high_freq_factor = m.rope_scaling().high_freq_factor();
+    c.rope_scaling.original_max_position = m.rope_scaling().original_max_position();
+  }
   c.loss.label_smoothing = s.loss().label_smoothing();
   c.loss.z_loss = s.loss().z_loss();
   c.loss.ignore_index = s.loss().ignore_index();
@@ -226,7 +237,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   data::TokenLoader probe(p.tokens, LoaderFor(p));
   if (absl::Status st = probe.Validate(); !st.ok()) return base::Annotate(st, "data");
   p.checkpoint_root = Resolve(env.job_dir, s.checkpoint().dir().empty() ? "checkpoints" : s.checkpoint().dir());
-  p.metrics_path = absl::StrCat(env.job_dir, "/metrics/rank-", env.rank, ".jsonl");
+  p.metrics_path = job::MetricsPath(env.job_dir, env.rank);
   if (!s.checkpoint().init_from_safetensors().empty()) {
     p.init_safetensors = Resolve(env.upload_dir, s.checkpoint().init_from_safetensors());
   }
@@ -267,6 +278,13 @@ struct Groups {
   std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage;
   fsdp::Groups fsdp() const { return {world.get(), reduce_scatter.get()}; }
   comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
+  // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
+  int64_t CommMemoryBytes() const {
+    size_t n = 0;
+    for (const auto* g : {world.get(), reduce_scatter.get(), pipeline.get(), stage.get()})
+      if (g != nullptr) n += g->CommMemoryBytes();
+    return static_cast<int64_t>(n);
+  }
 };
 
 absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
@@ -414,6 +432,8 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups
     r.local_loss = r.loss;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    r.comm_memory_bytes = groups.CommMemoryBytes();
+    r.checkpoint_save_s = checkpoints.last_save_seconds();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
   }
@@ -442,6 +462,9 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
+    r.comm_memory_bytes = groups.CommMemoryBytes();
+    r.checkpoint_save_s = checkpoints.last_save_seconds();
+    r.flight_entries = static_cast<int64_t>(recorder.size());
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)

@@ -30,6 +30,35 @@ TEST_CASE("the job spec's defaults are the model's, the loss's and the optimizer
   CHECK(c->loss.label_smoothing == g.loss.label_smoothing);
   CHECK(c->loss.z_loss == g.loss.z_loss);
   CHECK(c->loss.ignore_index == g.loss.ignore_index);
+  CHECK(c->arch == g.arch);
+  CHECK(c->kv_heads() == g.kv_heads());
+  CHECK(c->tie_embeddings == g.tie_embeddings);
+  // arch: llama defaults are model::LlamaConfig()'s.
+  {
+    spec::JobSpec l;
+    l.set_name("l");
+    l.mutable_model()->set_arch("llama");
+    spec::ApplyDefaults(&l);
+    auto lc = ModelConfig(l);
+    REQUIRE(lc.ok());
+    const model::GptConfig want = model::LlamaConfig();
+    CHECK(lc->arch == want.arch);
+    CHECK(lc->mlp == want.mlp);
+    CHECK(lc->tie_embeddings == want.tie_embeddings);
+    CHECK(lc->kv_heads() == want.kv_heads());
+    CHECK(lc->rope_theta == want.rope_theta);
+    CHECK(lc->rope_scaling.llama3 == want.rope_scaling.llama3);
+    l.mutable_model()->mutable_rope_scaling()->set_type("llama3");
+    spec::ApplyDefaults(&l);
+    lc = ModelConfig(l);
+    REQUIRE(lc.ok());
+    const kernels::RopeScaling r;  // Llama 3.1's values
+    CHECK(lc->rope_scaling.llama3);
+    CHECK(lc->rope_scaling.factor == r.factor);
+    CHECK(lc->rope_scaling.low_freq_factor == r.low_freq_factor);
+    CHECK(lc->rope_scaling.high_freq_factor == r.high_freq_factor);
+    CHECK(lc->rope_scaling.original_max_position == r.original_max_position);
+  }
   s.mutable_model()->set_mlp("moe");
   spec::ApplyDefaults(&s);
   c = ModelConfig(s);

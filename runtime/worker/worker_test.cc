@@ -60,7 +60,40 @@ TEST_CASE("1, 2 and 4 worker processes train to the same losses; progress key", 
     CHECK(p.tokens_per_s() > 0);
     CHECK(p.eta_s() == 0);  // the last step
     CHECK(p.peak_rss_bytes() > 0);
+    CHECK(p.comm_memory_bytes() > 0);  // 4 ranks on one host: each maps its shm segment
   }
+}
+
+TEST_CASE("arch llama trains end to end: loss falls, 2 ranks match 1, checkpoint has lm_head and no wpe",
+          "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  std::map<int, std::map<int64_t, double>> losses;
+  for (int world : {1, 2}) {
+    const std::string id = absl::StrCat("llama", world), dir = NewJobDir(id);
+    std::ofstream(dir + "/job.yaml")
+        << "name: t\n"
+           "model: {arch: llama, vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 4, "
+           "n_kv_heads: 2, d_model: 32, rope_scaling: {type: llama3, factor: 4, original_max_position: 16}}\n"
+           "data: {text_path: corpus.txt}\n"
+           "optimizer: {lr: 0.003, schedule: constant, grad_clip: 1.0}\n"
+           "checkpoint: {every_steps: 12}\n"
+        << "steps: 12\nbatch_size: " << 4 / world << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+    for (int c : RunJob((*server)->address(), id, dir, world, 0)) REQUIRE(c == 0);
+    losses[world] = Losses(dir);
+    REQUIRE(losses[world].size() == 12);
+    auto reader = ckpt::CheckpointReader::Open(dir + "/checkpoints");
+    REQUIRE(reader.ok());
+    auto head = (*reader)->ReadFull("lm_head.weight");
+    REQUIRE(head.ok());
+    CHECK(head->size() == 256 * 32 * 4);
+    auto qkv = (*reader)->ReadFull("blocks.1.attn.qkv.weight");
+    REQUIRE(qkv.ok());
+    CHECK(qkv->size() == (4 + 2 * 2) * 8 * 32 * 4);
+    CHECK(!(*reader)->ReadFull("wpe.weight").ok());
+  }
+  CHECK(losses[1][12] < 0.8 * losses[1][1]);
+  for (const auto& [step, l] : losses[1]) CheckClose(losses[2][step], l, 1e-5);
 }
 
 TEST_CASE("resume from latest at another world size continues the same run", "[worker]") {

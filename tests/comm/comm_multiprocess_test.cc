@@ -5,6 +5,10 @@
 #include <sys/stat.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -99,6 +103,21 @@ TEST_CASE("an injected hang dumps every rank within timeout + 5 s and the analyz
   REQUIRE(all_dumped_s > 0);
   REQUIRE(all_dumped_s < 2 + 3 + 5);
   RequireRank1NeverJoinedAllReduce(dump);
+  // Each dump reports the group's communicator memory: 4 ranks on one host each map an shm
+  // segment (its rings and direct-collective stages).
+  int dumps = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dump)) {
+    std::ifstream in(f.path());
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::smatch m;
+    const std::string text = ss.str();
+    INFO(f.path().string());
+    REQUIRE(std::regex_search(text, m, std::regex("\"memory_bytes\": ([0-9]+)")));
+    CHECK(std::stoll(m[1]) > 0);
+    ++dumps;
+  }
+  CHECK(dumps == 4);
 }
 
 }  // namespace ember::comm::testing

@@ -2,6 +2,7 @@
 // refused at submit naming the largest gang; a waiting job says why; a small job behind a blocked
 // head runs when it cannot delay the head (conservative backfill, placement.h); finished jobs are
 // forgotten by the retention policy, uploads included.
+#include <algorithm>
 #include <filesystem>
 
 #include "absl/strings/match.h"
@@ -145,6 +146,46 @@ TEST_CASE("retention forgets all but the newest finished jobs, their uploads inc
     } else {
       REQUIRE(store->Get(job::keys::File(id, "data/blob.bin")).ok());
     }
+  }
+}
+
+TEST_CASE("the backend follows the devices: empty picks nccl on cuda, a mismatch is refused") {
+  ClusterOptions o;
+  o.nodes = 1;
+  o.cuda = 2;  // counted devices; test_worker never touches them
+  auto cluster = TestCluster::Start(o);
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  REQUIRE(WaitFor([&] { auto n = c->Nodes(); return n.ok() && n->size() == 1; }, absl::Seconds(5)));
+  auto gpu = c->Submit(Spec("backend-gpu", 2, 3) + "resources: {device_type: cuda}\n");
+  INFO(gpu.status());
+  REQUIRE(gpu.ok());
+  REQUIRE(gpu->job().spec().parallelism().backend() == "nccl");
+  REQUIRE(gpu->job().device_type() == "cuda");
+  auto cpu = c->Submit(Spec("backend-cpu", 1, 3));
+  REQUIRE(cpu.ok());
+  REQUIRE(cpu->job().spec().parallelism().backend() == "cpu");
+  // One rank per GPU: the cuda job's ranks hold cuda:0 and cuda:1.
+  REQUIRE(WaitFor([&] { auto j = c->Get(gpu->job().id()); return j.ok() && j->state() == v1::SUCCEEDED; },
+                  absl::Seconds(20)));
+  auto done = c->Get(gpu->job().id());
+  REQUIRE(done.ok());
+  std::vector<std::string> devs;
+  for (const auto& n : done->attempts(0).assignment().nodes())
+    for (const auto& d : n.devices()) devs.push_back(d);
+  std::sort(devs.begin(), devs.end());
+  REQUIRE(devs == std::vector<std::string>{"cuda:0", "cuda:1"});
+  for (const char* bad : {"parallelism: {strategy: fsdp, world_size: 1, backend: cpu}\n"
+                          "resources: {device_type: cuda}\n",
+                          "parallelism: {strategy: fsdp, world_size: 1, backend: nccl-lazy}\n"
+                          "resources: {device_type: cpu}\n"}) {
+    auto r = c->Submit(absl::StrCat("name: backend-bad\nmodel: {n_layers: 1, d_model: 32, n_heads: 2, "
+                                    "context_length: 16}\nsteps: 3\n", bad));
+    INFO(r.status());
+    REQUIRE(absl::IsInvalidArgument(r.status()));
+    REQUIRE(absl::StrContains(r.status().message(), "parallelism.backend"));
+    REQUIRE(absl::StrContains(r.status().message(), "resources.device_type"));
   }
 }
 

@@ -1,6 +1,6 @@
 // The main job end to end with the real ember-worker: examples/tiny-gpt.yaml (shortened to 20
 // steps, checkpoint every 10) on two daemons x 2 CPU slots -> SUCCEEDED, falling loss, logs, a
-// committed checkpoint, no worker left.
+// committed checkpoint, no worker left. The same for examples/tiny-llama.yaml (arch llama).
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -24,7 +24,7 @@ std::string ReadAll(const std::string& p) {
   return ss.str();
 }
 
-TEST_CASE("examples/tiny-gpt.yaml trains to SUCCEEDED on two daemons with the real worker") {
+void TrainsToSucceeded(const std::string& yaml, const std::string& name, int nodes) {
   auto cluster = TestCluster::Start({.nodes = 2, .slots = 2,
                                      .worker = fs::absolute("runtime/worker/ember-worker")});
   REQUIRE(cluster.ok());
@@ -35,13 +35,13 @@ TEST_CASE("examples/tiny-gpt.yaml trains to SUCCEEDED on two daemons with the re
     if (n.ok() && n->size() == 2) break;
     absl::SleepFor(absl::Milliseconds(20));
   }
-  YAML::Node spec = YAML::LoadFile("examples/tiny-gpt.yaml");
+  YAML::Node spec = YAML::LoadFile(yaml);
   spec["steps"] = 20;
   spec["checkpoint"]["every_steps"] = 10;
   spec["log_every"] = 1;
   YAML::Emitter out;
   out << spec;
-  auto r = c->Submit(out.c_str(), "tiny-gpt-e2e",
+  auto r = c->Submit(out.c_str(), name,
                      {{"data/tiny_corpus.txt", ReadAll("examples/data/tiny_corpus.txt")}});
   REQUIRE(r.ok());
   double first_loss = 0, last_loss = 0;
@@ -59,7 +59,7 @@ TEST_CASE("examples/tiny-gpt.yaml trains to SUCCEEDED on two daemons with the re
   INFO(done->reason());
   for (const auto& l : done->root_cause().last_log_lines()) INFO(l);
   REQUIRE(done->state() == jobs::v1::SUCCEEDED);
-  REQUIRE(done->attempts(0).assignment().nodes_size() == 2);
+  REQUIRE(done->attempts(0).assignment().nodes_size() == nodes);
   REQUIRE(last_loss < first_loss);
   auto steps = ckpt::ListSteps(done->job_dir() + "/checkpoints");
   REQUIRE(!steps.empty());
@@ -69,6 +69,14 @@ TEST_CASE("examples/tiny-gpt.yaml trains to SUCCEEDED on two daemons with the re
                         [&](const jobs::v1::LogLine&) { return ++lines > 0; }).ok());
   REQUIRE(lines > 4);
   REQUIRE(daemon::FindJobProcesses(done->id()).empty());
+}
+
+TEST_CASE("examples/tiny-gpt.yaml trains to SUCCEEDED on two daemons with the real worker") {
+  TrainsToSucceeded("examples/tiny-gpt.yaml", "tiny-gpt-e2e", 2);  // 4 ranks
+}
+
+TEST_CASE("examples/tiny-llama.yaml (arch llama) trains to SUCCEEDED on two daemons") {
+  TrainsToSucceeded("examples/tiny-llama.yaml", "tiny-llama-e2e", 1);  // 2 ranks
 }
 
 }  // namespace

@@ -9,10 +9,10 @@
 # for the NCCL checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check"
+BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check tests/gpu/nvml_check"
 case "${1:-}" in
   build)
-    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check
+    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check //tests/gpu:nvml_check
     bin="$(bazel info bazel-bin 2>/dev/null)"
     mkdir -p tests/gpu/bin/lib
     for b in $BINS; do
@@ -35,6 +35,7 @@ case "${1:-}" in
     export LD_LIBRARY_PATH="tests/gpu/bin/lib:${nccl_dir:+$nccl_dir:}/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
     rc=0
     EMBER_EXPECT_GPUS=1 timeout 60 tests/gpu/bin/devices_test || rc=1
+    timeout 30 tests/gpu/bin/nvml_check || rc=1  # emberd's GPU telemetry (DCGM_FI_DEV_* metrics)
     # World size 1 only: NCCL refuses two ranks on one GPU.
     timeout 300 tests/gpu/bin/nccl_gpu_check || rc=1
     timeout 240 bash tests/gpu/cuda_kernels.sh check || rc=1

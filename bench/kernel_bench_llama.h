@@ -1,0 +1,23 @@
+// kernel_bench's Llama figures (issue 22): RoPE forward+backward and grouped-query attention
+// forward+backward against the same computation in PyTorch CPU (autograd, Hugging Face's
+// rotate_half RoPE and repeat_interleave GQA), and a Llama-shaped training step (RoPE, GQA,
+// SwiGLU, untied head, AdamW) against a PyTorch implementation of the same model. Ours and
+// PyTorch run interleaved in rounds, same thread count; figures are medians over the rounds.
+#ifndef EMBER_BENCH_KERNEL_BENCH_LLAMA_H_
+#define EMBER_BENCH_KERNEL_BENCH_LLAMA_H_
+
+#include <string>
+#include <vector>
+
+#include "bench/kernel_bench_cuda.h"
+#include "kernels/exec_context.h"
+
+namespace ember::bench {
+
+// `python` empty: no peer (its targets report the peer missing).
+std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick, int reps,
+                                     int threads, const std::string& python);
+
+}  // namespace ember::bench
+
+#endif  // EMBER_BENCH_KERNEL_BENCH_LLAMA_H_

@@ -1,0 +1,326 @@
+// TcpStoreServer without torch: torch 2.x's wire protocol spoken byte by byte (no torch 2.x is
+// installed here; the bytes follow c10d's TCPStore.cpp client, see tcpstore_server.cc for the
+// revision), the 1.13/2.x detection, the connection cap, and that a promised 1 GiB value does
+// not make ember-store allocate it.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <catch2/catch.hpp>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "runtime/store/client.h"
+#include "runtime/store/etcd_backend.h"
+#include "runtime/store/etcd_test_util.h"
+#include "runtime/store/server.h"
+#include "runtime/store/store_process_test_util.h"
+#include "runtime/store/tcpstore_server.h"
+
+namespace ember::store {
+namespace {
+
+// torch 2.x QueryType (TCPStoreBackend.hpp) and its validation number.
+enum V2 : uint8_t {
+  kValidate = 0, kSet, kCompareSet, kGet, kAdd, kCheck, kWait, kGetNumKeys, kDeleteKey, kAppend,
+  kMultiGet, kMultiSet, kCancelWait, kPing, kQueuePush
+};
+constexpr uint32_t kMagic = 0x3C85F7CE;
+
+// A raw TCPStore connection: build a query with the Append* calls, Send() it, read the reply.
+class Wire {
+ public:
+  explicit Wire(int port) {
+    fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
+    int one = 1;
+    setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  }
+  ~Wire() { close(fd_); }
+  bool connected() const { return connected_; }
+
+  Wire& U8(uint8_t v) { return Raw(&v, 1); }
+  Wire& U32(uint32_t v) { return Raw(&v, 4); }
+  Wire& U64(uint64_t v) { return Raw(&v, 8); }
+  Wire& Str(const std::string& s) {
+    U64(s.size());
+    return Raw(s.data(), s.size());
+  }
+  Wire& Raw(const void* p, size_t n) {
+    out_.append(static_cast<const char*>(p), n);
+    return *this;
+  }
+  bool Send() {
+    const bool ok = send(fd_, out_.data(), out_.size(), MSG_NOSIGNAL) ==
+                    static_cast<ssize_t>(out_.size());
+    out_.clear();
+    return ok;
+  }
+  // Reads exactly n bytes within 5 s; false on EOF, error or timeout.
+  bool Read(void* p, size_t n) {
+    char* c = static_cast<char*>(p);
+    while (n > 0) {
+      pollfd pf{fd_, POLLIN, 0};
+      if (poll(&pf, 1, 5000) <= 0) return false;
+      ssize_t got = recv(fd_, c, n, 0);
+      if (got <= 0) return false;
+      c += got;
+      n -= static_cast<size_t>(got);
+    }
+    return true;
+  }
+  uint8_t ReadU8() {
+    uint8_t v = 0xff;
+    REQUIRE(Read(&v, 1));
+    return v;
+  }
+  int64_t ReadI64() {
+    int64_t v = -1;
+    REQUIRE(Read(&v, 8));
+    return v;
+  }
+  std::string ReadStr() {
+    uint64_t n = 0;
+    REQUIRE(Read(&n, 8));
+    REQUIRE(n < (1 << 20));
+    std::string s(n, '\0');
+    REQUIRE(Read(s.data(), n));
+    return s;
+  }
+  // The server closed the connection (EOF or reset) within 5 s.
+  bool ClosedByPeer() {
+    char c;
+    pollfd pf{fd_, POLLIN, 0};
+    if (poll(&pf, 1, 5000) <= 0) return false;
+    return recv(fd_, &c, 1, 0) <= 0;
+  }
+
+ private:
+  int fd_ = -1;
+  bool connected_ = false;
+  std::string out_;
+};
+
+struct Served {
+  std::unique_ptr<StoreServer> store;
+  std::unique_ptr<TcpStoreServer> tcp;
+};
+Served Serve(TcpStoreOptions options = {}) {
+  auto store = StoreServer::Start({});
+  REQUIRE(store.ok());
+  auto tcp = TcpStoreServer::Start("127.0.0.1", 0, (*store)->backend(), options);
+  REQUIRE(tcp.ok());
+  return {std::move(*store), std::move(*tcp)};
+}
+
+TEST_CASE("a torch 2.x client's bytes: handshake, every supported query, cancel_wait") {
+  Served s = Serve();
+  Wire w(s.tcp->port());
+  REQUIRE(w.connected());
+  // TCPStore::TCPStore: validate(), then ping() with the pid as nonce.
+  REQUIRE(w.U8(kValidate).U32(kMagic).Send());
+  REQUIRE(w.U8(kPing).U32(4242).Send());
+  uint32_t nonce = 0;
+  REQUIRE(w.Read(&nonce, 4));
+  CHECK(nonce == 4242);
+
+  REQUIRE(w.U8(kSet).Str("/k").Str("v").Send());  // no reply
+  REQUIRE(w.U8(kCheck).U64(1).Str("/k").Send());
+  CHECK(w.ReadU8() == 0);  // READY
+  REQUIRE(w.U8(kCheck).U64(2).Str("/k").Str("/missing").Send());
+  CHECK(w.ReadU8() == 1);  // NOT_READY
+  // get = doWait + GET
+  REQUIRE(w.U8(kWait).U64(1).Str("/k").Send());
+  CHECK(w.ReadU8() == 0);  // STOP_WAITING
+  REQUIRE(w.U8(kGet).Str("/k").Send());
+  CHECK(w.ReadStr() == "v");
+
+  REQUIRE(w.U8(kAdd).Str("/n").U64(5).Send());
+  CHECK(w.ReadI64() == 5);
+  REQUIRE(w.U8(kAdd).Str("/n").U64(static_cast<uint64_t>(int64_t{-2})).Send());
+  CHECK(w.ReadI64() == 3);
+
+  REQUIRE(w.U8(kCompareSet).Str("/k").Str("v").Str("w").Send());
+  CHECK(w.ReadStr() == "w");
+  REQUIRE(w.U8(kCompareSet).Str("/k").Str("nope").Str("x").Send());
+  CHECK(w.ReadStr() == "w");  // no swap: the current value
+  REQUIRE(w.U8(kCompareSet).Str("/absent").Str("e").Str("x").Send());
+  CHECK(w.ReadStr() == "e");  // torch: a missing key answers the expectation
+
+  REQUIRE(w.U8(kAppend).Str("/k").Str("z").Send());  // no reply
+  REQUIRE(w.U8(kMultiSet).U64(2).Str("/m1").Str("one").Str("/m2").Str("two").Send());
+  REQUIRE(w.U8(kMultiGet).U64(3).Str("/m2").Str("/k").Str("/m1").Send());
+  CHECK(w.ReadStr() == "two");
+  CHECK(w.ReadStr() == "wz");
+  CHECK(w.ReadStr() == "one");
+
+  REQUIRE(w.U8(kGetNumKeys).Send());
+  CHECK(w.ReadI64() == 4);  // k, n, m1, m2
+  REQUIRE(w.U8(kDeleteKey).Str("/m1").Send());
+  CHECK(w.ReadI64() == 1);
+  REQUIRE(w.U8(kDeleteKey).Str("/m1").Send());
+  CHECK(w.ReadI64() == 0);
+
+  // doWait after its timeout: CANCEL_WAIT, answered WAIT_CANCELED and nothing else.
+  REQUIRE(w.U8(kWait).U64(1).Str("/never").Send());
+  absl::SleepFor(absl::Milliseconds(150));
+  const absl::Time t0 = absl::Now();
+  REQUIRE(w.U8(kCancelWait).Send());
+  CHECK(w.ReadU8() == 1);  // WAIT_CANCELED
+  CHECK(absl::Now() - t0 < absl::Seconds(2));
+  REQUIRE(w.U8(kPing).U32(7).Send());  // the connection still serves, in order
+  REQUIRE(w.Read(&nonce, 4));
+  CHECK(nonce == 7);
+
+  // Ember's client sees the same keys, without TCPStore's leading '/'.
+  auto c = Client::Connect(ClientOptions{.address = s.store->address()});
+  REQUIRE(c.ok());
+  CHECK(*c->Get("n") == "3");
+  CHECK(*c->Get("k") == "wz");
+  CHECK(*c->Get("m2") == "two");
+
+  // A queue op (14, libuv server only) is refused by closing the connection.
+  REQUIRE(w.U8(kQueuePush).Str("/q").Str("x").Send());
+  CHECK(w.ClosedByPeer());
+}
+
+TEST_CASE("cancel_wait on the etcd backend") {
+  testing::EtcdTestCluster etcd(1);
+  EtcdOptions e;
+  e.endpoints = etcd.endpoints();
+  StoreServerOptions opts;
+  opts.make_backend = [e](const BackendOptions& b, base::Clock*) { return NewEtcdBackend(e, b); };
+  auto store = StoreServer::Start(std::move(opts));
+  REQUIRE(store.ok());
+  auto tcp = TcpStoreServer::Start("127.0.0.1", 0, (*store)->backend());
+  REQUIRE(tcp.ok());
+  Wire w((*tcp)->port());
+  REQUIRE(w.U8(kValidate).U32(kMagic).Send());
+  for (int delay_ms : {0, 150}) {  // cancelled while evaluated, and while parked
+    REQUIRE(w.U8(kWait).U64(1).Str("/never").Send());
+    absl::SleepFor(absl::Milliseconds(delay_ms));
+    REQUIRE(w.U8(kCancelWait).Send());
+    CHECK(w.ReadU8() == 1);  // WAIT_CANCELED
+  }
+  REQUIRE(w.U8(kAdd).Str("/after").U64(1).Send());
+  CHECK(w.ReadI64() == 1);
+  REQUIRE(w.U8(kWait).U64(1).Str("/after").Send());
+  CHECK(w.ReadU8() == 0);  // STOP_WAITING
+}
+
+TEST_CASE("the first bytes choose the protocol: 1.13 clients keep 1.13's numbering") {
+  Served s = Serve();
+  {
+    Wire w(s.tcp->port());  // 1.13 SET (0) first: a zero byte without the 2.x magic after it
+    REQUIRE(w.U8(0).Str("/a").Str("1").Send());
+    REQUIRE(w.U8(2).Str("/a").Send());  // 1.13 GET = 2 (2.x: COMPARE_SET)
+    CHECK(w.ReadStr() == "1");
+    REQUIRE(w.U8(6).Send());  // 1.13 GETNUMKEYS = 6 (2.x: WAIT)
+    CHECK(w.ReadI64() == 1);
+    REQUIRE(w.U8(8).Str("/a").Send());  // 1.13 DELETE_KEY = 8 (2.x: APPEND)
+    CHECK(w.ReadI64() == 1);
+  }
+  {
+    Wire w(s.tcp->port());  // 1.13 ADD (3) first
+    REQUIRE(w.U8(3).Str("/b").U64(2).Send());
+    CHECK(w.ReadI64() == 2);
+  }
+}
+
+TEST_CASE("at most max_connections at once: the next is closed, the open ones keep working") {
+  // The default cap (1024), as ember-store runs it: 1024 connections with a thread each.
+  Served s = Serve();
+  std::vector<std::unique_ptr<Wire>> open;
+  for (int i = 0; i < 1024; ++i) {
+    open.push_back(std::make_unique<Wire>(s.tcp->port()));
+    REQUIRE(open.back()->connected());
+    REQUIRE(open.back()->U8(3).Str("/count").U64(1).Send());  // 1.13 ADD
+    REQUIRE(open.back()->ReadI64() == i + 1);
+  }
+  Wire extra(s.tcp->port());  // accepted by the kernel, then closed by the server
+  REQUIRE(extra.connected());
+  CHECK(extra.ClosedByPeer());
+  REQUIRE(open.front()->U8(3).Str("/count").U64(1).Send());
+  CHECK(open.front()->ReadI64() == 1025);
+  open.pop_back();  // one leaves: a new connection is served again
+  absl::SleepFor(absl::Milliseconds(200));
+  Wire again(s.tcp->port());
+  REQUIRE(again.U8(3).Str("/count").U64(1).Send());
+  CHECK(again.ReadI64() == 1026);
+}
+
+TEST_CASE("a configured lower cap") {
+  Served s = Serve({.max_connections = 3});
+  std::vector<std::unique_ptr<Wire>> open;
+  for (int i = 0; i < 3; ++i) {
+    open.push_back(std::make_unique<Wire>(s.tcp->port()));
+    REQUIRE(open.back()->U8(3).Str("/c").U64(1).Send());
+    REQUIRE(open.back()->ReadI64() == i + 1);
+  }
+  Wire fourth(s.tcp->port());
+  CHECK(fourth.ClosedByPeer());
+}
+
+int64_t RssKiB(pid_t pid) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  return -1;
+}
+
+TEST_CASE("ember-store: a promised 1 GiB value with a few bytes sent allocates nothing like it") {
+  const int port = testing::FreePort();
+  const pid_t pid = testing::SpawnChild(
+      {testing::StoreBinary(), "--listen=127.0.0.1:0", "--insecure-no-auth",
+       absl::StrCat("--tcpstore-port=", port), "--log_level=error"});
+  std::unique_ptr<Wire> probe;
+  for (int i = 0; i < 500; ++i) {
+    probe = std::make_unique<Wire>(port);
+    if (probe->connected()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE(probe->connected());
+  REQUIRE(probe->U8(3).Str("/warm").U64(1).Send());
+  REQUIRE(probe->ReadI64() == 1);
+  const int64_t before = RssKiB(pid);
+  REQUIRE(before > 0);
+  // Eight connections each promise a value of 1 GiB - 1 (the largest length accepted) and send
+  // 100 bytes of it, then stay open: ember-store waits for the rest with what arrived.
+  std::vector<std::unique_ptr<Wire>> liars;
+  const std::string some(100, 'x');
+  for (int i = 0; i < 8; ++i) {
+    liars.push_back(std::make_unique<Wire>(port));
+    REQUIRE(liars.back()->U8(0).Str(absl::StrCat("/big", i)).U64((uint64_t{1} << 30) - 1)
+                .Raw(some.data(), some.size()).Send());
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  const int64_t during = RssKiB(pid);
+  INFO("VmRSS before " << before << " KiB, with 8 x 1 GiB promised " << during << " KiB");
+  CHECK(during - before < 64 * 1024);  // 8 GiB promised; at most a 1 MiB chunk each is held
+  // Still serving; a length over 1 GiB closes that connection at once.
+  REQUIRE(probe->U8(3).Str("/warm").U64(1).Send());
+  CHECK(probe->ReadI64() == 2);
+  Wire over(port);
+  REQUIRE(over.U8(0).Str("/huge").U64((uint64_t{1} << 30) + 1).Send());
+  CHECK(over.ClosedByPeer());
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+}  // namespace
+}  // namespace ember::store
