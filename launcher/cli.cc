@@ -88,6 +88,10 @@ std::string CommandHelp(const std::string& name) {
 bool ParseArgs(int argc, char** argv, Args* a, std::string* err) {
   for (int i = 1; i < argc; ++i) {
     std::string s = argv[i];
+    if (s == "--") {
+      a->passthrough.assign(argv + i + 1, argv + argc);
+      break;
+    }
     if (s.size() > 1 && s[0] == '-' && s != "-") {
       if (s == "-f") s = "--follow";
       if (s == "-h") s = "--help";
@@ -259,6 +263,10 @@ int Ctl::Run() {
     return kUsage;
   }
   rest_.assign(p.begin() + skip, p.end());
+  if (!a_.passthrough.empty() && !row->passthrough) {
+    std::cerr << "emberctl: '" << cmd << "' takes no arguments after --\n" << CommandHelp(cmd);
+    return kUsage;
+  }
   return row->run(*this);
 }
 

@@ -41,6 +41,7 @@ const std::vector<Option>& GlobalOptions();
 struct Args {
   std::vector<std::string> positional;       // the command (and subcommand) first
   std::map<std::string, std::string> opts;   // "--x" -> value ("" for switches)
+  std::vector<std::string> passthrough;      // everything after "--", as given (a script's args)
   bool Has(const std::string& k) const { return opts.count(k) > 0; }
   std::string Get(const std::string& k, const std::string& def = "") const {
     auto it = opts.find(k);
@@ -61,6 +62,7 @@ struct Command {
   size_t min_args;          // positional arguments after the (sub)command; fewer prints the usage
   std::vector<Option> options;
   int (*run)(Ctl& ctl);
+  bool passthrough = false;  // takes arguments after "--" (Args::passthrough)
 };
 
 // The table (emberctl.cc).

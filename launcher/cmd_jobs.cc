@@ -2,6 +2,8 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -138,6 +141,7 @@ absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
   upload("data", "path");
   upload("data", "text_path");
   upload("checkpoint", "init_from_safetensors");
+  upload("worker", "script");
   // checkpoint.init_from names a Hugging Face directory: its files (config.json, the safetensors,
   // the index) go up when each is small; larger models belong under an emberd --data-root.
   if (root.IsMap() && root["checkpoint"] && root["checkpoint"].IsMap() && root["checkpoint"]["init_from"]) {
@@ -154,6 +158,64 @@ absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
     }
   }
   return absl::OkStatus();
+}
+
+// A script given directly (`run --standalone train.py -- ARGS`): the spec a user would write for
+// it, with the script uploaded under its base name.
+absl::Status ScriptSpec(const Ctl& ctl, const std::string& path, int nproc, std::string* yaml,
+                        std::map<std::string, std::string>* files) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError("cannot read " + path);
+  std::stringstream b;
+  b << in.rdbuf();
+  const std::string base = fs::path(path).filename().string();
+  (*files)[base] = b.str();
+  const Args& a = ctl.args();
+  std::string name = a.Get("--name");
+  if (name.empty()) {  // the script's name, as a job name allows it
+    for (char ch : fs::path(path).stem().string()) {
+      name += (isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '-') ? ch : '_';
+    }
+    if (name.empty() || !isalnum(static_cast<unsigned char>(name[0]))) name = "script-" + name;
+    name = name.substr(0, 63);
+  }
+  int restarts = 0;
+  if (a.Has("--max-restarts") && (!absl::SimpleAtoi(a.Get("--max-restarts"), &restarts) || restarts < 0)) {
+    return absl::InvalidArgumentError("--max-restarts needs a number >= 0");
+  }
+  YAML::Emitter out;
+  out << YAML::BeginMap << YAML::Key << "name" << YAML::Value << name;
+  out << YAML::Key << "worker" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "script" << YAML::Value << base;
+  out << YAML::Key << "python" << YAML::Value << a.Get("--python", "/usr/bin/python3");
+  out << YAML::Key << "args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const std::string& arg : a.passthrough) out << YAML::DoubleQuoted << arg;
+  out << YAML::EndSeq << YAML::EndMap;
+  out << YAML::Key << "parallelism" << YAML::Value << YAML::BeginMap << YAML::Key << "world_size"
+      << YAML::Value << std::max(1, nproc) << YAML::EndMap;
+  out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap << YAML::Key << "device_type"
+      << YAML::Value << "cpu" << YAML::EndMap;
+  out << YAML::Key << "max_restarts" << YAML::Value << restarts << YAML::EndMap;
+  *yaml = out.c_str();
+  return absl::OkStatus();
+}
+
+bool IsScriptPath(const std::string& path) { return absl::EndsWith(path, ".py"); }
+
+// The job of `run`/`submit`: a spec file, or a script (then ARGS after "--" are its arguments).
+absl::Status ReadJob(const Ctl& ctl, int nproc, std::string* yaml,
+                     std::map<std::string, std::string>* files) {
+  const std::string path = Ctl::UserPath(ctl.rest()[0]);
+  if (IsScriptPath(path)) return ScriptSpec(ctl, path, nproc, yaml, files);
+  for (const char* o : {"--python", "--max-restarts", "--name"}) {
+    if (ctl.args().Has(o)) {
+      return absl::InvalidArgumentError(absl::StrCat(o, " is for a script (.py); set it in the spec"));
+    }
+  }
+  if (!ctl.args().passthrough.empty()) {
+    return absl::InvalidArgumentError("arguments after -- are for a script (.py); use worker.args");
+  }
+  return ReadSpec(path, nproc, yaml, files);
 }
 
 void PrintJobs(const Ctl& ctl, const std::vector<v1::Job>& jobs) {
@@ -179,9 +241,11 @@ int RunStandalone(Ctl& ctl) {
   if (!ctl.IntOption("--nproc", 1, &nproc)) return kUsage;
   std::string yaml;
   std::map<std::string, std::string> files;
-  absl::Status s = ReadSpec(Ctl::UserPath(ctl.rest()[0]), nproc, &yaml, &files);
+  absl::Status s = ReadJob(ctl, nproc, &yaml, &files);
   if (!s.ok()) return ctl.Fail(s);
   StandaloneOptions so;
+  so.allow_root_scripts = a.Has("--allow-root-scripts");
+  so.script_user = a.Get("--script-user");
   so.work_root = Ctl::UserPath(a.Get("--work-root", "ember-jobs"));
   so.worker_binary = a.Get("--worker");
   so.argv0 = ctl.argv0();
@@ -227,9 +291,14 @@ int RunStandalone(Ctl& ctl) {
 
 int RunSubmit(Ctl& ctl) {
   // The spec is read before dialing: a bad path fails fast.
+  int nproc = 0;
+  if (!ctl.IntOption("--nproc", 1, &nproc)) return kUsage;
+  if (nproc > 0 && !IsScriptPath(ctl.rest()[0])) {
+    return ctl.UsageError("--nproc is for a script (.py); set parallelism.world_size in the spec");
+  }
   std::string yaml;
   std::map<std::string, std::string> files;
-  absl::Status s = ReadSpec(Ctl::UserPath(ctl.rest()[0]), 0, &yaml, &files);
+  absl::Status s = ReadJob(ctl, nproc, &yaml, &files);
   if (!s.ok()) return ctl.Fail(s);
   auto c = ctl.Connect();
   if (!c.ok()) return ctl.Fail(c.status());

@@ -26,10 +26,12 @@ namespace ember::cli {
 
 const std::vector<Command>& Commands() {
   static const auto* table = new std::vector<Command>{
-      {"run", "", "run --standalone [--nproc N] JOB.yaml",
-       "run a job on this machine (embedded store + daemon)",
+      {"run", "", "run --standalone [--nproc N] (JOB.yaml | SCRIPT.py [-- ARGS...])",
+       "run a job or a PyTorch script on this machine (embedded store + daemon)",
        "  Starts a store and a daemon inside emberctl with a one-time token, runs the job on\n"
        "  this machine with a live progress line, and exits with the job's result.\n"
+       "  A .py file runs as a script job: N ranks of `python -u SCRIPT ARGS` with torchrun's\n"
+       "  environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...), restarted up to --max-restarts.\n"
        "  SIGINT, SIGTERM or SIGHUP cancel the job; the workers die with emberctl even on kill "
        "-9.\n",
        1,
@@ -38,16 +40,26 @@ const std::vector<Command>& Commands() {
         {"--max-ranks", "N", "allow up to N CPU ranks (default 4 x the online cores)"},
         {"--work-root", "DIR", "job directories (default ./ember-jobs)"},
         {"--worker", "PATH", "the worker binary ($EMBER_WORKER; default: next to emberctl)"},
-        {"--http", "HOST:PORT", "serve the job page there (no login: keep it on loopback)"}},
-       RunStandalone},
-      {"submit", "", "submit JOB.yaml [--follow] [--id SID]",
+        {"--http", "HOST:PORT", "serve the job page there (no login: keep it on loopback)"},
+        {"--python", "PATH", "script jobs: the interpreter (default /usr/bin/python3)"},
+        {"--max-restarts", "N", "script jobs: restarts after a failure (default 0)"},
+        {"--name", "NAME", "script jobs: the job name (default: the script's)"},
+        {"--allow-root-scripts", "", "run as root: allow script jobs (as root, or --script-user)"},
+        {"--script-user", "USER", "with --allow-root-scripts: run the script as USER"}},
+       RunStandalone, /*passthrough=*/true},
+      {"submit", "", "submit (JOB.yaml | SCRIPT.py [-- ARGS...]) [--follow] [--id SID]",
        "submit to a cluster; --follow waits and exits with the result",
        "  Validates and queues the job. Data files named relatively in the spec are uploaded\n"
-       "  into the job directory (8 MiB total).\n",
+       "  into the job directory (8 MiB total). A .py file is a script job (see `run`);\n"
+       "  whoever holds the cluster token runs code on the nodes this way.\n",
        1,
        {{"--follow", "", "stream progress and exit with the job's result (also -f)"},
-        {"--id", "SID", "submission id: retries with the same id are idempotent"}},
-       RunSubmit},
+        {"--id", "SID", "submission id: retries with the same id are idempotent"},
+        {"--nproc", "N", "script jobs: ranks (default 1)"},
+        {"--python", "PATH", "script jobs: the interpreter (default /usr/bin/python3)"},
+        {"--max-restarts", "N", "script jobs: restarts after a failure (default 0)"},
+        {"--name", "NAME", "script jobs: the job name (default: the script's)"}},
+       RunSubmit, /*passthrough=*/true},
       {"status", "", "status [JOB]", "one job in detail, or the active jobs",
        "  One job with attempts, root cause and progress; without JOB the active jobs.\n", 0, {},
        RunStatus},

@@ -51,8 +51,13 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.host_store = true;
   o.work_root = options.work_root;
   if (options.worker_binary.empty()) {
-    ASSIGN_OR_RETURN(options.worker_binary, FindWorkerBinary(options.argv0));
+    auto found = FindWorkerBinary(options.argv0);
+    // A script job never runs ember-worker; the daemon still wants an executable to offer.
+    if (!found.ok() && spec::IsScriptJob(spec)) found = std::string("/bin/false");
+    ASSIGN_OR_RETURN(options.worker_binary, std::move(found));
   }
+  o.allow_root_scripts = options.allow_root_scripts;
+  o.script_user = options.script_user;
   o.worker_binary = options.worker_binary;
   o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());

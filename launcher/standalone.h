@@ -29,6 +29,9 @@ struct StandaloneOptions {
   // The job page (runtime/daemon/job_page.h) on this HOST:PORT ("" = none; port 0 = any). The
   // cluster's token is never shown, so the page is readable without a login: keep it on loopback.
   std::string http_listen;
+  // Script jobs when emberctl runs as root (daemon::DaemonOptions::allow_root_scripts).
+  bool allow_root_scripts = false;
+  std::string script_user;  // DaemonOptions::script_user
 };
 
 inline constexpr int kRanksPerCore = 4;

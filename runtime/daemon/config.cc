@@ -226,6 +226,8 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.inventory.cpu_slots = cfg.cpu_slots();
   o.inventory.cuda_devices = cfg.cuda_devices();
   o.data_roots.assign(cfg.data_root().begin(), cfg.data_root().end());
+  o.script_user = cfg.script_user();
+  o.allow_root_scripts = cfg.allow_root_scripts();
   if (cfg.keep_finished_jobs() < 0 || cfg.finished_job_ttl_h() < 0) {
     return absl::InvalidArgumentError("keep_finished_jobs and finished_job_ttl_h must be >= 0");
   }

@@ -259,6 +259,7 @@ void Daemon::Impl::DrainNow() {
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
   Supervise();  // a last reap (SIGKILLs anything left) with the loops stopped
+  SuperviseStandbys({}, {}, /*all=*/true);
   // Kill and reap whatever is left, on a copy: the waits happen without the lock.
   std::vector<LocalAttempt> left;
   {
@@ -284,6 +285,7 @@ void Daemon::Impl::DrainNow() {
   if (lease.load() != 0) (void)store->RevokeLease(lease.load());
   http.reset();  // waits for in-flight page and /metrics requests
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  StopTorchStores();  // before the backend they borrow
   if (hosted_store) hosted_store->Shutdown();
 }
 
@@ -298,11 +300,13 @@ void Daemon::Impl::DetachNow() {
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
+  SuperviseStandbys({}, {}, /*all=*/true);  // not persisted: a new daemon would not know them
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.
   http.reset();  // waits for in-flight page and /metrics requests
   if (server.server) server.server->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+  StopTorchStores();  // before the backend they borrow
   if (hosted_store) hosted_store->Shutdown();
 }
 

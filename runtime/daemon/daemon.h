@@ -65,10 +65,16 @@ struct DaemonOptions {
   base::TlsOptions tls;                  // for the APIs and the hosted store
   std::string work_root;                 // job directories: <work_root>/<job id> (required)
   std::string state_dir;                 // "" = <work_root>/.emberd/<node>
-  std::string worker_binary;             // the only executable a daemon ever runs (required)
+  std::string worker_binary;             // what runs a built-in job's ranks (required)
   InventoryOptions inventory;
   bool scheduler = true;                 // take part in the scheduler election
   std::vector<std::string> data_roots;   // absolute paths specs may read from
+  // Script jobs (worker.script: the daemon runs `python -u script args` per rank with torchrun's
+  // environment, runtime/job/torch_env.h). They run as script_user ("" = this daemon's user; only
+  // a root daemon can switch to another, which then owns the job directory). A daemon running as
+  // root refuses them unless allow_root_scripts (spec_policy.h ScriptIdentityFor).
+  std::string script_user;
+  bool allow_root_scripts = false;
   absl::Duration lease_ttl = absl::Seconds(6);
   absl::Duration heartbeat = absl::Seconds(1);
   absl::Duration poll = absl::Milliseconds(100);

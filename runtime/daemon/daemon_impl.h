@@ -1,7 +1,8 @@
 // Internal: the daemon's state, shared by its files: daemon.cc (start-up, the loops, registration,
 // drain/detach), schedule.cc (the leader's pass, executing scheduler.h's decisions), supervise.cc
 // (forking, reaping, stopping workers), worker_state.cc (workers.state), records.cc (job records in
-// the store) and service.cc (the Jobs and Nodes RPC handlers). Not part of the public API.
+// the store), service.cc (the Jobs and Nodes RPC handlers) and script_job.cc (script jobs: their
+// environment, user and per-attempt TCPStore listener). Not part of the public API.
 #ifndef EMBER_RUNTIME_DAEMON_DAEMON_IMPL_H_
 #define EMBER_RUNTIME_DAEMON_DAEMON_IMPL_H_
 
@@ -26,10 +27,14 @@
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/metrics.h"
 #include "runtime/daemon/placement.h"
+#include "runtime/daemon/process.h"
 #include "runtime/daemon/scheduler.h"
 #include "runtime/daemon/series.h"
+#include "runtime/daemon/spec_policy.h"
+#include "runtime/job/env.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
+#include "runtime/store/tcpstore_server.h"
 
 namespace ember::daemon {
 
@@ -59,6 +64,13 @@ struct LocalAttempt {
   std::string stop_reason;
   absl::Time term_sent = absl::InfinitePast();
   bool released = false;  // every worker reaped and the devices given back
+  absl::Time started = absl::InfinitePast();  // when this daemon forked it (standby.cc's delay)
+};
+
+// Warm standby interpreters of one script job for its next attempt on this node (standby.cc).
+struct Standby {
+  int attempt = 0;                  // the attempt they wait for
+  std::vector<LocalWorker> workers; // rank, device, log and pid of each waiting interpreter
 };
 
 class Daemon::Impl {
@@ -76,6 +88,14 @@ class Daemon::Impl {
   std::string advertise;
   std::unique_ptr<grpc::Service> jobs_service, nodes_service;
   base::StartedServer server;
+
+  // ---- Script jobs' per-attempt TCPStore listeners (script_job.cc), on this node when it runs
+  // the attempt's rank 0. Declared after hosted_store: destroyed first (they borrow its backend).
+  absl::Mutex torch_mu;
+  std::map<std::string, std::unique_ptr<store::TcpStoreServer>> torch_stores
+      ABSL_GUARDED_BY(torch_mu);                                 // key: "<job>#<attempt>"
+  std::map<std::string, std::set<int>> torch_ports ABSL_GUARDED_BY(torch_mu);  // job -> ports used
+  std::unique_ptr<store::Backend> torch_backend ABSL_GUARDED_BY(torch_mu);  // without hosted_store
 
   // ---- Self-synchronized.
   std::atomic<bool> draining{false};
@@ -102,6 +122,7 @@ class Daemon::Impl {
   Scheduler scheduler;  // placement, restart, node-loss and retention decisions (scheduler.h)
   // The kernel's OOM-kill count at the previous Supervise pass (-1 = not read yet), and when it
   // last rose: a worker reaped with SIGKILL soon after was killed by the OOM killer.
+  std::map<std::string, Standby> standbys;  // key "<job>#<attempt they wait for>"
   int64_t oom_kills_seen = -1;
   absl::Time last_oom_kill = absl::InfinitePast();
 
@@ -146,6 +167,38 @@ class Daemon::Impl {
   // Merges what a pass learned on a copy into `local` (exits, stopping, released).
   void MergeAttempt(const LocalAttempt& from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 
+  // script_job.cc: script jobs (worker.script). Fills `so` (argv, environment, user) for one rank
+  // of a script job; `master` is the attempt's TCPStore listener "host:port".
+  struct ScriptLaunch {
+    ScriptIdentity identity;
+    std::string master_host;
+    int master_port = 0;
+  };
+  // Decides the user and the listener of this node's ranks of the attempt: starts the listener
+  // when this node runs rank 0 (and publishes it under keys::TorchMaster), else reads it.
+  // UNAVAILABLE while another node's listener is not published yet (try again next pass); any
+  // other error fails the node's ranks with it.
+  absl::StatusOr<ScriptLaunch> PrepareScript(const Job& job, const jobs::v1::NodeAssignment& mine,
+                                             const std::string& dir)
+      ABSL_LOCKS_EXCLUDED(mu, torch_mu);
+  void ScriptSpawnOptions(const Job& job, const jobs::v1::NodeAssignment& mine,
+                          const ScriptLaunch& launch, const ember::job::WorkerEnv& we,
+                          SpawnOptions* so) const;
+  // Shuts the attempt's listener down (its clients see their connections closed); all of them
+  // with an empty job.
+  void StopTorchStore(const std::string& job, int attempt) ABSL_LOCKS_EXCLUDED(torch_mu);
+  void StopTorchStores() ABSL_LOCKS_EXCLUDED(torch_mu);
+
+  // standby.cc (control thread): starts attempt a.attempt+1's warm interpreters for this node's
+  // ranks of `a` when the job wants them and `a` has run a few seconds; TakeStandby hands rank
+  // w's interpreter its go file (so's environment and argv) and returns its pid, nullopt when none
+  // waits; SuperviseStandbys reaps them and kills the unused (`all`: every one, for drain).
+  void MaybeStartStandby(const Job& job, const LocalAttempt& a) ABSL_LOCKS_EXCLUDED(mu);
+  std::optional<pid_t> TakeStandby(const std::string& job, int attempt, const LocalWorker& w,
+                                   const SpawnOptions& so, const ScriptLaunch& launch);
+  void SuperviseStandbys(const std::map<std::string, Job>& records,
+                         const std::set<std::string>& started, bool all) ABSL_LOCKS_EXCLUDED(mu);
+
   // worker_state.cc: <state_dir>/workers.state.
   // Writes the lease and the unreleased attempts (snapshot under mu, write without it), atomically
   // and durably (base::WriteFileAtomic); a failure is logged.
@@ -186,6 +239,10 @@ class Daemon::Impl {
 };
 
 int64_t NowMs();
+
+// supervise.cc: the host part of the daemon's advertised address, which its workers advertise to
+// their peers ("" for a wildcard or an IPv6 literal: the comm default, 127.0.0.1).
+std::string CommHostOf(const std::string& advertise);
 
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);

@@ -186,3 +186,45 @@ TEST_CASE("process identity survives only with the same start time") {
 
 }  // namespace
 }  // namespace ember::daemon
+
+namespace ember::daemon {
+
+TEST_CASE("script jobs: who runs them (script_user, allow_root_scripts) and their environment") {
+  // Not root: the daemon's own user; another user cannot be switched to.
+  auto self = ScriptIdentityFor(1000, "", false);
+  REQUIRE(self.ok());
+  CHECK_FALSE(self->switch_user);
+  auto other = ScriptIdentityFor(1000, "nobody", false);
+  REQUIRE_FALSE(other.ok());
+  CHECK(absl::IsFailedPrecondition(other.status()));
+  CHECK(std::string(other.status().message()).find("script_user") != std::string::npos);
+  // Root: refused unless allow_root_scripts, named in the message.
+  auto root = ScriptIdentityFor(0, "nobody", false);
+  REQUIRE_FALSE(root.ok());
+  CHECK(std::string(root.status().message()).find("allow_root_scripts") != std::string::npos);
+  auto as_root = ScriptIdentityFor(0, "", true);
+  REQUIRE(as_root.ok());
+  CHECK_FALSE(as_root->switch_user);
+  CHECK(as_root->uid == 0);
+  auto nobody = ScriptIdentityFor(0, "nobody", true);
+  REQUIRE(nobody.ok());
+  CHECK(nobody->switch_user);
+  CHECK(nobody->uid == 65534);  // Debian's nobody
+  CHECK(absl::IsNotFound(ScriptIdentityFor(0, "no-such-user-x", true).status()));
+
+  spec::v1::JobSpec spec;
+  spec.mutable_worker()->set_script("t.py");
+  (*spec.mutable_worker()->mutable_env())["OMP_NUM_THREADS"] = "4";  // torchrun allows it too
+  CHECK(CheckScriptEnv(spec).ok());
+  (*spec.mutable_worker()->mutable_env())["MASTER_PORT"] = "1";
+  auto s = CheckScriptEnv(spec);
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(std::string(s.message()).find("worker.env.MASTER_PORT") != std::string::npos);
+  // An absolute script must be under a data root, like data files.
+  spec.mutable_worker()->clear_env();
+  spec.mutable_worker()->set_script("/home/u/t.py");
+  CHECK(absl::IsPermissionDenied(CheckSpecPaths(spec, {"/datasets"})));
+  CHECK(CheckSpecPaths(spec, {"/home/u"}).ok());
+}
+
+}  // namespace ember::daemon

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -64,6 +65,14 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
 #endif
       for (int fd = 3; fd < 4096; ++fd) ::close(fd);
     if (!o.cwd.empty() && ::chdir(o.cwd.c_str()) != 0) _exit(127);
+    if (o.switch_user) {
+      static const char kSwitchFailed[] = "ember: cannot switch to the script user\n";
+      if (::setgroups(1, &o.gid) != 0 || ::setgid(o.gid) != 0 || ::setuid(o.uid) != 0 ||
+          ::setuid(0) == 0) {  // regaining root must fail
+        (void)!::write(2, kSwitchFailed, sizeof(kSwitchFailed) - 1);
+        _exit(127);
+      }
+    }
     ::execve(argv[0], argv.data(), envp.data());
     (void)!::write(2, kExecFailed, sizeof(kExecFailed) - 1);
     (void)!::write(2, argv[0], strlen(argv[0]));

@@ -29,6 +29,11 @@ struct SpawnOptions {
   // workers should (emberd's control thread). For `run --standalone` only: emberd's workers must
   // survive a daemon restart.
   bool die_with_parent = false;
+  // Run as uid/gid (groups: gid only) instead of the caller's user; needs root. The switch happens
+  // after chdir(cwd), so cwd need only be reachable by the caller.
+  bool switch_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
 };
 
 // fork+exec in a new session: pid == pgid. Errors: INTERNAL naming the executable when fork fails;

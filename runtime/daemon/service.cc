@@ -1,6 +1,7 @@
 // The Jobs and Nodes RPC handlers (gRPC sync API: every handler is short except the two streams,
 // which poll files and the store and end when the client cancels or the job ends).
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -296,6 +297,12 @@ class JobsService final : public v1::Jobs::Service {
     }
     ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(req.spec_yaml()));
     RETURN_IF_ERROR(CheckSpecPaths(spec, d_->opts.data_roots));
+    if (spec::IsScriptJob(spec)) {  // the node that runs it checks again before it forks
+      RETURN_IF_ERROR(CheckScriptEnv(spec));
+      RETURN_IF_ERROR(
+          ScriptIdentityFor(::geteuid(), d_->opts.script_user, d_->opts.allow_root_scripts)
+              .status());
+    }
     size_t total = 0;
     for (const auto& [name, data] : req.files()) {
       RETURN_IF_ERROR(CheckUploadName(name));
@@ -352,7 +359,7 @@ class JobsService final : public v1::Jobs::Service {
       ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());
       RETURN_IF_ERROR(CheckEverPlaceable(RequestOf(job), type, Snapshot(nodes, {})));
       // And a model and batch that cannot fit a node's memory (an estimate, memory_estimate.h).
-      RETURN_IF_ERROR(CheckMemoryFits(spec, world, type, nodes));
+      if (!spec::IsScriptJob(spec)) RETURN_IF_ERROR(CheckMemoryFits(spec, world, type, nodes));
     }
 
     // Idempotency: the first submission with this id wins; later ones get its job back.

@@ -1,9 +1,14 @@
 #include "runtime/daemon/spec_policy.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/job/torch_env.h"
 
 namespace ember::daemon {
 namespace {
@@ -53,11 +58,72 @@ absl::Status CheckSpecPaths(const spec::v1::JobSpec& spec,
       {"checkpoint.dir", spec.checkpoint().dir(), false},
       {"checkpoint.init_from_safetensors", spec.checkpoint().init_from_safetensors(), true},
       {"checkpoint.init_from", spec.checkpoint().init_from(), true},
+      {"worker.script", spec.worker().script(), true},
   };
   for (const Field& f : fields) {
     std::vector<std::string> none;
     absl::Status s = CheckPath(f.name, f.value, f.data ? data_roots : none);
     if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+// getpwnam_r / getpwuid_r into a ScriptIdentity; NOT_FOUND when there is no such user.
+absl::StatusOr<ScriptIdentity> LookUp(const std::string* name, uid_t uid) {
+  passwd pw{};
+  passwd* found = nullptr;
+  std::vector<char> buf(16384);
+  int rc = name != nullptr ? getpwnam_r(name->c_str(), &pw, buf.data(), buf.size(), &found)
+                           : getpwuid_r(uid, &pw, buf.data(), buf.size(), &found);
+  if (rc != 0 || found == nullptr) {
+    return absl::NotFoundError(name != nullptr
+                                   ? absl::StrCat("script_user: no user '", *name, "' on this node")
+                                   : absl::StrCat("no user with uid ", uid));
+  }
+  ScriptIdentity id;
+  id.uid = pw.pw_uid;
+  id.gid = pw.pw_gid;
+  id.name = pw.pw_name;
+  return id;
+}
+
+}  // namespace
+
+absl::StatusOr<ScriptIdentity> ScriptIdentityFor(uid_t daemon_euid, const std::string& script_user,
+                                                 bool allow_root_scripts) {
+  if (daemon_euid != 0) {
+    if (script_user.empty()) return ScriptIdentity{false, daemon_euid, 0, ""};
+    auto self = LookUp(nullptr, daemon_euid);
+    auto want = LookUp(&script_user, 0);
+    if (!want.ok()) return want.status();
+    if (self.ok() && self->uid == want->uid) return ScriptIdentity{false, daemon_euid, 0, self->name};
+    return absl::FailedPreconditionError(absl::StrCat(
+        "script_user: '", script_user, "' differs from emberd's own user (uid ", daemon_euid,
+        ") and only emberd running as root can switch users; unset script_user to run scripts as "
+        "emberd's user"));
+  }
+  if (!allow_root_scripts) {
+    return absl::FailedPreconditionError(
+        "emberd runs as root and refuses script jobs (worker.script): run emberd as an "
+        "unprivileged user (the shipped unit's User=ember), or set allow_root_scripts: true in "
+        "its config (with script_user: NAME to run scripts as NAME; `emberctl run --standalone`: "
+        "--allow-root-scripts)");
+  }
+  if (script_user.empty()) return ScriptIdentity{false, 0, 0, "root"};
+  ASSIGN_OR_RETURN(ScriptIdentity id, LookUp(&script_user, 0));
+  id.switch_user = id.uid != 0;
+  return id;
+}
+
+absl::Status CheckScriptEnv(const spec::v1::JobSpec& spec) {
+  for (const auto& [k, v] : spec.worker().env()) {
+    if (job::IsTorchContractName(k)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "worker.env.", k, ": set by the daemon for every rank (torchrun's contract, "
+          "docs/operations.md \"Running PyTorch scripts\"); remove it"));
+    }
   }
   return absl::OkStatus();
 }

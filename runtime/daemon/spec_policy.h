@@ -1,13 +1,17 @@
-// What a submitted job may name. A spec never names an executable (the daemon runs only its
-// configured worker), and every path in it resolves inside the job directory, or inside one of the
-// operator's read-only data roots (--data-root). Thread-safe (pure functions).
+// What a submitted job may name. Every path in a spec resolves inside the job directory, or inside
+// one of the operator's read-only data roots (--data-root). A built-in job runs the configured
+// worker; a script job (worker.script) runs the user's program with worker.python, as the user
+// ScriptIdentityFor decides: whoever holds the token runs code as that user. Thread-safe.
 #ifndef EMBER_RUNTIME_DAEMON_SPEC_POLICY_H_
 #define EMBER_RUNTIME_DAEMON_SPEC_POLICY_H_
+
+#include <sys/types.h>
 
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "proto/job_spec.pb.h"
 
 namespace ember::daemon {
@@ -16,6 +20,28 @@ namespace ember::daemon {
 // with "..". (Unknown keys such as "command" are already INVALID_ARGUMENT from the spec parser.)
 absl::Status CheckSpecPaths(const spec::v1::JobSpec& spec,
                             const std::vector<std::string>& data_roots);
+
+// Who runs a script job's ranks. switch_user: the child sets its groups, gid and uid to these
+// (a root daemon with script_user); otherwise it keeps the daemon's.
+struct ScriptIdentity {
+  bool switch_user = false;
+  uid_t uid = 0;
+  gid_t gid = 0;
+  std::string name;
+};
+
+// The policy (daemon_euid is geteuid() in the daemon; a parameter for tests):
+//   * not root, script_user "" or the daemon's own user: run as the daemon's user;
+//   * not root, another script_user: FAILED_PRECONDITION (only root can switch users);
+//   * root without allow_root_scripts: FAILED_PRECONDITION naming allow_root_scripts;
+//   * root with allow_root_scripts: as script_user when set (its uid and primary group; NOT_FOUND
+//     for an unknown user), else as root.
+absl::StatusOr<ScriptIdentity> ScriptIdentityFor(uid_t daemon_euid, const std::string& script_user,
+                                                 bool allow_root_scripts);
+
+// worker.env of a script job may not set the contract's names (runtime/job/torch_env.h
+// IsTorchContractName): INVALID_ARGUMENT naming the variable. OK for a built-in job.
+absl::Status CheckScriptEnv(const spec::v1::JobSpec& spec);
 
 // Names of uploaded files: relative, no "..", no leading '.', [A-Za-z0-9._/-] only.
 absl::Status CheckUploadName(const std::string& name);

@@ -18,6 +18,7 @@
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
 #include "runtime/job/env.h"
+#include "runtime/jobspec/spec.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
@@ -26,19 +27,6 @@ namespace fs = std::filesystem;
 using jobs::v1::RankExit;
 
 namespace {
-
-// The host part of the daemon's advertised address, which its workers advertise to their peers
-// for TCP (EMBER_COMM_HOST; without it a worker advertises 127.0.0.1, unreachable from other
-// hosts). "" for a wildcard or an IPv6 literal (the comm layer's TCP is IPv4): the comm default.
-std::string CommHostOf(const std::string& advertise) {
-  const size_t colon = advertise.rfind(':');
-  std::string host = colon == std::string::npos ? advertise : advertise.substr(0, colon);
-  if (host.empty() || host == "0.0.0.0" || host.find(':') != std::string::npos ||
-      host.find('[') != std::string::npos) {
-    return "";
-  }
-  return host;
-}
 
 // A job directory (0750 whatever the umask). Failures surface when the worker uses it.
 void MakeJobDir(const std::string& d) {
@@ -69,6 +57,19 @@ void WriteJobFile(const std::string& path, const std::string& data) {
 
 }  // namespace
 
+// The host part of the daemon's advertised address, which its workers advertise to their peers
+// for TCP (EMBER_COMM_HOST; without it a worker advertises 127.0.0.1, unreachable from other
+// hosts). "" for a wildcard or an IPv6 literal (the comm layer's TCP is IPv4): the comm default.
+std::string CommHostOf(const std::string& advertise) {
+  const size_t colon = advertise.rfind(':');
+  std::string host = colon == std::string::npos ? advertise : advertise.substr(0, colon);
+  if (host.empty() || host == "0.0.0.0" || host.find(':') != std::string::npos ||
+      host.find('[') != std::string::npos) {
+    return "";
+  }
+  return host;
+}
+
 std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   const jobs::v1::Attempt& at = job.attempts(job.attempts_size() - 1);
   const jobs::v1::NodeAssignment* mine = nullptr;
@@ -78,6 +79,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   LocalAttempt la;
   la.job = job.id();
   la.attempt = at.number();
+  la.started = clock->Now();
   la.devices.assign(mine->devices().begin(), mine->devices().end());
 
   std::string dir = JobDir(job.id());
@@ -103,6 +105,20 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
         }
         if (v.ok()) WriteJobFile(absl::StrCat(uploads, "/", rel), *v);
       }
+    }
+  }
+  // A script job: its user and its attempt's TCPStore listener first (script_job.cc). A failure
+  // fails this node's ranks with the reason, as a fork failure would.
+  std::optional<ScriptLaunch> script;
+  absl::Status script_error;
+  if (spec::IsScriptJob(job.spec())) {
+    auto prepared = PrepareScript(job, *mine, dir);
+    if (prepared.ok()) {
+      script = std::move(*prepared);
+    } else if (absl::IsUnavailable(prepared.status()) && mine->first_rank() != 0) {
+      return std::nullopt;  // rank 0's daemon has not published its listener yet: next pass
+    } else {
+      script_error = prepared.status();
     }
   }
   const int local_world = mine->devices_size();
@@ -151,7 +167,13 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
                                       [](const auto& kv) { return kv.first == comm::kEnvHost; });
     if (!comm_host.empty() && !host_set) so.env.push_back({comm::kEnvHost, comm_host});
     for (const auto& kv : opts.worker_env) so.env.push_back(kv);
-    auto pid = SpawnWorker(so);
+    std::optional<pid_t> warm;
+    if (script) {
+      ScriptSpawnOptions(job, *mine, *script, we, &so);
+      warm = TakeStandby(job.id(), at.number(), w, so, *script);
+    }
+    auto pid = warm ? absl::StatusOr<pid_t>(*warm)
+               : script_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(script_error);
     if (!pid.ok()) {
       spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
       w.exited = true;
@@ -247,9 +269,17 @@ void Daemon::Impl::Supervise() {
   }
   bool changed = false;
   for (LocalAttempt& a : pass) changed = SuperviseAttempt(&a, records, oom_recent) || changed;
+  std::set<std::string> started;
   {
     absl::MutexLock l(&mu);
     for (const LocalAttempt& a : pass) MergeAttempt(a);
+    for (const auto& [key, a] : local) started.insert(key);
+  }
+  // 3. Script jobs' warm standbys for their next attempts (standby.cc).
+  SuperviseStandbys(records, started, /*all=*/false);
+  for (const LocalAttempt& a : pass) {
+    auto it = records.find(a.job);
+    if (it != records.end()) MaybeStartStandby(it->second, a);
   }
   if (changed) Persist();
 }
@@ -281,10 +311,21 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
                                     bool oom_recent) {
   LocalAttempt& a = *ap;
   bool changed = false;
+  // Reap first, then report: a rank killed by a signal is reported (and so becomes the root
+  // cause) before ranks that exited with an error in the same pass. A rank that loses a peer
+  // usually exits on its own (a script's gloo raises "Connection closed by peer"), within the
+  // same poll as the peer's death.
+  std::vector<std::pair<LocalWorker*, std::string>> ended;
   for (auto& w : a.workers) {
     if (w.exited) continue;
     std::string note;
-    if (!Reap(a, &w, &note)) continue;
+    if (Reap(a, &w, &note)) ended.emplace_back(&w, std::move(note));
+  }
+  std::stable_sort(ended.begin(), ended.end(), [](const auto& x, const auto& y) {
+    return (x.first->signal != 0) > (y.first->signal != 0);
+  });
+  for (auto& [wp, note] : ended) {
+    LocalWorker& w = *wp;
     w.exited = true;
     changed = true;
     RankExit e;
@@ -333,6 +374,7 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
   if (all_exited) {
     // Sweep stragglers of the groups (a worker's own children), then give the devices back.
     for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
+    StopTorchStore(a.job, a.attempt);  // script jobs: the attempt's rendezvous ends with it
     for (const auto& d : a.devices) (void)store->Delete(keys::Alloc(opts.node_name, d));
     a.released = true;
     changed = true;

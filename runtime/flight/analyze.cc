@@ -303,8 +303,10 @@ absl::StatusOr<Report> AnalyzeDir(const std::string& dir) {
   DIR* d = opendir(dir.c_str());
   if (!d) return absl::NotFoundError(absl::StrCat("cannot open directory ", dir));
   std::map<std::string, std::string> files;
+  std::vector<std::string> torch_dumps;  // PyTorch's own (script jobs): pickles, not read here
   while (dirent* e = readdir(d)) {
     std::string n = e->d_name;
+    if (absl::StartsWith(n, "torch-rank-")) torch_dumps.push_back(n);
     if (!absl::StartsWith(n, "rank-") || !absl::EndsWith(n, ".json")) continue;
     // Regular files only: a FIFO or device named rank-*.json must not hang or flood us.
     absl::StatusOr<std::string> text = base::ReadRegularFile(dir + "/" + n, kMaxDumpBytes);
@@ -315,6 +317,12 @@ absl::StatusOr<Report> AnalyzeDir(const std::string& dir) {
     files[n] = std::move(*text);
   }
   closedir(d);
+  if (files.empty() && !torch_dumps.empty()) {
+    return absl::UnimplementedError(absl::StrCat(
+        dir, " holds PyTorch flight-recorder dumps (", torch_dumps.size(), ", e.g. ",
+        torch_dumps[0], "; pickles from torch >= 2.2 with NCCL) and no Ember rank-*.json; this "
+        "version reads Ember's format only: use PyTorch's tools/flight_recorder on them"));
+  }
   if (files.empty()) return absl::NotFoundError(absl::StrCat("no rank-*.json dumps in ", dir));
   return AnalyzeTexts(files);
 }

@@ -87,6 +87,20 @@ TEST_CASE("a FIFO among the dumps is refused at once") {
   CHECK(r.status().message().find("rank-1.json is a FIFO") != std::string::npos);
 }
 
+// Script jobs point PyTorch's flight recorder at the attempt's directory (torch-rank-<r>); those
+// pickles are not read, and a directory holding only them says so instead of "no dumps".
+TEST_CASE("a directory of PyTorch's dumps only is named as such") {
+  std::string dir = std::string(getenv("TEST_TMPDIR")) + "/fr_torch";
+  mkdir(dir.c_str(), 0700);
+  { std::ofstream(dir + "/torch-rank-0") << "\x80\x02}q\x00."; }
+  auto r = AnalyzeDir(dir);
+  REQUIRE_FALSE(r.ok());
+  CHECK(absl::IsUnimplemented(r.status()));
+  CHECK(r.status().message().find("PyTorch flight-recorder dumps") != std::string::npos);
+  { std::ofstream(dir + "/rank-0.json") << Dump(0, 2, 0); }
+  CHECK(AnalyzeDir(dir).ok());  // Ember's dumps beside them are analysed as usual
+}
+
 }  // namespace ember::fr
 
 namespace ember::fr {

@@ -4,6 +4,7 @@
 
 #include "runtime/job/env.h"
 #include "runtime/job/keys.h"
+#include "runtime/job/torch_env.h"
 
 namespace ember::job {
 namespace {
@@ -126,5 +127,53 @@ TEST_CASE("job keys: absolute keys are the attempt prefix plus the relative ones
   CHECK(keys::ExitOf(1) == "exit/1");
 }
 
+
+// torchrun's contract (torch/distributed/elastic/agent/server/local_elastic_agent.py in 1.13
+// sets the same names); see torch_env.h for where Ember differs.
+TEST_CASE("torchrun environment: every name once, OMP rule, visible devices", "[job]") {
+  TorchEnv t;
+  t.rank = 5;
+  t.local_rank = 1;
+  t.world_size = 8;
+  t.local_world_size = 4;
+  t.group_rank = 1;
+  t.group_world_size = 2;
+  t.master_addr = "10.0.0.1";
+  t.master_port = 41234;
+  t.restart_count = 2;
+  t.max_restarts = 3;
+  t.run_id = "job-1";
+  t.flight_dir = "/j/flight/attempt-2";
+  EnvMap m = AsMap(t.ToEnv());
+  CHECK(m["RANK"] == "5");
+  CHECK(m["LOCAL_RANK"] == "1");
+  CHECK(m["WORLD_SIZE"] == "8");
+  CHECK(m["LOCAL_WORLD_SIZE"] == "4");
+  CHECK(m["GROUP_RANK"] == "1");
+  CHECK(m["GROUP_WORLD_SIZE"] == "2");
+  CHECK(m["ROLE_RANK"] == "5");
+  CHECK(m["ROLE_WORLD_SIZE"] == "8");
+  CHECK(m["ROLE_NAME"] == "default");
+  CHECK(m["MASTER_ADDR"] == "10.0.0.1");
+  CHECK(m["MASTER_PORT"] == "41234");
+  CHECK(m["TORCHELASTIC_RESTART_COUNT"] == "2");
+  CHECK(m["TORCHELASTIC_MAX_RESTARTS"] == "3");
+  CHECK(m["TORCHELASTIC_RUN_ID"] == "job-1");
+  CHECK(m["TORCHELASTIC_USE_AGENT_STORE"] == "True");  // rank 0 must not bind MASTER_PORT
+  CHECK(m["OMP_NUM_THREADS"] == "1");
+  CHECK(m["CUDA_VISIBLE_DEVICES"] == "");  // a CPU rank sees no GPU
+  CHECK(m["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/j/flight/attempt-2/torch-rank-");
+  CHECK(m["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1");
+  t.local_world_size = 1;
+  t.cuda = true;
+  t.cuda_visible_devices = "3";
+  m = AsMap(t.ToEnv());
+  CHECK(m.count("OMP_NUM_THREADS") == 0);  // torchrun sets it only for several local ranks
+  CHECK(m["CUDA_VISIBLE_DEVICES"] == "3");
+  for (const auto& [k, v] : t.ToEnv()) CHECK(IsTorchContractName(k));
+  CHECK(IsTorchContractName("EMBER_RANK"));
+  CHECK_FALSE(IsTorchContractName("OMP_NUM_THREADS"));
+  CHECK_FALSE(IsTorchContractName("NCCL_DEBUG"));
+}
 }  // namespace
 }  // namespace ember::job

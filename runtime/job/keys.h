@@ -19,6 +19,9 @@
 //                                         the comm layer names it again in runtime/comm/env_knobs.h
 //                                         (comm knows nothing of jobs; the worker static_asserts
 //                                         that the two agree)
+//     torch/                kTorchStore   script jobs: the keys PyTorch's TCPStore clients of the
+//                                         attempt see (the daemon's per-attempt listener, torch_env.h)
+//     torch_master          kTorchMaster  script jobs: "host:port" of that listener (its daemon)
 //     weights/manifest      kWeightsManifest  live weight publishing (docs/onesided.md): the
 //                                         model's tensors, rank 0 writes it once per attempt
 //     weights/sub/<name>    WeightsSubscriber a subscriber's buffer descriptor (the subscriber)
@@ -48,6 +51,8 @@ namespace ember::job::keys {
 inline constexpr absl::string_view kStop = "stop";
 inline constexpr absl::string_view kFailure = "failure";
 inline constexpr absl::string_view kDumpRequest = "fr/dump_request";
+inline constexpr absl::string_view kTorchStore = "torch/";
+inline constexpr absl::string_view kTorchMaster = "torch_master";
 inline std::string ExitOf(int rank) { return absl::StrCat("exit/", rank); }
 inline std::string ProgressOf(int rank) { return absl::StrCat("progress/", rank); }
 inline std::string WorkerExitOf(int rank) { return absl::StrCat("worker_exit/", rank); }
@@ -77,6 +82,12 @@ inline std::string Failure(absl::string_view job, int attempt) {
 }
 inline std::string DumpRequest(absl::string_view job, int attempt) {
   return absl::StrCat(AttemptPrefix(job, attempt), kDumpRequest);
+}
+inline std::string TorchStore(absl::string_view job, int attempt) {
+  return absl::StrCat(AttemptPrefix(job, attempt), kTorchStore);
+}
+inline std::string TorchMaster(absl::string_view job, int attempt) {
+  return absl::StrCat(AttemptPrefix(job, attempt), kTorchMaster);
 }
 inline std::string Exit(absl::string_view job, int attempt, int rank) {
   return absl::StrCat(AttemptPrefix(job, attempt), ExitOf(rank));

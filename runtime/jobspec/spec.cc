@@ -41,6 +41,49 @@ absl::Status Range(const std::string& path, double v, double lo, double hi) {
 
 const std::vector<std::string> kDtypes = {"f32", "bf16", "f16"};
 
+bool EnvName(const std::string& n) {
+  if (n.empty() || n.size() > 128 || (n[0] >= '0' && n[0] <= '9')) return false;
+  for (char ch : n) {
+    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+          ch == '_')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// worker: the script job's own fields (which environment names are the daemon's to set, and
+// which absolute script paths a data root allows, is the daemon's policy: spec_policy.h).
+absl::Status ValidateWorker(const spec::v1::WorkerConfig& w) {
+  if (w.script().empty()) {
+    if (w.args_size() > 0 || !w.python().empty() || w.env_size() > 0) {
+      return Bad("worker.script", "is required when worker.args, worker.python or worker.env is set");
+    }
+    return absl::OkStatus();
+  }
+  if (absl::StrContains(w.script(), "..") || absl::EndsWith(w.script(), "/")) {
+    return Bad("worker.script", absl::StrCat("'", w.script(), "' must be a file name inside the "
+                                             "job's uploads (no \"..\"), or an absolute path "
+                                             "under a data root"));
+  }
+  if (w.python()[0] != '/' || absl::StrContains(w.python(), "..")) {
+    return Bad("worker.python", absl::StrCat("'", w.python(), "' must be an absolute path "
+                                             "without \"..\" (default ", kDefaultPython, ")"));
+  }
+  for (int i = 0; i < w.args_size(); ++i) {
+    if (w.args(i).find('\0') != std::string::npos) {
+      return Bad(absl::StrCat("worker.args[", i, "]"), "contains a NUL byte");
+    }
+  }
+  for (const auto& [k, v] : w.env()) {
+    if (!EnvName(k)) {
+      return Bad(absl::StrCat("worker.env.", k), "is not an environment name ([A-Za-z_][A-Za-z0-9_]*)");
+    }
+    if (v.find('\0') != std::string::npos) return Bad(absl::StrCat("worker.env.", k), "contains a NUL byte");
+  }
+  return absl::OkStatus();
+}
+
 // model.arch and the fields only llama uses (n_kv_heads, rope_*, tie_embeddings).
 absl::Status ValidateArch(const v1::ModelConfig& m) {
   RETURN_IF_ERROR(OneOf("model.arch", m.arch(), {"gpt", "llama"}));
@@ -134,6 +177,9 @@ void ApplyDefaults(JobSpec* s) {
   if (!s->has_batch_size()) s->set_batch_size(4);
   if (!s->has_log_every()) s->set_log_every(1);
   if (!s->has_collective_timeout_s()) s->set_collective_timeout_s(600);
+  if (!s->worker().script().empty() && s->worker().python().empty()) {
+    s->mutable_worker()->set_python(std::string(kDefaultPython));
+  }
 }
 
 absl::Status ValidateJobName(const std::string& name) {
@@ -268,6 +314,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("log_every", s.log_every(), 1, 1 << 30));
   RETURN_IF_ERROR(Range("max_restarts", s.max_restarts(), 0, 1000));
   RETURN_IF_ERROR(Range("collective_timeout_s", s.collective_timeout_s(), 1, 86400));
+  RETURN_IF_ERROR(ValidateWorker(s.worker()));
   return ValidateJobName(s.name());
 }
 
@@ -304,6 +351,12 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path) {
 }
 
 std::string Summarize(const JobSpec& s) {
+  if (IsScriptJob(s)) {
+    return absl::StrCat(s.name(), ": ", s.worker().python(), " ", s.worker().script(), " on ",
+                        s.parallelism().world_size() ? absl::StrCat(s.parallelism().world_size())
+                                                     : std::string("all placed"),
+                        " ", s.resources().device_type(), " ranks");
+  }
   return absl::StrCat(s.name(), ": ", s.model().n_layers(), " layers x ", s.model().d_model(),
                       " (", s.model().mlp(), "), ", s.parallelism().strategy(), " on ",
                       s.parallelism().world_size() ? absl::StrCat(s.parallelism().world_size())

@@ -17,6 +17,12 @@ namespace ember::spec {
 
 using JobSpec = ::ember::spec::v1::JobSpec;
 
+// worker.python when a script job names none.
+inline constexpr char kDefaultPython[] = "/usr/bin/python3";
+
+// A script job (worker.script set): the daemon runs the user's program instead of ember-worker.
+inline bool IsScriptJob(const JobSpec& spec) { return !spec.worker().script().empty(); }
+
 // Parses YAML (JSON is valid YAML), rejects unknown keys, duplicate keys (naming the line), wrong
 // types, non-finite floats and an empty spec, applies defaults to unset fields and validates.
 // Inputs larger than 1 MiB are rejected.

@@ -239,5 +239,31 @@ TEST_CASE("ParseYamlInto and SetFieldFromText work on any message") {
   CHECK(absl::IsInvalidArgument(SetFieldFromText("1", model, &s, "--model")));
 }
 
+
+TEST_CASE("a script job: worker.script, args, env map, default interpreter") {
+  auto s = ParseJobSpec(
+      "name: ddp\nworker: {script: train.py, args: ['--lr', '0.1'], env: {NCCL_DEBUG: INFO, "
+      "OMP_NUM_THREADS: '2'}}\nparallelism: {world_size: 4}\nmax_restarts: 2\n");
+  REQUIRE(s.ok());
+  CHECK(IsScriptJob(*s));
+  CHECK(s->worker().python() == "/usr/bin/python3");
+  REQUIRE(s->worker().args_size() == 2);
+  CHECK(s->worker().args(1) == "0.1");
+  CHECK(s->worker().env().at("NCCL_DEBUG") == "INFO");
+  CHECK(s->worker().env().at("OMP_NUM_THREADS") == "2");
+  CHECK(Summarize(*s) == "ddp: /usr/bin/python3 train.py on 4 cpu ranks");
+  auto bad = [](const std::string& yaml) {
+    auto r = ParseJobSpec(yaml);
+    REQUIRE_FALSE(r.ok());
+    return std::string(r.status().message());
+  };
+  CHECK(bad("worker: {script: ../x.py}").find("worker.script") != std::string::npos);
+  CHECK(bad("worker: {script: x.py, python: python3}").find("worker.python") != std::string::npos);
+  CHECK(bad("worker: {script: x.py, env: {1BAD: x}}").find("worker.env.1BAD") != std::string::npos);
+  CHECK(bad("worker: {script: x.py, env: {A: x, A: y}}").find("duplicate") != std::string::npos);
+  CHECK(bad("worker: {script: x.py, env: [A]}").find("worker.env") != std::string::npos);
+  CHECK(bad("worker: {args: [x]}").find("worker.script: is required") != std::string::npos);
+  CHECK_FALSE(IsScriptJob(*ParseJobSpec("data: {text_path: x.txt}")));
+}
 }  // namespace
 }  // namespace ember::spec

@@ -106,7 +106,23 @@ absl::Status FillMessage(const YAML::Node& node, Message* msg, const std::string
       return Bad(root, fpath, absl::StrCat("unknown field; allowed here: ", Allowed(desc)));
     }
     const YAML::Node& v = kv.second;
-    if (f->is_repeated()) {
+    if (f->is_map()) {  // a YAML mapping of scalar -> scalar (map<string, string> fields)
+      if (v.IsNull()) continue;
+      if (!v.IsMap()) return Bad(root, fpath, "expected a mapping of name: value");
+      if (v.size() > 1024) return Bad(root, fpath, "more than 1024 entries");
+      std::set<std::string> names;
+      for (const auto& e : v) {
+        if (!e.first.IsScalar()) return Bad(root, fpath, "keys must be plain names");
+        const std::string epath = Join(fpath, e.first.Scalar());
+        if (!names.insert(e.first.Scalar()).second) {
+          return Bad(root, epath, absl::StrCat("duplicate key on line ", e.first.Mark().line + 1));
+        }
+        Message* entry = r->AddMessage(msg, f);
+        const auto* ed = entry->GetDescriptor();
+        RETURN_IF_ERROR(SetScalar(e.first, ed->FindFieldByName("key"), entry, root, epath, false));
+        RETURN_IF_ERROR(SetScalar(e.second, ed->FindFieldByName("value"), entry, root, epath, false));
+      }
+    } else if (f->is_repeated()) {
       if (v.IsNull()) continue;
       if (!v.IsSequence()) return Bad(root, fpath, "expected a list");
       if (v.size() > 1024) return Bad(root, fpath, "more than 1024 entries");

@@ -65,14 +65,10 @@ constexpr uint64_t kMaxBytes = uint64_t{1} << 30;       // larger lengths are ga
 
 std::atomic<uint64_t> g_next_owner{uint64_t{1} << 62};  // apart from the gRPC/fast-path owners
 
-std::string StoreKey(std::string k) {
-  if (!k.empty() && k[0] == '/') k.erase(0, 1);
-  return k;
-}
-
 class Connection {
  public:
-  Connection(int fd, Backend* backend) : fd_(fd), backend_(backend) {}
+  Connection(int fd, Backend* backend, const std::string& prefix)
+      : fd_(fd), backend_(backend), prefix_(prefix) {}
 
   // Serves queries until the peer closes, a query fails or the server stops.
   void Serve() {
@@ -221,7 +217,7 @@ class Connection {
         return Write(&answer, 1);
       }
       case Op::kNumKeys: {
-        q.mutable_num_keys()->set_prefix("");
+        q.mutable_num_keys()->set_prefix(prefix_);
         auto r = Call(q);
         if (!r.ok()) return r.status();
         int64_t n = r->num_keys().count();
@@ -333,8 +329,14 @@ class Connection {
   }
   static absl::Status Closed() { return absl::CancelledError("peer closed the connection"); }
 
+  // TCPStore sends "/k" for a user key "k": the store key is prefix_ + "k".
+  std::string StoreKey(const std::string& k) const {
+    return absl::StrCat(prefix_, absl::string_view(k).substr(!k.empty() && k[0] == '/' ? 1 : 0));
+  }
+
   const int fd_;
   Backend* const backend_;
+  const std::string prefix_;  // TcpStoreOptions::key_prefix
   const uint64_t owner_ = g_next_owner.fetch_add(1);
   bool v2_ = false;  // torch 2.x's numbering (set by Serve from the first bytes)
 };
@@ -397,7 +399,7 @@ class TcpStoreServer::Impl {
         continue;
       }
       conns_[fd] = std::thread([this, fd] {
-        Connection(fd, backend).Serve();
+        Connection(fd, backend, options.key_prefix).Serve();
         ::shutdown(fd, SHUT_RDWR);  // the peer sees the end now; the fd closes at the next Reap
         absl::MutexLock l(&mu_);
         finished_.push_back(fd);

@@ -9,7 +9,9 @@
 // cancel_wait (a wait that timed out on the client); not the queue ops (libuv server only).
 // Unsupported queries close the connection, logged with the query type.
 // Keys: TCPStore sends "/k" for a user key "k"; the leading '/' is dropped so that Ember clients
-// see "k" (and torch sees Ember's "k" as "k").
+// see "k" (and torch sees Ember's "k" as "k"). With a key_prefix P every key is P + "k" and
+// num_keys counts the keys under P only: a listener per prefix is a private key space (emberd
+// starts one per script-job attempt on jobs/<job>/attempt/<n>/torch/).
 // TCPStore has no authentication: whoever reaches the port can read and write every key. It binds
 // loopback unless the caller chooses another host.
 //
@@ -30,6 +32,8 @@ struct TcpStoreOptions {
   // Open connections at most (a thread each; TCPStore clients never authenticate). Further
   // connections are accepted and closed at once, with a warning every 1000.
   size_t max_connections = 1024;
+  // Every key is stored under this prefix ("" = the store's own key space).
+  std::string key_prefix;
 };
 
 class TcpStoreServer {

@@ -1,0 +1,179 @@
+#!/usr/bin/python3
+"""script_bench: a 4-rank PyTorch DDP script (gloo, tests/script/ddp_train.py) under Ember
+(`emberctl run --standalone --nproc 4 --max-restarts 1 train.py`) and under torchrun
+(`python3 -m torch.distributed.run --nproc_per_node 4 --max_restarts 1`), interleaved, same run.
+
+Per run: launch-to-first-step (the launcher is started -> rank 0 logs step 0) and, after a kill -9
+of rank 2 at step >= 2, kill-to-restarted-step (the kill -> rank 0 logs its first step of the
+next attempt). Both launchers run the same script with the same arguments; the script stamps each
+step with time.time() in OUT/losses.txt, so both are timed the same way.
+
+  script_bench.py --emberctl PATH --script PATH [--rounds N] [--quick] [--json]
+                  [--allow-missing-peers]
+
+Output: bench/report.h's format (bench/bench_schema.json); --json prints one JSON object.
+Goals (issue 23): Ember's start <= 1.0x torchrun's; recovery >= 5x faster (<= 0.2x).
+"""
+import argparse, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+
+PY = "/usr/bin/python3"
+
+
+def load():
+    try:
+        a = open("/proc/loadavg").read().split()
+        return {"1m": float(a[0]), "5m": float(a[1]), "15m": float(a[2])}
+    except OSError:
+        return {"1m": -1, "5m": -1, "15m": -1}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def lines(out):
+    try:
+        with open(os.path.join(out, "losses.txt")) as f:
+            return [l.split() for l in f if l.strip()]
+    except FileNotFoundError:
+        return []
+
+
+def one_run(kind, a, tmp, log):
+    """Returns (launch_to_first_step_s, kill_to_restarted_step_s) or raises RuntimeError."""
+    out = os.path.join(tmp, f"{kind}-{time.time_ns()}")
+    args = ["--out", out, "--steps", "8", "--step-sleep", "0.2"]
+    if kind == "ember":
+        cmd = [a.emberctl, "run", "--standalone", "--nproc", "4", "--max-restarts", "1",
+               "--work-root", os.path.join(tmp, "jobs"), "--allow-root-scripts", a.script, "--",
+               *args]
+    else:
+        # --redirects/--tee 0:1: Debian's torch 1.13 under Python 3.11 cannot parse the default
+        # "0"; everything else is torchrun's default (monitor interval 5 s included).
+        cmd = [PY, "-m", "torch.distributed.run", "--redirects", "0:1", "--tee", "0:1",
+               "--nproc_per_node", "4", "--max_restarts", "1", "--master_port", str(free_port()),
+               a.script, *args]
+    t0 = time.time()
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+                         start_new_session=True)
+    try:
+        deadline = t0 + 150
+        first = None
+        while time.time() < deadline and p.poll() is None:
+            ls = lines(out)
+            if ls and first is None:
+                first = float(ls[0][3]) - t0
+            if any(l[0] == "0" and int(l[1]) >= 2 for l in ls):
+                break
+            time.sleep(0.02)
+        else:
+            raise RuntimeError(f"{kind}: attempt 0 did not reach step 2 (rc {p.poll()})")
+        pid = json.load(open(os.path.join(out, "env-rank-2-attempt-0.json")))["pid"]
+        os.kill(pid, signal.SIGKILL)
+        t_kill = time.time()
+        while time.time() < deadline:
+            again = [float(l[3]) for l in lines(out) if l[0] == "1"]
+            if again:
+                break
+            if p.poll() is not None:
+                raise RuntimeError(f"{kind}: ended (rc {p.returncode}) without a restarted step")
+            time.sleep(0.02)
+        else:
+            raise RuntimeError(f"{kind}: no restarted step within 150 s")
+        p.wait(timeout=max(1, deadline - time.time()))
+        return first, again[0] - t_kill
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def target(name, value, peer, goal, unit, reason, note=""):
+    t = {"name": name, "value": value, "peer": peer, "goal": goal, "goal_applies_to": "value/peer",
+         "higher_is_better": False, "unit": unit, "compared": None, "met": False,
+         "status": f"not measured: {reason}", "reason": reason, "note": note}
+    if value is not None and peer:
+        c = value / peer
+        t.update(compared=c, met=c <= goal, reason=None,
+                 status="met" if c <= goal else f"missed by {abs(c - goal) / goal * 100:.1f}%")
+    return t
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--emberctl", required=True)
+    ap.add_argument("--script", required=True)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--allow-missing-peers", action="store_true")
+    ap.add_argument("--peer", default="true", help="false: skip torchrun")
+    a = ap.parse_args()
+    a.emberctl, a.script = os.path.abspath(a.emberctl), os.path.abspath(a.script)
+    rounds = 1 if a.quick else a.rounds
+    tmp = tempfile.mkdtemp(prefix="script_bench-", dir=os.environ.get("TEST_TMPDIR"))
+    log = open(os.path.join(tmp, "runs.log"), "w")
+    lb = load()
+    rows, res = [], {"ember": [], "torchrun": []}
+    errors = {}
+    kinds = ["ember", "torchrun"] if a.peer != "false" else ["ember"]
+    for r in range(rounds):
+        for kind in (kinds if r % 2 == 0 else kinds[::-1]):  # interleaved, alternating order
+            try:
+                start, rec = one_run(kind, a, tmp, log)
+                res[kind].append((start, rec))
+                rows.append([r, kind, start, rec])
+            except (RuntimeError, OSError, subprocess.SubprocessError, ValueError) as e:
+                errors[kind] = str(e)
+                rows.append([r, kind, None, None])
+            print(f"round {r} {kind}: {rows[-1][2:]}", file=sys.stderr)
+    le = load()
+    med = {k: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v))
+           if v else (None, None) for k, v in res.items()}
+    for k in kinds:
+        rows.append(["median", k, med[k][0], med[k][1]])
+    peer_reason = errors.get("torchrun", "torchrun skipped (--peer=false)")
+    targets = [
+        target("launch_to_first_step_s", med["ember"][0], med["torchrun"][0], 1.0, "s",
+               peer_reason, "value = Ember, peer = torchrun (goal: Ember <= 1.0x)"),
+        target("kill9_to_restarted_step_s", med["ember"][1], med["torchrun"][1], 0.2, "s",
+               peer_reason, "goal: Ember >= 5x faster (<= 0.2x); torchrun's monitor interval is "
+               "its default 5 s; Ember's restart backoff its default 1 s"),
+    ]
+    report = {
+        "benchmark": "script_bench",
+        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "quick": bool(a.quick), "load_begin": lb, "load_end": le,
+        "tables": [{
+            "title": "4-rank DDP script (gloo, CPU): Ember vs torchrun, kill -9 of rank 2 at step >= 2",
+            "columns": ["round", "launcher", "launch to first step s", "kill -9 to restarted step s"],
+            "rows": rows, "load_begin": lb, "load_end": le,
+            "notes": ["first step: the launcher process starts -> rank 0 logs step 0 (4 torch "
+                      "imports, rendezvous, DDP set-up)",
+                      "restarted step: the kill -> rank 0 logs its first step of attempt 1 (resumed "
+                      "from the script's checkpoint)"] +
+                     [f"{k} failed: {v}" for k, v in errors.items()],
+        }],
+        "targets": targets, "meta": {"rounds": rounds, "cores": os.cpu_count()},
+    }
+    shutil.rmtree(tmp, ignore_errors=True)
+    if a.json:
+        print(json.dumps(report))
+    else:
+        for row in rows:
+            print("  ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
+                            for c in row))
+        for t in targets:
+            print(f"{t['name']}: {t['value']} vs {t['peer']} -> {t['status']}")
+    missing = sum(1 for t in targets if t["compared"] is None)
+    if a.json and missing and not a.allow_missing_peers:
+        print(f"script_bench: {missing} target(s) not measured; exiting 3", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
