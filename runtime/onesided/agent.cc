@@ -88,7 +88,7 @@ class AgentImpl : public Agent {
   Work Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
                 const std::vector<RemoteDesc>& remote);
   // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
-  void Finish(Part* part, ucs_status_ptr_t req, absl::string_view what);
+  void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state);
   void SendNotify(Part* part);
   uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
   void ProgressLoop();
@@ -162,7 +162,7 @@ absl::Status AgentImpl::Init() {
 void AgentImpl::ProgressLoop() {
   absl::Time last_activity = absl::Now();
   while (!stop_.load(std::memory_order_acquire)) {
-    const bool waiter_drives = progressor_->spinning.load(std::memory_order_acquire) > 0;
+    const bool waiter_drives = progressor_->waiter_spinning();
     bool any = false;
     if (!waiter_drives) {
       while (ucp_worker_progress(worker_) != 0) any = true;
@@ -172,7 +172,7 @@ void AgentImpl::ProgressLoop() {
     const bool busy = in_flight_.load(std::memory_order_acquire) > 0;
     if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
     if (efd_ < 0 || waiter_drives) {
-      absl::SleepFor(absl::Microseconds(200));
+      absl::SleepFor(absl::Microseconds(5000));
       continue;
     }
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
@@ -367,14 +367,14 @@ uint64_t AgentImpl::Record(const char* op, ConnectionImpl* conn, uint64_t bytes,
                                 .in_dtype = "uint8", .peer = conn->peer_rank(), .tag = tag});
 }
 
-void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, absl::string_view what) {
+void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state) {
   if (UCS_PTR_IS_PTR(req)) {
     Wake();
     return;  // the callback ends the part
   }
   ucs_status_t st = UCS_PTR_STATUS(req);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
-  part->state->PartDone(FromUcs(st, what));
+  part->state->PartDone(st == UCS_OK ? absl::OkStatus() : FromUcs(st, state.what()));
   delete part;
 }
 
@@ -382,7 +382,7 @@ void AgentImpl::OnSend(void* request, ucs_status_t st, void* user_data) {
   auto* part = static_cast<Part*>(user_data);
   part->agent->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (st != UCS_OK && PeerFailure(st)) part->conn->Fail(st);
-  part->state->PartDone(FromUcs(st, part->state->what()));
+  part->state->PartDone(st == UCS_OK ? absl::OkStatus() : FromUcs(st, part->state->what()));
   delete part;
   ucp_request_free(request);
 }
@@ -436,10 +436,12 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
   auto state = std::make_shared<internal::WorkState>(
-      absl::StrCat(put ? "put" : "get", " of ", total, " bytes in ", local.size(), " regions ",
-                   put ? "to " : "from ", conn->peer()),
+      internal::WorkState::Desc{put ? "put" : "get", total, static_cast<int>(local.size()),
+                                put ? "to" : "from", conn->peer()},
       static_cast<int>(ops.size()) + 1, progressor_);
-  state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  if (opt_.recorder != nullptr) {
+    state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  }
   if (put && !ops.empty()) conn->unflushed_puts.fetch_add(ops.size(), std::memory_order_acq_rel);
   for (const Op& op : ops) {
     auto* part = new Part{state, this, conn};
@@ -451,7 +453,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     ucs_status_ptr_t req = put ? ucp_put_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp)
                                : ucp_get_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp);
-    Finish(part, req, state->what());
+    Finish(part, req, *state);
   }
   state->PartDone(absl::OkStatus());  // everything is posted
   return Work(state);
@@ -466,8 +468,10 @@ Work AgentImpl::Notify(Connection* c, absl::string_view message) {
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
   auto state = std::make_shared<internal::WorkState>(
-      absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer()), 1, progressor_);
-  state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
+      internal::WorkState::Desc{"notification", message.size(), -1, "to", conn->peer()}, 1, progressor_);
+  if (opt_.recorder != nullptr) {
+    state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
+  }
   auto* part = new Part{state, this, conn, opt_.name, std::string(message)};
   if (conn->unflushed_puts.exchange(0, std::memory_order_acq_rel) == 0) {
     SendNotify(part);  // no put to wait for
@@ -511,12 +515,13 @@ void AgentImpl::SendNotify(Part* part) {
   rp.cb.send = &AgentImpl::OnSend;
   rp.user_data = part;
   rp.flags = UCP_AM_SEND_FLAG_EAGER;  // small: the receiver gets the data in its handler
+  // Held here: once the send is posted, the callback may free `part` on another thread.
+  const std::shared_ptr<internal::WorkState> state = part->state;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   ucs_status_ptr_t req = ucp_am_send_nbx(part->conn->ep, kNotifyAmId, part->header.data(),
                                          part->header.size(), part->message.data(),
                                          part->message.size(), &rp);
-  const std::string what = part->state->what();
-  Finish(part, req, what);
+  Finish(part, req, *state);
 }
 
 ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_length, void* data,
