@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/onesided/cuda_ipc.h"
 #include "runtime/onesided/descriptor.h"
 #include "runtime/onesided/ucx_connection.h"
 
@@ -41,6 +42,7 @@ struct LocalRegion {
   void* base = nullptr;
   uint64_t bytes = 0;
   ucp_mem_h memh = nullptr;
+  MemoryKind kind = MemoryKind::kHost;
 };
 
 // user_data of one UCX request: keeps the transfer's state (and a notify's message) alive.
@@ -64,11 +66,13 @@ class AgentImpl : public Agent {
   absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
   absl::Status Deregister(uint64_t id) override;
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
-  Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
-    return Transfer(true, c, l, r);
+  Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
+           const TransferOptions& o) override {
+    return Transfer(true, c, l, r, o);
   }
-  Work Get(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
-    return Transfer(false, c, l, r);
+  Work Get(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
+           const TransferOptions& o) override {
+    return Transfer(false, c, l, r, o);
   }
   Work Notify(Connection* conn, absl::string_view message) override;
   absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override;
@@ -83,10 +87,17 @@ class AgentImpl : public Agent {
   }
 
  private:
-  // Packs the descriptor of a mapped region and records it (takes over `memh`).
-  absl::StatusOr<Registration> Publish(void* ptr, uint64_t bytes, ucp_mem_h memh);
+  // Packs the descriptor of a mapped region and records it (takes over `memh`); a GPU region
+  // carries its CUDA IPC export (`cuda_key`) where a host region has its UCX key.
+  absl::StatusOr<Registration> Publish(void* ptr, uint64_t bytes, ucp_mem_h memh,
+                                       MemoryKind kind = MemoryKind::kHost, std::string cuda_key = "");
   Work Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
-                const std::vector<RemoteDesc>& remote);
+                const std::vector<RemoteDesc>& remote, const TransferOptions& options);
+  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; };
+  // The CUDA IPC path of Transfer: cudaMemcpyAsync on options.cuda_stream (cuda_ipc.h).
+  Work CudaTransfer(bool put, ConnectionImpl* conn, const std::vector<Op>& ops,
+                    std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings, uint64_t total,
+                    size_t regions, const TransferOptions& options);
   // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
   void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state);
   void SendNotify(Part* part);
@@ -219,12 +230,21 @@ AgentImpl::~AgentImpl() {
 }
 
 absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) {
-  if (kind == MemoryKind::kCuda) {
-    return absl::UnimplementedError(
-        "RegisterMemory(kCuda): the CUDA IPC backend is not built; register host memory");
-  }
   if (ptr == nullptr && bytes > 0) {
     return absl::InvalidArgumentError(absl::StrCat("RegisterMemory: null pointer for ", bytes, " bytes"));
+  }
+  if (kind == MemoryKind::kCuda) {
+    absl::Status st = cuda_ipc::Available();
+    std::string key;
+    if (st.ok() && bytes > 0) {
+      absl::StatusOr<std::string> k = cuda_ipc::Export(ptr, bytes);
+      if (k.ok()) key = std::move(*k);
+      st = k.status();
+    }
+    if (!st.ok()) {
+      return absl::Status(st.code(), absl::StrCat("RegisterMemory(kCuda, ", bytes, " bytes): ", st.message()));
+    }
+    return Publish(ptr, bytes, nullptr, kind, std::move(key));
   }
   ucp_mem_h memh = nullptr;
   if (bytes > 0) {
@@ -241,8 +261,9 @@ absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes
   return Publish(ptr, bytes, memh);
 }
 
-absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh) {
-  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, ""};
+absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh,
+                                                MemoryKind kind, std::string cuda_key) {
+  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, std::move(cuda_key)};
   if (memh != nullptr) {
     void* rkey = nullptr;
     size_t rkey_size = 0;
@@ -254,10 +275,10 @@ absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_m
     d.rkey.assign(static_cast<const char*>(rkey), rkey_size);
     ucp_rkey_buffer_release(rkey);
   }
-  Registration out{0, ptr, bytes, MemoryKind::kHost, PackDescriptor(d)};
+  Registration out{0, ptr, bytes, kind, PackDescriptor(d)};
   absl::MutexLock l(&mu_);
   out.id = ++next_reg_;
-  regions_[out.id] = LocalRegion{ptr, bytes, memh};
+  regions_[out.id] = LocalRegion{ptr, bytes, memh, kind};
   return out;
 }
 
@@ -388,7 +409,7 @@ void AgentImpl::OnSend(void* request, ucs_status_t st, void* user_data) {
 }
 
 Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
-                         const std::vector<RemoteDesc>& remote) {
+                         const std::vector<RemoteDesc>& remote, const TransferOptions& options) {
   const char* verb = put ? "Put" : "Get";
   auto* conn = static_cast<ConnectionImpl*>(c);
   if (conn == nullptr) return Work::Finished(absl::InvalidArgumentError(absl::StrCat(verb, ": null connection")));
@@ -396,8 +417,9 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
         verb, ": ", local.size(), " local descriptors but ", remote.size(), " remote ones")));
   }
-  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; };
   std::vector<Op> ops;
+  std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings;  // kept open until the copies end
+  int cuda_remotes = 0, cuda_locals = 0;
   uint64_t total = 0;
   for (size_t i = 0; i < local.size(); ++i) {
     const LocalDesc& l = local[i];
@@ -430,11 +452,26 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
           conn->peer(), "'s region of ", rem->length, " bytes")));
     }
     total += l.length;
+    if (rem->cuda != nullptr) {
+      ++cuda_remotes;
+      mappings.push_back(rem->cuda);
+    }
+    if (reg.kind == MemoryKind::kCuda) ++cuda_locals;
     if (l.length == 0) continue;
     ops.push_back({static_cast<char*>(reg.base) + l.offset, reg.memh, rem->base + r.offset, rem->rkey,
                    l.length});
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
+  if (cuda_remotes > 0 || cuda_locals > 0) {
+    if (cuda_remotes != static_cast<int>(local.size())) {
+      return Work::Finished(absl::UnimplementedError(absl::StrCat(
+          verb, ": ", cuda_remotes, " of ", local.size(), " remote regions are GPU regions (CUDA IPC) and ",
+          cuda_locals, " local ones are; a transfer list goes either through CUDA IPC (every remote "
+          "region a peer's GPU region) or through UCX (host regions only: this UCX has no GPU "
+          "support); split the list, or stage GPU data through host memory")));
+    }
+    return CudaTransfer(put, conn, ops, std::move(mappings), total, local.size(), options);
+  }
   auto state = std::make_shared<internal::WorkState>(
       internal::WorkState::Desc{put ? "put" : "get", total, static_cast<int>(local.size()),
                                 put ? "to" : "from", conn->peer()},
@@ -456,6 +493,33 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     Finish(part, req, *state);
   }
   state->PartDone(absl::OkStatus());  // everything is posted
+  return Work(state);
+}
+
+Work AgentImpl::CudaTransfer(bool put, ConnectionImpl* conn, const std::vector<Op>& ops,
+                             std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings, uint64_t total,
+                             size_t regions, const TransferOptions& options) {
+  auto state = std::make_shared<internal::WorkState>(
+      internal::WorkState::Desc{put ? "CUDA IPC put" : "CUDA IPC get", total, static_cast<int>(regions),
+                                put ? "to" : "from", conn->peer()},
+      1);
+  if (opt_.recorder != nullptr) {
+    state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  }
+  std::vector<cuda_ipc::Copy> copies;
+  for (const Op& op : ops) {
+    void* remote = reinterpret_cast<void*>(op.remote);
+    copies.push_back(put ? cuda_ipc::Copy{remote, op.local, op.len} : cuda_ipc::Copy{op.local, remote, op.len});
+  }
+  absl::StatusOr<bool> captured = cuda_ipc::CopyAsync(
+      copies, options.cuda_stream,
+      [state, mappings = std::move(mappings)] { state->PartDone(absl::OkStatus()); });
+  if (!captured.ok()) {
+    state->PartDone(absl::Status(captured.status().code(),
+                                 absl::StrCat(state->what(), ": ", captured.status().message())));
+  } else if (*captured) {
+    state->PartDone(absl::OkStatus());  // enqueued into the graph being captured
+  }
   return Work(state);
 }
 

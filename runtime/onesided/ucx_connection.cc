@@ -25,8 +25,16 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
     return absl::InvalidArgumentError(absl::StrCat("region descriptor belongs to agent '", d.owner,
                                                    "', not to this connection's peer '", peer_, "'"));
   }
-  Remote r{d.base, d.length, nullptr};
-  if (d.length > 0) {
+  Remote r{d.base, d.length, nullptr, nullptr};
+  if (d.length > 0 && cuda_ipc::IsExported(d.rkey)) {
+    auto m = cuda_ipc::Mapping::Open(d.rkey, d.length);
+    if (!m.ok()) {
+      return absl::Status(m.status().code(), absl::StrCat("importing ", peer_, "'s GPU region of ",
+                                                          d.length, " bytes: ", m.status().message()));
+    }
+    r.base = reinterpret_cast<uint64_t>((*m)->ptr());
+    r.cuda = std::move(*m);
+  } else if (d.length > 0) {
     ucs_status_t st = ucp_ep_rkey_unpack(ep, d.rkey.data(), &r.rkey);
     if (st != UCS_OK) return FromUcs(st, absl::StrCat("unpacking a remote key from ", peer_));
   }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <string>
 
@@ -19,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/onesided/agent.h"
+#include "runtime/onesided/cuda_ipc.h"
 #include "runtime/onesided/work.h"
 
 namespace ember::onesided::internal {
@@ -31,6 +33,7 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 struct Remote {
   uint64_t base = 0, length = 0;
   ucp_rkey_h rkey = nullptr;
+  std::shared_ptr<cuda_ipc::Mapping> cuda;  // a peer's GPU region (then base is its local address)
 };
 
 // One UCX endpoint to a peer agent, its imported remote regions and its health. Owned by the
