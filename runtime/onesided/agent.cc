@@ -75,7 +75,7 @@ class AgentImpl : public Agent {
     return Transfer(false, c, l, r, o);
   }
   Work Notify(Connection* conn, absl::string_view message) override;
-  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override;
+  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout, WaitStyle style) override;
 
   // Request completion (progress thread).
   static void OnSend(void* request, ucs_status_t st, void* user_data);
@@ -604,9 +604,11 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
   return UCS_OK;
 }
 
-absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout) {
+absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout, WaitStyle style) {
   const absl::Time deadline = absl::Now() + timeout;
-  internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
+  if (style == WaitStyle::kSpin) {
+    internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
+  }
   absl::MutexLock l(&mu_);
   const int64_t failures_before = failures_;
   auto any = [this, failures_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -171,10 +171,14 @@ class Agent {
   // The next notification from any peer, in arrival order (per peer: in send order).
   // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE as soon as one of this agent's connections
   // fails during the wait (the message names it), so a dead sender does not cost the full timeout.
-  virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
+  // `style`: work.h (kBlock for background threads beside compute).
+  virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout,
+                                                        WaitStyle style = WaitStyle::kSpin) = 0;
 };
 
-inline constexpr size_t kMaxNotificationBytes = 4096;
+// Notifications are eager active messages (several fragments above UCX's segment size, delivered
+// whole and in send order per connection); this bounds what one costs the receiver at once.
+inline constexpr size_t kMaxNotificationBytes = 1 << 20;
 
 }  // namespace ember::onesided
 

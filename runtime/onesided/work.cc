@@ -70,14 +70,14 @@ bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time dead
   return ok;
 }
 
-absl::Status WorkState::Wait(absl::Duration timeout) {
+absl::Status WorkState::Wait(absl::Duration timeout, WaitStyle style) {
   {
     absl::MutexLock l(&mu_);
     if (pending_ <= 0) return status_;  // finished already (an eager notify, an argument error)
   }
   const absl::Duration asked = timeout;
   const absl::Time deadline = absl::Now() + timeout;
-  SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  if (style == WaitStyle::kSpin) SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
   absl::MutexLock l(&mu_);
   timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };
@@ -99,7 +99,9 @@ Work Work::Finished(absl::Status status) {
   return Work(std::move(s));
 }
 
-absl::Status Work::Wait(absl::Duration timeout) const { return state_->Wait(timeout); }
+absl::Status Work::Wait(absl::Duration timeout, WaitStyle style) const {
+  return state_->Wait(timeout, style);
+}
 bool Work::Done() const { return state_->done(); }
 
 }  // namespace ember::onesided

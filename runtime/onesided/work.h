@@ -27,6 +27,16 @@ class FlightRecorder;
 
 namespace ember::onesided {
 
+// How a waiting thread waits (Work::Wait, Agent::WaitNotification).
+enum class WaitStyle {
+  // Latency first: drive UCX progress on this thread for up to kSpinBudget (20 ms), then block.
+  // A reply that arrives meanwhile is seen within a microsecond, at the price of a busy core.
+  kSpin,
+  // CPU first: block at once and leave progress to the agent's thread (tens of microseconds more
+  // per wake-up). For background threads beside compute, e.g. weight publishing.
+  kBlock,
+};
+
 namespace internal {
 // Lets a waiting thread drive the agent's UCX worker itself (what the agent's progress thread
 // does otherwise): the waiter then needs no thread hand-off, and the progress thread stays out of
@@ -81,7 +91,7 @@ class WorkState {
   void PartDone(absl::Status st);
   // Adds parts before the transfer can finish (e.g. the notify message after the flush).
   void AddParts(int n);
-  absl::Status Wait(absl::Duration timeout);
+  absl::Status Wait(absl::Duration timeout, WaitStyle style = WaitStyle::kSpin);
   bool done() const;
   // "put of 4096 bytes in 2 regions to rank1"
   std::string what() const;
@@ -104,7 +114,7 @@ class Work {
   static Work Finished(absl::Status status);
   explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
-  absl::Status Wait(absl::Duration timeout) const;
+  absl::Status Wait(absl::Duration timeout, WaitStyle style = WaitStyle::kSpin) const;
   bool Done() const;
 
  private:
