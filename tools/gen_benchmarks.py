@@ -25,6 +25,7 @@ ORDER = [
     ("recorder_bench", "Flight recorder (issue 9)", "//runtime/flight:recorder_bench"),
     ("pipeline_bench", "Pipeline parallelism (issue 15)", "//bench:pipeline_bench"),
     ("onesided_bench", "One-sided transfers (issue 16)", "//runtime/onesided:onesided_bench"),
+    ("publish_bench", "Live weight publishing (issue 16)", "//bench:publish_bench"),
 ]
 
 

@@ -6,14 +6,12 @@
 
 #include <catch2/catch.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "runtime/onesided/agent.h"
+#include "runtime/onesided/agent_pair.h"
 #include "runtime/onesided/descriptor.h"
-#include "runtime/store/client.h"
-#include "runtime/store/server.h"
 
 namespace ember::onesided {
 namespace {
@@ -65,45 +63,36 @@ TEST_CASE("Agent refuses kCuda registration and GPU descriptors without a GPU") 
     return;
   }
   const absl::StatusCode code = Refusal();
-  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
-  REQUIRE(server.ok());
-  auto client = store::Client::Connect({.address = (*server)->address()});
-  REQUIRE(client.ok());
-  auto a = Agent::Create({.store = &*client, .key_prefix = "cuda_test/", .name = "a", .rank = 0});
-  auto b = Agent::Create({.store = &*client, .key_prefix = "cuda_test/", .name = "b", .rank = 1});
-  REQUIRE(a.ok());
-  REQUIRE(b.ok());
+  auto pair = testing::AgentPair::Create();
+  REQUIRE(pair.ok());
+  Agent* a = (*pair)->a.get();
+  Agent* b = (*pair)->b.get();
+  Connection* cb = (*pair)->b_to_a;
 
   std::vector<char> buf(4096);
-  auto reg = (*a)->RegisterMemory(buf.data(), buf.size(), MemoryKind::kCuda);
+  auto reg = a->RegisterMemory(buf.data(), buf.size(), MemoryKind::kCuda);
   INFO(reg.status().ToString());
   CHECK(reg.status().code() == code);
   CHECK(absl::StrContains(reg.status().message(), "RegisterMemory(kCuda, 4096 bytes)"));
   // Host registration still works beside it.
-  auto host = (*a)->RegisterMemory(buf.data(), buf.size());
+  auto host = a->RegisterMemory(buf.data(), buf.size());
   REQUIRE(host.ok());
 
-  absl::StatusOr<Connection*> ca, cb;
-  std::thread t([&] { ca = (*a)->Connect("b"); });
-  cb = (*b)->Connect("a");
-  t.join();
-  REQUIRE(ca.ok());
-  REQUIRE(cb.ok());
   // A peer's GPU descriptor (as a GPU machine would publish it) is refused on import.
   const std::string gpu_desc = PackDescriptor({"a", 0x7f0000000000, 4096, FakeExport()});
-  auto imported = (*cb)->ImportRegion(gpu_desc);
+  auto imported = cb->ImportRegion(gpu_desc);
   INFO(imported.status().ToString());
   CHECK(imported.status().code() == code);
   CHECK(absl::StrContains(imported.status().message(), "a's GPU region of 4096 bytes"));
   // The host region still imports and transfers.
-  auto remote = (*cb)->ImportRegion(host->descriptor);
+  auto remote = cb->ImportRegion(host->descriptor);
   REQUIRE(remote.ok());
   std::vector<char> mine(16, 'x');
-  auto mreg = (*b)->RegisterMemory(mine.data(), mine.size());
+  auto mreg = b->RegisterMemory(mine.data(), mine.size());
   REQUIRE(mreg.ok());
-  CHECK((*b)->Put(*cb, {{mreg->id, 0, 16}}, {{*remote, 100, 16}}).Wait(absl::Seconds(10)).ok());
-  CHECK((*b)->Notify(*cb, "after the put").Wait(absl::Seconds(10)).ok());
-  auto note = (*a)->WaitNotification(absl::Seconds(10));  // the put is visible once this arrives
+  CHECK(b->Put(cb, {{mreg->id, 0, 16}}, {{*remote, 100, 16}}).Wait(absl::Seconds(10)).ok());
+  CHECK(b->Notify(cb, "after the put").Wait(absl::Seconds(10)).ok());
+  auto note = a->WaitNotification(absl::Seconds(10));  // the put is visible once this arrives
   REQUIRE(note.ok());
   CHECK(note->message == "after the put");
   CHECK(std::string(buf.data() + 100, 16) == std::string(16, 'x'));

@@ -5,12 +5,10 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "runtime/onesided/agent.h"
-#include "runtime/store/client.h"
-#include "runtime/store/server.h"
+#include "runtime/onesided/agent_pair.h"
 
 namespace ember::onesided {
 namespace {
@@ -27,30 +25,21 @@ void RoundTrips(const char* tls) {
   } else {
     setenv("UCX_TLS", tls, 1);
   }
-  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
-  REQUIRE(server.ok());
-  auto client = store::Client::Connect({.address = (*server)->address()});
-  REQUIRE(client.ok());
-  auto a = Agent::Create({.store = &*client, .name = "a", .rank = 0});
-  auto b = Agent::Create({.store = &*client, .name = "b", .rank = 1});
-  REQUIRE(a.ok());
-  REQUIRE(b.ok());
-  absl::StatusOr<Connection*> ca, cb;
-  std::thread t([&] { ca = (*a)->Connect("b"); });
-  cb = (*b)->Connect("a");
-  t.join();
-  REQUIRE(ca.ok());
-  REQUIRE(cb.ok());
+  auto pair = testing::AgentPair::Create();
+  REQUIRE(pair.ok());
+  Agent* a = (*pair)->a.get();
+  Agent* b = (*pair)->b.get();
+  Connection* cb = (*pair)->b_to_a;
   const std::vector<size_t> sizes = {0, 1, 8, 4096, 4097, 65536 + 3, 1 << 20, kMaxNotificationBytes};
   std::vector<Work> sent;
   for (size_t i = 0; i < sizes.size(); ++i) {
-    sent.push_back((*b)->Notify(*cb, Message(sizes[i], static_cast<int>(i))));
-    sent.push_back((*b)->Notify(*cb, Message(3, 100 + static_cast<int>(i))));  // small, right after
+    sent.push_back(b->Notify(cb, Message(sizes[i], static_cast<int>(i))));
+    sent.push_back(b->Notify(cb, Message(3, 100 + static_cast<int>(i))));  // small, right after
   }
   for (const Work& w : sent) CHECK(w.Wait(absl::Seconds(20)).ok());
   for (size_t i = 0; i < sizes.size(); ++i) {
     for (const std::string& want : {Message(sizes[i], static_cast<int>(i)), Message(3, 100 + static_cast<int>(i))}) {
-      auto n = (*a)->WaitNotification(absl::Seconds(20));
+      auto n = a->WaitNotification(absl::Seconds(20));
       REQUIRE(n.ok());
       CHECK(n->peer == "b");
       INFO("size " << sizes[i]);
@@ -58,7 +47,7 @@ void RoundTrips(const char* tls) {
       CHECK(n->message == want);
     }
   }
-  CHECK((*b)->Notify(*cb, std::string(kMaxNotificationBytes + 1, 'x')).Wait(absl::Seconds(1)).code() ==
+  CHECK(b->Notify(cb, std::string(kMaxNotificationBytes + 1, 'x')).Wait(absl::Seconds(1)).code() ==
         absl::StatusCode::kInvalidArgument);
   unsetenv("UCX_TLS");
 }
