@@ -32,6 +32,9 @@ constexpr onesided::WaitStyle kStyle = onesided::WaitStyle::kBlock;
 
 class PublisherImpl : public Publisher {
  public:
+  PublishCounts counts() const override {
+    return {published_.load(), skipped_.load(), dropped_.load()};
+  }
   PublisherImpl(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model,
                 std::unique_ptr<onesided::Agent> agent, onesided::Registration staging,
                 std::vector<fsdp::ShardView> shards, std::vector<uint64_t> remote_offsets)

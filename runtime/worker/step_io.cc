@@ -92,6 +92,11 @@ absl::Status Reporter::Report(const StepResult& r) {
   p.set_tokens_per_s(tps);
   p.set_eta_s(eta);
   p.set_peak_rss_bytes(rss);
+  if (r.publish) {
+    p.mutable_publish()->set_published(r.publish->published);
+    p.mutable_publish()->set_skipped(r.publish->skipped);
+    p.mutable_publish()->set_dropped(r.publish->dropped);
+  }
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
   metrics_ << absl::StrCat(
                   "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -21,6 +22,11 @@
 namespace ember::worker {
 
 // One optimizer step's numbers, as the loop measured them.
+// A Publisher's counters (publisher.h), carried into the progress record.
+struct PublishCounts {
+  int64_t published = 0, skipped = 0, dropped = 0;
+};
+
 struct StepResult {
   int64_t step = 0;
   double loss = 0;        // mean over every rank
@@ -30,6 +36,7 @@ struct StepResult {
   double seconds = 0;
   double comm_wait_s = 0;     // FSDP: time in collectives on the training thread
   fsdp::CommBytes bytes;      // FSDP: bytes moved by collectives in this step
+  std::optional<PublishCounts> publish;  // set when the job publishes its weights
 };
 
 // Tokens one optimizer step trains on, over every rank.

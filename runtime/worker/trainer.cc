@@ -442,6 +442,7 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
+    if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
