@@ -13,13 +13,12 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/onesided/cuda_ipc.h"
+#include "runtime/onesided/cuda_transfer.h"
 #include "runtime/onesided/descriptor.h"
 #include "runtime/onesided/ucx_connection.h"
 
@@ -234,16 +233,7 @@ absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes
     return absl::InvalidArgumentError(absl::StrCat("RegisterMemory: null pointer for ", bytes, " bytes"));
   }
   if (kind == MemoryKind::kCuda) {
-    absl::Status st = cuda_ipc::Available();
-    std::string key;
-    if (st.ok() && bytes > 0) {
-      absl::StatusOr<std::string> k = cuda_ipc::Export(ptr, bytes);
-      if (k.ok()) key = std::move(*k);
-      st = k.status();
-    }
-    if (!st.ok()) {
-      return absl::Status(st.code(), absl::StrCat("RegisterMemory(kCuda, ", bytes, " bytes): ", st.message()));
-    }
+    ASSIGN_OR_RETURN(std::string key, internal::ExportCudaRegion(ptr, bytes));
     return Publish(ptr, bytes, nullptr, kind, std::move(key));
   }
   ucp_mem_h memh = nullptr;
@@ -328,30 +318,11 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
     absl::MutexLock l(&mu_);
     n = ++connects_[std::string(peer)];
   }
-  ucp_worker_attr_t wa = {};
-  wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
-  ucs_status_t st = ucp_worker_query(worker_, &wa);
-  if (st != UCS_OK) return FromUcs(st, "ucp_worker_query");
-  std::string mine = absl::StrCat(opt_.rank, ":",
-      absl::Base64Escape(absl::string_view(reinterpret_cast<const char*>(wa.address), wa.address_length)));
-  ucp_worker_release_address(worker_, wa.address);
-  const std::string base = absl::StrCat(opt_.key_prefix, "addr/");
-  RETURN_IF_ERROR(opt_.store->Set(absl::StrCat(base, opt_.name, "/", peer, "/", n), mine));
-  const std::string their_key = absl::StrCat(base, peer, "/", opt_.name, "/", n);
-  auto theirs = opt_.store->Get(their_key, {.wait = true, .timeout = opt_.connect_timeout});
-  if (!theirs.ok()) {
-    return absl::Status(theirs.status().code(),
-                        absl::StrCat("Connect #", n, " to '", peer, "': the peer did not publish ",
-                                     their_key, ": ", theirs.status().message(),
-                                     " (is it running and calling Connect('", opt_.name, "')?)"));
-  }
-  const size_t colon = theirs->find(':');
-  int peer_rank = -1;
-  std::string addr;
-  if (colon == std::string::npos || !absl::SimpleAtoi(theirs->substr(0, colon), &peer_rank) ||
-      !absl::Base64Unescape(theirs->substr(colon + 1), &addr)) {
-    return absl::InvalidArgumentError(absl::StrCat("Connect: malformed address under ", their_key));
-  }
+  ASSIGN_OR_RETURN(internal::PeerAddress theirs,
+                   internal::ExchangeAddresses(*opt_.store, worker_, opt_.key_prefix, opt_.name,
+                                               opt_.rank, peer, n, opt_.connect_timeout));
+  const int peer_rank = theirs.rank;
+  const std::string& addr = theirs.address;
   auto conn = std::make_unique<ConnectionImpl>(std::string(peer), peer_rank);
   conn->handle_counter = &remote_handles_;
   conn->on_failure = [this] {
@@ -365,7 +336,7 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   ep.err_mode = opt_.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep.err_handler.cb = &AgentImpl::OnEpError;
   ep.err_handler.arg = conn.get();
-  st = ucp_ep_create(worker_, &ep, &conn->ep);
+  ucs_status_t st = ucp_ep_create(worker_, &ep, &conn->ep);
   if (st == UCS_ERR_UNREACHABLE && opt_.detect_peer_failure) {
     // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
     // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
@@ -463,13 +434,8 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
   if (cuda_remotes > 0 || cuda_locals > 0) {
-    if (cuda_remotes != static_cast<int>(local.size())) {
-      return Work::Finished(absl::UnimplementedError(absl::StrCat(
-          verb, ": ", cuda_remotes, " of ", local.size(), " remote regions are GPU regions (CUDA IPC) and ",
-          cuda_locals, " local ones are; a transfer list goes either through CUDA IPC (every remote "
-          "region a peer's GPU region) or through UCX (host regions only: this UCX has no GPU "
-          "support); split the list, or stage GPU data through host memory")));
-    }
+    absl::Status ok = internal::CheckCudaList(verb, cuda_remotes, cuda_locals, local.size());
+    if (!ok.ok()) return Work::Finished(ok);
     return CudaTransfer(put, conn, ops, std::move(mappings), total, local.size(), options);
   }
   auto state = std::make_shared<internal::WorkState>(
@@ -511,16 +477,7 @@ Work AgentImpl::CudaTransfer(bool put, ConnectionImpl* conn, const std::vector<O
     void* remote = reinterpret_cast<void*>(op.remote);
     copies.push_back(put ? cuda_ipc::Copy{remote, op.local, op.len} : cuda_ipc::Copy{op.local, remote, op.len});
   }
-  absl::StatusOr<bool> captured = cuda_ipc::CopyAsync(
-      copies, options.cuda_stream,
-      [state, mappings = std::move(mappings)] { state->PartDone(absl::OkStatus()); });
-  if (!captured.ok()) {
-    state->PartDone(absl::Status(captured.status().code(),
-                                 absl::StrCat(state->what(), ": ", captured.status().message())));
-  } else if (*captured) {
-    state->PartDone(absl::OkStatus());  // enqueued into the graph being captured
-  }
-  return Work(state);
+  return internal::StartCudaCopies(std::move(state), copies, std::move(mappings), options.cuda_stream);
 }
 
 Work AgentImpl::Notify(Connection* c, absl::string_view message) {
