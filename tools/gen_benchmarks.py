@@ -31,6 +31,7 @@ ORDER = [
     ("script_bench", "PyTorch scripts under Ember vs torchrun (issue 23)", "//bench:script_bench"),
     ("kernel_bench_llama", "Llama kernels and training step (issue 22)", "//bench:kernel_bench"),
     ("metrics_bench", "Metrics endpoint (issue 21)", "//bench:metrics_bench"),
+    ("publish_bench", "Live weight publishing (issue 16)", "//bench:publish_bench"),
 ]
 
 

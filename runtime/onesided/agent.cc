@@ -13,12 +13,12 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/onesided/cuda_ipc.h"
+#include "runtime/onesided/cuda_transfer.h"
 #include "runtime/onesided/descriptor.h"
 #include "runtime/onesided/ucx_connection.h"
 
@@ -41,6 +41,7 @@ struct LocalRegion {
   void* base = nullptr;
   uint64_t bytes = 0;
   ucp_mem_h memh = nullptr;
+  MemoryKind kind = MemoryKind::kHost;
 };
 
 // user_data of one UCX request: keeps the transfer's state (and a notify's message) alive.
@@ -64,14 +65,16 @@ class AgentImpl : public Agent {
   absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
   absl::Status Deregister(uint64_t id) override;
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
-  Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
-    return Transfer(true, c, l, r);
+  Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
+           const TransferOptions& o) override {
+    return Transfer(true, c, l, r, o);
   }
-  Work Get(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r) override {
-    return Transfer(false, c, l, r);
+  Work Get(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
+           const TransferOptions& o) override {
+    return Transfer(false, c, l, r, o);
   }
   Work Notify(Connection* conn, absl::string_view message) override;
-  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) override;
+  absl::StatusOr<Notification> WaitNotification(absl::Duration timeout, WaitStyle style) override;
 
   // Request completion (progress thread).
   static void OnSend(void* request, ucs_status_t st, void* user_data);
@@ -83,12 +86,19 @@ class AgentImpl : public Agent {
   }
 
  private:
-  // Packs the descriptor of a mapped region and records it (takes over `memh`).
-  absl::StatusOr<Registration> Publish(void* ptr, uint64_t bytes, ucp_mem_h memh);
+  // Packs the descriptor of a mapped region and records it (takes over `memh`); a GPU region
+  // carries its CUDA IPC export (`cuda_key`) where a host region has its UCX key.
+  absl::StatusOr<Registration> Publish(void* ptr, uint64_t bytes, ucp_mem_h memh,
+                                       MemoryKind kind = MemoryKind::kHost, std::string cuda_key = "");
   Work Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
-                const std::vector<RemoteDesc>& remote);
+                const std::vector<RemoteDesc>& remote, const TransferOptions& options);
+  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; };
+  // The CUDA IPC path of Transfer: cudaMemcpyAsync on options.cuda_stream (cuda_ipc.h).
+  Work CudaTransfer(bool put, ConnectionImpl* conn, const std::vector<Op>& ops,
+                    std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings, uint64_t total,
+                    size_t regions, const TransferOptions& options);
   // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
-  void Finish(Part* part, ucs_status_ptr_t req, absl::string_view what);
+  void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state);
   void SendNotify(Part* part);
   uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
   void ProgressLoop();
@@ -162,7 +172,7 @@ absl::Status AgentImpl::Init() {
 void AgentImpl::ProgressLoop() {
   absl::Time last_activity = absl::Now();
   while (!stop_.load(std::memory_order_acquire)) {
-    const bool waiter_drives = progressor_->spinning.load(std::memory_order_acquire) > 0;
+    const bool waiter_drives = progressor_->waiter_spinning();
     bool any = false;
     if (!waiter_drives) {
       while (ucp_worker_progress(worker_) != 0) any = true;
@@ -172,7 +182,7 @@ void AgentImpl::ProgressLoop() {
     const bool busy = in_flight_.load(std::memory_order_acquire) > 0;
     if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
     if (efd_ < 0 || waiter_drives) {
-      absl::SleepFor(absl::Microseconds(200));
+      absl::SleepFor(absl::Microseconds(5000));
       continue;
     }
     if (ucp_worker_arm(worker_) == UCS_ERR_BUSY) continue;
@@ -219,12 +229,12 @@ AgentImpl::~AgentImpl() {
 }
 
 absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) {
-  if (kind == MemoryKind::kCuda) {
-    return absl::UnimplementedError(
-        "RegisterMemory(kCuda): the CUDA IPC backend is not built; register host memory");
-  }
   if (ptr == nullptr && bytes > 0) {
     return absl::InvalidArgumentError(absl::StrCat("RegisterMemory: null pointer for ", bytes, " bytes"));
+  }
+  if (kind == MemoryKind::kCuda) {
+    ASSIGN_OR_RETURN(std::string key, internal::ExportCudaRegion(ptr, bytes));
+    return Publish(ptr, bytes, nullptr, kind, std::move(key));
   }
   ucp_mem_h memh = nullptr;
   if (bytes > 0) {
@@ -241,8 +251,9 @@ absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes
   return Publish(ptr, bytes, memh);
 }
 
-absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh) {
-  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, ""};
+absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh,
+                                                MemoryKind kind, std::string cuda_key) {
+  RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, std::move(cuda_key)};
   if (memh != nullptr) {
     void* rkey = nullptr;
     size_t rkey_size = 0;
@@ -254,10 +265,10 @@ absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_m
     d.rkey.assign(static_cast<const char*>(rkey), rkey_size);
     ucp_rkey_buffer_release(rkey);
   }
-  Registration out{0, ptr, bytes, MemoryKind::kHost, PackDescriptor(d)};
+  Registration out{0, ptr, bytes, kind, PackDescriptor(d)};
   absl::MutexLock l(&mu_);
   out.id = ++next_reg_;
-  regions_[out.id] = LocalRegion{ptr, bytes, memh};
+  regions_[out.id] = LocalRegion{ptr, bytes, memh, kind};
   return out;
 }
 
@@ -307,30 +318,11 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
     absl::MutexLock l(&mu_);
     n = ++connects_[std::string(peer)];
   }
-  ucp_worker_attr_t wa = {};
-  wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
-  ucs_status_t st = ucp_worker_query(worker_, &wa);
-  if (st != UCS_OK) return FromUcs(st, "ucp_worker_query");
-  std::string mine = absl::StrCat(opt_.rank, ":",
-      absl::Base64Escape(absl::string_view(reinterpret_cast<const char*>(wa.address), wa.address_length)));
-  ucp_worker_release_address(worker_, wa.address);
-  const std::string base = absl::StrCat(opt_.key_prefix, "addr/");
-  RETURN_IF_ERROR(opt_.store->Set(absl::StrCat(base, opt_.name, "/", peer, "/", n), mine));
-  const std::string their_key = absl::StrCat(base, peer, "/", opt_.name, "/", n);
-  auto theirs = opt_.store->Get(their_key, {.wait = true, .timeout = opt_.connect_timeout});
-  if (!theirs.ok()) {
-    return absl::Status(theirs.status().code(),
-                        absl::StrCat("Connect #", n, " to '", peer, "': the peer did not publish ",
-                                     their_key, ": ", theirs.status().message(),
-                                     " (is it running and calling Connect('", opt_.name, "')?)"));
-  }
-  const size_t colon = theirs->find(':');
-  int peer_rank = -1;
-  std::string addr;
-  if (colon == std::string::npos || !absl::SimpleAtoi(theirs->substr(0, colon), &peer_rank) ||
-      !absl::Base64Unescape(theirs->substr(colon + 1), &addr)) {
-    return absl::InvalidArgumentError(absl::StrCat("Connect: malformed address under ", their_key));
-  }
+  ASSIGN_OR_RETURN(internal::PeerAddress theirs,
+                   internal::ExchangeAddresses(*opt_.store, worker_, opt_.key_prefix, opt_.name,
+                                               opt_.rank, peer, n, opt_.connect_timeout));
+  const int peer_rank = theirs.rank;
+  const std::string& addr = theirs.address;
   auto conn = std::make_unique<ConnectionImpl>(std::string(peer), peer_rank);
   conn->handle_counter = &remote_handles_;
   conn->on_failure = [this] {
@@ -344,7 +336,7 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   ep.err_mode = opt_.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
   ep.err_handler.cb = &AgentImpl::OnEpError;
   ep.err_handler.arg = conn.get();
-  st = ucp_ep_create(worker_, &ep, &conn->ep);
+  ucs_status_t st = ucp_ep_create(worker_, &ep, &conn->ep);
   if (st == UCS_ERR_UNREACHABLE && opt_.detect_peer_failure) {
     // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
     // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
@@ -367,14 +359,14 @@ uint64_t AgentImpl::Record(const char* op, ConnectionImpl* conn, uint64_t bytes,
                                 .in_dtype = "uint8", .peer = conn->peer_rank(), .tag = tag});
 }
 
-void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, absl::string_view what) {
+void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state) {
   if (UCS_PTR_IS_PTR(req)) {
     Wake();
     return;  // the callback ends the part
   }
   ucs_status_t st = UCS_PTR_STATUS(req);
   in_flight_.fetch_sub(1, std::memory_order_acq_rel);
-  part->state->PartDone(FromUcs(st, what));
+  part->state->PartDone(st == UCS_OK ? absl::OkStatus() : FromUcs(st, state.what()));
   delete part;
 }
 
@@ -382,13 +374,13 @@ void AgentImpl::OnSend(void* request, ucs_status_t st, void* user_data) {
   auto* part = static_cast<Part*>(user_data);
   part->agent->in_flight_.fetch_sub(1, std::memory_order_acq_rel);
   if (st != UCS_OK && PeerFailure(st)) part->conn->Fail(st);
-  part->state->PartDone(FromUcs(st, part->state->what()));
+  part->state->PartDone(st == UCS_OK ? absl::OkStatus() : FromUcs(st, part->state->what()));
   delete part;
   ucp_request_free(request);
 }
 
 Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
-                         const std::vector<RemoteDesc>& remote) {
+                         const std::vector<RemoteDesc>& remote, const TransferOptions& options) {
   const char* verb = put ? "Put" : "Get";
   auto* conn = static_cast<ConnectionImpl*>(c);
   if (conn == nullptr) return Work::Finished(absl::InvalidArgumentError(absl::StrCat(verb, ": null connection")));
@@ -396,8 +388,9 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     return Work::Finished(absl::InvalidArgumentError(absl::StrCat(
         verb, ": ", local.size(), " local descriptors but ", remote.size(), " remote ones")));
   }
-  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; };
   std::vector<Op> ops;
+  std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings;  // kept open until the copies end
+  int cuda_remotes = 0, cuda_locals = 0;
   uint64_t total = 0;
   for (size_t i = 0; i < local.size(); ++i) {
     const LocalDesc& l = local[i];
@@ -430,16 +423,28 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
           conn->peer(), "'s region of ", rem->length, " bytes")));
     }
     total += l.length;
+    if (rem->cuda != nullptr) {
+      ++cuda_remotes;
+      mappings.push_back(rem->cuda);
+    }
+    if (reg.kind == MemoryKind::kCuda) ++cuda_locals;
     if (l.length == 0) continue;
     ops.push_back({static_cast<char*>(reg.base) + l.offset, reg.memh, rem->base + r.offset, rem->rkey,
                    l.length});
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
+  if (cuda_remotes > 0 || cuda_locals > 0) {
+    absl::Status ok = internal::CheckCudaList(verb, cuda_remotes, cuda_locals, local.size());
+    if (!ok.ok()) return Work::Finished(ok);
+    return CudaTransfer(put, conn, ops, std::move(mappings), total, local.size(), options);
+  }
   auto state = std::make_shared<internal::WorkState>(
-      absl::StrCat(put ? "put" : "get", " of ", total, " bytes in ", local.size(), " regions ",
-                   put ? "to " : "from ", conn->peer()),
+      internal::WorkState::Desc{put ? "put" : "get", total, static_cast<int>(local.size()),
+                                put ? "to" : "from", conn->peer()},
       static_cast<int>(ops.size()) + 1, progressor_);
-  state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  if (opt_.recorder != nullptr) {
+    state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  }
   if (put && !ops.empty()) conn->unflushed_puts.fetch_add(ops.size(), std::memory_order_acq_rel);
   for (const Op& op : ops) {
     auto* part = new Part{state, this, conn};
@@ -451,10 +456,28 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     ucs_status_ptr_t req = put ? ucp_put_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp)
                                : ucp_get_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp);
-    Finish(part, req, state->what());
+    Finish(part, req, *state);
   }
   state->PartDone(absl::OkStatus());  // everything is posted
   return Work(state);
+}
+
+Work AgentImpl::CudaTransfer(bool put, ConnectionImpl* conn, const std::vector<Op>& ops,
+                             std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings, uint64_t total,
+                             size_t regions, const TransferOptions& options) {
+  auto state = std::make_shared<internal::WorkState>(
+      internal::WorkState::Desc{put ? "CUDA IPC put" : "CUDA IPC get", total, static_cast<int>(regions),
+                                put ? "to" : "from", conn->peer()},
+      1);
+  if (opt_.recorder != nullptr) {
+    state->SetRecord(opt_.recorder, Record(put ? "onesided_put" : "onesided_get", conn, total, state->what()));
+  }
+  std::vector<cuda_ipc::Copy> copies;
+  for (const Op& op : ops) {
+    void* remote = reinterpret_cast<void*>(op.remote);
+    copies.push_back(put ? cuda_ipc::Copy{remote, op.local, op.len} : cuda_ipc::Copy{op.local, remote, op.len});
+  }
+  return internal::StartCudaCopies(std::move(state), copies, std::move(mappings), options.cuda_stream);
 }
 
 Work AgentImpl::Notify(Connection* c, absl::string_view message) {
@@ -466,8 +489,10 @@ Work AgentImpl::Notify(Connection* c, absl::string_view message) {
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
   auto state = std::make_shared<internal::WorkState>(
-      absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer()), 1, progressor_);
-  state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
+      internal::WorkState::Desc{"notification", message.size(), -1, "to", conn->peer()}, 1, progressor_);
+  if (opt_.recorder != nullptr) {
+    state->SetRecord(opt_.recorder, Record("onesided_notify", conn, message.size(), state->what()));
+  }
   auto* part = new Part{state, this, conn, opt_.name, std::string(message)};
   if (conn->unflushed_puts.exchange(0, std::memory_order_acq_rel) == 0) {
     SendNotify(part);  // no put to wait for
@@ -511,12 +536,13 @@ void AgentImpl::SendNotify(Part* part) {
   rp.cb.send = &AgentImpl::OnSend;
   rp.user_data = part;
   rp.flags = UCP_AM_SEND_FLAG_EAGER;  // small: the receiver gets the data in its handler
+  // Held here: once the send is posted, the callback may free `part` on another thread.
+  const std::shared_ptr<internal::WorkState> state = part->state;
   in_flight_.fetch_add(1, std::memory_order_acq_rel);
   ucs_status_ptr_t req = ucp_am_send_nbx(part->conn->ep, kNotifyAmId, part->header.data(),
                                          part->header.size(), part->message.data(),
                                          part->message.size(), &rp);
-  const std::string what = part->state->what();
-  Finish(part, req, what);
+  Finish(part, req, *state);
 }
 
 ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_length, void* data,
@@ -535,9 +561,11 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
   return UCS_OK;
 }
 
-absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout) {
+absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout, WaitStyle style) {
   const absl::Time deadline = absl::Now() + timeout;
-  internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
+  if (style == WaitStyle::kSpin) {
+    internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
+  }
   absl::MutexLock l(&mu_);
   const int64_t failures_before = failures_;
   auto any = [this, failures_before]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -32,6 +32,14 @@
 // UCS_THREAD_MODE_MULTI). Transports: UCX chooses (shared memory, CMA, TCP, RDMA where present);
 // UCX_TLS in the environment overrides, e.g. UCX_TLS=tcp or UCX_TLS=sm.
 //
+// GPU memory (one node): RegisterMemory(ptr, bytes, kCuda) exports the region by CUDA IPC
+// (cuda_ipc.h) instead of UCX; a peer's ImportRegion opens it, and Put/Get between it and local
+// host or GPU memory are cudaMemcpyAsync on TransferOptions::cuda_stream, ordered with the caller's
+// kernels and capturable in a CUDA graph (the Work is then finished at once: completion is the
+// graph launch's stream). Otherwise the Work finishes when the copies did. A Notify does not wait
+// for CUDA copies: Wait the Work (or synchronize the stream) before notifying. Without a GPU and
+// driver, kCuda calls refuse with FAILED_PRECONDITION; in a build without CUDA, UNIMPLEMENTED.
+//
 // Errors: INVALID_ARGUMENT for a malformed descriptor, mismatched lists or an access beyond a
 // region (checked before anything reaches UCX); FAILED_PRECONDITION for a deregistered or unknown
 // local region; UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
@@ -100,6 +108,10 @@ struct RemoteDesc {
   uint64_t offset = 0, length = 0;
 };
 
+struct TransferOptions {
+  void* cuda_stream = nullptr;  // cudaStream_t for CUDA IPC transfers; null = the default stream
+};
+
 struct Notification {
   std::string peer;     // the sending agent's name
   std::string message;
@@ -127,8 +139,8 @@ class Agent {
 
   virtual const std::string& name() const = 0;
 
-  // Registers [ptr, ptr + bytes) for transfers; bytes may be 0 (an empty region). kCuda is
-  // UNIMPLEMENTED (the CUDA IPC backend is not built).
+  // Registers [ptr, ptr + bytes) for transfers; bytes may be 0 (an empty region). kCuda: device
+  // memory from cudaMalloc, exported by CUDA IPC (see above for where that refuses).
   virtual absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes,
                                                       MemoryKind kind = MemoryKind::kHost) = 0;
   // Allocates `bytes` of host memory through UCX and registers it (released by Deregister or the
@@ -147,21 +159,26 @@ class Agent {
 
   // Writes each local[i] into remote[i] (Put) or reads remote[i] into local[i] (Get); the lists
   // must have equal sizes and local[i].length == remote[i].length. Argument errors come back as a
-  // Work that is already finished with the error.
+  // Work that is already finished with the error. One list goes either through UCX (host regions
+  // everywhere) or through CUDA IPC (every remote region a peer's GPU region); a mix is refused.
   virtual Work Put(Connection* conn, const std::vector<LocalDesc>& local,
-                   const std::vector<RemoteDesc>& remote) = 0;
+                   const std::vector<RemoteDesc>& remote, const TransferOptions& options = {}) = 0;
   virtual Work Get(Connection* conn, const std::vector<LocalDesc>& local,
-                   const std::vector<RemoteDesc>& remote) = 0;
+                   const std::vector<RemoteDesc>& remote, const TransferOptions& options = {}) = 0;
   // Sends `message` (at most kMaxNotificationBytes) to the peer after every put issued on `conn`
   // before this call is visible in the peer's memory (endpoint flush, then an active message).
   virtual Work Notify(Connection* conn, absl::string_view message) = 0;
   // The next notification from any peer, in arrival order (per peer: in send order).
   // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE as soon as one of this agent's connections
   // fails during the wait (the message names it), so a dead sender does not cost the full timeout.
-  virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout) = 0;
+  // `style`: work.h (kBlock for background threads beside compute).
+  virtual absl::StatusOr<Notification> WaitNotification(absl::Duration timeout,
+                                                        WaitStyle style = WaitStyle::kSpin) = 0;
 };
 
-inline constexpr size_t kMaxNotificationBytes = 4096;
+// Notifications are eager active messages (several fragments above UCX's segment size, delivered
+// whole and in send order per connection); this bounds what one costs the receiver at once.
+inline constexpr size_t kMaxNotificationBytes = 1 << 20;
 
 }  // namespace ember::onesided
 

@@ -1,5 +1,7 @@
 #include "runtime/onesided/ucx_connection.h"
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/onesided/descriptor.h"
@@ -19,14 +21,52 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what) {
   return absl::InternalError(msg);
 }
 
+absl::StatusOr<PeerAddress> ExchangeAddresses(store::Client& store, ucp_worker_h worker,
+                                              const std::string& prefix, const std::string& self,
+                                              int self_rank, absl::string_view peer, int n,
+                                              absl::Duration timeout) {
+  ucp_worker_attr_t wa = {};
+  wa.field_mask = UCP_WORKER_ATTR_FIELD_ADDRESS;
+  ucs_status_t st = ucp_worker_query(worker, &wa);
+  if (st != UCS_OK) return FromUcs(st, "ucp_worker_query");
+  std::string mine = absl::StrCat(self_rank, ":",
+      absl::Base64Escape(absl::string_view(reinterpret_cast<const char*>(wa.address), wa.address_length)));
+  ucp_worker_release_address(worker, wa.address);
+  const std::string base = absl::StrCat(prefix, "addr/");
+  RETURN_IF_ERROR(store.Set(absl::StrCat(base, self, "/", peer, "/", n), mine));
+  const std::string their_key = absl::StrCat(base, peer, "/", self, "/", n);
+  auto theirs = store.Get(their_key, {.wait = true, .timeout = timeout});
+  if (!theirs.ok()) {
+    return absl::Status(theirs.status().code(),
+                        absl::StrCat("Connect #", n, " to '", peer, "': the peer did not publish ",
+                                     their_key, ": ", theirs.status().message(),
+                                     " (is it running and calling Connect('", self, "')?)"));
+  }
+  const size_t colon = theirs->find(':');
+  PeerAddress out;
+  if (colon == std::string::npos || !absl::SimpleAtoi(theirs->substr(0, colon), &out.rank) ||
+      !absl::Base64Unescape(theirs->substr(colon + 1), &out.address)) {
+    return absl::InvalidArgumentError(absl::StrCat("Connect: malformed address under ", their_key));
+  }
+  return out;
+}
+
 absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view descriptor) {
   ASSIGN_OR_RETURN(RegionDescriptor d, UnpackDescriptor(descriptor));
   if (d.owner != peer_) {
     return absl::InvalidArgumentError(absl::StrCat("region descriptor belongs to agent '", d.owner,
                                                    "', not to this connection's peer '", peer_, "'"));
   }
-  Remote r{d.base, d.length, nullptr};
-  if (d.length > 0) {
+  Remote r{d.base, d.length, nullptr, nullptr};
+  if (d.length > 0 && cuda_ipc::IsExported(d.rkey)) {
+    auto m = cuda_ipc::Mapping::Open(d.rkey, d.length);
+    if (!m.ok()) {
+      return absl::Status(m.status().code(), absl::StrCat("importing ", peer_, "'s GPU region of ",
+                                                          d.length, " bytes: ", m.status().message()));
+    }
+    r.base = reinterpret_cast<uint64_t>((*m)->ptr());
+    r.cuda = std::move(*m);
+  } else if (d.length > 0) {
     ucs_status_t st = ucp_ep_rkey_unpack(ep, d.rkey.data(), &r.rkey);
     if (st != UCS_OK) return FromUcs(st, absl::StrCat("unpacking a remote key from ", peer_));
   }

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <memory>
 #include <utility>
 #include <string>
 
@@ -18,7 +19,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "runtime/onesided/agent.h"
+#include "runtime/onesided/cuda_ipc.h"
+#include "runtime/store/client.h"
 #include "runtime/onesided/work.h"
 
 namespace ember::onesided::internal {
@@ -31,6 +35,7 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 struct Remote {
   uint64_t base = 0, length = 0;
   ucp_rkey_h rkey = nullptr;
+  std::shared_ptr<cuda_ipc::Mapping> cuda;  // a peer's GPU region (then base is its local address)
 };
 
 // One UCX endpoint to a peer agent, its imported remote regions and its health. Owned by the
@@ -87,6 +92,18 @@ class ConnectionImpl : public Connection {
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Remote> remotes_ ABSL_GUARDED_BY(mu_);
 };
+
+// The peer's side of Connect's address exchange.
+struct PeerAddress {
+  int rank = -1;
+  std::string address;  // the peer worker's UCX address
+};
+// Publishes `worker`'s address under <prefix>addr/<self>/<peer>/<n> and waits up to `timeout` for
+// the peer's under <prefix>addr/<peer>/<self>/<n> (agent.h: the N-th Connect pairs with the N-th).
+absl::StatusOr<PeerAddress> ExchangeAddresses(store::Client& store, ucp_worker_h worker,
+                                              const std::string& prefix, const std::string& self,
+                                              int self_rank, absl::string_view peer, int n,
+                                              absl::Duration timeout);
 
 // The worker, for waiters that drive progress themselves (work.h); cleared before it is destroyed.
 class WorkerProgressor : public Progressor {

@@ -8,6 +8,13 @@
 namespace ember::onesided {
 namespace internal {
 
+std::string WorkState::what() const {
+  if (desc_.peer.empty()) return desc_.op;
+  return absl::StrCat(desc_.op, " of ", desc_.bytes, " bytes",
+                      desc_.regions >= 0 ? absl::StrCat(" in ", desc_.regions, " regions") : "",
+                      " ", desc_.direction, " ", desc_.peer);
+}
+
 void WorkState::SetRecord(flight::FlightRecorder* fr, uint64_t record_id) {
   absl::MutexLock l(&mu_);
   fr_ = fr;
@@ -37,30 +44,46 @@ bool WorkState::done() const {
   return pending_ <= 0;
 }
 
+void Progressor::LeaveSpin(bool wake) {
+  if (spinning_.fetch_sub(1, std::memory_order_acq_rel) == 1 && wake) {
+    absl::MutexLock l(&park_mu_);  // releasing it re-evaluates the parked thread's condition
+  }
+}
+
+void Progressor::ParkWhileWaiterSpins(absl::Duration max) {
+  auto no_spinner = [this] { return spinning_.load(std::memory_order_acquire) == 0; };
+  if (no_spinner()) return;
+  park_mu_.LockWhenWithTimeout(absl::Condition(&no_spinner), max);
+  park_mu_.Unlock();
+}
+
 bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline) {
   if (p == nullptr) return done();
   const absl::Time until = std::min(deadline, absl::Now() + kSpinBudget);
-  p->spinning.fetch_add(1, std::memory_order_acq_rel);
+  p->EnterSpin();
   bool ok = done();
   for (int i = 0; !ok; ++i) {
-    p->Progress();
-    if ((i & 63) == 63 && absl::Now() >= until) break;
+    if (!p->Progress() && (i & 63) == 63 && absl::Now() >= until) break;
     ok = done();
   }
-  p->spinning.fetch_sub(1, std::memory_order_acq_rel);
+  p->LeaveSpin(/*wake=*/!ok);
   return ok;
 }
 
-absl::Status WorkState::Wait(absl::Duration timeout) {
+absl::Status WorkState::Wait(absl::Duration timeout, WaitStyle style) {
+  {
+    absl::MutexLock l(&mu_);
+    if (pending_ <= 0) return status_;  // finished already (an eager notify, an argument error)
+  }
   const absl::Duration asked = timeout;
   const absl::Time deadline = absl::Now() + timeout;
-  SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  if (style == WaitStyle::kSpin) SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
   absl::MutexLock l(&mu_);
   timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };
   if (!mu_.AwaitWithTimeout(absl::Condition(&finished), timeout)) {
     return absl::DeadlineExceededError(absl::StrCat(
-        what_, ": not complete after ", absl::FormatDuration(asked),
+        what(), ": not complete after ", absl::FormatDuration(asked),
         " (started ", absl::FormatDuration(absl::Now() - start_),
         " ago); its outcome is unknown and the destination may be partly written. Keep the "
         "local buffer registered until a later Wait returns, or destroy the Agent"));
@@ -71,12 +94,14 @@ absl::Status WorkState::Wait(absl::Duration timeout) {
 }  // namespace internal
 
 Work Work::Finished(absl::Status status) {
-  auto s = std::make_shared<internal::WorkState>("finished transfer", 1);
+  auto s = std::make_shared<internal::WorkState>(internal::WorkState::Desc{}, 1);
   s->PartDone(std::move(status));
   return Work(std::move(s));
 }
 
-absl::Status Work::Wait(absl::Duration timeout) const { return state_->Wait(timeout); }
+absl::Status Work::Wait(absl::Duration timeout, WaitStyle style) const {
+  return state_->Wait(timeout, style);
+}
 bool Work::Done() const { return state_->done(); }
 
 }  // namespace ember::onesided

@@ -27,6 +27,16 @@ class FlightRecorder;
 
 namespace ember::onesided {
 
+// How a waiting thread waits (Work::Wait, Agent::WaitNotification).
+enum class WaitStyle {
+  // Latency first: drive UCX progress on this thread for up to kSpinBudget (20 ms), then block.
+  // A reply that arrives meanwhile is seen within a microsecond, at the price of a busy core.
+  kSpin,
+  // CPU first: block at once and leave progress to the agent's thread (tens of microseconds more
+  // per wake-up). For background threads beside compute, e.g. weight publishing.
+  kBlock,
+};
+
 namespace internal {
 // Lets a waiting thread drive the agent's UCX worker itself (what the agent's progress thread
 // does otherwise): the waiter then needs no thread hand-off, and the progress thread stays out of
@@ -36,12 +46,26 @@ class Progressor {
   virtual ~Progressor() = default;
   // One progress pass; true when something happened.
   virtual bool Progress() = 0;
-  std::atomic<int> spinning{0};  // threads inside a spin phase (the progress thread then sleeps)
+  // A waiter enters/leaves its spin phase. `wake`: the waiter is about to block (its spin budget
+  // ran out), so the last one to leave wakes a parked progress thread at once; a waiter whose
+  // spin succeeded leaves it parked until its park times out (no system call on the fast path).
+  void EnterSpin() { spinning_.fetch_add(1, std::memory_order_acq_rel); }
+  void LeaveSpin(bool wake);
+  bool waiter_spinning() const { return spinning_.load(std::memory_order_acquire) > 0; }
+  // The progress thread: blocks while a waiter spins (no periodic wake-ups competing with the
+  // waiter for a core), at most `max`. Returns at once when no waiter spins.
+  void ParkWhileWaiterSpins(absl::Duration max);
+
+ private:
+  std::atomic<int> spinning_{0};  // threads inside a spin phase
+  absl::Mutex park_mu_;           // the progress thread parks on it; guards nothing
 };
 
 // How long Wait/WaitNotification drive progress themselves before blocking on a condition
 // variable (and leaving progress to the agent's thread).
 inline constexpr absl::Duration kSpinBudget = absl::Milliseconds(20);
+// How long the progress thread stays parked while a waiter spins before it looks again.
+inline constexpr absl::Duration kParkSlice = absl::Milliseconds(1);
 
 // Runs `done` checks while driving `p` for at most min(kSpinBudget, until deadline); true when
 // `done` turned true.
@@ -50,20 +74,30 @@ bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time dead
 // Shared by a Work and the UCX requests of its transfer (each request holds a reference).
 class WorkState {
  public:
-  WorkState(std::string what, int parts, std::shared_ptr<Progressor> progressor = nullptr)
-      : what_(std::move(what)), progressor_(std::move(progressor)), pending_(parts) {}
+  // What the transfer is, for messages; the text is built only when one is needed (an error, a
+  // flight-recorder entry), not on the fast path.
+  struct Desc {
+    const char* op = "transfer";  // "put", "get", "notification"
+    uint64_t bytes = 0;
+    int regions = -1;             // -1: not shown
+    const char* direction = "to";
+    std::string peer;
+  };
+  WorkState(Desc desc, int parts, std::shared_ptr<Progressor> progressor = nullptr)
+      : desc_(std::move(desc)), progressor_(std::move(progressor)), pending_(parts) {}
   // Flight-recorder entry to complete/fail when the transfer ends (0 = none).
   void SetRecord(flight::FlightRecorder* fr, uint64_t record_id);
   // One part finished with `st` (the first error wins). The last part ends the transfer.
   void PartDone(absl::Status st);
   // Adds parts before the transfer can finish (e.g. the notify message after the flush).
   void AddParts(int n);
-  absl::Status Wait(absl::Duration timeout);
+  absl::Status Wait(absl::Duration timeout, WaitStyle style = WaitStyle::kSpin);
   bool done() const;
-  const std::string& what() const { return what_; }
+  // "put of 4096 bytes in 2 regions to rank1"
+  std::string what() const;
 
  private:
-  const std::string what_;  // "put of 4096 bytes in 2 regions to rank1"
+  const Desc desc_;
   const std::shared_ptr<Progressor> progressor_;
   mutable absl::Mutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_);
@@ -80,7 +114,7 @@ class Work {
   static Work Finished(absl::Status status);
   explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
-  absl::Status Wait(absl::Duration timeout) const;
+  absl::Status Wait(absl::Duration timeout, WaitStyle style = WaitStyle::kSpin) const;
   bool Done() const;
 
  private:

@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tools.h"
+#include "proto/jobs.pb.h"
 #include "runtime/job/keys.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
@@ -165,6 +166,19 @@ TEST_CASE("a subscriber killed or stopped mid-run never stalls the job; skipped 
       dropped += s["dropped"];
     }
     CHECK(dropped >= 1);
+    // The last progress record of each rank carries its counters as they were at the last step.
+    for (int r = 0; r < 2; ++r) {
+      auto v = client->Get(job::keys::AttemptPrefix(job, 0) + job::keys::ProgressOf(r));
+      REQUIRE(v.ok());
+      jobs::v1::Progress p;
+      REQUIRE(p.ParseFromString(*v));
+      REQUIRE(p.has_publish());
+      std::map<std::string, int64_t> s = Stats(*client, job, r);
+      CHECK(p.publish().published() >= 1);
+      CHECK(p.publish().published() <= s["published"]);
+      CHECK(p.publish().skipped() <= s["skipped"]);
+      CHECK(p.publish().dropped() <= s["dropped"]);
+    }
     // The subscriber's key is gone.
     auto left = client->ListKeys(job::keys::AttemptPrefix(job, 0) + std::string(job::keys::kWeightsSubscribers));
     REQUIRE(left.ok());

@@ -25,12 +25,16 @@ constexpr absl::Duration kAckTimeout = absl::Seconds(30);
 constexpr absl::Duration kConnectTimeout = absl::Seconds(10);
 constexpr absl::Duration kPollInterval = absl::Milliseconds(200);
 constexpr absl::Duration kGraceAtExit = absl::Seconds(5);  // an in-flight publish at the end
-// Each onesided wait spins (drives UCX progress) for up to 20 ms before it sleeps: slices this long
-// keep the spinning to a few percent of a core while the exit grace is still honoured promptly.
+// The publisher thread runs beside training: its onesided waits block at once (WaitStyle::kBlock)
+// instead of spinning on a core the step needs; slices keep the exit grace honoured promptly.
 constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
+constexpr onesided::WaitStyle kStyle = onesided::WaitStyle::kBlock;
 
 class PublisherImpl : public Publisher {
  public:
+  PublishCounts counts() const override {
+    return {published_.load(), skipped_.load(), dropped_.load()};
+  }
   PublisherImpl(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model,
                 std::unique_ptr<onesided::Agent> agent, onesided::Registration staging,
                 std::vector<fsdp::ShardView> shards, std::vector<uint64_t> remote_offsets)
@@ -200,7 +204,7 @@ class PublisherImpl : public Publisher {
         return;
       }
       absl::StatusOr<onesided::Notification> note =
-          agent_->WaitNotification(std::min(until - absl::Now(), kWaitSlice));
+          agent_->WaitNotification(std::min(until - absl::Now(), kWaitSlice), kStyle);
       if (note.ok()) {
         if (ParseMessage(note->message, "ack") == step) pending.erase(note->peer);
       } else if (absl::IsUnavailable(note.status())) {
@@ -225,7 +229,7 @@ class PublisherImpl : public Publisher {
   absl::Status Await(const onesided::Work& w, absl::Time deadline) {
     for (;;) {
       const absl::Time until = std::min(deadline, StopDeadline());
-      absl::Status st = w.Wait(std::clamp(until - absl::Now(), absl::ZeroDuration(), kWaitSlice));
+      absl::Status st = w.Wait(std::clamp(until - absl::Now(), absl::ZeroDuration(), kWaitSlice), kStyle);
       if (!absl::IsDeadlineExceeded(st) || absl::Now() >= until) return st;
     }
   }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/store/client.h"
+#include "runtime/worker/step_io.h"
 #include "runtime/worker/trainer.h"
 
 namespace ember::worker {
@@ -32,6 +33,8 @@ class Publisher {
   virtual ~Publisher() = default;  // stops the thread, writes and logs the counters
   // At the end of optimizer step `step`. Errors only from the agreement collective.
   virtual absl::Status AtStep(int64_t step) = 0;
+  // The counters so far (also in the progress record's `publish`). Thread-safe.
+  virtual PublishCounts counts() const = 0;
 };
 
 // nullptr when plan.spec.publish.every_steps is 0. Otherwise rank 0 writes the manifest, and the

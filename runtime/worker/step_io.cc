@@ -97,6 +97,11 @@ absl::Status Reporter::Report(const StepResult& r) {
   p.set_comm_memory_bytes(r.comm_memory_bytes);
   p.set_step_seconds(r.seconds);
   p.set_comm_wait_seconds(r.comm_wait_s);
+  if (r.publish) {
+    p.mutable_publish()->set_published(r.publish->published);
+    p.mutable_publish()->set_skipped(r.publish->skipped);
+    p.mutable_publish()->set_dropped(r.publish->dropped);
+  }
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
   metrics_ << absl::StrCat(
                   "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -21,6 +22,11 @@
 namespace ember::worker {
 
 // One optimizer step's numbers, as the loop measured them.
+// A Publisher's counters (publisher.h), carried into the progress record.
+struct PublishCounts {
+  int64_t published = 0, skipped = 0, dropped = 0;
+};
+
 struct StepResult {
   int64_t step = 0;
   double loss = 0;        // mean over every rank
@@ -33,6 +39,7 @@ struct StepResult {
   int64_t comm_memory_bytes = 0;  // held by the communicators outside any allocator
   double checkpoint_save_s = -1;  // the last checkpoint save before this step (-1: none yet)
   int64_t flight_entries = -1;    // entries in the flight recorder (-1: not known)
+  std::optional<PublishCounts> publish;  // set when the job publishes its weights
 };
 
 // Tokens one optimizer step trains on, over every rank.

@@ -496,6 +496,7 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     r.comm_memory_bytes = groups.CommMemoryBytes();
     r.checkpoint_save_s = checkpoints.last_save_seconds();
     r.flight_entries = static_cast<int64_t>(recorder.size());
+    if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)

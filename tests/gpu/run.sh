@@ -9,10 +9,10 @@
 # for the NCCL checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check tests/gpu/nvml_check"
+BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check tests/gpu/nvml_check tests/gpu/onesided_cuda_ipc_check"
 case "${1:-}" in
   build)
-    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check //tests/gpu:nvml_check
+    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check //tests/gpu:nvml_check //tests/gpu:onesided_cuda_ipc_check
     bin="$(bazel info bazel-bin 2>/dev/null)"
     mkdir -p tests/gpu/bin/lib
     for b in $BINS; do
@@ -38,6 +38,8 @@ case "${1:-}" in
     timeout 30 tests/gpu/bin/nvml_check || rc=1  # emberd's GPU telemetry (DCGM_FI_DEV_* metrics)
     # World size 1 only: NCCL refuses two ranks on one GPU.
     timeout 300 tests/gpu/bin/nccl_gpu_check || rc=1
+    # Two processes on one device: CUDA IPC put/get and graph capture (runtime/onesided/cuda_ipc.h).
+    timeout 120 tests/gpu/bin/onesided_cuda_ipc_check || rc=1
     timeout 240 bash tests/gpu/cuda_kernels.sh check || rc=1
     exit $rc
     ;;
