@@ -79,9 +79,13 @@ std::string EdgeText(const Head& h, int from, int to) {
 
 // Follows wait-for edges (first target) from each blocked rank to the root: a rank with no dump, a
 // rank with nothing pending or waiting on nobody, or a cycle. Of the chains that cross a
-// point-to-point op or more than one group, puts the best (a dead root, then a cycle, then the
-// longest) first as a "waits_for" finding; hangs within one group of collectives are left to the
-// per-group findings. The text has no "; " (the daemon splits verdicts there).
+// point-to-point op or more than one group, or that end at a rank with no dump through
+// collectives that only dumpless ranks are missing from, puts the best (a dead root, then a cycle,
+// then the longest) first as a "waits_for" finding. Other hangs within one group of collectives
+// (a dumped member that never joined) are left to the per-group findings. Without the dead-root
+// case, a survivor stuck in a collective with a killed rank (every dumped member entered it) would
+// be reported as "stuck" ahead of the dead rank, depending on where the survivors were when they
+// stopped. The text has no "; " (the daemon splits verdicts there).
 void AddWaitChain(const std::map<int, Head>& heads,
                   const std::map<int, std::map<std::string, RankGroup>>& data,
                   const std::map<std::string, std::vector<int>>& members,
@@ -92,6 +96,7 @@ void AddWaitChain(const std::map<int, Head>& heads,
     std::vector<int> path = {start};
     std::vector<std::string> edges;
     bool p2p = false;
+    bool dumped_laggard = false;  // a collective edge where a dumped member had not enqueued the op
     std::set<std::string> groups;
     int root = -1;
     std::string why;
@@ -113,6 +118,9 @@ void AddWaitChain(const std::map<int, Head>& heads,
         break;
       }
       p2p = p2p || h->second.p2p;
+      if (!h->second.p2p) {
+        for (int r : next) dumped_laggard = dumped_laggard || dumped.count(r) > 0;
+      }
       groups.insert(h->second.group);
       last = h->second;
       edges.push_back(EdgeText(h->second, cur, next[0]));
@@ -124,7 +132,8 @@ void AddWaitChain(const std::map<int, Head>& heads,
       path.push_back(next[0]);
       cur = next[0];
     }
-    if (!p2p && groups.size() < 2) continue;
+    const bool dead_root = cycle.empty() && !dumped.count(root);
+    if (!p2p && groups.size() < 2 && !(dead_root && !dumped_laggard)) continue;
     std::pair<int, size_t> score = {!cycle.empty() ? 1 : dumped.count(root) ? 0 : 2, edges.size()};
     if (score <= best_score) continue;
     best_score = score;

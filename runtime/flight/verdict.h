@@ -13,8 +13,9 @@ namespace ember {
 // "" when `dir` has no dumps or the analyzer found no problem. At most three findings, the most
 // telling first (the root of a point-to-point wait chain, never joined, mismatch, stuck, failed,
 // missing dumps), joined by "; ". A wait chain reads "rank S left no dump (...): rank R is waiting
-// for rank S (recv tag T of group 'G')", or "rank S never joined: ..." when S dumped with nothing
-// pending, or "ranks A, B wait for each other in a cycle (deadlock): ...". A hang
+// for rank S (recv tag T of group 'G')" (also when R waits in a collective that only dumpless
+// ranks are missing from, e.g. after a kill -9 of S), or "rank S never joined: ..." when S
+// dumped with nothing pending, or "ranks A, B wait for each other in a cycle (deadlock): ...". A hang
 // finding reads "rank R never joined OP seq S of group 'G'" ("ranks R1, R2 never joined ...");
 // the daemon relies on that phrase to lead a failure's reason with the hung ranks
 // (DaemonOptions::analyze_flight).
