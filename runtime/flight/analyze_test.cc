@@ -7,7 +7,9 @@
 #include <cstdlib>
 #include <fstream>
 
+#include "absl/strings/match.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/flight/verdict.h"
 
 namespace ember::fr {
 namespace {
@@ -267,6 +269,58 @@ TEST_CASE("a collective that only a rank with no dump is missing from names that
   CHECK(w->findings[0].text ==
         "rank 1 left no dump (dead, or hung before its watchdog dumped): rank 0 is waiting for "
         "rank 1 (all_reduce seq 3 of group 'world')");
+}
+
+}  // namespace ember::fr
+
+namespace ember::fr {
+namespace {
+
+std::string WriteDumps(const std::string& name, const std::map<std::string, std::string>& files) {
+  const std::string dir = std::string(getenv("TEST_TMPDIR")) + "/" + name;
+  mkdir(dir.c_str(), 0700);
+  for (const auto& [file, text] : files) std::ofstream(dir + "/" + file) << text;
+  return dir;
+}
+
+}  // namespace
+
+// FlightVerdict (the daemon's one line): after a kill -9 the dead rank leads wherever the
+// survivors stopped; without a dead rank the order is unchanged.
+TEST_CASE("verdict: a rank that left no dump leads, whatever the survivors were doing") {
+  // PP=2, one replica: rank 0 stopped with nothing pending (seen in recovery_test).
+  std::map<std::string, std::vector<int>> p = {{"pipeline0", {0, 1}}};
+  const std::string idle = P2PDump(0, p, {{"pipeline0", "send", 1, 1, true}});
+  CHECK(FlightVerdict(WriteDumps("v_idle", {{"rank-0.json", idle}})) ==
+        "rank 1 left no dump (dead, or hung before its watchdog dumped)");
+  // PP=2 x FSDP=2: rank 0 stopped with nothing pending, rank 2 waits for it in stage0 and rank 3
+  // for rank 2 (recv); that chain's live root (rank 0, which the daemon would have put in the
+  // lead as hung) and its never-joined come after the dead rank 1.
+  std::map<std::string, std::vector<int>> g0 = {{"pipeline0", {0, 1}}, {"stage0", {0, 2}}};
+  std::map<std::string, std::vector<int>> g2 = {{"pipeline1", {2, 3}}, {"stage0", {0, 2}}};
+  std::map<std::string, std::vector<int>> g3 = {{"pipeline1", {2, 3}}, {"stage1", {1, 3}}};
+  const std::string v = FlightVerdict(WriteDumps(
+      "v_pp4", {{"rank-0.json", P2PDump(0, g0, {{"stage0", "all_gather", -1, 0, true}})},
+                {"rank-2.json", P2PDump(2, g2, {{"stage0", "all_gather", -1, 0, true},
+                                                {"stage0", "reduce_scatter"}})},
+                {"rank-3.json", P2PDump(3, g3, {{"pipeline1", "recv", 0, 5}})}}));
+  INFO(v);
+  CHECK(absl::StartsWith(v, "rank 1 left no dump (dead, or hung before its watchdog dumped); "));
+  CHECK(absl::StrContains(v, "; rank 0 never joined: it has no op pending"));
+  // A chain to the dead rank names it once.
+  const std::string dp = FlightVerdict(WriteDumps(
+      "v_dp", {{"rank-0.json", Dump(0, 2, 1)}, {"rank-2.json", Dump(2, 2, 1)},
+               {"rank-3.json", Dump(3, 2, 1)}}));
+  CHECK(dp ==
+        "rank 1 left no dump (dead, or hung before its watchdog dumped): rank 0 is waiting for "
+        "rank 1 (all_reduce seq 3 of group 'world'); ranks 0, 2, 3 stuck in all_reduce seq 3 of "
+        "group 'world'");
+  // Every rank dumped: the hung rank leads as before.
+  CHECK(FlightVerdict(WriteDumps("v_hang", {{"rank-0.json", Dump(0, 2, 1)},
+                                            {"rank-1.json", Dump(1, 2, 0)},
+                                            {"rank-2.json", Dump(2, 2, 1)},
+                                            {"rank-3.json", Dump(3, 2, 1)}})) ==
+        "rank 1 never joined all_reduce seq 3 of group 'world'");
 }
 
 }  // namespace ember::fr
