@@ -128,6 +128,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOp
                                                " (is the port in use, or the host not local?)"));
   }
   mg_set_request_handler(server->ctx_, "/", &HttpServer::Dispatch, server.get());
+  // Authorisation is the handlers' (tokens, cookies). Without an auth handler civetweb 1.15 looks
+  // for .htpasswd files on every request, on its own (small) stack: not wanted, and not safe.
+  mg_set_auth_handler(
+      server->ctx_, "/", [](mg_connection*, void*) { return 1; }, nullptr);
   mg_server_port ports[4];
   int n = mg_get_server_ports(server->ctx_, 4, ports);
   if (n < 1) return absl::InternalError("http server started but reports no listening port");
@@ -209,31 +213,37 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
   if (stopping_) return Plain(503, "server stopping\n");
   std::shared_ptr<const HttpHandler> handler = Route(req.path);
   if (handler == nullptr) return Plain(404, absl::StrCat("no such path: ", req.path, "\n"));
-  // civetweb's threads have 100 KiB stacks (a build-time setting), too small for handlers that
-  // parse protos, talk gRPC or render pages: the handler runs on a thread of its own with the
-  // default stack while this one waits (threads bounds how many run at once).
   HttpResponse resp = Plain(500, "internal error (see the server log)\n");
-  auto run = [&] {
-    try {
-      resp = (*handler)(req);
-    } catch (const std::exception& e) {
-      spdlog::error("http server: handler for {} {} threw: {}", req.method, req.path, e.what());
-    } catch (...) {
-      spdlog::error("http server: handler for {} {} threw a non-std exception", req.method,
-                    req.path);
-    }
-  };
   try {
-    std::thread(run).join();
-  } catch (const std::system_error& e) {  // no thread to be had
-    spdlog::error("http server: cannot start a handler thread: {}", e.what());
-    return Plain(503, "server busy, try again\n");
+    resp = (*handler)(req);
+  } catch (const std::exception& e) {
+    spdlog::error("http server: handler for {} {} threw: {}", req.method, req.path, e.what());
+  } catch (...) {
+    spdlog::error("http server: handler for {} {} threw a non-std exception", req.method, req.path);
   }
   return resp;
 }
 
+// civetweb's threads have 100 KiB stacks (a build-time setting), and glibc carves every loaded
+// library's static TLS out of them (OpenBLAS alone takes 60 KiB in processes that link the
+// kernels, as emberctl does): so the civetweb thread does nothing but start a thread with the
+// default stack, which serves the request (reads it, runs the handler, writes the answer) while
+// the civetweb thread waits; `threads` still bounds how many run at once.
 int HttpServer::Dispatch(mg_connection* conn, void* self) {
-  HttpResponse resp = static_cast<HttpServer*>(self)->Serve(conn);
+  int status = 0;
+  try {
+    std::thread([&] { status = static_cast<HttpServer*>(self)->Respond(conn); }).join();
+  } catch (const std::system_error&) {  // no thread to be had: answer with what is left here
+    static const char kBusy[] =
+        "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+    mg_write(conn, kBusy, sizeof(kBusy) - 1);
+    return 503;
+  }
+  return status;
+}
+
+int HttpServer::Respond(mg_connection* conn) {
+  HttpResponse resp = Serve(conn);
   if (resp.status < 100 || resp.status > 999) resp.status = 500;
   std::string head = absl::StrCat("HTTP/1.1 ", resp.status, " ",
                                   mg_get_response_code_text(conn, resp.status), "\r\n");

@@ -88,6 +88,7 @@ class HttpServer {
  private:
   explicit HttpServer(const HttpServerOptions& options) : options_(options) {}
   static int Dispatch(mg_connection* conn, void* self);
+  int Respond(mg_connection* conn);  // Serve, then write the answer; returns the status
   HttpResponse Serve(mg_connection* conn);
   std::shared_ptr<const HttpHandler> Route(absl::string_view path) const;
 
