@@ -189,6 +189,13 @@ TEST_CASE("process identity survives only with the same start time") {
 
 namespace ember::daemon {
 
+TEST_CASE("the interface holding an address (a script job's GLOO_SOCKET_IFNAME)") {
+  CHECK(InterfaceOfAddress("127.0.0.1") == "lo");
+  CHECK(InterfaceOfAddress("192.0.2.77") == "");  // TEST-NET-1: no interface of this host has it
+  CHECK(InterfaceOfAddress("localhost") == "");   // literals only, no name resolution
+  CHECK(InterfaceOfAddress("") == "");
+}
+
 TEST_CASE("script jobs: who runs them (script_user, allow_root_scripts) and their environment") {
   // Not root: the daemon's own user; another user cannot be switched to.
   auto self = ScriptIdentityFor(1000, "", false);
