@@ -94,8 +94,9 @@ absl::StatusOr<Daemon::Impl::ScriptLaunch> Daemon::Impl::PrepareScript(
     launch.master_host = hp[0];
     return launch;
   }
-  std::string host = CommHostOf(advertise);
-  if (host.empty()) host = "127.0.0.1";
+  ASSIGN_OR_RETURN(const std::string host,
+                   ScriptMasterAddr(CommHostOf(advertise), advertise,
+                                    job.attempts(job.attempts_size() - 1).assignment().nodes_size()));
   {
     absl::MutexLock l(&torch_mu);
     auto it = torch_stores.find(key);
