@@ -243,6 +243,9 @@ int64_t NowMs();
 // supervise.cc: the host part of the daemon's advertised address, which its workers advertise to
 // their peers ("" for a wildcard or an IPv6 literal: the comm default, 127.0.0.1).
 std::string CommHostOf(const std::string& advertise);
+// GLOO_SOCKET_IFNAME for a script job's ranks: the interface holding `comm_host` (CommHostOf), ""
+// for loopback, "" or an address no local interface has (script_job.cc).
+std::string GlooInterfaceOf(const std::string& comm_host);
 
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);

@@ -189,6 +189,26 @@ TEST_CASE("process identity survives only with the same start time") {
 
 namespace ember::daemon {
 
+TEST_CASE("the interface holding an address (a script job's GLOO_SOCKET_IFNAME)") {
+  CHECK(InterfaceOfAddress("127.0.0.1") == "lo");
+  CHECK(InterfaceOfAddress("192.0.2.77") == "");  // TEST-NET-1: no interface of this host has it
+  CHECK(InterfaceOfAddress("localhost") == "");   // literals only, no name resolution
+  CHECK(InterfaceOfAddress("") == "");
+}
+
+TEST_CASE("a script job's MASTER_ADDR: the advertised host, never loopback across nodes") {
+  CHECK(*ScriptMasterAddr("10.0.0.7", "10.0.0.7:29400", 2) == "10.0.0.7");
+  CHECK(*ScriptMasterAddr("", "0.0.0.0:29400", 1) == "127.0.0.1");  // one node: loopback is fine
+  CHECK(*ScriptMasterAddr("127.0.0.1", "127.0.0.1:29400", 1) == "127.0.0.1");
+  for (const std::string& host : {"", "127.0.0.1", "127.0.1.1", "localhost"}) {
+    auto m = ScriptMasterAddr(host, "[::]:29400", 2);
+    REQUIRE_FALSE(m.ok());
+    CHECK(absl::IsFailedPrecondition(m.status()));
+    CHECK(absl::StrContains(m.status().message(), "'[::]:29400'"));
+    CHECK(absl::StrContains(m.status().message(), "advertise"));
+  }
+}
+
 TEST_CASE("script jobs: who runs them (script_user, allow_root_scripts) and their environment") {
   // Not root: the daemon's own user; another user cannot be switched to.
   auto self = ScriptIdentityFor(1000, "", false);

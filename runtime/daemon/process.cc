@@ -1,6 +1,9 @@
 #include "runtime/daemon/process.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -222,6 +225,23 @@ int64_t ReadOomKillCount() {
     if (name == "oom_kill") return value;
   }
   return -1;
+}
+
+
+std::string InterfaceOfAddress(const std::string& ipv4) {
+  in_addr want{};
+  if (::inet_pton(AF_INET, ipv4.c_str(), &want) != 1) return "";
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string name;
+  for (ifaddrs* i = all; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == want.s_addr) {
+      name = i->ifa_name;
+    }
+  }
+  ::freeifaddrs(all);
+  return name;
 }
 
 }  // namespace ember::daemon

@@ -78,6 +78,11 @@ int64_t ReadOomKillCount();
 // Processes whose environment has EMBER_JOB_ID=<job_id> (scans /proc; for tests and `nodes`).
 std::vector<pid_t> FindJobProcesses(const std::string& job_id);
 
+// The name of the local network interface that holds IPv4 address `ipv4` (getifaddrs), e.g. "lo"
+// for 127.0.0.1; "" when no interface has it or `ipv4` is not a dotted IPv4 literal. A script
+// job's ranks get it as GLOO_SOCKET_IFNAME (script_job.cc).
+std::string InterfaceOfAddress(const std::string& ipv4);
+
 }  // namespace ember::daemon
 
 #endif  // EMBER_RUNTIME_DAEMON_PROCESS_H_

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,6 +24,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
+#include "runtime/daemon/process.h"
 #include "runtime/job/keys.h"
 #include "runtime/job/torch_env.h"
 #include "runtime/jobspec/spec.h"
@@ -62,6 +64,16 @@ void ChownTree(const std::string& dir, uid_t uid, gid_t gid) {
 
 }  // namespace
 
+// Gloo binds the address its host name resolves to unless GLOO_SOCKET_IFNAME names an interface;
+// on Debian that is 127.0.1.1, and gloo falls back to loopback: peers on other nodes cannot
+// connect. The ranks get the interface of this node's advertised address (the one other nodes
+// reach it at, as EMBER_COMM_HOST for built-in workers); "" for a loopback, wildcard or unknown
+// address, where gloo's default is right (one node) or nothing better is known.
+std::string GlooInterfaceOf(const std::string& comm_host) {
+  if (comm_host.empty() || absl::StartsWith(comm_host, "127.")) return "";
+  return InterfaceOfAddress(comm_host);
+}
+
 absl::StatusOr<Daemon::Impl::ScriptLaunch> Daemon::Impl::PrepareScript(
     const Job& job, const jobs::v1::NodeAssignment& mine, const std::string& dir) {
   const int n = job.attempts(job.attempts_size() - 1).number();
@@ -82,8 +94,9 @@ absl::StatusOr<Daemon::Impl::ScriptLaunch> Daemon::Impl::PrepareScript(
     launch.master_host = hp[0];
     return launch;
   }
-  std::string host = CommHostOf(advertise);
-  if (host.empty()) host = "127.0.0.1";
+  ASSIGN_OR_RETURN(const std::string host,
+                   ScriptMasterAddr(CommHostOf(advertise), advertise,
+                                    job.attempts(job.attempts_size() - 1).assignment().nodes_size()));
   {
     absl::MutexLock l(&torch_mu);
     auto it = torch_stores.find(key);
@@ -152,6 +165,7 @@ void Daemon::Impl::ScriptSpawnOptions(const Job& job, const jobs::v1::NodeAssign
   te.cuda = !cuda.empty();
   te.cuda_visible_devices = absl::StrJoin(cuda, ",");
   te.flight_dir = we.fr_dump_dir;
+  te.gloo_socket_ifname = GlooInterfaceOf(CommHostOf(advertise));
 
   // Ember's own variables identify the rank (EMBER_JOB_ID finds a job's processes), but a script
   // gets no store address, token or TLS files: it talks to the cluster only through MASTER_PORT.

@@ -143,4 +143,16 @@ absl::Status CheckUploadName(const std::string& name) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> ScriptMasterAddr(const std::string& comm_host,
+                                             const std::string& advertise, int nodes) {
+  const std::string host = comm_host.empty() ? "127.0.0.1" : comm_host;
+  if (nodes > 1 && (absl::StartsWith(host, "127.") || host == "localhost")) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the job spans ", nodes, " nodes but this daemon advertises '", advertise,
+        "', so MASTER_ADDR would be ", host, ", unreachable from the other nodes; give emberd a "
+        "routable address (--listen or advertise)"));
+  }
+  return host;
+}
+
 }  // namespace ember::daemon

@@ -43,6 +43,13 @@ absl::StatusOr<ScriptIdentity> ScriptIdentityFor(uid_t daemon_euid, const std::s
 // IsTorchContractName): INVALID_ARGUMENT naming the variable. OK for a built-in job.
 absl::Status CheckScriptEnv(const spec::v1::JobSpec& spec);
 
+// The MASTER_ADDR that a script job's rank-0 daemon gives every rank: `comm_host` (CommHostOf its
+// advertised address), 127.0.0.1 when that is "". FAILED_PRECONDITION naming `advertise` when the
+// job spans several nodes and the address is loopback: the other nodes' ranks could not reach it
+// (torch would retry until its timeout, 30 min by default).
+absl::StatusOr<std::string> ScriptMasterAddr(const std::string& comm_host,
+                                             const std::string& advertise, int nodes);
+
 // Names of uploaded files: relative, no "..", no leading '.', [A-Za-z0-9._/-] only.
 absl::Status CheckUploadName(const std::string& name);
 

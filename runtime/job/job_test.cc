@@ -164,6 +164,11 @@ TEST_CASE("torchrun environment: every name once, OMP rule, visible devices", "[
   CHECK(m["CUDA_VISIBLE_DEVICES"] == "");  // a CPU rank sees no GPU
   CHECK(m["TORCH_NCCL_DEBUG_INFO_TEMP_FILE"] == "/j/flight/attempt-2/torch-rank-");
   CHECK(m["TORCH_NCCL_DUMP_ON_TIMEOUT"] == "1");
+  CHECK(m.count("GLOO_SOCKET_IFNAME") == 0);  // gloo's default unless the daemon names one
+  t.gloo_socket_ifname = "eth1";
+  CHECK(AsMap(t.ToEnv())["GLOO_SOCKET_IFNAME"] == "eth1");
+  CHECK_FALSE(IsTorchContractName("GLOO_SOCKET_IFNAME"));  // worker.env may choose another
+  t.gloo_socket_ifname.clear();
   t.local_world_size = 1;
   t.cuda = true;
   t.cuda_visible_devices = "3";

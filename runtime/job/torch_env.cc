@@ -28,6 +28,7 @@ std::vector<std::pair<std::string, std::string>> TorchEnv::ToEnv() const {
       {kTorchDebugInfoFile, absl::StrCat(flight_dir, "/", kTorchDumpPrefix)},
   };
   if (local_world_size > 1) env.push_back({kTorchOmpThreads, "1"});
+  if (!gloo_socket_ifname.empty()) env.push_back({kGlooSocketIfname, gloo_socket_ifname});
   return env;
 }
 

@@ -45,6 +45,10 @@ inline constexpr char kTorchCudaVisible[] = "CUDA_VISIBLE_DEVICES";
 inline constexpr char kTorchTraceBufferSize[] = "TORCH_NCCL_TRACE_BUFFER_SIZE";
 inline constexpr char kTorchDumpOnTimeout[] = "TORCH_NCCL_DUMP_ON_TIMEOUT";
 inline constexpr char kTorchDebugInfoFile[] = "TORCH_NCCL_DEBUG_INFO_TEMP_FILE";
+// Not torchrun's, and a spec's worker.env (or the daemon's worker_env) may override it: the
+// interface gloo binds to. Unset, gloo binds the address the host name resolves to, often
+// 127.0.1.1 (Debian's /etc/hosts), and falls back to loopback: unreachable from other nodes.
+inline constexpr char kGlooSocketIfname[] = "GLOO_SOCKET_IFNAME";
 
 // The file prefix of PyTorch flight-recorder dumps in an attempt's flight directory: torch writes
 // <prefix><rank> (TORCH_NCCL_DEBUG_INFO_TEMP_FILE + rank), a pickle (runtime/flight/torch_dump.h).
@@ -69,13 +73,16 @@ struct TorchEnv {
   std::string cuda_visible_devices;
   bool cuda = false;
   std::string flight_dir;     // <job dir>/flight/attempt-<n>
+  // The interface of the node's advertised address (its peers reach it there): GLOO_SOCKET_IFNAME
+  // when not "" (the daemon leaves it "" for a loopback or wildcard address: gloo's default).
+  std::string gloo_socket_ifname;
 
   // Every variable above, as torchrun names them; OMP_NUM_THREADS=1 when local_world_size > 1
-  // (torchrun's rule; a spec's worker.env may override it).
+  // (torchrun's rule; a spec's worker.env may override it); GLOO_SOCKET_IFNAME when set.
   std::vector<std::pair<std::string, std::string>> ToEnv() const;
 };
 
-// True for the names ToEnv sets (except OMP_NUM_THREADS) and every EMBER_* name: a spec's
+// True for the names ToEnv sets (except OMP_NUM_THREADS and GLOO_SOCKET_IFNAME) and every EMBER_* name: a spec's
 // worker.env may not set them.
 bool IsTorchContractName(absl::string_view name);
 

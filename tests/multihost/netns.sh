@@ -131,7 +131,8 @@ mh_link() { ip -n "${MH}-$1" link set eth0 "$2"; }
 # which gives them that host's identity for the comm layer: EMBER_COMM_BOOT_ID (ranks with
 # different boot ids never share memory, so cross-host pairs use TCP). EMBER_COMM_HOST (the
 # address a rank listens on and advertises) is set by emberd itself: the host of its --listen /
-# advertise address. Sets MH_TOKEN (token file) and MH_API (host 1's API address).
+# advertise address. MH_EMBERD_FLAGS (words) are added to every emberd's flags (e.g.
+# --allow-root-scripts). Sets MH_TOKEN (token file) and MH_API (host 1's API address).
 mh_cluster() {
   local store="$1" emberd="$2" worker="$3" dir="$4" i
   mkdir -p "$dir"
@@ -151,7 +152,7 @@ mh_cluster() {
     mh_bg "$i" "$dir/host$i.log" "$emberd" --node-name="host$i" --store="$(mh_ip 0):29500" \
       --auth-token-file="$MH_TOKEN" --work-root="$dir/jobs" \
       --worker-binary="$dir/worker-host$i.sh" --cpu-slots=2 --cuda-devices=0 --lease-ttl-s=3 \
-      --poll-s=0.05 --restart-backoff-s=0.2 --listen="$(mh_ip "$i"):29400"
+      --poll-s=0.05 --restart-backoff-s=0.2 --listen="$(mh_ip "$i"):29400" ${MH_EMBERD_FLAGS:-}
   done
   for i in $(seq 1 "$MH_N"); do
     for _ in $(seq 200); do

@@ -9,6 +9,7 @@ checkpoint when one exists). Rank 0 appends "attempt step loss" lines to OUT/los
   ddp_train.py --out DIR [--steps N] [--step-sleep S] [--timeout S]
                [--hang-rank R --hang-step K]        # rank R stops at step K (attempt 0): a hang
   ddp_train.py --simulate-world 4 --out DIR         # the same losses in one process, no dist
+  ddp_train.py --expect-nodes N ...                 # launched on N nodes (default 1)
 """
 import argparse, json, os, sys, time
 from datetime import timedelta
@@ -56,13 +57,22 @@ def simulate(a):
             f.write(f"{step} {loss!r}\n")
 
 
-def check_env(env):
+def check_env(env, nodes=1):
     missing = [k for k in CONTRACT if k not in env]
     assert not missing, f"torchrun contract variables missing: {missing}"
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     assert 0 <= rank < world, (rank, world)
-    assert int(env["LOCAL_WORLD_SIZE"]) == world, "one node: LOCAL_WORLD_SIZE == WORLD_SIZE"
-    assert int(env["LOCAL_RANK"]) == rank and int(env["GROUP_RANK"]) == 0
+    local, local_world = int(env["LOCAL_RANK"]), int(env["LOCAL_WORLD_SIZE"])
+    group = int(env["GROUP_RANK"])
+    assert local_world * nodes == world, \
+        f"{nodes} node(s) x LOCAL_WORLD_SIZE {local_world} != WORLD_SIZE {world}"
+    assert 0 <= group < nodes and 0 <= local < local_world, (group, local, local_world)
+    assert rank == group * local_world + local, ("RANK", rank, group, local_world, local)
+    if nodes > 1:  # the other nodes' ranks reach MASTER_ADDR: not loopback, and it answers
+        import socket
+        assert not env["MASTER_ADDR"].startswith("127.") and env["MASTER_ADDR"] != "localhost", \
+            f"MASTER_ADDR {env['MASTER_ADDR']} is loopback on a {nodes}-node job"
+        socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=10).close()
     assert int(env["ROLE_RANK"]) == rank and int(env["ROLE_WORLD_SIZE"]) == world
     assert env["ROLE_NAME"] == "default", env["ROLE_NAME"]
     assert int(env["MASTER_PORT"]) > 0
@@ -80,6 +90,7 @@ def main():
     p.add_argument("--hang-rank", type=int, default=-1)
     p.add_argument("--hang-step", type=int, default=-1)
     p.add_argument("--simulate-world", type=int, default=0)
+    p.add_argument("--expect-nodes", type=int, default=1)
     a = p.parse_args()
     os.makedirs(a.out, exist_ok=True)
     if a.simulate_world:
@@ -88,11 +99,12 @@ def main():
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
     env = {k: os.environ.get(k) for k in CONTRACT if k in os.environ}
-    check_env(env)
+    check_env(env, a.expect_nodes)
     rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
     attempt = int(env["TORCHELASTIC_RESTART_COUNT"])
     with open(os.path.join(a.out, f"env-rank-{rank}-attempt-{attempt}.json"), "w") as f:
-        json.dump({**env, "import_s": time.time() - T0, "pid": os.getpid()}, f)
+        json.dump({**env, "import_s": time.time() - T0, "pid": os.getpid(),
+                   "GLOO_SOCKET_IFNAME": os.environ.get("GLOO_SOCKET_IFNAME")}, f)
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=a.timeout))
     assert dist.get_rank() == rank and dist.get_world_size() == world
