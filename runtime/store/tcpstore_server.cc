@@ -18,6 +18,7 @@
 #include <iterator>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <vector>
@@ -263,7 +264,7 @@ class Connection {
     // first cancel came (etcd backend) parks afterwards and is caught by the next one.
     while (!slot->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(100))) {
       uint8_t c;
-      const ssize_t n = recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+      const ssize_t n = PeekByte(&c);
       const bool gone = n == 0;
       const bool cancel = n == 1 && cancelled != nullptr && c == kV2CancelWait;
       if (gone || cancel) {
@@ -280,18 +281,44 @@ class Connection {
     return *slot->r;
   }
 
+  // Reads exactly n bytes, from what an earlier recv buffered first. A query's fields come in
+  // one recv (not one per field: measured 4 recvs per ADD before); rbuf_ is fixed-size, so a
+  // connection still holds only the bytes that arrived.
   bool Read(void* buf, size_t n) {
     char* p = static_cast<char*>(buf);
     while (n > 0) {
-      ssize_t got = recv(fd_, p, n, 0);
+      if (rpos_ < rlen_) {
+        const size_t take = std::min(n, rlen_ - rpos_);
+        std::memcpy(p, rbuf_.get() + rpos_, take);
+        rpos_ += take;
+        p += take;
+        n -= take;
+        continue;
+      }
+      const bool direct = n >= kReadBuffer;  // large values go straight to their string
+      ssize_t got = recv(fd_, direct ? p : rbuf_.get(), direct ? n : kReadBuffer, 0);
       if (got <= 0) {
         if (got < 0 && errno == EINTR) continue;
         return false;
       }
-      p += got;
-      n -= static_cast<size_t>(got);
+      if (direct) {
+        p += got;
+        n -= static_cast<size_t>(got);
+      } else {
+        rpos_ = 0;
+        rlen_ = static_cast<size_t>(got);
+      }
     }
     return true;
+  }
+  // The next byte the peer sent, without consuming it: from rbuf_, else peeked on the socket
+  // without blocking. 0 bytes = the peer closed; -1 = nothing yet.
+  ssize_t PeekByte(uint8_t* c) {
+    if (rpos_ < rlen_) {
+      *c = static_cast<uint8_t>(rbuf_[rpos_]);
+      return 1;
+    }
+    return recv(fd_, c, 1, MSG_PEEK | MSG_DONTWAIT);
   }
   // The buffer grows with the bytes that really arrive (1 MiB at a time), so a length field that
   // promises 1 GiB and sends nothing costs nothing: TCPStore clients do not authenticate.
@@ -338,6 +365,9 @@ class Connection {
   Backend* const backend_;
   const std::string prefix_;  // TcpStoreOptions::key_prefix
   const uint64_t owner_ = g_next_owner.fetch_add(1);
+  static constexpr size_t kReadBuffer = 16 << 10;
+  const std::unique_ptr<char[]> rbuf_{new char[kReadBuffer]};
+  size_t rpos_ = 0, rlen_ = 0;  // rbuf_[rpos_, rlen_) arrived and is not consumed yet
   bool v2_ = false;  // torch 2.x's numbering (set by Serve from the first bytes)
 };
 

@@ -240,6 +240,31 @@ TEST_CASE("the first bytes choose the protocol: 1.13 clients keep 1.13's numberi
   }
 }
 
+TEST_CASE("queries that arrive in one segment are served in order, large values straddling it") {
+  Served s = Serve();
+  Wire w(s.tcp->port());
+  // A 2.x client's handshake, a SET of a value larger than the server's 16 KiB read buffer, an
+  // ADD and a GET, then a WAIT on a missing key with its CANCEL_WAIT: all sent at once, so the
+  // server finds the later queries (and the CANCEL_WAIT) already read into its buffer.
+  const std::string big(100 << 10, 'x');
+  REQUIRE(w.U8(kValidate).U32(kMagic).U8(kSet).Str("/big").Str(big).U8(kAdd).Str("/n").U64(5)
+              .U8(kGet).Str("/big").U8(kWait).U64(1).Str("/never").U8(kCancelWait).U8(kPing)
+              .U32(9).Send());
+  CHECK(w.ReadI64() == 5);
+  uint64_t n = 0;
+  REQUIRE(w.Read(&n, 8));
+  REQUIRE(n == big.size());
+  std::string got(n, '\0');
+  REQUIRE(w.Read(got.data(), n));
+  CHECK(got == big);
+  const absl::Time t0 = absl::Now();
+  CHECK(w.ReadU8() == 1);  // WAIT_CANCELED, for the CANCEL_WAIT that was already buffered
+  CHECK(absl::Now() - t0 < absl::Seconds(2));
+  uint32_t nonce = 0;
+  REQUIRE(w.Read(&nonce, 4));
+  CHECK(nonce == 9);
+}
+
 TEST_CASE("at most max_connections at once: the next is closed, the open ones keep working") {
   // The default cap (1024), as ember-store runs it: 1024 connections with a thread each.
   Served s = Serve();
