@@ -210,9 +210,14 @@ class Connection {
           keys->Add(StoreKey(k));
         }
         bool cancelled = false;
-        auto r = Call(q, op == Op::kWait && v2_ ? &cancelled : nullptr);
+        // A 1.13 WAIT is answered by whoever completes it (below): the setter's thread then
+        // writes every parked waiter's STOP_WAITING in a row, as torch's server loop does,
+        // instead of waking each waiter's thread to write it (measured: the barrier's last step).
+        const bool answered_by_done = op == Op::kWait && !v2_;
+        auto r = Call(q, op == Op::kWait && v2_ ? &cancelled : nullptr, answered_by_done);
         if (cancelled) return absl::OkStatus();  // CANCEL_WAIT answers instead
         if (!r.ok()) return r.status();
+        if (answered_by_done) return absl::OkStatus();
         uint8_t answer = op == Op::kWait ? kStopWaiting
                                          : (r->check().all_exist() ? kCheckReady : kCheckNotReady);
         return Write(&answer, 1);
@@ -248,14 +253,30 @@ class Connection {
   // peer hangs up meanwhile. With `cancelled`: a 2.x client that sends CANCEL_WAIT (its wait timed
   // out) while we wait cancels the request too, and *cancelled says so; the CANCEL_WAIT itself is
   // left to be read as the next query.
-  absl::StatusOr<v1::Response> Call(const v1::Request& q, bool* cancelled = nullptr) {
+  // With `stop_waiting`, a successful answer is written to the peer (kStopWaiting) by the thread
+  // that completes the request, before this call returns; a failed write returns Closed(). This
+  // thread writes nothing meanwhile: it waits for the answer (and a 1.13 client sends nothing
+  // before it has its reply).
+  absl::StatusOr<v1::Response> Call(const v1::Request& q, bool* cancelled = nullptr,
+                                    bool stop_waiting = false) {
     struct Slot {
       absl::Mutex mu;
       std::optional<v1::Response> r;
+      bool write_failed = false;
     };
     auto slot = std::make_shared<Slot>();
-    backend_->Execute({&q}, [slot](v1::Response r) {
+    const int fd = stop_waiting ? fd_ : -1;
+    backend_->Execute({&q}, [slot, fd](v1::Response r) {
+      bool failed = false;
+      if (fd >= 0 && r.code() == 0) {
+        const uint8_t answer = kStopWaiting;
+        ssize_t put;
+        do put = send(fd, &answer, 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        while (put < 0 && errno == EINTR);
+        failed = put != 1;  // (a 1-byte reply never fills a socket buffer a client drains)
+      }
       absl::MutexLock l(&slot->mu);
+      slot->write_failed = failed;
       slot->r = std::move(r);
     }, owner_);
     absl::MutexLock l(&slot->mu);
@@ -275,6 +296,7 @@ class Connection {
       }
     }
     if (cancelled != nullptr && *cancelled) return absl::CancelledError("wait cancelled");
+    if (slot->write_failed) return Closed();
     if (slot->r->code() != 0) {
       return absl::Status(static_cast<absl::StatusCode>(slot->r->code()), slot->r->message());
     }
