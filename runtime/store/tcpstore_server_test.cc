@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -263,6 +264,28 @@ TEST_CASE("queries that arrive in one segment are served in order, large values 
   uint32_t nonce = 0;
   REQUIRE(w.Read(&nonce, 4));
   CHECK(nonce == 9);
+}
+
+TEST_CASE("1.13 waits parked on a key are all answered by the set that creates it") {
+  Served s = Serve();
+  std::vector<std::unique_ptr<Wire>> waiters;
+  for (int i = 0; i < 8; ++i) {
+    waiters.push_back(std::make_unique<Wire>(s.tcp->port()));
+    REQUIRE(waiters.back()->U8(5).U64(1).Str("/done").Send());  // 1.13 WAIT = 5
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // parked: no answer yet
+  Wire setter(s.tcp->port());
+  REQUIRE(setter.U8(0).Str("/done").Str("1").Send());  // 1.13 SET = 0
+  for (auto& w : waiters) {
+    CHECK(w->ReadU8() == 0);  // STOP_WAITING, exactly one byte, then the connection serves on
+    REQUIRE(w->U8(3).Str("/n").U64(1).Send());  // 1.13 ADD = 3
+    CHECK(w->ReadI64() >= 1);
+  }
+  Wire late(s.tcp->port());  // the key exists: answered at once
+  REQUIRE(late.U8(5).U64(1).Str("/done").Send());
+  CHECK(late.ReadU8() == 0);
+  REQUIRE(late.U8(3).Str("/n").U64(0).Send());
+  CHECK(late.ReadI64() == 8);
 }
 
 TEST_CASE("at most max_connections at once: the next is closed, the open ones keep working") {
