@@ -12,6 +12,7 @@
 
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -238,6 +239,53 @@ TEST_CASE("the first bytes choose the protocol: 1.13 clients keep 1.13's numberi
     REQUIRE(w.U8(3).Str("/b").U64(2).Send());
     CHECK(w.ReadI64() == 2);
   }
+}
+
+TEST_CASE("queries that arrive in one segment are served in order, large values straddling it") {
+  Served s = Serve();
+  Wire w(s.tcp->port());
+  // A 2.x client's handshake, a SET of a value larger than the server's 16 KiB read buffer, an
+  // ADD and a GET, then a WAIT on a missing key with its CANCEL_WAIT: all sent at once, so the
+  // server finds the later queries (and the CANCEL_WAIT) already read into its buffer.
+  const std::string big(100 << 10, 'x');
+  REQUIRE(w.U8(kValidate).U32(kMagic).U8(kSet).Str("/big").Str(big).U8(kAdd).Str("/n").U64(5)
+              .U8(kGet).Str("/big").U8(kWait).U64(1).Str("/never").U8(kCancelWait).U8(kPing)
+              .U32(9).Send());
+  CHECK(w.ReadI64() == 5);
+  uint64_t n = 0;
+  REQUIRE(w.Read(&n, 8));
+  REQUIRE(n == big.size());
+  std::string got(n, '\0');
+  REQUIRE(w.Read(got.data(), n));
+  CHECK(got == big);
+  const absl::Time t0 = absl::Now();
+  CHECK(w.ReadU8() == 1);  // WAIT_CANCELED, for the CANCEL_WAIT that was already buffered
+  CHECK(absl::Now() - t0 < absl::Seconds(2));
+  uint32_t nonce = 0;
+  REQUIRE(w.Read(&nonce, 4));
+  CHECK(nonce == 9);
+}
+
+TEST_CASE("1.13 waits parked on a key are all answered by the set that creates it") {
+  Served s = Serve();
+  std::vector<std::unique_ptr<Wire>> waiters;
+  for (int i = 0; i < 8; ++i) {
+    waiters.push_back(std::make_unique<Wire>(s.tcp->port()));
+    REQUIRE(waiters.back()->U8(5).U64(1).Str("/done").Send());  // 1.13 WAIT = 5
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // parked: no answer yet
+  Wire setter(s.tcp->port());
+  REQUIRE(setter.U8(0).Str("/done").Str("1").Send());  // 1.13 SET = 0
+  for (auto& w : waiters) {
+    CHECK(w->ReadU8() == 0);  // STOP_WAITING, exactly one byte, then the connection serves on
+    REQUIRE(w->U8(3).Str("/n").U64(1).Send());  // 1.13 ADD = 3
+    CHECK(w->ReadI64() >= 1);
+  }
+  Wire late(s.tcp->port());  // the key exists: answered at once
+  REQUIRE(late.U8(5).U64(1).Str("/done").Send());
+  CHECK(late.ReadU8() == 0);
+  REQUIRE(late.U8(3).Str("/n").U64(0).Send());
+  CHECK(late.ReadI64() == 8);
 }
 
 TEST_CASE("at most max_connections at once: the next is closed, the open ones keep working") {
