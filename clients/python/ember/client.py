@@ -161,26 +161,20 @@ class Client:
     # --- streams and waiting ------------------------------------------------------------------
     def logs(self, job_id, rank=-1, follow=False, tail=0, attempt=-1):
         """Yields jobs.v1.LogLine (rank, line, attempt); with follow, until the job ends."""
-        req = jobs_pb2.StreamLogsRequest(id=job_id, rank=rank, follow=follow, tail_lines=tail,
-                                         attempt=attempt)
-        stream = self._jobs.StreamLogs(req, metadata=self._metadata,
-                                       timeout=None if follow else self._call_timeout)
-        try:
-            for line in stream:
-                yield line
-        except grpc.RpcError as e:
-            raise self._error(e) from None
-        finally:
-            stream.cancel()
+        return self._stream(self._jobs.StreamLogs, jobs_pb2.StreamLogsRequest(
+            id=job_id, rank=rank, follow=follow, tail_lines=tail, attempt=attempt), follow)
 
     def metrics(self, job_id, follow=False, interval_ms=0):
         """Yields jobs.v1.MetricsUpdate (state, attempt, per-rank Progress)."""
-        req = jobs_pb2.StreamMetricsRequest(id=job_id, follow=follow, interval_ms=interval_ms)
-        stream = self._jobs.StreamMetrics(req, metadata=self._metadata,
-                                          timeout=None if follow else self._call_timeout)
+        return self._stream(self._jobs.StreamMetrics, jobs_pb2.StreamMetricsRequest(
+            id=job_id, follow=follow, interval_ms=interval_ms), follow)
+
+    def _stream(self, method, request, follow):
+        stream = method(request, metadata=self._metadata,
+                        timeout=None if follow else self._call_timeout)
         try:
-            for u in stream:
-                yield u
+            for item in stream:
+                yield item
         except grpc.RpcError as e:
             raise self._error(e) from None
         finally:
