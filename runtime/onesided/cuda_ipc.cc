@@ -15,6 +15,20 @@ namespace ember::onesided::cuda_ipc {
 
 bool IsExported(absl::string_view key) { return absl::StartsWith(key, kMagic); }
 
+namespace {
+constexpr size_t kHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t), CUDA_IPC_HANDLE_SIZE
+constexpr size_t kExportedBytes = kMagic.size() + kHandleBytes + 8;
+
+// A malformed descriptor is refused the same way with or without CUDA built in.
+absl::Status CheckExported(absl::string_view exported) {
+  if (!IsExported(exported) || exported.size() != kExportedBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("not an exported CUDA region (", exported.size(),
+                                                   " bytes; expected ", kExportedBytes, ")"));
+  }
+  return absl::OkStatus();
+}
+}  // namespace
+
 #ifndef EMBER_WITH_CUDA
 
 namespace {
@@ -27,7 +41,8 @@ absl::Status NotBuilt(absl::string_view what) {
 
 absl::Status Available() { return NotBuilt("CUDA IPC"); }
 absl::StatusOr<std::string> Export(const void*, uint64_t) { return NotBuilt("exporting GPU memory"); }
-absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(absl::string_view, uint64_t) {
+absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(absl::string_view exported, uint64_t) {
+  if (absl::Status s = CheckExported(exported); !s.ok()) return s;
   return NotBuilt("opening a peer's GPU memory");
 }
 Mapping::~Mapping() = default;
@@ -39,8 +54,7 @@ absl::StatusOr<bool> CopyAsync(const std::vector<Copy>&, void*, std::function<vo
 
 namespace {
 
-constexpr size_t kHandleBytes = sizeof(cudaIpcMemHandle_t);  // 64
-constexpr size_t kExportedBytes = kMagic.size() + kHandleBytes + 8;
+static_assert(sizeof(cudaIpcMemHandle_t) == kHandleBytes, "CUDA IPC handle size changed");
 
 absl::Status CudaError(cudaError_t e, absl::string_view what) {
   const std::string msg = absl::StrCat(what, ": CUDA error ", static_cast<int>(e), " (",
@@ -120,10 +134,7 @@ absl::StatusOr<std::string> Export(const void* ptr, uint64_t bytes) {
 }
 
 absl::StatusOr<std::unique_ptr<Mapping>> Mapping::Open(absl::string_view exported, uint64_t bytes) {
-  if (!IsExported(exported) || exported.size() != kExportedBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("not an exported CUDA region (", exported.size(),
-                                                   " bytes; expected ", kExportedBytes, ")"));
-  }
+  if (absl::Status s = CheckExported(exported); !s.ok()) return s;
   if (absl::Status a = Available(); !a.ok()) return a;
   cudaIpcMemHandle_t h;
   std::memcpy(&h, exported.data() + kMagic.size(), kHandleBytes);

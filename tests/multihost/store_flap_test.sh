@@ -17,7 +17,7 @@ source "$(dirname "$0")/netns.sh"
 mh_init 2 mhf "$@"
 FLAP_S=${FLAP_S:-1.0}
 DROP_S=${DROP_S:-6}
-STEPS=500
+STEPS=3000  # ~5 ms a step: enough that the job cannot finish during the 6 s drop
 mh_spec mh-flap "$STEPS" ", nodes: 2" \
   "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
 max_restarts: 1" > "$T/job.yaml"
