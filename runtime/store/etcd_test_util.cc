@@ -57,27 +57,49 @@ EtcdTestCluster::EtcdTestCluster(int members) {
   std::string templ = absl::StrCat(base, "/ember-etcd-", getpid(), "-XXXXXX");
   REQUIRE(mkdtemp(templ.data()) != nullptr);
   root_ = templ;
-  std::vector<std::string> peers;
-  for (int i = 0; i < members; ++i) {
-    Member m;
-    m.client_port = FreePort();
-    m.peer_port = FreePort();
-    m.dir = absl::StrCat(root_, "/m", i);
-    peers.push_back(absl::StrCat("m", i, "=http://127.0.0.1:", m.peer_port));
-    members_.push_back(m);
+  // A port FreePort found free can be taken by another test's connection before etcd binds it
+  // (CI runs many tests at once): a cluster that is not healthy in time is started again on fresh
+  // ports, up to 3 times, and the members' log tails are printed before giving up.
+  bool healthy = false;
+  for (int start = 0; start < 3 && !healthy; ++start) {
+    StopAll();
+    members_.clear();
+    std::vector<std::string> peers;
+    for (int i = 0; i < members; ++i) {
+      Member m;
+      m.client_port = FreePort();
+      m.peer_port = FreePort();
+      m.dir = absl::StrCat(root_, "/s", start, "-m", i);
+      peers.push_back(absl::StrCat("m", i, "=http://127.0.0.1:", m.peer_port));
+      members_.push_back(m);
+    }
+    initial_cluster_ = absl::StrJoin(peers, ",");
+    for (int i = 0; i < members; ++i) Spawn(i);
+    healthy = WaitHealthy(20);
+    if (!healthy) {
+      for (int i = 0; i < members; ++i) {
+        std::fprintf(stderr, "etcd member m%d (client port %d, peer port %d) not healthy after 20 s "
+                     "(start %d of 3); last log lines:\n%s\n", i, members_[i].client_port,
+                     members_[i].peer_port, start + 1,
+                     Run(absl::StrCat("tail -n 5 ", root_, "/m", i, ".log 2>&1")).c_str());
+      }
+    }
   }
-  initial_cluster_ = absl::StrJoin(peers, ",");
-  for (int i = 0; i < members; ++i) Spawn(i);
-  REQUIRE(WaitHealthy(30));
+  REQUIRE(healthy);
 }
 
-EtcdTestCluster::~EtcdTestCluster() {
+void EtcdTestCluster::StopAll() {
   for (Member& m : members_) {
     if (m.pid > 0) {
       kill(m.pid, SIGKILL);
       waitpid(m.pid, nullptr, 0);
+      m.pid = -1;
     }
   }
+}
+
+EtcdTestCluster::~EtcdTestCluster() {
+  StopAll();
   std::error_code ec;
   std::filesystem::remove_all(root_, ec);
 }

@@ -2,7 +2,7 @@
 // their own data dirs (tmpfs when /dev/shm exists), started by the constructor and SIGKILLed by the
 // destructor; each member also dies with the test process (PR_SET_PDEATHSIG).
 //
-//   EtcdTestCluster etcd(3);               // REQUIREs that all members are healthy within 30 s
+//   EtcdTestCluster etcd(3);               // REQUIREs all members healthy (3 starts x 20 s at most)
 //   etcd.Kill(etcd.Leader());              // kill -9 the raft leader
 //
 // Not thread-safe: call from the test's main thread (it uses Catch2's REQUIRE).
@@ -40,6 +40,7 @@ class EtcdTestCluster {
     pid_t pid = -1;
   };
   void Spawn(int member);
+  void StopAll();  // SIGKILLs and reaps every live member
 
   std::string root_;
   std::string initial_cluster_;

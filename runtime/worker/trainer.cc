@@ -556,6 +556,10 @@ absl::StatusOr<store::Client> ConnectJobStore(const job::WorkerEnv& env) {
 absl::Status Train(const Plan& plan) {
   const job::WorkerEnv& env = plan.env;
   ASSIGN_OR_RETURN(store::Client client, ConnectJobStore(env));
+  // Kept until the process ends (see trainer.h): destroying TLS channels while gRPC's own threads
+  // still hold them aborted a worker after its last step in CI ("ref_counted.h: prior > 0").
+  static store::Client* const keep_open = new store::Client(client);
+  (void)keep_open;
   store::Client attempt = client.WithPrefix(env.prefix());
   // Stop within ~0.1 s when the job is told to stop (a peer died, cancel, node lost), dumping the
   // flight recorder first; see stop_watch.h.

@@ -57,6 +57,10 @@ kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
 // min_lr_ratio * lr at the last step.
 float LearningRate(const spec::JobSpec& spec, int64_t step);
 
+// Trains one attempt. The store connection it opens is left open when it returns: the caller
+// ends the process (worker_main.cc: _exit after flushing logs), so gRPC channel teardown never
+// runs in a worker. Everything a worker must leave behind (checkpoints, progress, its exit
+// record) is written before Train returns. REQUIRES: called once per process.
 absl::Status Train(const Plan& plan);
 
 // The worker's store client (token, TLS from `env`), fenced by its attempt: every write carries

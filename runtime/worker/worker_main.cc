@@ -5,7 +5,9 @@
 // Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
 // 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h).
 #include <signal.h>
+#include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "absl/flags/flag.h"
@@ -35,9 +37,9 @@ int main(int argc, char** argv) {
     return 2;
   }
   absl::Status st = ember::worker::Train(*plan);
-  if (!st.ok()) {
-    spdlog::error("rank {} failed: {}", env->rank, st.ToString());
-    return 1;
-  }
-  return 0;
+  if (!st.ok()) spdlog::error("rank {} failed: {}", env->rank, st.ToString());
+  // Everything durable is written; skip static destructors and gRPC's shutdown (trainer.h).
+  spdlog::shutdown();
+  std::fflush(nullptr);
+  _exit(st.ok() ? 0 : 1);
 }
