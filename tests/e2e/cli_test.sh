@@ -55,17 +55,11 @@ out=$(EMBER_ADDRESS=127.0.0.1:1 "$EMBERCTL" --token-file "$T/token" list 2>&1); 
 [ $rc -eq 3 ] || fail "unreachable: rc=$rc ($out)"
 echo "$out" | grep -q "cannot reach emberd" || fail "unreachable message: $out"
 
-"$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --host-store --node-name=cli \
-  --auth-token-file="$T/token" --work-root="$T/jobs" --worker-binary="$WORKER" --cpu-slots=2 \
-  --cuda-devices=0 > "$T/emberd.log" 2>&1 &
-DPID=$!
-ADDR=""
-for _ in $(seq 100); do
-  ADDR=$(grep -o "ready: api 127.0.0.1:[0-9]*" "$T/emberd.log" | grep -o "127.0.0.1:[0-9]*")
-  [ -n "$ADDR" ] && break
-  sleep 0.1
-done
-[ -n "$ADDR" ] || { cat "$T/emberd.log"; fail "emberd did not become ready"; }
+source tests/e2e/emberd_lib.sh
+start_emberd "$T/emberd.log" "$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --host-store \
+  --node-name=cli --auth-token-file="$T/token" --work-root="$T/jobs" --worker-binary="$WORKER" \
+  --cpu-slots=2 --cuda-devices=0 || { fail "emberd did not become ready"; }
+ADDR="$API"
 export EMBER_ADDRESS="$ADDR"
 
 "$EMBERCTL" --token-file "$T/bad" nodes >/dev/null 2>&1; [ $? -eq 4 ] || fail "bad token must exit 4"

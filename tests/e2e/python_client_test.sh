@@ -14,17 +14,11 @@ DPID=""
 cleanup() { [ -n "$DPID" ] && kill -KILL "$DPID" 2>/dev/null; true; }
 trap cleanup EXIT
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/token"
-"$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --host-store --node-name=py \
-  --auth-token-file="$T/token" --work-root="$T/jobs" --worker-binary="$WORKER" --cpu-slots=2 \
-  --cuda-devices=0 > "$T/emberd.log" 2>&1 &
-DPID=$!
-ADDR=""
-for _ in $(seq 100); do
-  ADDR=$(grep -o "ready: api 127.0.0.1:[0-9]*" "$T/emberd.log" | grep -o "127.0.0.1:[0-9]*")
-  [ -n "$ADDR" ] && break
-  sleep 0.1
-done
-[ -n "$ADDR" ] || { cat "$T/emberd.log"; echo "FAIL: emberd did not become ready"; exit 1; }
+source tests/e2e/emberd_lib.sh
+start_emberd "$T/emberd.log" "$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --host-store \
+  --node-name=py --auth-token-file="$T/token" --work-root="$T/jobs" --worker-binary="$WORKER" \
+  --cpu-slots=2 --cuda-devices=0 || { echo "FAIL: emberd did not become ready"; exit 1; }
+ADDR="$API"
 export PYTHONPATH="$PWD/clients/python/pkg" EMBER_ADDRESS="$ADDR" EMBER_TOKEN_FILE="$T/token"
 export TEST_DIR="$T"
 timeout 150 "$PY" -B -P tests/e2e/python_client_test.py

@@ -29,20 +29,15 @@ PY=/usr/bin/python3
 
 head -c 32 /dev/urandom | od -An -tx1 | tr -d ' \n' > "$T/token"
 TOKEN=$(cat "$T/token")
-"$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
-  --metrics-auth=token --host-store --node-name=tele --auth-token-file="$T/token" \
-  --work-root="$T/jobs" --worker-binary="$WORKER" --cpu-slots=2 --cuda-devices=0 \
-  > "$T/emberd.log" 2>&1 &
-PIDS+=($!)
-ADDR=""; HTTP=""
-for _ in $(seq 150); do
-  ADDR=$(grep -o "ready: api 127.0.0.1:[0-9]*" "$T/emberd.log" | grep -o "127.0.0.1:[0-9]*")
-  HTTP=$(grep -o "http 127.0.0.1:[0-9]*" "$T/emberd.log" | head -1 | grep -o "127.0.0.1:[0-9]*")
-  [ -n "$ADDR" ] && [ -n "$HTTP" ] && break
-  sleep 0.1
-done
-[ -n "$HTTP" ] || { cat "$T/emberd.log"; fail "emberd did not report its http address"; }
-export EMBER_ADDRESS="$ADDR" EMBER_TOKEN_FILE="$T/token"
+source tests/e2e/emberd_lib.sh
+start_emberd "$T/emberd.log" "$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 \
+  --http-listen=127.0.0.1:0 --metrics-auth=token --host-store --node-name=tele \
+  --auth-token-file="$T/token" --work-root="$T/jobs" --worker-binary="$WORKER" --cpu-slots=2 \
+  --cuda-devices=0
+PIDS+=($DPID)
+HTTP_MAIN="$HTTP"
+[ -n "$HTTP" ] || fail "emberd did not report its http address"
+export EMBER_ADDRESS="$API" EMBER_TOKEN_FILE="$T/token"
 
 # 1. Token mode.
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://$HTTP/metrics")
@@ -53,19 +48,14 @@ code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 -H "Authorization: B
 code=$(curl -s -o /dev/null -w '%{http_code}' --max-time 10 "http://$HTTP/nothing")
 [ "$code" = 404 ] || fail "unknown path: HTTP $code (want 404)"
 # metrics_auth: none leaves /metrics open (the API keeps its token).
-"$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 --http-listen=127.0.0.1:0 \
-  --metrics-auth=none --host-store --node-name=open --auth-token-file="$T/token" \
-  --work-root="$T/jobs-open" --worker-binary="$WORKER" --cpu-slots=1 --cuda-devices=0 \
-  > "$T/emberd-open.log" 2>&1 &
-OPEN_PID=$!
+start_emberd "$T/emberd-open.log" "$EMBERD" --listen=127.0.0.1:0 --store-listen=127.0.0.1:0 \
+  --http-listen=127.0.0.1:0 --metrics-auth=none --host-store --node-name=open \
+  --auth-token-file="$T/token" --work-root="$T/jobs-open" --worker-binary="$WORKER" --cpu-slots=1 \
+  --cuda-devices=0
+OPEN_PID=$DPID
 PIDS+=($OPEN_PID)
-OPEN=""
-for _ in $(seq 150); do
-  OPEN=$(grep -o "http 127.0.0.1:[0-9]*" "$T/emberd-open.log" | head -1 | grep -o "127.0.0.1:[0-9]*")
-  [ -n "$OPEN" ] && break
-  sleep 0.1
-done
-[ -n "$OPEN" ] || { cat "$T/emberd-open.log"; fail "the second emberd did not report its http address"; }
+OPEN="$HTTP"; HTTP="$HTTP_MAIN"
+[ -n "$OPEN" ] || fail "the second emberd did not report its http address"
 curl -s --fail --max-time 10 "http://$OPEN/metrics" | grep -q '^ember_node_cpu_slots 1$' ||
   fail "metrics_auth none: /metrics without a token did not answer"
 kill -TERM "$OPEN_PID"
