@@ -14,7 +14,9 @@
 #                 mh_setup installs it on EXIT/INT/TERM, and a watchdog sends TERM after
 #                 MH_DEADLINE_S seconds (default 110) so nothing outlives a hung test.
 # Skips the test (exit 0 with "SKIPPED: ...") where namespaces cannot be made: not root, no `ip`.
-# Needs: iproute2 (ip; tc for netem), root, and no sandbox (tags = ["exclusive", "local"]).
+#   mh_qdisc      delay, loss or a rate limit on every link (tc; netem falls back to nfq_netem).
+# Needs: iproute2 (ip; tc for netem), root, and no sandbox (tags = ["exclusive", "local"]);
+# iptables for nfq_netem.
 
 MH="emh$$"
 MH_BR="b${MH}"
@@ -60,6 +62,7 @@ mh_cleanup() {
     kill -KILL "$MH_WATCHDOG" 2>/dev/null
     [ -n "$sleeper" ] && kill -KILL $sleeper 2>/dev/null
   fi
+  mh_netem_stop > /dev/null  # a clean stop (rules removed) before everything is killed
   for p in $MH_PIDS; do kill -KILL "$p" 2>/dev/null; done
   for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^${MH}-"); do
     # What runs in our namespaces was started by this test (the daemons' workers included).
@@ -109,15 +112,88 @@ mh_setup() {
 }
 
 # mh_qdisc KIND ARGS...: `tc qdisc add dev eth0 root KIND ARGS` in every namespace, e.g. "netem
-# delay 5ms loss 1%" (each packet crosses two eth0 egresses, so 5 ms is a 10 ms RTT) or "tbf rate
-# 200mbit burst 64kb latency 50ms" (a rate limit per link). Skips where tc or the qdisc is missing
-# (this development VM's kernel has tbf and htb but no sch_netem).
+# delay 5ms loss 1%" (each round trip crosses two eth0 egresses, so 5 ms is a 10 ms RTT) or "tbf
+# rate 200mbit burst 64kb latency 50ms" (a rate limit per link). Where the kernel has no sch_netem
+# (this development VM), "netem delay D loss P" (either part optional, nothing else) falls back to
+# nfq_netem in every namespace: the same delay and loss on eth0's egress, in userspace through
+# NFQUEUE (nfq_netem.cc). Prints one line saying which was used. Skips where tc, the qdisc or
+# (for the fallback) iptables is missing. Sets MH_NETEM_DELAY_MS and MH_NETEM_LOSS (a fraction)
+# for a netem qdisc; MH_NETEM_USER=1 for the fallback (mh_netem_stop reports its counts).
+MH_NETEM_PIDS=""
+MH_NETEM_USER=0
 mh_qdisc() {
   command -v tc >/dev/null || mh_skip "no 'tc' (iproute2) on PATH"
-  local i
+  local i user_ok=0
+  [ "$1" = netem ] && mh_netem_args "${@:2}" && user_ok=1
   for i in $(seq 0 "$MH_N"); do
-    ip netns exec "${MH}-$i" tc qdisc add dev eth0 root "$@" 2>"$T/qdisc.err" \
-      || mh_skip "tc qdisc $1 unavailable (sch_$1 module?): $(cat "$T/qdisc.err")"
+    if ! ip netns exec "${MH}-$i" tc qdisc add dev eth0 root "$@" 2>"$T/qdisc.err"; then
+      if [ "$1" = netem ] && [ "$i" = 0 ] && grep -qi "unknown" "$T/qdisc.err"; then
+        [ "$user_ok" = 1 ] || mh_skip "no sch_netem in this kernel, and the userspace fallback" \
+          "has only 'delay Nms|Nus' and 'loss N%': '$*'"
+        mh_netem_user
+        return
+      fi
+      mh_skip "tc qdisc $1 unavailable (sch_$1 module?): $(cat "$T/qdisc.err")"
+    fi
+  done
+  echo "mh_qdisc: kernel qdisc on every eth0: $*"
+}
+
+# mh_netem_args ARGS...: netem's "delay Nms|Nus" and "loss N%" into MH_NETEM_DELAY_MS and
+# MH_NETEM_LOSS; 0 for a part not given. Returns 1 on any other netem option (the fallback has
+# none; the kernel's netem takes them, and then MH_NETEM_* hold what could be read).
+mh_netem_args() {
+  MH_NETEM_DELAY_MS=0 MH_NETEM_LOSS=0
+  while [ $# -gt 0 ]; do
+    case "$1 ${2:-}" in
+      "delay "*ms) MH_NETEM_DELAY_MS="${2%ms}" ;;
+      "delay "*us) MH_NETEM_DELAY_MS=$(awk -v u="${2%us}" 'BEGIN { print u / 1000 }') ;;
+      "loss "*%) MH_NETEM_LOSS=$(awk -v p="${2%\%}" 'BEGIN { print p / 100 }') ;;
+      *) return 1 ;;
+    esac
+    shift 2
+  done
+}
+
+# nfq_netem in every namespace with MH_NETEM_DELAY_MS and MH_NETEM_LOSS, started like mh_bg (logs
+# $T/nfq_netem-I.log); returns once each reports its iptables rule in place.
+mh_netem_user() {
+  local bin="${MH_NFQ_NETEM:-$(dirname "${BASH_SOURCE[0]}")/nfq_netem}" i
+  [ -x "$bin" ] || fail "no nfq_netem at $bin (set MH_NFQ_NETEM)"
+  command -v iptables >/dev/null || mh_skip "no sch_netem in this kernel and no iptables for the userspace fallback (deploy/install-deps.sh)"
+  MH_NETEM_USER=1
+  for i in $(seq 0 "$MH_N"); do
+    ip netns exec "${MH}-$i" "$bin" --queue=7 --dev=eth0 --delay_ms="$MH_NETEM_DELAY_MS" \
+      --loss="$MH_NETEM_LOSS" --seed="$((i + 1))" > "$T/nfq_netem-$i.log" 2>&1 &
+    MH_NETEM_PIDS="$MH_NETEM_PIDS $!"
+    MH_PIDS="$MH_PIDS $!"
+  done
+  for i in $(seq 0 "$MH_N"); do
+    for _ in $(seq 100); do
+      grep -q "ready" "$T/nfq_netem-$i.log" 2>/dev/null && break
+      grep -q "failed\|bad flags\|refused\|needs root" "$T/nfq_netem-$i.log" 2>/dev/null && break
+      sleep 0.05
+    done
+    grep -q "ready" "$T/nfq_netem-$i.log" || { cat "$T/nfq_netem-$i.log" >&2; fail "nfq_netem in ${MH}-$i did not start"; }
+  done
+  echo "mh_qdisc: no sch_netem in this kernel; userspace nfq_netem (NFQUEUE) on every eth0's egress:" \
+    "delay ${MH_NETEM_DELAY_MS} ms, loss ${MH_NETEM_LOSS}"
+}
+
+# mh_netem_stop: stops the nfq_netem processes (TERM: each removes its rule, releases what it
+# holds and prints its counts) and prints their count lines, "ns I: nfq_netem: queue 7: N packets,
+# D delayed, L dropped ...". Nothing where the kernel's netem was used. Idempotent.
+mh_netem_stop() {
+  local p i=0
+  [ -n "$MH_NETEM_PIDS" ] || return 0
+  for p in $MH_NETEM_PIDS; do kill -TERM "$p" 2>/dev/null; done
+  for p in $MH_NETEM_PIDS; do
+    for _ in $(seq 40); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+    wait "$p" 2>/dev/null
+  done
+  MH_NETEM_PIDS=""
+  for i in $(seq 0 "$MH_N"); do
+    echo "ns $i: $(grep 'nfq_netem: queue' "$T/nfq_netem-$i.log")"
   done
 }
 

@@ -5,13 +5,27 @@
 # on both hosts, and the ranks across them move their data over TCP between the hosts' addresses
 # (ss byte counts of ember-worker sockets host1 <-> host2). Needs root: skips otherwise.
 # A 6th argument is a qdisc for every link (netns.sh mh_qdisc: "netem delay 5ms loss 1%" is a 10 ms
-# RTT and 1% loss each way; "tbf rate 100mbit ..." a rate limit); the same losses are required,
-# and the two-host tokens/s is printed.
+# RTT and 1% loss each way, the kernel's netem or else userspace nfq_netem; "tbf rate 100mbit ..."
+# a rate limit); the same losses are required, and the two-host tokens/s is printed. With netem
+# the ping RTT host1 -> host2 must be at least the two delays, and the packets the emulation
+# dropped and the TCP retransmits are printed; nfq_netem's counts must show the job's traffic
+# delayed and about the asked loss dropped, and its iptables rules gone after it stops.
 set -u
 source "$(dirname "$0")/netns.sh"
 NETEM="${6:-}"
 mh_init 2 mh "$@"
 [ -n "$NETEM" ] && mh_qdisc $NETEM
+if [ "${MH_NETEM_DELAY_MS:-0}" != 0 ]; then
+  if command -v ping >/dev/null; then
+    PING=$(mh_exec 1 ping -c 20 -i 0.05 -q "$(mh_ip 2)" | tail -2 | tr '\n' ' ')
+    echo "ping host1 -> host2: $PING"
+    RTT_MIN=$(echo "$PING" | sed -n 's|.*= \([0-9.]*\)/.*|\1|p')
+    awk -v r="${RTT_MIN:-0}" -v d="$MH_NETEM_DELAY_MS" 'BEGIN { exit !(r >= 2 * d * 0.95) }' \
+      || fail "ping RTT min ${RTT_MIN:-none} ms, want >= 2 x ${MH_NETEM_DELAY_MS} ms"
+  else
+    echo "no ping on PATH (iputils-ping): the RTT is not measured"
+  fi
+fi
 
 STEPS=30
 mh_spec mh-fsdp "$STEPS" "" > "$T/one.yaml"
@@ -63,7 +77,22 @@ XBYTES=$(awk -v a="$(mh_ip 1)" -v b="$(mh_ip 2)" '
 echo "ember-worker TCP bytes host1 <-> host2: $XBYTES"
 [ "$XBYTES" -gt 1000000 ] || { head -20 "$T/ss.out"; fail "cross-host ranks did not move their data over TCP ($XBYTES bytes)"; }
 
-if [ -n "$NETEM" ]; then
+if [ "$MH_NETEM_USER" = 1 ]; then
+  # nfq_netem held the job's packets and dropped about the asked fraction; its rules are gone.
+  mh_netem_stop | tee "$T/netem.counts"
+  for i in $(seq 0 2); do
+    [ "$(mh_exec "$i" iptables -S OUTPUT | grep -c NFQUEUE)" = 0 ] || fail "ns $i: NFQUEUE rule left after nfq_netem stopped"
+  done
+  awk -v p="$MH_NETEM_LOSS" '
+    { for (f = 1; f < NF; f++) { if ($(f + 1) ~ /^packets,?$/) n[$2] = $f; if ($(f + 1) == "delayed,") d[$2] = $f
+                                 if ($(f + 1) == "dropped") l[$2] = $f } }
+    END { for (k in n) { tn += n[k]; tl += l[k] }
+          if (d["1:"] < 1000) { print "host1 delayed " d["1:"] + 0 " packets, want > 1000"; exit 1 }
+          if (p > 0 && (tn < 2000 || tl < tn * p / 2 || tl > tn * p * 2)) {
+            print "dropped " tl + 0 " of " tn + 0 " packets, want about " p * 100 "%"; exit 1 }
+          printf "nfq_netem: %d packets, %d dropped (%.2f%%) over all links\n", tn, tl, tn ? 100 * tl / tn : 0 }' \
+    "$T/netem.counts" || fail "nfq_netem did not delay and drop the job's traffic as asked"
+elif [ -n "$NETEM" ]; then
   # The traffic went through the qdisc (and a rate limit actually held packets back).
   QS=$(mh_exec 1 tc -s qdisc show dev eth0 | tr '\n' ' ')
   echo "host1 eth0: $QS"
@@ -73,6 +102,11 @@ if [ -n "$NETEM" ]; then
     OVER=$(echo "$QS" | sed -n 's/.*overlimits \([0-9]*\).*/\1/p')
     [ "${OVER:-0}" -gt 0 ] || fail "tbf never held a packet back (overlimits ${OVER:-0})" ;;
   esac
+fi
+if [ -n "$NETEM" ]; then
+  for i in 1 2; do
+    echo "host$i TCP: $(mh_exec "$i" nstat -asz TcpOutSegs TcpRetransSegs 2>/dev/null | awk 'NR > 1 { printf "%s %s ", $1, $2 }')"
+  done
 fi
 TWO=$(find "$T/jobs" -path "*/$JOB/metrics/rank-0.jsonl" | head -1)
 [ -n "$TWO" ] || fail "two-host run wrote no metrics/rank-0.jsonl"
