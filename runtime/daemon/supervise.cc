@@ -35,24 +35,34 @@ void MakeJobDir(const std::string& d) {
   ::chmod(d.c_str(), 0750);
 }
 
-// A file of the job directory, 0640; never follows a symlink at `path`.
+// A file of the job directory, 0640, written whole under a unique temporary name and renamed to
+// `path` (so never through a symlink at `path`): daemons sharing the work root may write the same
+// file while another's workers read it, and a reader sees the old file or the whole new one.
 void WriteJobFile(const std::string& path, const std::string& data) {
-  int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0640);
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) {
-    spdlog::error("cannot write {}: {}", path, strerror(errno));
+    spdlog::error("cannot write {}: {}", tmp, strerror(errno));
     return;
   }
   ::fchmod(fd, 0640);
+  bool ok = true;
   for (size_t off = 0; off < data.size();) {
     ssize_t w = ::write(fd, data.data() + off, data.size() - off);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      spdlog::error("cannot write {}: {}", path, strerror(errno));
+      spdlog::error("cannot write {}: {}", tmp, strerror(errno));
+      ok = false;
       break;
     }
     off += static_cast<size_t>(w);
   }
   ::close(fd);
+  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    spdlog::error("cannot rename {} to {}: {}", tmp, path, strerror(errno));
+    ok = false;
+  }
+  if (!ok) ::unlink(tmp.c_str());
 }
 
 }  // namespace
@@ -91,9 +101,11 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   for (const std::string& d : {dir, dir + "/logs", dir + "/checkpoints", dir + "/flight", fr_dir, uploads}) {
     MakeJobDir(d);
   }
+  // job.yaml last: on a work root shared by several daemons its presence means the uploads are
+  // all in place too (written first, it let another host start its workers while the uploads
+  // were still being fetched from the store: seen with 10 ms RTT between the hosts).
   if (!fs::exists(dir + "/job.yaml")) {
     auto spec = store->Get(keys::SpecYaml(job.id()));
-    if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
     const std::string prefix = keys::FilesPrefix(job.id());
     auto names = store->ListKeys(prefix);
     if (names.ok()) {
@@ -106,6 +118,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
         if (v.ok()) WriteJobFile(absl::StrCat(uploads, "/", rel), *v);
       }
     }
+    if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
   }
   // A script job: its user and its attempt's TCPStore listener first (script_job.cc). A failure
   // fails this node's ranks with the reason, as a fork failure would.
