@@ -115,8 +115,9 @@ mh_setup() {
 # delay 5ms loss 1%" (each round trip crosses two eth0 egresses, so 5 ms is a 10 ms RTT) or "tbf
 # rate 200mbit burst 64kb latency 50ms" (a rate limit per link). Where the kernel has no sch_netem
 # (this development VM), "netem delay D loss P" (either part optional, nothing else) falls back to
-# nfq_netem in every namespace: the same delay and loss on eth0's egress, in userspace through
-# NFQUEUE (nfq_netem.cc). Prints one line saying which was used. Skips where tc, the qdisc or
+# nfq_netem in every namespace: the same delay and loss in userspace through NFQUEUE, applied to
+# what arrives on each eth0 instead of what leaves it (every path still crosses one: the same RTT
+# and loss per path; nfq_netem.cc says why not egress). Prints one line saying which was used. Skips where tc, the qdisc or
 # (for the fallback) iptables is missing. Sets MH_NETEM_DELAY_MS and MH_NETEM_LOSS (a fraction)
 # for a netem qdisc; MH_NETEM_USER=1 for the fallback (mh_netem_stop reports its counts).
 MH_NETEM_PIDS=""
@@ -176,7 +177,7 @@ mh_netem_user() {
     done
     grep -q "ready" "$T/nfq_netem-$i.log" || { cat "$T/nfq_netem-$i.log" >&2; fail "nfq_netem in ${MH}-$i did not start"; }
   done
-  echo "mh_qdisc: no sch_netem in this kernel; userspace nfq_netem (NFQUEUE) on every eth0's egress:" \
+  echo "mh_qdisc: no sch_netem in this kernel; userspace nfq_netem (NFQUEUE) on every eth0's ingress:" \
     "delay ${MH_NETEM_DELAY_MS} ms, loss ${MH_NETEM_LOSS}"
 }
 

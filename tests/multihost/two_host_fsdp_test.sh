@@ -17,7 +17,8 @@ mh_init 2 mh "$@"
 [ -n "$NETEM" ] && mh_qdisc $NETEM
 if [ "${MH_NETEM_DELAY_MS:-0}" != 0 ]; then
   if command -v ping >/dev/null; then
-    PING=$(mh_exec 1 ping -c 20 -i 0.05 -q "$(mh_ip 2)" | tail -2 | tr '\n' ' ')
+    # -U: user-to-user time (nfq_netem holds arrivals after the kernel stamped them).
+    PING=$(mh_exec 1 ping -U -c 20 -i 0.05 -q "$(mh_ip 2)" | tail -2 | tr '\n' ' ')
     echo "ping host1 -> host2: $PING"
     RTT_MIN=$(echo "$PING" | sed -n 's|.*= \([0-9.]*\)/.*|\1|p')
     awk -v r="${RTT_MIN:-0}" -v d="$MH_NETEM_DELAY_MS" 'BEGIN { exit !(r >= 2 * d * 0.95) }' \
@@ -81,7 +82,7 @@ if [ "$MH_NETEM_USER" = 1 ]; then
   # nfq_netem held the job's packets and dropped about the asked fraction; its rules are gone.
   mh_netem_stop | tee "$T/netem.counts"
   for i in $(seq 0 2); do
-    [ "$(mh_exec "$i" iptables -S OUTPUT | grep -c NFQUEUE)" = 0 ] || fail "ns $i: NFQUEUE rule left after nfq_netem stopped"
+    [ "$(mh_exec "$i" iptables-save | grep -c NFQUEUE)" = 0 ] || fail "ns $i: NFQUEUE rule left after nfq_netem stopped"
   done
   awk -v p="$MH_NETEM_LOSS" '
     { for (f = 1; f < NF; f++) { if ($(f + 1) ~ /^packets,?$/) n[$2] = $f; if ($(f + 1) == "delayed,") d[$2] = $f
