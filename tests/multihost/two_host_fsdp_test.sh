@@ -104,11 +104,9 @@ elif [ -n "$NETEM" ]; then
     [ "${OVER:-0}" -gt 0 ] || fail "tbf never held a packet back (overlimits ${OVER:-0})" ;;
   esac
 fi
-if [ -n "$NETEM" ]; then
-  for i in 1 2; do
-    echo "host$i TCP: $(mh_exec "$i" nstat -asz TcpOutSegs TcpRetransSegs 2>/dev/null | awk 'NR > 1 { printf "%s %s ", $1, $2 }')"
-  done
-fi
+for i in 1 2; do
+  echo "host$i TCP: $(mh_exec "$i" nstat -asz TcpOutSegs TcpRetransSegs 2>/dev/null | awk 'NR > 1 { printf "%s %s ", $1, $2 }')"
+done
 TWO=$(find "$T/jobs" -path "*/$JOB/metrics/rank-0.jsonl" | head -1)
 [ -n "$TWO" ] || fail "two-host run wrote no metrics/rank-0.jsonl"
 mh_losses "$REF" > "$T/ref.losses"
