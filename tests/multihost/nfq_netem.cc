@@ -110,10 +110,10 @@ class Netem {
   }
   int limit() const { return static_cast<int>(limit_); }
 
-  // Reads every message waiting on the socket; decides each packet. Returns false on a socket
-  // error other than "nothing more to read".
+  // Reads the messages waiting on the socket (at most 64 reads, so releases are not starved under
+  // load); decides each packet. Returns false on a socket error other than "nothing to read".
   bool ReadAll() {
-    for (;;) {
+    for (int reads = 0; reads < 64; ++reads) {
       const ssize_t n = recv(mnl_socket_get_fd(nl_), rbuf_, sizeof(rbuf_), MSG_DONTWAIT);
       if (n < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return true;
@@ -144,6 +144,7 @@ class Netem {
         }
       }
     }
+    return true;
   }
 
   // Accepts every held packet due by `now` (all of them if `all`), in arrival order, after the
