@@ -22,8 +22,8 @@ PKGS=(
   libsentencepiece-dev sentencepiece python3-grpcio python3-protobuf
   # fuzzing (tools/fuzz.sh: clang++ -fsanitize=fuzzer,address); .ci/run skips it without clang
   clang libfuzzer-14-dev make
-  # tests/multihost: nfq_netem (delay and loss without sch_netem) and the nft rules it serves
-  nftables libnetfilter-queue-dev libmnl-dev
+  # tests/multihost: nfq_netem (delay and loss without sch_netem), its iptables NFQUEUE rule, ping
+  iptables libnetfilter-queue-dev libmnl-dev iputils-ping
 )
 
 missing=()
