@@ -7,6 +7,7 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -39,6 +40,8 @@ using etcd_mapping::SetStatus;
 
 // Requests waiting on etcd at once (each pool thread runs one caller's requests at a time).
 constexpr int kPoolThreads = 16;
+// Add keys whose last seen value and mod_revision are kept (then forgotten all at once).
+constexpr size_t kMaxKnownKeys = 4096;
 
 class EtcdBackend : public Backend {
  public:
@@ -352,12 +355,26 @@ class EtcdBackend : public Backend {
     // A fenced write must read (and compare) its fence key, so it is never blind.
     const bool blind = (first.has_set() || first.has_multi_set()) && !first.has_fence();
     const std::vector<std::string> keys = blind ? std::vector<std::string>() : KeysOf(first);
+    // An add whose key this backend wrote or read before starts from that guess instead of a read:
+    // its compare-and-write checks the guess (the key's mod_revision), so a write that succeeds
+    // was applied on the current value. A guess that writes nothing proves nothing: it is read.
+    const bool add = first.has_add() && keys.size() == 1;
+    std::optional<StoreState> known;  // the view to use next (a guess, or a failed Txn's reads)
+    if (add) known = Known(keys[0]);
+    bool guessed = known.has_value();
     for (int attempt = 1;; ++attempt) {
       StoreState view;
-      absl::Status s = blind                         ? absl::OkStatus()
-                       : PrefixOf(first) != nullptr ? ReadPrefix(*PrefixOf(first), false, &view,
-                                                                 deadline)
-                                                     : ReadKeys(keys, &view, deadline);
+      absl::Status s;
+      if (known) {
+        view = std::move(*known);
+        known.reset();
+      } else {
+        guessed = false;
+        s = blind                        ? absl::OkStatus()
+            : PrefixOf(first) != nullptr ? ReadPrefix(*PrefixOf(first), false, &view, deadline)
+                                         : ReadKeys(keys, &view, deadline);
+        if (s.ok() && add) Remember(keys[0], view);
+      }
       if (!s.ok()) {
         for (const auto& [req, r] : live) SetStatus(r, s);
         return Applied::kAnswered;
@@ -375,10 +392,17 @@ class EtcdBackend : public Backend {
         }
       }
       if (rec.changes.empty()) {
+        if (guessed) continue;  // (read, then apply again)
         for (size_t i = 0; i < live.size(); ++i) *live[i].second = std::move(outs[i]);
         return Applied::kAnswered;
       }
-      const pb::TxnRequest txn = CompareAndWrite(etcd_.prefix, keys, read_at, rec.changes);
+      pb::TxnRequest txn = CompareAndWrite(etcd_.prefix, keys, read_at, rec.changes);
+      // A lost compare returns the keys as they are then: the next attempt needs no read.
+      if (txn.compare_size() > 0 && keys.size() <= kMaxOpsPerTxn && PrefixOf(first) == nullptr) {
+        for (const std::string& k : keys) {
+          txn.add_failure()->mutable_request_range()->set_key(etcd_.prefix + k);
+        }
+      }
       pb::TxnResponse resp;
       // A lone unconditional put (a Set) is sent as a plain Put, the cheaper call.
       const bool put = txn.compare_size() == 0 && txn.success_size() == 1 &&
@@ -406,8 +430,9 @@ class EtcdBackend : public Backend {
                                                   "--max-txn-ops, default 128)"));
         }
         for (size_t i = 0; i < live.size(); ++i) {
-          // An add that failed on its own (not a number, overflow) keeps its own answer.
-          if (outs[i].code() != 0) {
+          // An add that failed on its own (not a number, overflow) keeps its own answer, unless
+          // it came from an unconfirmed guess.
+          if (outs[i].code() != 0 && !guessed) {
             *live[i].second = std::move(outs[i]);
           } else {
             SetStatus(live[i].second, s);
@@ -417,6 +442,12 @@ class EtcdBackend : public Backend {
       }
       if (resp.succeeded()) {
         NoteRevision(resp.header().revision());
+        if (add) {
+          const Recorder::Change& c = rec.changes.begin()->second;
+          StoreState now;
+          now.kv[keys[0]] = Entry{c.value, resp.header().revision(), c.lease};
+          Remember(keys[0], now);
+        }
         for (size_t i = 0; i < live.size(); ++i) {
           Response& out = outs[i];
           if (out.has_set()) out.mutable_set()->set_revision(resp.header().revision());
@@ -424,6 +455,16 @@ class EtcdBackend : public Backend {
           *live[i].second = std::move(out);
         }
         return Applied::kAnswered;
+      }
+      guessed = false;
+      if (txn.failure_size() > 0) {
+        known.emplace();
+        for (const auto& op : resp.responses()) {
+          for (const auto& kv : op.response_range().kvs()) AddEntry(kv, &*known);
+        }
+        known->revision = resp.header().revision();
+        NoteRevision(known->revision);
+        if (add) Remember(keys[0], *known);
       }
       if (absl::Now() >= deadline) {
         for (const auto& [req, r] : live) {
@@ -434,6 +475,27 @@ class EtcdBackend : public Backend {
         return Applied::kAnswered;
       }
     }
+  }
+
+  // --- last known state of add keys (a guess; see EvaluateBatch) -------------------------------
+  std::optional<StoreState> Known(const std::string& key) {
+    absl::MutexLock l(&known_mu_);
+    auto it = known_.find(key);
+    if (it == known_.end()) return std::nullopt;
+    StoreState view;
+    view.kv[key] = it->second;
+    view.revision = it->second.revision;
+    return view;
+  }
+  void Remember(const std::string& key, const StoreState& view) {
+    absl::MutexLock l(&known_mu_);
+    auto it = view.kv.find(key);
+    if (it == view.kv.end()) {
+      known_.erase(key);
+      return;
+    }
+    if (known_.size() >= kMaxKnownKeys && !known_.contains(key)) known_.clear();
+    known_[key] = it->second;
   }
 
   // --- parked blocking reads --------------------------------------------------------------------
@@ -590,6 +652,8 @@ class EtcdBackend : public Backend {
     std::vector<AddSlot*> pending;
     bool running = false;
   };
+  absl::Mutex known_mu_;
+  absl::flat_hash_map<std::string, Entry> known_ ABSL_GUARDED_BY(known_mu_);
   absl::Mutex add_mu_;
   std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);  // (std::map: stable refs)
 
