@@ -42,6 +42,8 @@ using etcd_mapping::SetStatus;
 constexpr int kPoolThreads = 16;
 // Add keys whose last seen value and mod_revision are kept (then forgotten all at once).
 constexpr size_t kMaxKnownKeys = 4096;
+// The waker watch stops after this long without waiters (CoverLocked).
+constexpr absl::Duration kWakerIdle = absl::Seconds(2);
 
 class EtcdBackend : public Backend {
  public:
@@ -56,9 +58,6 @@ class EtcdBackend : public Backend {
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("etcd backend could not start: ", s.message()));
     }
-    waker_ = std::make_unique<EtcdWatcher>(
-        client_.get(), etcd_.prefix, PrefixRangeEnd(etcd_.prefix), view.revision + 1,
-        [this](const pb::WatchResponse& w) { OnEtcdEvents(w); });
     timer_ = std::thread([this] { TimerLoop(); });
     worker_ = std::thread([this] { WorkerLoop(); });
     spdlog::info("store: etcd backend on [{}] prefix '{}' at revision {}",
@@ -164,6 +163,7 @@ class EtcdBackend : public Backend {
   void Shutdown() override {
     std::vector<Waiter> left;
     std::map<uint64_t, std::unique_ptr<EtcdWatcher>> watches;
+    std::unique_ptr<EtcdWatcher> waker;
     {
       absl::MutexLock l(&mu_);
       if (shutdown_) return;
@@ -176,12 +176,13 @@ class EtcdBackend : public Backend {
       for (Waiter& w : woken_) left.push_back(std::move(w));
       woken_.clear();
       watches.swap(watches_);
+      waker = std::move(waker_);
     }
     for (Waiter& w : left) {
       Answer(&w, absl::UnavailableError("store server shut down while waiting; retry"));
     }
     watches.clear();
-    if (waker_ != nullptr) waker_->Stop();
+    waker.reset();
     if (timer_.joinable()) timer_.join();
     if (worker_.joinable()) worker_.join();
   }
@@ -299,8 +300,9 @@ class EtcdBackend : public Backend {
   }
 
   // Read -> apply -> compare-and-write, again after a lost race, until `deadline`.
-  Applied Evaluate(const Request& req, Response* r, absl::Time deadline) {
-    return EvaluateBatch({{&req, r}}, deadline);
+  Applied Evaluate(const Request& req, Response* r, absl::Time deadline,
+                   int64_t* read_revision = nullptr) {
+    return EvaluateBatch({{&req, r}}, deadline, read_revision);
   }
 
   // Adds on one key from different callers combine: while one caller's read-apply-write runs, the
@@ -338,8 +340,9 @@ class EtcdBackend : public Backend {
   // EvaluateBatch: every request names the same keys; they are applied in order on one view and
   // written in one transaction. Only a batch of one may answer kMustWait. Set and MultiSet do not
   // depend on what is stored (etcd itself checks a Set's lease), so they write without reading.
+  // `read_revision` (kMustWait only): the etcd revision of the read that found the keys missing.
   Applied EvaluateBatch(const std::vector<std::pair<const Request*, Response*>>& batch,
-                        absl::Time deadline) {
+                        absl::Time deadline, int64_t* read_revision = nullptr) {
     std::vector<std::pair<const Request*, Response*>> live;
     for (const auto& [req, r] : batch) {
       Response checked = OnEmptyState(*req, options_);
@@ -388,6 +391,7 @@ class EtcdBackend : public Backend {
       for (size_t i = 0; i < live.size(); ++i) {
         outs[i].set_id(live[i].second->id());
         if (Apply(view, ctx, *live[i].first, &outs[i]) == Applied::kMustWait) {
+          if (read_revision != nullptr) *read_revision = view.revision;
           return Applied::kMustWait;  // (a Get/Wait/MultiGet: batches of one)
         }
       }
@@ -513,7 +517,8 @@ class EtcdBackend : public Backend {
   }
 
   // Registers `w` for wake-ups, then reads again: a key set before the registration is seen by
-  // that read, one set after it by the watch. Whoever takes `w` out of waiters_ answers it.
+  // that read, one set after it by the waker watch, which covers every revision after the read's.
+  // Whoever takes `w` out of waiters_ answers it.
   void Arm(Waiter w) {
     const Request req = w.req;
     uint64_t id;
@@ -530,7 +535,13 @@ class EtcdBackend : public Backend {
     }
     Response r;
     r.set_id(req.id());
-    if (Evaluate(req, &r, OpDeadline()) == Applied::kMustWait) return;
+    while (true) {
+      int64_t read_at = 0;
+      if (Evaluate(req, &r, OpDeadline(), &read_at) != Applied::kMustWait) break;
+      absl::MutexLock l(&mu_);
+      if (waiters_.count(id) == 0 || CoverLocked(read_at + 1)) return;
+      // The waker started after our read (for a newer one): a read now is covered.
+    }
     Waiter mine;
     {
       absl::MutexLock l(&mu_);
@@ -538,6 +549,23 @@ class EtcdBackend : public Backend {
       mine = TakeLocked(id);
     }
     mine.done(std::move(r));
+  }
+
+  // Whether the waker watch delivers every event from revision `from` on; starts it there when it
+  // is not running. It runs only while someone waits (TimerLoop stops it when idle): an open watch
+  // on the prefix costs every write under it a delivery to this process, and its thread, parked
+  // in gRPC, takes the poller role from the threads waiting for their calls' answers.
+  bool CoverLocked(int64_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    waker_used_ = absl::Now();
+    if (shutdown_) return true;  // (Shutdown answers every waiter)
+    if (waker_ == nullptr) {
+      waker_ = std::make_unique<EtcdWatcher>(
+          client_.get(), etcd_.prefix, PrefixRangeEnd(etcd_.prefix), from,
+          [this](const pb::WatchResponse& w) { OnEtcdEvents(w); });
+      waker_from_ = from;
+      return true;
+    }
+    return waker_from_ <= from;
   }
 
   Waiter TakeLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -616,17 +644,24 @@ class EtcdBackend : public Backend {
   void TimerLoop() {
     while (true) {
       std::vector<Waiter> expired;
+      std::unique_ptr<EtcdWatcher> idle;  // stopped outside mu_ (its callback takes mu_)
       {
         absl::MutexLock l(&mu_);
         mu_.AwaitWithTimeout(absl::Condition(&shutdown_), absl::Milliseconds(20));
         if (shutdown_) return;
         const absl::Time now = absl::Now();
+        if (!waiters_.empty() || !woken_.empty()) {
+          waker_used_ = now;
+        } else if (waker_ != nullptr && now - waker_used_ > kWakerIdle) {
+          idle = std::move(waker_);
+        }
         std::vector<uint64_t> ids;
         for (const auto& [id, w] : waiters_) {
           if (w.deadline <= now) ids.push_back(id);
         }
         for (uint64_t id : ids) expired.push_back(TakeLocked(id));
       }
+      idle.reset();
       for (Waiter& w : expired) {
         StoreState view;
         ReadKeys(w.keys, &view, OpDeadline()).IgnoreError();  // unread = named as missing
@@ -642,7 +677,9 @@ class EtcdBackend : public Backend {
   const EtcdOptions etcd_;
   const BackendOptions options_;
   std::unique_ptr<EtcdClient> client_;    // set in Open, then constant
-  std::unique_ptr<EtcdWatcher> waker_;    // set in Open
+  std::unique_ptr<EtcdWatcher> waker_ ABSL_GUARDED_BY(mu_);  // while someone waits (CoverLocked)
+  int64_t waker_from_ ABSL_GUARDED_BY(mu_) = 0;                // the revision it started at
+  absl::Time waker_used_ ABSL_GUARDED_BY(mu_);
   std::thread timer_, worker_;
   std::atomic<int64_t> revision_{0};
   std::atomic<uint64_t> next_unary_{0};
