@@ -1,6 +1,7 @@
-// The etcd backend (see etcd_backend.h): operations as read -> pure apply (state.h) -> one
-// compare-and-write transaction; parked blocking reads woken by an etcd watch; watches and leases
-// mapped onto etcd's.
+// The etcd backend (see etcd_backend.h): requests on a strand pool, run by EtcdKv (read -> pure
+// apply -> one compare-and-write transaction; etcd_backend_kv.h) or as etcd-native ops; concurrent
+// adds on one key combined; parked blocking reads woken by an etcd watch that runs while someone
+// waits; watches and leases mapped onto etcd's.
 #include "runtime/store/etcd_backend.h"
 
 #include <algorithm>
@@ -14,10 +15,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/store/etcd_backend_kv.h"
 #include "runtime/store/etcd_mapping.h"
 #include "runtime/store/etcd_ops.h"
 #include "runtime/store/etcd_watch.h"
-#include "runtime/store/idempotent.h"
 #include "runtime/store/state.h"
 #include "runtime/store/strand_pool.h"
 #include "spdlog/spdlog.h"
@@ -28,17 +29,13 @@ namespace {
 using v1::Request;
 using v1::Response;
 namespace pb = etcdserverpb;
-using etcd_mapping::AssumeLease;
-using etcd_mapping::CompareAndWrite;
-using etcd_mapping::kMaxOpsPerTxn;
 using etcd_mapping::KeysOf;
-using etcd_mapping::OnEmptyState;
-using etcd_mapping::PrefixOf;
-using etcd_mapping::Recorder;
 using etcd_mapping::SetStatus;
 
 // Requests waiting on etcd at once (each pool thread runs one caller's requests at a time).
 constexpr int kPoolThreads = 16;
+// The waker watch stops after this long without waiters (CoverLocked).
+constexpr absl::Duration kWakerIdle = absl::Seconds(2);
 
 class EtcdBackend : public Backend {
  public:
@@ -48,14 +45,12 @@ class EtcdBackend : public Backend {
 
   absl::Status Open() {
     ASSIGN_OR_RETURN(client_, EtcdClient::Create(etcd_));
+    kv_ = std::make_unique<EtcdKv>(client_.get(), etcd_.prefix, options_);
     StoreState view;
-    absl::Status s = ReadPrefix("", /*values=*/false, &view, absl::Now() + etcd_.op_timeout);
+    absl::Status s = kv_->ReadPrefix("", /*values=*/false, &view, absl::Now() + etcd_.op_timeout);
     if (!s.ok()) {
       return absl::Status(s.code(), absl::StrCat("etcd backend could not start: ", s.message()));
     }
-    waker_ = std::make_unique<EtcdWatcher>(
-        client_.get(), etcd_.prefix, PrefixRangeEnd(etcd_.prefix), view.revision + 1,
-        [this](const pb::WatchResponse& w) { OnEtcdEvents(w); });
     timer_ = std::thread([this] { TimerLoop(); });
     worker_ = std::thread([this] { WorkerLoop(); });
     spdlog::info("store: etcd backend on [{}] prefix '{}' at revision {}",
@@ -112,7 +107,7 @@ class EtcdBackend : public Backend {
 
   uint64_t AddWatch(const std::string& prefix, bool send_initial, WatchSink sink) override {
     StoreState view;
-    absl::Status s = ReadPrefix(prefix, /*values=*/true, &view, absl::Now() + etcd_.op_timeout);
+    absl::Status s = kv_->ReadPrefix(prefix, /*values=*/true, &view, absl::Now() + etcd_.op_timeout);
     if (!s.ok()) {
       spdlog::error("store: watch on '{}' could not read its start from etcd ({}); it starts "
                     "from etcd's current revision", prefix, std::string(s.message()));
@@ -161,6 +156,7 @@ class EtcdBackend : public Backend {
   void Shutdown() override {
     std::vector<Waiter> left;
     std::map<uint64_t, std::unique_ptr<EtcdWatcher>> watches;
+    std::unique_ptr<EtcdWatcher> waker;
     {
       absl::MutexLock l(&mu_);
       if (shutdown_) return;
@@ -173,17 +169,18 @@ class EtcdBackend : public Backend {
       for (Waiter& w : woken_) left.push_back(std::move(w));
       woken_.clear();
       watches.swap(watches_);
+      waker = std::move(waker_);
     }
     for (Waiter& w : left) {
       Answer(&w, absl::UnavailableError("store server shut down while waiting; retry"));
     }
     watches.clear();
-    if (waker_ != nullptr) waker_->Stop();
+    waker.reset();
     if (timer_.joinable()) timer_.join();
     if (worker_.joinable()) worker_.join();
   }
 
-  int64_t revision() const override { return revision_.load(); }
+  int64_t revision() const override { return kv_ != nullptr ? kv_->revision() : 0; }
   int64_t num_waiters() const override {
     absl::MutexLock l(&mu_);
     return static_cast<int64_t>(waiters_.size() + woken_.size());
@@ -199,70 +196,6 @@ class EtcdBackend : public Backend {
   };
 
   absl::Time OpDeadline() const { return absl::Now() + etcd_.op_timeout; }
-  void NoteRevision(int64_t rev) {
-    int64_t cur = revision_.load();
-    while (rev > cur && !revision_.compare_exchange_weak(cur, rev)) {
-    }
-  }
-  void AddEntry(const mvccpb::KeyValue& kv, StoreState* view) {
-    Entry& e = view->kv[kv.key().substr(etcd_.prefix.size())];
-    e.value = kv.value();
-    e.revision = kv.mod_revision();
-    e.lease = kv.lease();
-  }
-
-  // --- reading a view of the keys an operation needs --------------------------------------------
-  absl::Status ReadPrefix(const std::string& prefix, bool values, StoreState* view,
-                          absl::Time deadline) {
-    pb::RangeRequest q;
-    q.set_key(etcd_.prefix + prefix);
-    q.set_range_end(PrefixRangeEnd(etcd_.prefix + prefix));
-    q.set_keys_only(!values);
-    return ReadRange(q, absl::StrCat("a read of prefix '", prefix, "'"), view, deadline);
-  }
-  absl::Status ReadRange(const pb::RangeRequest& q, const std::string& what, StoreState* view,
-                         absl::Time deadline) {
-    pb::RangeResponse resp;
-    RETURN_IF_ERROR(client_->Call(what, true, deadline,
-                                  [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
-                                    return s.kv->Range(ctx, q, &resp);
-                                  }));
-    for (const auto& kv : resp.kvs()) AddEntry(kv, view);
-    view->revision = std::max(view->revision, resp.header().revision());
-    NoteRevision(view->revision);
-    return absl::OkStatus();
-  }
-
-  // One key: a plain Range (what a plain etcd client sends). More: one transaction of range
-  // reads per kMaxOpsPerTxn keys (each chunk a consistent snapshot).
-  absl::Status ReadKeys(const std::vector<std::string>& keys, StoreState* view,
-                        absl::Time deadline) {
-    if (keys.size() == 1) {
-      pb::RangeRequest q;
-      q.set_key(etcd_.prefix + keys[0]);
-      return ReadRange(q, absl::StrCat("a read of '", keys[0], "'"), view, deadline);
-    }
-    for (size_t begin = 0; begin < keys.size(); begin += kMaxOpsPerTxn) {
-      const size_t end = std::min(keys.size(), begin + kMaxOpsPerTxn);
-      pb::TxnRequest txn;
-      for (size_t i = begin; i < end; ++i) {
-        txn.add_success()->mutable_request_range()->set_key(etcd_.prefix + keys[i]);
-      }
-      pb::TxnResponse resp;
-      RETURN_IF_ERROR(client_->Call(
-          absl::StrCat("a read of ", end - begin, " key(s) from '", keys[begin], "'"), true,
-          deadline, [&](const EtcdClient::Stubs& s, grpc::ClientContext* ctx) {
-            return s.kv->Txn(ctx, txn, &resp);
-          }));
-      for (const auto& op : resp.responses()) {
-        for (const auto& kv : op.response_range().kvs()) AddEntry(kv, view);
-      }
-      view->revision = std::max(view->revision, resp.header().revision());
-    }
-    NoteRevision(view->revision);
-    return absl::OkStatus();
-  }
-
   // --- one request ------------------------------------------------------------------------------
   Applied Run(const Request& req, Response* r) {
     {
@@ -277,7 +210,7 @@ class EtcdBackend : public Backend {
       // is read first (not atomic with the write; fenced clients use them rarely). Other writes
       // read the fence key with their keys and compare it in their Txn.
       StoreState view;
-      absl::Status s = ReadKeys({req.fence().key()}, &view, OpDeadline());
+      absl::Status s = kv_->ReadKeys({req.fence().key()}, &view, OpDeadline());
       if (!s.ok()) {
         SetStatus(r, s);
         return Applied::kAnswered;
@@ -286,7 +219,7 @@ class EtcdBackend : public Backend {
     }
     if (IsEtcdNativeOp(req)) {
       RunEtcdNativeOp({client_.get(), &options_, etcd_.prefix, OpDeadline(),
-                       [this](int64_t rev) { NoteRevision(rev); }},
+                       [this](int64_t rev) { kv_->NoteRevision(rev); }},
                       req, r);
       return Applied::kAnswered;
     }
@@ -296,8 +229,9 @@ class EtcdBackend : public Backend {
   }
 
   // Read -> apply -> compare-and-write, again after a lost race, until `deadline`.
-  Applied Evaluate(const Request& req, Response* r, absl::Time deadline) {
-    return EvaluateBatch({{&req, r}}, deadline);
+  Applied Evaluate(const Request& req, Response* r, absl::Time deadline,
+                   int64_t* read_revision = nullptr) {
+    return kv_->EvaluateBatch({{&req, r}}, deadline, read_revision);
   }
 
   // Adds on one key from different callers combine: while one caller's read-apply-write runs, the
@@ -324,116 +258,12 @@ class EtcdBackend : public Backend {
       add_mu_.Unlock();
       std::vector<std::pair<const Request*, Response*>> work;
       for (AddSlot* s : batch) work.emplace_back(s->req, s->r);
-      EvaluateBatch(work, OpDeadline());
+      kv_->EvaluateBatch(work, OpDeadline());
       add_mu_.Lock();
       for (AddSlot* s : batch) s->done = true;
     }
     adds_.erase(req.add().key());  // (q is invalid from here)
     return Applied::kAnswered;
-  }
-
-  // EvaluateBatch: every request names the same keys; they are applied in order on one view and
-  // written in one transaction. Only a batch of one may answer kMustWait. Set and MultiSet do not
-  // depend on what is stored (etcd itself checks a Set's lease), so they write without reading.
-  Applied EvaluateBatch(const std::vector<std::pair<const Request*, Response*>>& batch,
-                        absl::Time deadline) {
-    std::vector<std::pair<const Request*, Response*>> live;
-    for (const auto& [req, r] : batch) {
-      Response checked = OnEmptyState(*req, options_);
-      if (checked.code() == static_cast<int>(absl::StatusCode::kInvalidArgument) &&
-          !req->has_add()) {  // an Add's INVALID_ARGUMENT (not a number) depends on the value
-        SetError(r, absl::StatusCode::kInvalidArgument, checked.message());
-      } else {
-        live.emplace_back(req, r);
-      }
-    }
-    if (live.empty()) return Applied::kAnswered;
-    const Request& first = *live.front().first;
-    // A fenced write must read (and compare) its fence key, so it is never blind.
-    const bool blind = (first.has_set() || first.has_multi_set()) && !first.has_fence();
-    const std::vector<std::string> keys = blind ? std::vector<std::string>() : KeysOf(first);
-    for (int attempt = 1;; ++attempt) {
-      StoreState view;
-      absl::Status s = blind                         ? absl::OkStatus()
-                       : PrefixOf(first) != nullptr ? ReadPrefix(*PrefixOf(first), false, &view,
-                                                                 deadline)
-                                                     : ReadKeys(keys, &view, deadline);
-      if (!s.ok()) {
-        for (const auto& [req, r] : live) SetStatus(r, s);
-        return Applied::kAnswered;
-      }
-      AssumeLease(first, &view);
-      absl::flat_hash_map<std::string, int64_t> read_at;  // mod_revision as read (0 = absent)
-      for (const auto& [k, e] : view.kv) read_at[k] = e.revision;
-      Recorder rec;
-      ApplyContext ctx{options_, base::RealClock(), &rec};
-      std::vector<Response> outs(live.size());
-      for (size_t i = 0; i < live.size(); ++i) {
-        outs[i].set_id(live[i].second->id());
-        if (Apply(view, ctx, *live[i].first, &outs[i]) == Applied::kMustWait) {
-          return Applied::kMustWait;  // (a Get/Wait/MultiGet: batches of one)
-        }
-      }
-      if (rec.changes.empty()) {
-        for (size_t i = 0; i < live.size(); ++i) *live[i].second = std::move(outs[i]);
-        return Applied::kAnswered;
-      }
-      const pb::TxnRequest txn = CompareAndWrite(etcd_.prefix, keys, read_at, rec.changes);
-      pb::TxnResponse resp;
-      // A lone unconditional put (a Set) is sent as a plain Put, the cheaper call.
-      const bool put = txn.compare_size() == 0 && txn.success_size() == 1 &&
-                       txn.success(0).has_request_put();
-      s = client_->Call(absl::StrCat("a write of ", rec.changes.size(), " key(s) from '",
-                                     rec.changes.begin()->first, "'"),
-                        IdempotentRequest(first), deadline,
-                        [&](const EtcdClient::Stubs& st, grpc::ClientContext* c) {
-                          if (!put) return st.kv->Txn(c, txn, &resp);
-                          pb::PutResponse pr;
-                          grpc::Status g = st.kv->Put(c, txn.success(0).request_put(), &pr);
-                          resp.set_succeeded(g.ok());
-                          *resp.mutable_header() = pr.header();
-                          return g;
-                        });
-      if (absl::IsNotFound(s) && first.has_set()) {  // etcd: "requested lease not found"
-        *live.front().second = OnEmptyState(first, options_);
-        live.front().second->set_id(first.id());
-        return Applied::kAnswered;
-      }
-      if (!s.ok()) {
-        if (txn.compare_size() > kMaxOpsPerTxn || txn.success_size() > kMaxOpsPerTxn) {
-          s = absl::Status(s.code(), absl::StrCat(s.message(), " (", rec.changes.size(),
-                                                  " keys in one write; etcd allows "
-                                                  "--max-txn-ops, default 128)"));
-        }
-        for (size_t i = 0; i < live.size(); ++i) {
-          // An add that failed on its own (not a number, overflow) keeps its own answer.
-          if (outs[i].code() != 0) {
-            *live[i].second = std::move(outs[i]);
-          } else {
-            SetStatus(live[i].second, s);
-          }
-        }
-        return Applied::kAnswered;
-      }
-      if (resp.succeeded()) {
-        NoteRevision(resp.header().revision());
-        for (size_t i = 0; i < live.size(); ++i) {
-          Response& out = outs[i];
-          if (out.has_set()) out.mutable_set()->set_revision(resp.header().revision());
-          if (out.has_multi_set()) out.mutable_multi_set()->set_revision(resp.header().revision());
-          *live[i].second = std::move(out);
-        }
-        return Applied::kAnswered;
-      }
-      if (absl::Now() >= deadline) {
-        for (const auto& [req, r] : live) {
-          SetError(r, absl::StatusCode::kUnavailable,
-                   absl::StrCat("gave up after ", attempt, " attempts lost to concurrent writers "
-                                "of the same key(s) in etcd; retry"));
-        }
-        return Applied::kAnswered;
-      }
-    }
   }
 
   // --- parked blocking reads --------------------------------------------------------------------
@@ -451,7 +281,8 @@ class EtcdBackend : public Backend {
   }
 
   // Registers `w` for wake-ups, then reads again: a key set before the registration is seen by
-  // that read, one set after it by the watch. Whoever takes `w` out of waiters_ answers it.
+  // that read, one set after it by the waker watch, which covers every revision after the read's.
+  // Whoever takes `w` out of waiters_ answers it.
   void Arm(Waiter w) {
     const Request req = w.req;
     uint64_t id;
@@ -468,7 +299,13 @@ class EtcdBackend : public Backend {
     }
     Response r;
     r.set_id(req.id());
-    if (Evaluate(req, &r, OpDeadline()) == Applied::kMustWait) return;
+    while (true) {
+      int64_t read_at = 0;
+      if (Evaluate(req, &r, OpDeadline(), &read_at) != Applied::kMustWait) break;
+      absl::MutexLock l(&mu_);
+      if (waiters_.count(id) == 0 || CoverLocked(read_at + 1)) return;
+      // The waker started after our read (for a newer one): a read now is covered.
+    }
     Waiter mine;
     {
       absl::MutexLock l(&mu_);
@@ -476,6 +313,23 @@ class EtcdBackend : public Backend {
       mine = TakeLocked(id);
     }
     mine.done(std::move(r));
+  }
+
+  // Whether the waker watch delivers every event from revision `from` on; starts it there when it
+  // is not running. It runs only while someone waits (TimerLoop stops it when idle): an open watch
+  // on the prefix costs every write under it a delivery to this process, and its thread, parked
+  // in gRPC, takes the poller role from the threads waiting for their calls' answers.
+  bool CoverLocked(int64_t from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    waker_used_ = absl::Now();
+    if (shutdown_) return true;  // (Shutdown answers every waiter)
+    if (waker_ == nullptr) {
+      waker_ = std::make_unique<EtcdWatcher>(
+          client_.get(), etcd_.prefix, PrefixRangeEnd(etcd_.prefix), from,
+          [this](const pb::WatchResponse& w) { OnEtcdEvents(w); });
+      waker_from_ = from;
+      return true;
+    }
+    return waker_from_ <= from;
   }
 
   Waiter TakeLocked(uint64_t id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -506,7 +360,7 @@ class EtcdBackend : public Backend {
     {
       absl::MutexLock l(&mu_);
       for (const mvccpb::Event& e : w.events()) {
-        NoteRevision(e.kv().mod_revision());
+        kv_->NoteRevision(e.kv().mod_revision());
         if (e.type() != mvccpb::Event::PUT) continue;
         auto it = by_key_.find(e.kv().key().substr(etcd_.prefix.size()));
         if (it == by_key_.end()) continue;
@@ -554,20 +408,27 @@ class EtcdBackend : public Backend {
   void TimerLoop() {
     while (true) {
       std::vector<Waiter> expired;
+      std::unique_ptr<EtcdWatcher> idle;  // stopped outside mu_ (its callback takes mu_)
       {
         absl::MutexLock l(&mu_);
         mu_.AwaitWithTimeout(absl::Condition(&shutdown_), absl::Milliseconds(20));
         if (shutdown_) return;
         const absl::Time now = absl::Now();
+        if (!waiters_.empty() || !woken_.empty()) {
+          waker_used_ = now;
+        } else if (waker_ != nullptr && now - waker_used_ > kWakerIdle) {
+          idle = std::move(waker_);
+        }
         std::vector<uint64_t> ids;
         for (const auto& [id, w] : waiters_) {
           if (w.deadline <= now) ids.push_back(id);
         }
         for (uint64_t id : ids) expired.push_back(TakeLocked(id));
       }
+      idle.reset();
       for (Waiter& w : expired) {
         StoreState view;
-        ReadKeys(w.keys, &view, OpDeadline()).IgnoreError();  // unread = named as missing
+        kv_->ReadKeys(w.keys, &view, OpDeadline()).IgnoreError();  // unread = named as missing
         Response r;
         r.set_id(w.req.id());
         SetWaitTimedOut(
@@ -580,9 +441,11 @@ class EtcdBackend : public Backend {
   const EtcdOptions etcd_;
   const BackendOptions options_;
   std::unique_ptr<EtcdClient> client_;    // set in Open, then constant
-  std::unique_ptr<EtcdWatcher> waker_;    // set in Open
+  std::unique_ptr<EtcdKv> kv_;            // set in Open, then constant
+  std::unique_ptr<EtcdWatcher> waker_ ABSL_GUARDED_BY(mu_);  // while someone waits (CoverLocked)
+  int64_t waker_from_ ABSL_GUARDED_BY(mu_) = 0;                // the revision it started at
+  absl::Time waker_used_ ABSL_GUARDED_BY(mu_);
   std::thread timer_, worker_;
-  std::atomic<int64_t> revision_{0};
   std::atomic<uint64_t> next_unary_{0};
   StrandPool pool_{kPoolThreads};
 

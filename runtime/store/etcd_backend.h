@@ -6,8 +6,12 @@
 // absence); a lost race reads again and retries. So semantics and error messages are the in-memory
 // backend's, an acknowledged write is in etcd's raft log, and revisions are etcd's. Leases are etcd
 // leases (expiry on etcd's clock; TTLs round up to whole seconds, etcd's minimum applies). Blocking
-// Get/Wait/MultiGet park and are woken by one etcd watch on the prefix; Watch() opens its own etcd
-// watch from the revision of its initial read, resumed without gap or duplicate after a reconnect.
+// Get/Wait/MultiGet park and are woken by one etcd watch on the prefix, open only while someone
+// waits (it starts from the revision after the waiter's read, so nothing is missed); Watch() opens
+// its own etcd watch from the revision of its initial read, resumed without gap or duplicate after
+// a reconnect. An add on a key this backend wrote or read before is one transaction comparing the
+// key's known mod_revision (no read); any lost compare returns the keys read in the same call.
+// revision() is the highest etcd revision this backend has seen (its own calls, and the watches).
 //
 // Failures: EtcdClient's retry rule (etcd_client.h) within options.op_timeout; non-idempotent
 // operations (Add, Append, CompareSet, DeletePrefix, LeaseGrant) are not re-sent when the outcome

@@ -5,10 +5,13 @@
 //
 // Parts (each point runs --rounds times interleaved, medians reported):
 //  etcd:     get/set/add ops/s and p50/p99 at 1 and 16 client processes (one op in flight each).
-//            ember = Ember client -> ember-store (--backend=etcd, in this process) -> etcd;
-//            plain = a client process calling etcd's gRPC API itself (proto/etcd stubs) with the
-//            equivalent KV ops: get = Range, set = Put, add = Range + Txn(compare mod_revision,
-//            put) retried on a lost race (etcd has no atomic add). Same etcd, same key shapes.
+//            Three Ember paths: Ember client -> ember-store (--backend=etcd, in this process) ->
+//            etcd; emberd's `store: etcd://` (a StoreServer on the etcd backend in the client's
+//            process, called on loopback); the etcd backend in the client's process, called
+//            directly. plain = a client process calling etcd's gRPC API itself (proto/etcd stubs)
+//            with the equivalent KV ops: get = Range, set = Put, add = Range + Txn(compare
+//            mod_revision, put) retried on a lost race (etcd has no atomic add). Same etcd, same
+//            key shapes.
 //  barrier:  256 client processes (one connection each) connect and pass Client::Barrier, on
 //            ember-store over etcd vs over the in-memory backend; torch's TCPStore barrier helper
 //            (tcpstore_peer.py) alongside.
@@ -56,7 +59,10 @@ ABSL_FLAG(int, tcpstore_barrier_ranks, 64, "TCPStore client processes in the tcp
 // Internal: the plain etcd client's child role.
 ABSL_FLAG(std::string, etcd, "", "internal: etcd endpoint of a plain child");
 ABSL_FLAG(std::string, plain_prefix, "", "internal: key prefix of a plain child");
+ABSL_FLAG(std::string, inproc, "", "internal: backend | hosted (etcd_inproc child)");
 ABSL_DECLARE_FLAG(std::string, op);
+ABSL_DECLARE_FLAG(std::string, addr);
+ABSL_DECLARE_FLAG(std::string, transport);
 ABSL_DECLARE_FLAG(int, rank);
 
 namespace ember::store {
@@ -133,6 +139,74 @@ int ChildPlainEtcd() {
       RETURN_IF_ERROR(check(kv->Txn(&tctx, t, &tr), "Txn"));
       if (tr.succeeded()) return absl::OkStatus();
     }
+  });
+}
+
+// --- child: Ember's etcd backend inside the client process -------------------------------------
+// --inproc=backend: the process makes its own etcd backend and calls Backend::Execute directly (one
+// hop: this process -> etcd; what a caller linking the backend pays). --inproc=hosted: what emberd's
+// `store: etcd://` runs: a StoreServer on the etcd backend inside the process and a Client of it on
+// loopback (emberd's defaults: fast path over the abstract Unix socket), then the shared ops loop.
+absl::StatusOr<std::unique_ptr<Backend>> ChildBackend() {
+  EtcdOptions e;
+  e.endpoints = {absl::GetFlag(FLAGS_etcd)};
+  e.prefix = absl::GetFlag(FLAGS_plain_prefix);
+  return NewEtcdBackend(e, BackendOptions{});
+}
+
+int ChildInProcess() {
+  if (absl::GetFlag(FLAGS_inproc) == "hosted") {
+    StoreServerOptions opts{.address = "127.0.0.1:0"};
+    opts.make_backend = [](const BackendOptions&, base::Clock*) { return ChildBackend(); };
+    auto server = StoreServer::Start(std::move(opts));
+    if (!server.ok()) Die(server.status());
+    absl::SetFlag(&FLAGS_addr, (*server)->address());
+    absl::SetFlag(&FLAGS_transport, "unix");
+    absl::SetFlag(&FLAGS_role, "ops");
+    return RunChildRole();
+  }
+  auto backend = ChildBackend();
+  if (!backend.ok()) Die(backend.status());
+  Backend* b = backend->get();
+  // One request at a time, waited for like a synchronous client call.
+  auto run = [b](v1::Request req) -> absl::Status {
+    absl::Mutex mu;
+    bool done = false;
+    v1::Response out;
+    b->Execute({&req}, [&](v1::Response r) {
+      absl::MutexLock l(&mu);
+      out = std::move(r);
+      done = true;
+    }, /*owner=*/1);
+    absl::MutexLock l(&mu);
+    mu.Await(absl::Condition(&done));
+    if (out.code() != 0) return absl::Status(static_cast<absl::StatusCode>(out.code()), out.message());
+    return absl::OkStatus();
+  };
+  const int rank = absl::GetFlag(FLAGS_rank);
+  const std::string op = absl::GetFlag(FLAGS_op);
+  const std::string val(16, 'x');
+  auto set = [&](const std::string& key) {
+    v1::Request q;
+    q.mutable_set()->set_key(key);
+    q.mutable_set()->set_value(val);
+    return run(std::move(q));
+  };
+  for (int i = 0; i < 100; ++i) {
+    absl::Status s = set(absl::StrCat("bench/get/", rank, "/", i));
+    if (!s.ok()) Die(s);
+  }
+  return TimedLoop([&](int64_t i) -> absl::Status {
+    if (op == "set") return set(absl::StrCat("bench/set/", rank, "/", i % 100));
+    v1::Request q;
+    if (op == "get") {
+      q.mutable_get()->set_key(absl::StrCat("bench/get/", rank, "/", i % 100));
+      q.mutable_get()->set_timeout_ms(10000);
+    } else {
+      q.mutable_add()->set_key(absl::StrCat("bench/add/", rank));
+      q.mutable_add()->set_delta(1);
+    }
+    return run(std::move(q));
   });
 }
 
@@ -222,29 +296,65 @@ bool Wanted(const std::string& part) {
 }
 
 // --- part etcd ----------------------------------------------------------------------------------
+// The Ember paths compared with the plain client, each run in every round.
+struct EtcdPath {
+  const char* name;    // row label: what was compared
+  const char* target;  // target name stem ("" = the ember-store one, kept from earlier runs)
+  const char* inproc;  // child mode (ChildInProcess), "" = client processes of the shared ember-store
+};
+constexpr EtcdPath kEtcdPaths[] = {
+    {"ember-store (2 hops: client -> ember-store -> etcd)", "", ""},
+    {"emberd store: etcd:// (2 hops: client -> server in its process -> etcd)", "hosted_",
+     "hosted"},
+    {"etcd backend in-process (1 hop: Backend::Execute -> etcd)", "direct_", "backend"},
+};
+
 absl::Status EtcdPart(bench::Report& report, const std::string& store, const std::string& etcd,
                       const std::vector<int>& clients, int rounds, const std::string& tmp) {
   bench::Table& t = report.AddTable(
       absl::StrCat("etcd backend overhead: ", absl::GetFlag(FLAGS_seconds),
-                   " s per point, median of ", rounds, " interleaved rounds (ember, plain)"),
-      {"op", "clients", "etcd RTs/op", "ember ops/s", "p50 us", "p99 us", "plain ops/s",
-       "p50 us", "p99 us", "ember/plain"});
-  t.AddNote("ember = Ember client -> ember-store --backend=etcd (TCP loopback) -> etcd; plain = "
-            "a process using etcd's gRPC API directly. Both one op in flight per client process, "
-            "same single etcd member (data dir on tmpfs), same key shapes");
-  t.AddNote("etcd round trips per op, same on both: get = 1 linearizable Range; set = 1 Put (ember: "
-            "a Txn holding the put); add = Range + compare-mod_revision Txn (etcd has no atomic "
-            "add). Ember adds one loopback hop (client -> ember-store) to every op");
-  const std::vector<std::pair<std::string, std::string>> ops = {
-      {"get", "1"}, {"set", "1"}, {"add", "2"}};
-  for (const auto& [op, rtts] : ops) {
+                   " s per point, median of ", rounds, " interleaved rounds (ember-store, emberd "
+                   "hosted, in-process backend, plain)"),
+      {"op", "clients", "ember path", "etcd RTs/op ember, plain", "ember ops/s", "p50 us",
+       "p99 us", "plain ops/s", "p50 us", "p99 us", "ember/plain"});
+  t.AddNote("plain = a process using etcd's gRPC API directly (1 hop). Ember paths: ember-store = "
+            "client processes -> one ember-store --backend=etcd (in the benchmark's process, TCP "
+            "loopback fast path) -> etcd; emberd store: etcd:// = what that setting runs: each "
+            "client process hosts a StoreServer on the etcd backend and calls it through a Client "
+            "on loopback (emberd's defaults: fast path on the abstract Unix socket), so it is 2 "
+            "hops like ember-store, not 1 (emberd's workers reach their daemon's hosted server "
+            "like the ember-store row); in-process backend = each client process makes its own "
+            "etcd backend and calls Backend::Execute (the 1-hop floor of the backend)");
+  t.AddNote("all: one op in flight per client process, same single etcd member (data dir on "
+            "tmpfs), same key shapes. etcd round trips: get = 1 linearizable Range on both; set "
+            "= 1 Put on both; add: plain = Range + compare-mod_revision Txn (etcd has no atomic "
+            "add); Ember = 1 Txn when it knows the key's last mod_revision (it wrote or read the "
+            "key before; a stale guess fails the compare and the Txn's failure branch returns "
+            "the key, so a retry needs no extra read), else Range + Txn");
+  for (const std::string op : {"get", "set", "add"}) {
     const auto& wanted = absl::GetFlag(FLAGS_etcd_ops);
     if (std::find(wanted.begin(), wanted.end(), op) == wanted.end()) continue;
+    const std::string rtts = op == "add" ? "1 (2 first), 2" : "1, 1";
     for (int n : clients) {
-      std::vector<OpsResult> ember, plain;
+      std::vector<OpsResult> plain;
+      std::vector<std::vector<OpsResult>> ember(std::size(kEtcdPaths));
       for (int r = 0; r < rounds; ++r) {
-        ASSIGN_OR_RETURN(OpsResult e, RunEmberOps(store, "tcp", op, n, tmp));
-        ember.push_back(e);
+        for (size_t i = 0; i < std::size(kEtcdPaths); ++i) {
+          const EtcdPath& path = kEtcdPaths[i];
+          if (path.inproc[0] == '\0') {
+            ASSIGN_OR_RETURN(OpsResult e, RunEmberOps(store, "tcp", op, n, tmp));
+            ember[i].push_back(e);
+            continue;
+          }
+          const std::vector<std::string> args = {
+              "--role=etcd_inproc", absl::StrCat("--inproc=", path.inproc), "--etcd=" + etcd,
+              "--op=" + op,
+              absl::StrCat("--plain_prefix=/ember-bench-", path.inproc, "/", getpid(), "/"),
+              absl::StrCat("--seconds=", absl::GetFlag(FLAGS_seconds))};
+          ASSIGN_OR_RETURN(auto run, SpawnAndRun(n, args, tmp));
+          ASSIGN_OR_RETURN(OpsResult e, CollectOps(run.second));
+          ember[i].push_back(e);
+        }
         const std::vector<std::string> args = {
             "--role=plain_etcd", "--etcd=" + etcd, "--op=" + op,
             absl::StrCat("--plain_prefix=/plain-bench/", getpid(), "/"),
@@ -253,16 +363,20 @@ absl::Status EtcdPart(bench::Report& report, const std::string& store, const std
         ASSIGN_OR_RETURN(OpsResult p, CollectOps(run.second));
         plain.push_back(p);
       }
-      const double e_ops = *Med(ember, &OpsResult::ops_per_s);
       const double p_ops = *Med(plain, &OpsResult::ops_per_s);
-      t.AddRow({op, n, rtts, e_ops, Med(ember, &OpsResult::p50_us), Med(ember, &OpsResult::p99_us),
-                p_ops, Med(plain, &OpsResult::p50_us), Med(plain, &OpsResult::p99_us),
-                e_ops / p_ops});
-      report.AddTarget(bench::Target::VsPeer(
-          absl::StrCat("etcd_", op, "_ops_per_s_", n, "_clients_vs_plain_etcd_client"), e_ops,
-          p_ops, 0.85, bench::kHigherIsBetter, "ops/s", "",
-          absl::StrCat("overhead <= 15%: ember client -> ember-store -> etcd vs a plain etcd gRPC "
-                       "client, ", rtts, " etcd round trip(s) per op on both")));
+      for (size_t i = 0; i < std::size(kEtcdPaths); ++i) {
+        const EtcdPath& path = kEtcdPaths[i];
+        const double e_ops = *Med(ember[i], &OpsResult::ops_per_s);
+        t.AddRow({op, n, path.name, rtts, e_ops, Med(ember[i], &OpsResult::p50_us),
+                  Med(ember[i], &OpsResult::p99_us), p_ops, Med(plain, &OpsResult::p50_us),
+                  Med(plain, &OpsResult::p99_us), e_ops / p_ops});
+        report.AddTarget(bench::Target::VsPeer(
+            absl::StrCat("etcd_", path.target, op, "_ops_per_s_", n,
+                         "_clients_vs_plain_etcd_client"),
+            e_ops, p_ops, 0.85, bench::kHigherIsBetter, "ops/s", "",
+            absl::StrCat("overhead <= 15%: ", path.name, " vs a plain etcd gRPC client (1 hop); "
+                         "etcd round trips per op (ember, plain): ", rtts)));
+      }
     }
   }
   return absl::OkStatus();
@@ -454,5 +568,6 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   if (int rc = ember::store::bench_util::RunChildRole(); rc >= 0) return rc;
   if (absl::GetFlag(FLAGS_role) == "plain_etcd") return ember::store::ChildPlainEtcd();
+  if (absl::GetFlag(FLAGS_role) == "etcd_inproc") return ember::store::ChildInProcess();
   return ember::store::Parent(argc, argv);
 }

@@ -110,6 +110,40 @@ TEST_CASE("two stores on one etcd prefix: exact Add totals, shared keys, cross-s
   REQUIRE(*b.client->NumKeys("") == 2);
 }
 
+TEST_CASE("an add that starts from the key's last known revision sees other stores' changes") {
+  EtcdTestCluster etcd(1);
+  EtcdStore a(etcd.endpoints()), b(etcd.endpoints());
+  REQUIRE(*a.client->Add("n", 1) == 1);
+  REQUIRE(*a.client->Add("n", 1) == 2);  // a knows n's value and revision now
+  REQUIRE(b.client->Set("n", "10").ok());
+  REQUIRE(*a.client->Add("n", 1) == 11);  // the stale guess loses its compare: no lost update
+  REQUIRE(b.client->Set("n", "abc").ok());
+  auto bad = a.client->Add("n", 1);
+  REQUIRE(absl::IsInvalidArgument(bad.status()));  // answered from etcd's value, not the guess
+  REQUIRE(*b.client->Get("n") == "abc");
+  REQUIRE(b.client->Delete("n").ok());
+  REQUIRE(*a.client->Add("n", 5) == 5);  // deleted meanwhile: starts from 0
+  REQUIRE(*b.client->Get("n") == "5");
+}
+
+TEST_CASE("the waker watch stops when nobody waits and starts again for the next waiter") {
+  EtcdTestCluster etcd(1);
+  EtcdStore a(etcd.endpoints()), b(etcd.endpoints());
+  for (int round = 0; round < 2; ++round) {
+    const std::string key = absl::StrCat("ready", round);
+    std::thread setter([&] {
+      absl::SleepFor(absl::Milliseconds(300));
+      REQUIRE(a.client->Set(key, "1").ok());
+    });
+    auto v = b.client->Get(key, {.wait = true, .timeout = absl::Seconds(10)});
+    setter.join();
+    REQUIRE(v.ok());
+    REQUIRE(*v == "1");
+    REQUIRE(b.client->Wait({key}, absl::Seconds(1)).ok());  // present: no wait
+    absl::SleepFor(absl::Seconds(3));  // > the waker's 2 s idle time: it stops
+  }
+}
+
 TEST_CASE("concurrent Adds on one key from many connections combine: each result once, 1..N") {
   EtcdTestCluster etcd(1);
   EtcdStore s(etcd.endpoints());
