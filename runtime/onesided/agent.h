@@ -81,6 +81,11 @@ struct AgentOptions {
   // mapping of AllocateMemory regions (the fastest path on one host); a dead peer is then seen only
   // as Wait/WaitNotification timeouts.
   bool detect_peer_failure = true;
+  // A Put or Get of at least this many bytes whose peer regions are mapped into this process
+  // (detect_peer_failure = false, the peer's AllocateMemory regions, one host) is copied by the
+  // calling thread and a helper thread together, so it uses two cores as a shared-memory
+  // send/recv does; it is complete when Put/Get returns. 0: never (UCX copies on one core).
+  uint64_t parallel_copy_min_bytes = 4 << 20;
 };
 
 // A registered local region. `descriptor` is the packed form a peer imports (UCX rkey, base

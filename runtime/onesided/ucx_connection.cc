@@ -57,7 +57,7 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
     return absl::InvalidArgumentError(absl::StrCat("region descriptor belongs to agent '", d.owner,
                                                    "', not to this connection's peer '", peer_, "'"));
   }
-  Remote r{d.base, d.length, nullptr, nullptr};
+  Remote r{d.base, d.length, nullptr, nullptr, nullptr};
   if (d.length > 0 && cuda_ipc::IsExported(d.rkey)) {
     auto m = cuda_ipc::Mapping::Open(d.rkey, d.length);
     if (!m.ok()) {
@@ -69,6 +69,8 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
   } else if (d.length > 0) {
     ucs_status_t st = ucp_ep_rkey_unpack(ep, d.rkey.data(), &r.rkey);
     if (st != UCS_OK) return FromUcs(st, absl::StrCat("unpacking a remote key from ", peer_));
+    void* mapped = nullptr;
+    if (map_direct && ucp_rkey_ptr(r.rkey, d.base, &mapped) == UCS_OK) r.mapped = static_cast<char*>(mapped);
   }
   RemoteRegion out{handle_counter->fetch_add(1) + 1};
   absl::MutexLock l(&mu_);

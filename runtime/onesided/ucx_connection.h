@@ -35,6 +35,9 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 struct Remote {
   uint64_t base = 0, length = 0;
   ucp_rkey_h rkey = nullptr;
+  // The peer's region mapped into this process (ucp_rkey_ptr) on a connection with map_direct;
+  // null where UCX cannot map it (CMA, TCP) or the connection does not allow it.
+  char* mapped = nullptr;
   std::shared_ptr<cuda_ipc::Mapping> cuda;  // a peer's GPU region (then base is its local address)
 };
 
@@ -83,6 +86,10 @@ class ConnectionImpl : public Connection {
   // on TCP) and sends its message at once.
   std::atomic<uint64_t> unflushed_puts{0};
   std::function<void()> on_failure;  // set before the endpoint exists
+  // Set before any import: the endpoint has no peer-failure handling, so UCX itself would move
+  // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
+  // then copy large transfers itself through Remote::mapped (agent.cc).
+  bool map_direct = false;
 
  private:
   const std::string peer_;
