@@ -26,7 +26,9 @@
 // flight or traffic arrived in the last 200 us, otherwise asleep on the worker's event fd. A thread
 // in Work::Wait or WaitNotification drives progress itself for up to 20 ms (the progress thread
 // then stands aside, so two threads never spin on one worker) and then sleeps on a condition
-// variable, leaving progress to the thread. Callers never need to call anything to make progress.
+// variable, leaving progress to the thread. A thread inside Put/Get also has it stand aside (over
+// shared memory UCX copies inside the call, holding the worker's lock). Callers never need to call
+// anything to make progress.
 //
 // Thread safety: every Agent, Connection and Work method is thread-safe (the UCX worker runs in
 // UCS_THREAD_MODE_MULTI). Transports: UCX chooses (shared memory, CMA, TCP, RDMA where present);
