@@ -33,7 +33,6 @@ using internal::WorkerProgressor;
 
 constexpr unsigned kNotifyAmId = 17;
 
-
 class AgentImpl;
 
 struct LocalRegion {
