@@ -28,6 +28,7 @@ ORDER = [
     ("recorder_bench", "Flight recorder (issue 9)", "//runtime/flight:recorder_bench"),
     ("pipeline_bench", "Pipeline parallelism (issue 15)", "//bench:pipeline_bench"),
     ("onesided_bench", "One-sided transfers (issue 16)", "//runtime/onesided:onesided_bench"),
+    ("onesided_bench_tcp", "One-sided transfers over TCP (issue 16)", "//runtime/onesided:onesided_bench"),
     ("script_bench", "PyTorch scripts under Ember vs torchrun (issue 23)", "//bench:script_bench"),
     ("kernel_bench_llama", "Llama kernels and training step (issue 22)", "//bench:kernel_bench"),
     ("metrics_bench", "Metrics endpoint (issue 21)", "//bench:metrics_bench"),

@@ -26,7 +26,9 @@
 // flight or traffic arrived in the last 200 us, otherwise asleep on the worker's event fd. A thread
 // in Work::Wait or WaitNotification drives progress itself for up to 20 ms (the progress thread
 // then stands aside, so two threads never spin on one worker) and then sleeps on a condition
-// variable, leaving progress to the thread. Callers never need to call anything to make progress.
+// variable, leaving progress to the thread. A thread inside Put/Get also has it stand aside (over
+// shared memory UCX copies inside the call, holding the worker's lock). Callers never need to call
+// anything to make progress.
 //
 // Thread safety: every Agent, Connection and Work method is thread-safe (the UCX worker runs in
 // UCS_THREAD_MODE_MULTI). Transports: UCX chooses (shared memory, CMA, TCP, RDMA where present);
@@ -81,6 +83,11 @@ struct AgentOptions {
   // mapping of AllocateMemory regions (the fastest path on one host); a dead peer is then seen only
   // as Wait/WaitNotification timeouts.
   bool detect_peer_failure = true;
+  // A Put or Get of at least this many bytes whose peer regions are mapped into this process
+  // (detect_peer_failure = false, the peer's AllocateMemory regions, one host) is copied by the
+  // calling thread and a helper thread together, so it uses two cores as a shared-memory
+  // send/recv does; it is complete when Put/Get returns. 0: never (UCX copies on one core).
+  uint64_t parallel_copy_min_bytes = 4 << 20;
 };
 
 // A registered local region. `descriptor` is the packed form a peer imports (UCX rkey, base

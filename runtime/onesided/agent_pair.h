@@ -23,13 +23,19 @@ struct AgentPair {
   Connection* a_to_b = nullptr;  // owned by a
   Connection* b_to_a = nullptr;  // owned by b
 
-  static absl::StatusOr<std::unique_ptr<AgentPair>> Create() {
+  // `base`: options for both agents (store, name and rank are set here).
+  static absl::StatusOr<std::unique_ptr<AgentPair>> Create(AgentOptions base = {}) {
     auto p = std::make_unique<AgentPair>();
     ASSIGN_OR_RETURN(p->server, store::StoreServer::Start({.address = "127.0.0.1:0"}));
     ASSIGN_OR_RETURN(store::Client c, store::Client::Connect({.address = p->server->address()}));
     p->client.emplace(std::move(c));
-    ASSIGN_OR_RETURN(p->a, Agent::Create({.store = &*p->client, .name = "a", .rank = 0}));
-    ASSIGN_OR_RETURN(p->b, Agent::Create({.store = &*p->client, .name = "b", .rank = 1}));
+    base.store = &*p->client;
+    base.name = "a";
+    base.rank = 0;
+    ASSIGN_OR_RETURN(p->a, Agent::Create(base));
+    base.name = "b";
+    base.rank = 1;
+    ASSIGN_OR_RETURN(p->b, Agent::Create(base));
     absl::StatusOr<Connection*> ca;
     std::thread t([&] { ca = p->a->Connect("b"); });
     absl::StatusOr<Connection*> cb = p->b->Connect("a");

@@ -64,6 +64,8 @@ ABSL_FLAG(bool, ucx_memory, true,
 ABSL_FLAG(bool, vs_comm, true,
           "also compare with the comm layer's send/recv (cpu backend) over the same transport "
           "(bench_vs_comm.h): TCP for a --tls item naming tcp, shared memory otherwise");
+ABSL_FLAG(int64_t, parallel_copy_min_bytes, 4 << 20,
+          "AgentOptions.parallel_copy_min_bytes (0: every copy on one core, by UCX)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");
 ABSL_FLAG(std::string, store, "", "internal");
@@ -99,8 +101,10 @@ int RunTarget() {
   auto c = store::Client::Connect({.address = absl::GetFlag(FLAGS_store)});
   if (!c.ok()) return 1;
   store::Client s = c->WithPrefix(absl::GetFlag(FLAGS_prefix));
-  auto agent = Agent::Create(
-      {.store = &s, .rank = 1, .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)});
+  auto agent = Agent::Create({.store = &s, .rank = 1,
+                              .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure),
+                              .parallel_copy_min_bytes = static_cast<uint64_t>(
+                                  absl::GetFlag(FLAGS_parallel_copy_min_bytes))});
   if (!agent.ok()) {
     fprintf(stderr, "target: %s\n", agent.status().ToString().c_str());
     return 1;
@@ -320,7 +324,9 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   store::Client s = client.WithPrefix(prefix);
   ASSIGN_OR_RETURN(std::unique_ptr<Agent> agent,
                    Agent::Create({.store = &s, .rank = 0,
-                                  .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure)}));
+                                  .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure),
+                                  .parallel_copy_min_bytes = static_cast<uint64_t>(
+                                      absl::GetFlag(FLAGS_parallel_copy_min_bytes))}));
   std::vector<char> heap, a(cfg.max_bytes, 3), b(cfg.max_bytes, 4);
   ASSIGN_OR_RETURN(Registration reg, Buffer(agent.get(), cfg.max_bytes, &heap));
   ASSIGN_OR_RETURN(Connection* conn, agent->Connect("rank1"));
@@ -485,6 +491,8 @@ int Main(int argc, char** argv) {
   report.SetMeta("ucx_tls", json::Value::Str(absl::StrJoin(transports, ",")));
   report.SetMeta("detect_peer_failure", json::Value::Bool(absl::GetFlag(FLAGS_detect_peer_failure)));
   report.SetMeta("ucx_memory", json::Value::Bool(absl::GetFlag(FLAGS_ucx_memory)));
+  report.SetMeta("parallel_copy_min_bytes",
+                 json::Value::Int(absl::GetFlag(FLAGS_parallel_copy_min_bytes)));
   return report.Finish();
 }
 

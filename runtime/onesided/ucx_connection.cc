@@ -1,8 +1,11 @@
 #include "runtime/onesided/ucx_connection.h"
 
+#include <poll.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/onesided/descriptor.h"
 
@@ -57,7 +60,7 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
     return absl::InvalidArgumentError(absl::StrCat("region descriptor belongs to agent '", d.owner,
                                                    "', not to this connection's peer '", peer_, "'"));
   }
-  Remote r{d.base, d.length, nullptr, nullptr};
+  Remote r{d.base, d.length, nullptr, nullptr, nullptr};
   if (d.length > 0 && cuda_ipc::IsExported(d.rkey)) {
     auto m = cuda_ipc::Mapping::Open(d.rkey, d.length);
     if (!m.ok()) {
@@ -69,11 +72,40 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
   } else if (d.length > 0) {
     ucs_status_t st = ucp_ep_rkey_unpack(ep, d.rkey.data(), &r.rkey);
     if (st != UCS_OK) return FromUcs(st, absl::StrCat("unpacking a remote key from ", peer_));
+    void* mapped = nullptr;
+    if (map_direct && ucp_rkey_ptr(r.rkey, d.base, &mapped) == UCS_OK) r.mapped = static_cast<char*>(mapped);
   }
   RemoteRegion out{handle_counter->fetch_add(1) + 1};
   absl::MutexLock l(&mu_);
   remotes_[out.handle] = r;
   return out;
+}
+
+void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
+                     const std::atomic<bool>& stop, const std::atomic<int>& in_flight) {
+  constexpr absl::Duration kSpinAfterActivity = absl::Microseconds(200);
+  constexpr int kIdlePollMs = 50;
+  absl::Time last_activity = absl::Now();
+  while (!stop.load(std::memory_order_acquire)) {
+    bool any = false;
+    while (!progressor.waiter_spinning() && ucp_worker_progress(worker) != 0) any = true;
+    const bool waiter_drives = progressor.waiter_spinning();
+    const absl::Time now = absl::Now();
+    if (any) last_activity = now;
+    const bool busy = in_flight.load(std::memory_order_acquire) > 0;
+    if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
+    if (waiter_drives) {  // woken when the last spinner leaves with requests in flight (LeaveSpin)
+      progressor.ParkWhileWaiterSpins(kParkSlice);
+      continue;
+    }
+    if (efd < 0) {
+      absl::SleepFor(absl::Milliseconds(5));
+      continue;
+    }
+    if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
+    pollfd pfd{efd, POLLIN, 0};
+    poll(&pfd, 1, busy ? 1 : kIdlePollMs);
+  }
 }
 
 }  // namespace ember::onesided::internal

@@ -35,6 +35,9 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 struct Remote {
   uint64_t base = 0, length = 0;
   ucp_rkey_h rkey = nullptr;
+  // The peer's region mapped into this process (ucp_rkey_ptr) on a connection with map_direct;
+  // null where UCX cannot map it (CMA, TCP) or the connection does not allow it.
+  char* mapped = nullptr;
   std::shared_ptr<cuda_ipc::Mapping> cuda;  // a peer's GPU region (then base is its local address)
 };
 
@@ -83,6 +86,10 @@ class ConnectionImpl : public Connection {
   // on TCP) and sends its message at once.
   std::atomic<uint64_t> unflushed_puts{0};
   std::function<void()> on_failure;  // set before the endpoint exists
+  // Set before any import: the endpoint has no peer-failure handling, so UCX itself would move
+  // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
+  // then copy large transfers itself through Remote::mapped (agent.cc).
+  bool map_direct = false;
 
  private:
   const std::string peer_;
@@ -122,6 +129,15 @@ class WorkerProgressor : public Progressor {
   absl::Mutex mu_;
   ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
 };
+
+// The agent's progress thread until `stop`: spins on ucp_worker_progress while requests are in
+// flight (`in_flight` > 0) or traffic arrived in the last 200 us, parks while a waiter or poster
+// drives the worker itself (`progressor.waiter_spinning()`, checked before every pass: a poster may
+// hold the worker's lock for a whole shared-memory copy, and a pass started then would spin on that
+// lock throughout), and otherwise sleeps on the worker's event fd `efd` (1 ms at most while
+// requests are in flight, in case a transport raises no event; 5 ms sleeps when efd < 0).
+void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
+                     const std::atomic<bool>& stop, const std::atomic<int>& in_flight);
 
 }  // namespace ember::onesided::internal
 
