@@ -85,8 +85,15 @@ void Daemon::Impl::LeaseLost(store::Client* via) {
                "stopping {} local attempt(s) and registering again",
                lease.load(), opts.node_name, absl::FormatDuration(opts.lease_ttl), running.size());
   // The stop key first: the scheduler then records this reason, whatever it saw of the node.
+  // Re-sent on UNAVAILABLE ("outcome unknown" included: a second try finds the key set) or a
+  // deadline: each try is bounded by LeaseTryTimeout.
   for (const auto& [job, n] : running) {
-    (void)via->CompareSet(keys::Stop(job, n), std::nullopt, why);
+    for (int tries = 0; tries < 3; ++tries) {
+      auto r = via->CompareSet(keys::Stop(job, n), std::nullopt, why);
+      if (r.ok() || !(absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()))) {
+        break;
+      }
+    }
   }
   {
     absl::MutexLock l(&mu);
