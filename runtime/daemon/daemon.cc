@@ -1,6 +1,6 @@
 // The daemon's wiring: start-up, registration under the node lease, the control loop (election,
 // Schedule on the leader, Supervise everywhere) and the heartbeat loop, drain and detach, and the
-// public Daemon methods. The decisions live in scheduler.h and placement.h; their execution in
+// public Daemon methods. The lease thread (keeping the lease alive) lives in lease.cc. The decisions live in scheduler.h and placement.h; their execution in
 // schedule.cc; workers in supervise.cc; workers.state in worker_state.cc; job records in records.cc.
 #include "runtime/daemon/daemon.h"
 
@@ -98,7 +98,8 @@ absl::Status Daemon::Impl::Init() {
   store::ClientOptions co;
   co.address = store_addr;
   co.auth_token = opts.auth_token;
-  co.credentials = opts.tls.enabled() ? channel_creds : nullptr;
+  store_credentials = opts.tls.enabled() ? channel_creds : nullptr;
+  co.credentials = store_credentials;
   co.default_timeout = absl::Seconds(10);
   co.connect_timeout = absl::Seconds(10);
   auto client = store::Client::Connect(co);
@@ -126,10 +127,18 @@ absl::Status Daemon::Impl::Init() {
                  opts.job_page_open ? " (readable without login)" : "");
   }
   LoadState();  // the lease to keep and the workers to re-attach to
-  RETURN_IF_ERROR(Register());
+  if (opts.lease_refresh <= absl::ZeroDuration()) {
+    opts.lease_refresh = std::min(opts.heartbeat, opts.lease_ttl / 10);
+  }
+  if (lease.load() == 0 || !store->RefreshLease(lease.load()).ok()) {
+    ASSIGN_OR_RETURN(int64_t id, store->GrantLease(opts.lease_ttl));
+    lease = id;
+  }
+  RETURN_IF_ERROR(Register(&*store));
   last_tick_ms = NowMs();
   control_thread = std::thread([this] { ControlLoop(); });
   heartbeat_thread = std::thread([this] { HeartbeatLoop(); });
+  lease_thread = std::thread([this] { LeaseLoop(); });
   spdlog::info("emberd {} ready: api {}, http {}, store {}{}, work root {}, auth {}",
                opts.node_name, advertise, http ? http->address() : "off", store_addr,
                !opts.host_store ? ""
@@ -141,12 +150,9 @@ absl::Status Daemon::Impl::Init() {
   return absl::OkStatus();
 }
 
-absl::Status Daemon::Impl::Register() {
-  int64_t id = lease.load();
-  if (id == 0 || !store->RefreshLease(id).ok()) {
-    ASSIGN_OR_RETURN(id, store->GrantLease(opts.lease_ttl));
-    lease = id;
-  }
+absl::Status Daemon::Impl::Register(store::Client* via) {
+  // The lease thread refreshes the lease and replaces a lost one (lease.cc).
+  const int64_t id = lease.load();
   jobs::v1::Node node;
   node.set_name(opts.node_name);
   node.set_address(advertise);
@@ -165,7 +171,7 @@ absl::Status Daemon::Impl::Register() {
     node.set_workers(n);
   }
   const absl::Time t0 = absl::Now();
-  absl::Status set = store->SetWithLease(keys::Node(opts.node_name), node.SerializeAsString(), id);
+  absl::Status set = via->SetWithLease(keys::Node(opts.node_name), node.SerializeAsString(), id);
   metrics->ObserveStoreOp("heartbeat", absl::ToDoubleSeconds(absl::Now() - t0));
   RETURN_IF_ERROR(set);
   last_heartbeat_ms = NowMs();
@@ -174,8 +180,11 @@ absl::Status Daemon::Impl::Register() {
 
 void Daemon::Impl::HeartbeatLoop() {
   while (!stop.WaitForNotificationWithTimeout(opts.heartbeat)) {
-    absl::Status s = Register();
-    if (!s.ok()) spdlog::warn("heartbeat to the store failed: {}", s.ToString());
+    absl::Status s = Register(&*store);
+    // NOT_FOUND: the lease expired; the lease thread registers again under a new one (lease.cc).
+    if (!s.ok() && !absl::IsNotFound(s)) {
+      spdlog::warn("heartbeat to the store failed: {}", s.ToString());
+    }
     std::vector<std::string> logs;
     {
       absl::MutexLock l(&mu);
@@ -225,7 +234,7 @@ void Daemon::Impl::DrainNow() {
   }
   draining = true;  // from here StartPlaced stops what it starts (supervise.cc)
   spdlog::info("emberd {} draining", opts.node_name);
-  (void)Register();  // tell the scheduler: no new placements here
+  (void)Register(&*store);  // tell the scheduler: no new placements here
   // The gang is broken: every rank of each attempt, on every node, stops.
   const std::string why = "node " + opts.node_name + " draining";
   std::vector<std::pair<std::string, int>> running;
@@ -258,6 +267,7 @@ void Daemon::Impl::DrainNow() {
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
+  if (lease_thread.joinable()) lease_thread.join();
   Supervise();  // a last reap (SIGKILLs anything left) with the loops stopped
   SuperviseStandbys({}, {}, /*all=*/true);
   // Kill and reap whatever is left, on a copy: the waits happen without the lock.
@@ -300,6 +310,7 @@ void Daemon::Impl::DetachNow() {
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
+  if (lease_thread.joinable()) lease_thread.join();
   SuperviseStandbys({}, {}, /*all=*/true);  // not persisted: a new daemon would not know them
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
@@ -324,6 +335,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(DaemonOptions options) {
     impl->stop.Notify();
     if (impl->control_thread.joinable()) impl->control_thread.join();
     if (impl->heartbeat_thread.joinable()) impl->heartbeat_thread.join();
+    if (impl->lease_thread.joinable()) impl->lease_thread.join();
     return s;
   }
   return std::unique_ptr<Daemon>(new Daemon(std::move(impl)));

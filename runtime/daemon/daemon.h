@@ -17,7 +17,9 @@
 //   1. The daemon of a dying worker reaps it within one poll and writes the attempt's `failure`
 //      (first writer wins) and `stop` keys; every worker polls `stop` and exits within ~0.1 s after
 //      dumping its flight recorder into <job dir>/flight/attempt-<n>/; every daemon also SIGTERMs
-//      its ranks of that attempt. A lost node (lease expired) is a failure too: "node lost: <node>".
+//      its ranks of that attempt. A lost node (lease expired) is a failure too: "node lost: <node>",
+//      seen by the scheduler or by the node's own daemon once the store answers again (it stops
+//      its workers, sets that stop key and registers under a new lease; lease.cc).
 //   2. The scheduler waits until every rank on a live node reported its exit (bounded by
 //      failure_settle), runs `analyze_flight` over the dumps (the verdict goes on the attempt and
 //      the reason), then moves the job to RESTARTING (backoff) or FAILED.
@@ -76,7 +78,11 @@ struct DaemonOptions {
   std::string script_user;
   bool allow_root_scripts = false;
   absl::Duration lease_ttl = absl::Seconds(6);
-  absl::Duration heartbeat = absl::Seconds(1);
+  absl::Duration heartbeat = absl::Seconds(1);  // the node record's rewrite period
+  // The lease's refresh period, on a store connection of its own (lease.cc); zero = lease_ttl /
+  // 10, at most `heartbeat`. A store outage shorter than about lease_ttl - 2 * lease_refresh
+  // keeps the lease; a longer one loses the node (its attempts restart, "node lost: <node>").
+  absl::Duration lease_refresh = absl::ZeroDuration();
   absl::Duration poll = absl::Milliseconds(100);
   absl::Duration kill_grace = absl::Seconds(3);  // SIGTERM, then SIGKILL of the process group
   int64_t log_max_bytes = 64 << 20;              // per rank, then rotated (copy-truncate)

@@ -84,6 +84,7 @@ class Daemon::Impl {
   std::unique_ptr<store::StoreServer> hosted_store;
   std::optional<store::Client> store;
   std::string store_addr;
+  std::shared_ptr<grpc::ChannelCredentials> store_credentials;  // null: plaintext
   std::string token_file;  // handed to workers (EMBER_AUTH_TOKEN_FILE)
   std::string advertise;
   std::unique_ptr<grpc::Service> jobs_service, nodes_service;
@@ -104,7 +105,7 @@ class Daemon::Impl {
   std::atomic<int64_t> last_tick_ms{0}, last_heartbeat_ms{0};
   absl::Notification stop;
   SeriesReader series;  // metric series of the jobs' metrics files (the API and the job page)
-  std::thread control_thread, heartbeat_thread;
+  std::thread control_thread, heartbeat_thread, lease_thread;
 
   // ---- Guarded. The lock rule: `mu` protects `local` and `drained` and nothing else, and is held
   // only to read or merge them: never across a store call, a fork, a wait for a process or a file
@@ -130,11 +131,21 @@ class Daemon::Impl {
   absl::Status Init();
   void ControlLoop() ABSL_LOCKS_EXCLUDED(mu);
   void HeartbeatLoop() ABSL_LOCKS_EXCLUDED(mu);
-  absl::Status Register() ABSL_LOCKS_EXCLUDED(mu);
+  // Writes this node's record under the current lease, through `via` (the main client, or the
+  // lease keeper's).
+  absl::Status Register(store::Client* via) ABSL_LOCKS_EXCLUDED(mu);
   void Tick() ABSL_LOCKS_EXCLUDED(mu);
   void DrainNow() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
   void DetachNow() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
   std::string JobDir(const std::string& job) const;
+
+  // lease.cc (lease thread): keeps the node lease alive on a connection of its own, redialled
+  // after each failed try; a lease found expired stops this node's attempts ("node lost: <node>")
+  // and registers the node again under a new lease.
+  void LeaseLoop() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  void LeaseLost(store::Client* via) ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  // How long one keeper try (dial, refresh) may take: lease_refresh, within [250 ms, 1 s].
+  absl::Duration LeaseTryTimeout() const;
 
   // schedule.cc (leader only): reads the store into snapshots, asks `scheduler`, writes the
   // outcome. Never takes mu.

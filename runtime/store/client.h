@@ -48,6 +48,11 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   absl::Duration default_timeout = absl::Seconds(300);     // per call, unless CallOptions says
   absl::Duration connect_timeout = absl::Seconds(30);      // Connect() gives up after this
+  // One connection attempt (the TCP connect, the fast path's hello, the Info query) gives up
+  // after this, and the next attempt dials a fresh socket. The kernel's own SYN retries back off
+  // to seconds, so a short value reconnects sooner after a network outage (emberd's lease keeper
+  // uses a fraction of a second).
+  absl::Duration dial_timeout = absl::Seconds(5);
   absl::Duration initial_backoff = absl::Milliseconds(20);
   absl::Duration max_backoff = absl::Seconds(2);
   // Use the server's plain-TCP fast path when it offers one (Info.fast_port); otherwise, or when

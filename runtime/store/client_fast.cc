@@ -1,18 +1,22 @@
 // Dialling the store's fast path (see client_fast.h).
 #include "runtime/store/client_fast.h"
 
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/store.pb.h"
 #include "runtime/store/client_framing.h"
 #include "runtime/store/fast_path_protocol.h"
@@ -24,9 +28,40 @@ bool IsLoopback(const std::string& host) {
   return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
 }
 
+// connect() that gives up after `timeout_ms` (ETIMEDOUT) instead of after the kernel's SYN
+// retries (about two minutes). Returns 0 or an errno; `fd` is blocking again on return.
+int ConnectWithin(int fd, const sockaddr* addr, socklen_t len, int timeout_ms) {
+  const int flags = fcntl(fd, F_GETFL, 0);
+  fcntl(fd, F_SETFL, flags | O_NONBLOCK);
+  int err = 0;
+  if (connect(fd, addr, len) != 0) {
+    err = errno;
+    if (err == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      const absl::Time deadline = absl::Now() + absl::Milliseconds(timeout_ms);
+      int n;
+      do {
+        const int left = static_cast<int>(
+            std::max<int64_t>(0, absl::ToInt64Milliseconds(deadline - absl::Now())));
+        n = poll(&p, 1, left);
+      } while (n < 0 && errno == EINTR);
+      socklen_t el = sizeof(err);
+      if (n == 0) {
+        err = ETIMEDOUT;
+      } else if (n < 0 || getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) != 0) {
+        err = errno;
+      }
+    }
+  }
+  fcntl(fd, F_SETFL, flags);
+  return err;
+}
+
 }  // namespace
 
 absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
+  const int dial_ms = static_cast<int>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(options.dial_timeout), 1, 3600 * 1000));
   std::string host = options.address.substr(0, options.address.rfind(':'));
   if (host.size() >= 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
   int fd = -1;
@@ -47,10 +82,9 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
       return absl::UnavailableError(absl::StrCat("cannot resolve store host '", host, "'"));
     }
     fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    int rc = fd < 0 ? -1 : connect(fd, res->ai_addr, res->ai_addrlen);
-    int err = errno;
+    int err = fd < 0 ? errno : ConnectWithin(fd, res->ai_addr, res->ai_addrlen, dial_ms);
     freeaddrinfo(res);
-    if (rc != 0) {
+    if (err != 0) {
       if (fd >= 0) close(fd);
       return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
                                                  ": ", strerror(err)));
@@ -61,7 +95,7 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
   hello.set_auth_token(options.auth_token);
   std::string reply;
   v1::ResponseBatch rb;
-  if (!SendAll(fd, FrameOf(hello)) || !ReadFrame(fd, &reply, 5000) ||
+  if (!SendAll(fd, FrameOf(hello)) || !ReadFrame(fd, &reply, dial_ms) ||
       !rb.ParseFromString(reply)) {
     close(fd);
     return absl::UnavailableError("store fast path closed during the handshake");

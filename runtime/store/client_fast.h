@@ -19,7 +19,8 @@ constexpr int kReadSliceMs = 50;
 // when options.use_unix_socket and the host is loopback), sends the auth token and checks the
 // server's hello. Returns the connected socket, owned by the caller, with TCP_NODELAY, keepalive
 // and SO_RCVTIMEO = kReadSliceMs set. UNAVAILABLE when it cannot connect, or the port is not an
-// ember-store fast path; the server's code (UNAUTHENTICATED) when it refuses the token.
+// ember-store fast path; the server's code (UNAUTHENTICATED) when it refuses the token. The
+// connect and the hello each give up after options.dial_timeout.
 absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port);
 
 }  // namespace ember::store::client_internal

@@ -109,7 +109,8 @@ std::unique_ptr<v1::Store::Stub> NewStub(const ClientOptions& options,
 grpc::Status QueryInfo(v1::Store::Stub* stub, const ClientOptions& options,
                        v1::InfoResponse* info) {
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(absl::ToInt64Milliseconds(options.dial_timeout)));
   AddToken(options, &ctx);
   v1::InfoRequest req;
   return stub->Info(&ctx, req, info);
