@@ -4,8 +4,8 @@
 #include <poll.h>
 
 #include <algorithm>
-#include <utility>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
