@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -72,25 +73,27 @@ absl::Status CpuBackend::StepXfer(Xfer& x, bool* progressed) {
 absl::Status CpuBackend::Progress(Xfer* xs, int k) {
   int idle = 0;
   std::vector<pollfd> fds;
+  std::vector<std::pair<Channel*, bool>> busy;
+  int first = 0;  // xs[0, first) are finished
   ShmWaiter waiter(bell(0), &coll_spin_);
   while (true) {
     if (aborted()) return AbortStatus();
     bool progressed = false, all_done = true;
     bool any_shm = false;
     fds.clear();
-    for (int i = 0; i < k; ++i) {
+    busy.clear();
+    for (int i = first; i < k; ++i) {
       Xfer& x = xs[i];
-      if (x.finished()) continue;
-      all_done = false;
-      // Transfers on one channel direction run in list order.
-      bool blocked = false;
-      for (int j = 0; j < i; ++j) {
-        if (!xs[j].finished() && xs[j].ch == x.ch && xs[j].is_send() == x.is_send()) {
-          blocked = true;
-          break;
-        }
+      if (x.finished()) {
+        if (i == first) ++first;  // finished ones stay finished
+        continue;
       }
-      if (blocked) continue;
+      all_done = false;
+      // Transfers on one channel direction run in list order: only the first unfinished one per
+      // direction steps (`busy` holds the directions already taken this round; a handful).
+      const std::pair<Channel*, bool> dir{x.ch, x.is_send()};
+      if (std::find(busy.begin(), busy.end(), dir) != busy.end()) continue;
+      busy.push_back(dir);
       absl::Status st = StepXfer(x, &progressed);
       if (!st.ok()) {
         if (aborted()) return AbortStatus();
@@ -103,6 +106,9 @@ absl::Status CpuBackend::Progress(Xfer* xs, int k) {
       if (!x.finished()) {
         if (x.ch->is_shm()) {
           any_shm = true;
+        } else if (x.is_send() && x.limit && x.done >= *x.limit) {
+          // Waits for the transfer that feeds it (listed, and polled, on its own), not for room:
+          // polling POLLOUT on a writable socket would spin.
         } else {
           fds.push_back({x.ch->fd(), static_cast<short>(x.is_send() ? POLLOUT : POLLIN), 0});
         }
@@ -283,30 +289,63 @@ absl::Status CpuBackend::Run(const OpDesc& op) {
 }
 
 absl::Status CpuBackend::RingAllReduce(char* buf, size_t count) {
-  RETURN_IF_ERROR(RingReduceScatterInPlace(buf, count, 1));
-  // Rank r now owns chunk r+1; circulate the reduced chunks.
-  const int n = o_.size, r = o_.rank, next = Mod(r + 1, n), prev = Mod(r - 1, n);
-  for (int s = 0; s < n - 1; ++s) {
-    int sc = Mod(r + 1 - s, n), rc = Mod(r - s, n);
-    size_t so = ChunkOff(count, n, sc), ro = ChunkOff(count, n, rc);
-    RETURN_IF_ERROR(Exchange(next, buf + so * esize_, (ChunkOff(count, n, sc + 1) - so) * esize_,
-                             prev, buf + ro * esize_, (ChunkOff(count, n, rc + 1) - ro) * esize_,
-                             Xfer::kRecvCopy));
-  }
-  return absl::OkStatus();
+  // Rank r ends up owning chunk r+1 after the reduce-scatter; the all-gather circulates them.
+  return RingPipelined(buf, count, 1, /*all_gather=*/true);
 }
 
 // After it, rank r holds the full reduction of chunk (r + owner_shift) mod n in place.
 absl::Status CpuBackend::RingReduceScatterInPlace(char* buf, size_t count, int owner_shift) {
+  return RingPipelined(buf, count, owner_shift, /*all_gather=*/false);
+}
+
+// Every step sends to next and receives from prev, and the chunk a step sends is the one the step
+// before received (reduce-scatter step s sends chunk r-s+shift-1, received at s-1; all-gather step
+// 0 sends chunk r+1, reduced by the last reduce-scatter step). So the whole ring is one stream:
+// each send is limited to the bytes its source step has already received (reduced), and moves
+// them on while they are still in cache, instead of waiting for the step to finish.
+//
+// Overwrite safety: the only chunk a step writes that an earlier send still reads is the
+// all-gather step s receiving into chunk r-s, which reduce-scatter step s sent; a byte of its final
+// value can only arrive after next received (and reduced) that byte from us, and TrySend copies
+// synchronously, so the byte has left `buf` by then.
+absl::Status CpuBackend::RingPipelined(char* buf, size_t count, int owner_shift, bool all_gather) {
   const int n = o_.size, r = o_.rank, next = Mod(r + 1, n), prev = Mod(r - 1, n);
-  for (int s = 0; s < n - 1; ++s) {
-    int sc = Mod(r - s + owner_shift - 1, n), rc = Mod(r - s + owner_shift - 2, n);
-    size_t so = ChunkOff(count, n, sc), ro = ChunkOff(count, n, rc);
-    RETURN_IF_ERROR(Exchange(next, buf + so * esize_, (ChunkOff(count, n, sc + 1) - so) * esize_,
-                             prev, buf + ro * esize_, (ChunkOff(count, n, rc + 1) - ro) * esize_,
-                             Xfer::kRecvReduce));
+  const int steps = (n - 1) * (all_gather ? 2 : 1);
+  std::vector<Xfer> xs;
+  xs.reserve(2 + 2 * steps);  // limits point into xs: it must not reallocate
+  AddHeaders(&xs, next, prev);
+  auto chunk = [&](int c, size_t* off) {
+    *off = ChunkOff(count, n, c) * esize_;
+    return ChunkOff(count, n, c + 1) * esize_ - *off;
+  };
+  int last_recv = -1;
+  for (int t = 0; t < steps; ++t) {
+    const bool rs = t < n - 1;
+    const int s = rs ? t : t - (n - 1);
+    const int sc = rs ? Mod(r - s + owner_shift - 1, n) : Mod(r + 1 - s, n);
+    const int rc = rs ? Mod(r - s + owner_shift - 2, n) : Mod(r - s, n);
+    size_t so, ro;
+    Xfer snd;
+    snd.kind = Xfer::kSend;
+    snd.peer = next;
+    snd.ch = peers_[next].coll.get();
+    snd.n = chunk(sc, &so);
+    snd.buf = buf + so;
+    if (last_recv >= 0) snd.limit = &xs[last_recv].done;
+    xs.push_back(snd);
+    Xfer rcv;
+    rcv.kind = rs ? Xfer::kRecvReduce : Xfer::kRecvCopy;
+    rcv.peer = prev;
+    rcv.ch = peers_[prev].coll.get();
+    rcv.n = chunk(rc, &ro);
+    rcv.buf = buf + ro;
+    rcv.dtype = dtype_;
+    rcv.reduce = reduce_;
+    rcv.esize = esize_;
+    xs.push_back(rcv);
+    last_recv = static_cast<int>(xs.size()) - 1;
   }
-  return absl::OkStatus();
+  return Progress(xs.data(), static_cast<int>(xs.size()));
 }
 
 absl::Status CpuBackend::RecursiveDoublingAllReduce(char* buf, size_t count) {

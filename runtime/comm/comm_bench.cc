@@ -17,12 +17,15 @@
 // tests/multihost/veth_bench.sh) and --netns_hosts=ADDR0,ADDR1,..., rank r of ours and of Gloo
 // runs in NS r (`ip netns exec`) and talks over ADDR r (ours: EMBER_COMM_HOST, a boot id per rank so
 // no pair shares memory; Gloo: GLOO_SOCKET_IFNAME=eth0, its store at ADDR 0). The report is then
-// "comm_veth_bench", TCP only, tcp-vs-gloo targets for every size >= 1 MiB.
+// "comm_veth_bench", TCP only, tcp-vs-gloo targets for every size >= 1 MiB, and the table also
+// gives each side's CPU time per op (user + system of all its rank processes, summed over ranks):
+// with every rank on one small machine, CPU, not the link, is what bounds busbw.
 //
 // Like for like (issue 11): shm targets are against Open MPI (shared memory, vader); TCP targets
 // against Gloo (TCP). torch's Gloo has no reduce_scatter: its column there is an all_reduce of the
 // full buffer (about twice the traffic), shown as a labelled reference and never a target.
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -84,6 +87,14 @@ std::vector<std::string> NetnsList(const absl::Flag<std::string>& f) {
 }
 bool AcrossHosts() { return !absl::GetFlag(FLAGS_netns).empty(); }
 
+// User + system CPU time of this process so far (every thread), microseconds.
+double CpuMicros() {
+  rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  auto us = [](const timeval& t) { return t.tv_sec * 1e6 + t.tv_usec; };
+  return us(ru.ru_utime) + us(ru.ru_stime);
+}
+
 int Worker() {
   const int rank = absl::GetFlag(FLAGS_worker_rank), n = absl::GetFlag(FLAGS_worker_size);
   const std::string dir = absl::GetFlag(FLAGS_worker_dir);
@@ -142,16 +153,19 @@ int Worker() {
       int64_t iters = static_cast<int64_t>(it_d);
       must(pg.Broadcast(&iters, 1, DataType::kI64, 0)->Wait(), "broadcast");
       std::vector<double> reps;
+      double cpu_us = -CpuMicros();
       for (int k = 0; k < 3; ++k) {
         must(pg.Barrier()->Wait(), "barrier");
         auto t = Clock::now();
         for (int64_t i = 0; i < iters; ++i) must(run(), "timed loop");
         reps.push_back(std::chrono::duration<double>(Clock::now() - t).count() / iters);
       }
+      cpu_us = (cpu_us + CpuMicros()) / (3 * iters);  // this process, per op (barriers included)
       std::sort(reps.begin(), reps.end());
       double med = reps[1];
       must(pg.AllReduce(&med, 1, DataType::kF64, ReduceOp::kMax)->Wait(), "all_reduce of times");
-      if (rank == 0) lines << op << " " << n << " " << size << " " << med * 1e6 << "\n";
+      must(pg.AllReduce(&cpu_us, 1, DataType::kF64, ReduceOp::kSum)->Wait(), "all_reduce of cpu");
+      if (rank == 0) lines << op << " " << n << " " << size << " " << med * 1e6 << " " << cpu_us << "\n";
     }
   }
   int32_t w = wrong;
@@ -187,20 +201,22 @@ std::string ReadTail(const std::string& path) {
 // Cell key: impl ("ember-shm", "ember-tcp", "gloo", "mpi"), op, ranks, bytes.
 using Key = std::tuple<std::string, std::string, int, int64_t>;
 
-// Parses "<impl> <op> <n> <bytes> <us>" lines into `cells` (one sample each).
+// Parses "<impl> <op> <n> <bytes> <us> [<cpu us>]" lines into `cells` (one sample each; the CPU
+// time per op, summed over ranks, under impl + " cpu").
 void ParseLines(const std::string& text, const std::string& impl,
                 std::map<Key, std::vector<double>>* cells) {
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
     std::vector<std::string> f = absl::StrSplit(line, ' ', absl::SkipEmpty());
-    if (f.size() != 5) continue;
+    if (f.size() != 5 && f.size() != 6) continue;
     int n;
     int64_t bytes;
-    double us;
+    double us, cpu;
     if (!absl::SimpleAtoi(f[2], &n) || !absl::SimpleAtoi(f[3], &bytes) ||
         !absl::SimpleAtod(f[4], &us)) {
       continue;
     }
     (*cells)[{impl, f[1], n, bytes}].push_back(us);
+    if (f.size() == 6 && absl::SimpleAtod(f[5], &cpu)) (*cells)[{impl + " cpu", f[1], n, bytes}].push_back(cpu);
   }
 }
 
@@ -420,6 +436,9 @@ int Orchestrate(int argc, char** argv, const char* self) {
         if (algbw) cols.push_back(label + " algbw GB/s");
         cols.push_back(label + " busbw GB/s");
       }
+      if (AcrossHosts()) {
+        for (const std::string& impl : impls) cols.push_back(impl + " cpu ms/op");
+      }
       bench::Table& t = report.AddTable(
           absl::StrCat(op, ", ", n, " ranks, f32: time = median over ", rounds,
                        " interleaved rounds of (median of 3 loops, max over ranks)"),
@@ -429,7 +448,10 @@ int Orchestrate(int argc, char** argv, const char* self) {
                              AcrossHosts()
                                  ? "; algbw = size / time; one rank per network namespace, TCP "
                                    "over veth pairs and a bridge (no netem), ember and gloo "
-                                   "interleaved on the same links"
+                                   "interleaved on the same links; cpu ms/op = user + system "
+                                   "time of all rank processes per op, summed over ranks (median "
+                                   "over rounds): both sides share this machine's cores, so a "
+                                   "side's busbw is at most about size x cores / cpu"
                                  : "; ember-shm and mpi (vader) use shared memory, ember-tcp and "
                                    "gloo TCP loopback"));
       if (op == "reduce_scatter") {
@@ -457,6 +479,12 @@ int Orchestrate(int argc, char** argv, const char* self) {
             row.push_back(tm ? std::optional<double>(b / (*tm * 1e-6) / 1e9) : std::nullopt);
           }
           row.push_back(bus(impl, src_op, n, b));
+        }
+        if (AcrossHosts()) {
+          for (const std::string& impl : impls) {
+            auto cpu = us(impl + " cpu", op, n, b);
+            row.push_back(cpu ? std::optional<double>(*cpu / 1e3) : std::nullopt);
+          }
         }
         t.AddRow(std::move(row));
       }

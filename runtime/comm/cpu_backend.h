@@ -187,6 +187,9 @@ class CpuBackend : public Backend {
   absl::Status Broadcast(char* buf, size_t count, int root);
   absl::Status AllGather(const char* in, char* out, size_t count);
   absl::Status RingReduceScatterInPlace(char* buf, size_t count, int owner_shift);
+  // The ring's reduce-scatter steps, then (all_gather) its all-gather steps, as one pipelined
+  // stream (channel_collectives.cc says why it is safe).
+  absl::Status RingPipelined(char* buf, size_t count, int owner_shift, bool all_gather);
   absl::Status ReduceScatter(const char* in, char* out, size_t count);
   absl::Status AllToAll(const char* in, char* out, size_t count);
   absl::Status Exchange(int send_peer, const char* send, size_t send_bytes, int recv_peer,

@@ -22,6 +22,8 @@ inline constexpr char kEnvShmSpin[] = "EMBER_COMM_SHM_SPIN";
 inline constexpr char kEnvDirectStageBytes[] = "EMBER_COMM_DIRECT_STAGE_BYTES";
 // "0": no direct (single-copy) shm path for large ops.
 inline constexpr char kEnvShmDirect[] = "EMBER_COMM_SHM_DIRECT";
+// TCP congestion control of the comm layer's sockets (default "cubic"; "system": the kernel's).
+inline constexpr char kEnvTcpCongestion[] = "EMBER_COMM_TCP_CONGESTION";
 // Tests: pretend to be another host (ranks with different boot ids never share memory).
 inline constexpr char kEnvBootId[] = "EMBER_COMM_BOOT_ID";
 

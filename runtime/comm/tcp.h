@@ -28,15 +28,17 @@ class TcpListener {
   int port_;
 };
 
-// Connects to host:port, retrying refused connections until `timeout`. Returns an owned fd with
-// TCP_NODELAY and large buffers, still blocking.
+// Connects to host:port, retrying refused connections until `timeout`. Returns an owned fd tuned
+// by TuneSocket, still blocking.
 absl::StatusOr<int> TcpConnect(const std::string& host, int port, absl::Duration timeout);
 
 // Blocking exact read/write used during bootstrap.
 absl::Status WriteFull(int fd, const void* data, size_t n);
 absl::Status ReadFull(int fd, void* data, size_t n, absl::Duration timeout);
 
-// Tunes a connected socket (nodelay, buffers) and makes it non-blocking.
+// Tunes a socket: TCP_NODELAY, 4 MiB buffers, and CUBIC congestion control unless
+// EMBER_COMM_TCP_CONGESTION names another ("system": the kernel's default; a name the kernel
+// refuses leaves the default too).
 void TuneSocket(int fd);
 
 // Takes ownership of `fd` (made non-blocking).

@@ -1,12 +1,17 @@
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
 
+#include "runtime/comm/env_knobs.h"
 #include "runtime/comm/shm_ring.h"
 #include "runtime/comm/tcp.h"
 
@@ -126,6 +131,42 @@ TEST_CASE("tcp channel streams bytes and reports a closed peer") {
     usleep(1000);
   }
   REQUIRE(absl::IsUnavailable(st));
+}
+
+TEST_CASE("tcp sockets use CUBIC unless EMBER_COMM_TCP_CONGESTION says otherwise") {
+  auto sysctl = [](const std::string& name) {
+    std::ifstream f("/proc/sys/net/ipv4/" + name);
+    std::string v;
+    std::getline(f, v);
+    return " " + v + " ";
+  };
+  const std::string available = sysctl("tcp_available_congestion_control");
+  const std::string allowed = sysctl("tcp_allowed_congestion_control");
+  std::string dflt = sysctl("tcp_congestion_control");
+  dflt = dflt.substr(1, dflt.size() - 2);
+  auto l = TcpListener::Listen("127.0.0.1");
+  REQUIRE(l.ok());
+  auto congestion = [&] {
+    auto c = TcpConnect("127.0.0.1", (*l)->port(), absl::Seconds(5));
+    REQUIRE(c.ok());
+    auto s = (*l)->Accept(absl::Seconds(5));
+    REQUIRE(s.ok());
+    char name[32] = {};
+    socklen_t len = sizeof(name);
+    REQUIRE(getsockopt(*s, IPPROTO_TCP, TCP_CONGESTION, name, &len) == 0);
+    close(*c);
+    close(*s);
+    return std::string(name);
+  };
+  const bool cubic_ok = available.find(" cubic ") != std::string::npos &&
+                        (geteuid() == 0 || allowed.find(" cubic ") != std::string::npos);
+  INFO("available:" << available << " allowed:" << allowed << " default: " << dflt);
+  REQUIRE(congestion() == (cubic_ok ? "cubic" : dflt));
+  setenv(kEnvTcpCongestion, "system", 1);
+  REQUIRE(congestion() == dflt);
+  setenv(kEnvTcpCongestion, "reno", 1);  // built in, always allowed
+  REQUIRE(congestion() == "reno");
+  unsetenv(kEnvTcpCongestion);
 }
 
 }  // namespace ember::comm

@@ -1,5 +1,6 @@
 # Gloo peer for comm_bench: torch.distributed's gloo backend (Debian python3-torch), same sizes and
-# busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us>". Run with /usr/bin/python3.
+# busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us> <cpu_us>" (CPU time per op of
+# every rank process, summed). Run with /usr/bin/python3.
 #   gloo_peer.py N SIZES OPS                 N ranks on this host (loopback), spawned here
 #   gloo_peer.py N SIZES OPS RANK INIT       one rank (comm_bench --netns: a rank per namespace,
 #                                            INIT tcp://host0:port, GLOO_SOCKET_IFNAME set); rank
@@ -51,16 +52,20 @@ def worker(rank, n, init, sizes, ops, out):
             dist.all_reduce(it, op=dist.ReduceOp.MAX)  # every rank must run the same count
             iters = int(it.item())
             reps = []
+            cpu = -time.process_time()  # this process, every thread (Gloo's own included)
             for _ in range(3):
                 dist.barrier()
                 t = time.perf_counter()
                 for _ in range(iters):
                     fn()
                 reps.append((time.perf_counter() - t) / iters)
+            cpu = (cpu + time.process_time()) / (3 * iters)
             v = torch.tensor([sorted(reps)[1]], dtype=torch.float64)
             dist.all_reduce(v, op=dist.ReduceOp.MAX)
+            c = torch.tensor([cpu], dtype=torch.float64)
+            dist.all_reduce(c)  # summed over ranks, like comm_bench's
             if rank == 0:
-                lines.append("gloo %s %d %d %.3f" % (op, n, size, v.item() * 1e6))
+                lines.append("gloo %s %d %d %.3f %.1f" % (op, n, size, v.item() * 1e6, c.item() * 1e6))
                 sys.stderr.write(lines[-1] + "\n")
     if rank == 0 and out:
         with open(out, "w") as f:
