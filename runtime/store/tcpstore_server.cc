@@ -14,9 +14,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/epoll.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -30,186 +28,25 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/grpc_server.h"
+#include "runtime/store/tcpstore_connection.h"
 #include "runtime/store/tcpstore_protocol.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::store {
 namespace {
 
+using tcpstore::Conn;
+using tcpstore::MonoNs;
 using tcpstore::Op;
+using tcpstore::ReadyQueue;
 
 // Backend owners of TCPStore connections: apart from the gRPC sessions' (from 1) and the fast
 // path's ((1 << 62) + 16 upward); shared by every listener on a backend.
 std::atomic<uint64_t> g_next_owner{uint64_t{3} << 61};
 
-int64_t MonoNs() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
 constexpr size_t kReadChunk = 64 << 10;
 constexpr size_t kMaxUnparsed = 64 << 10;  // input read ahead while a query is outstanding
 constexpr int64_t kRecancelNs = 100'000'000;
-
-// One client connection. Fields without a guard belong to the loop thread.
-struct Conn {
-  Conn(int fd_in, uint64_t owner_in, size_t max_unsent_in)
-      : owner(owner_in), max_unsent(max_unsent_in), fd(fd_in) {}
-
-  const uint64_t owner;       // backend owner, and the epoll tag
-  const size_t max_unsent;    // TcpStoreOptions::max_unsent_bytes
-  bool open = true;
-  bool eof = false;           // the peer closed its side (or reset)
-  std::string in;             // received, in[in_pos..] not parsed yet
-  size_t in_pos = 0;
-  tcpstore::QueryParser parser;
-  tcpstore::Dialect dialect = tcpstore::Dialect::kUnknown;
-  bool awaiting = false;      // a backend request is outstanding
-  Op awaiting_op = Op::kUnknown;
-  uint32_t events = 0;        // epoll interest registered
-  int64_t last_cancel_ns = 0;
-
-  absl::Mutex mu;
-  int fd ABSL_GUARDED_BY(mu);  // -1 once closed (written by the loop thread only)
-  std::string out ABSL_GUARDED_BY(mu);  // unsent reply bytes: out[out_off..]
-  size_t out_off ABSL_GUARDED_BY(mu) = 0;
-  int64_t out_progress_ns ABSL_GUARDED_BY(mu) = 0;  // when unsent bytes last moved
-  std::string broken ABSL_GUARDED_BY(mu);  // why the connection must close (write failed, bound)
-  bool done ABSL_GUARDED_BY(mu) = false;   // the outstanding request was answered
-  int done_code ABSL_GUARDED_BY(mu) = 0;
-  std::string done_message ABSL_GUARDED_BY(mu);
-  bool cancel_requested ABSL_GUARDED_BY(mu) = false;  // a 2.x CANCEL_WAIT came for the WAIT
-
-  bool OutPendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return out_off < out.size(); }
-
-  // Sends now what the socket takes; queues the rest (a connection with queued bytes runs no
-  // further query, so this holds about one reply). Over max_unsent: broken, closed by the loop.
-  void WriteLocked(const char* p, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    if (fd < 0 || !broken.empty() || n == 0) return;
-    if (!OutPendingLocked()) {
-      while (n > 0) {
-        const ssize_t k = send(fd, p, n, MSG_NOSIGNAL | MSG_DONTWAIT);
-        if (k > 0) {
-          p += k;
-          n -= static_cast<size_t>(k);
-          continue;
-        }
-        if (k < 0 && errno == EINTR) continue;
-        if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) break;
-        broken = absl::StrCat("send failed: ", k < 0 ? strerror(errno) : "0 bytes");
-        return;
-      }
-      if (n == 0) return;
-      out.clear();
-      out_off = 0;
-      out_progress_ns = MonoNs();
-    }
-    if (out.size() - out_off + n > max_unsent) {
-      broken = absl::StrCat(out.size() - out_off + n, " bytes of replies unsent, above "
-                            "max_unsent_bytes=", max_unsent, " (the client does not read)");
-      std::string().swap(out);
-      out_off = 0;
-      return;
-    }
-    out.append(p, n);
-  }
-};
-
-// What a completion callback needs to format the reply.
-struct ReplyPlan {
-  Op op;
-  std::string expected;  // COMPARE_SET's expectation
-};
-
-void AppendString(const std::string& s, std::string* out) {
-  const uint64_t n = s.size();
-  out->append(reinterpret_cast<const char*>(&n), 8);
-  out->append(s);
-}
-void AppendI64(int64_t v, std::string* out) { out->append(reinterpret_cast<const char*>(&v), 8); }
-
-std::string FormatReply(const ReplyPlan& plan, const v1::Response& r) {
-  std::string out;
-  switch (plan.op) {
-    case Op::kGet: AppendString(r.get().value(), &out); break;
-    case Op::kMultiGet:
-      for (const std::string& v : r.multi_get().values()) AppendString(v, &out);
-      break;
-    case Op::kCompareSet: {
-      // torch: a missing key with a non-empty expectation answers the expectation.
-      const auto& a = r.compare_set();
-      AppendString(!a.exists() && !a.swapped() ? plan.expected : a.current(), &out);
-      break;
-    }
-    case Op::kAdd: AppendI64(r.add().value(), &out); break;
-    case Op::kNumKeys: AppendI64(r.num_keys().count(), &out); break;
-    case Op::kDelete: AppendI64(r.delete_().deleted() ? 1 : 0, &out); break;
-    case Op::kCheck:
-      out.push_back(static_cast<char>(r.check().all_exist() ? tcpstore::kCheckReady
-                                                             : tcpstore::kCheckNotReady));
-      break;
-    case Op::kWait: out.push_back(static_cast<char>(tcpstore::kStopWaiting)); break;
-    default: break;  // SET, APPEND, MULTI_SET: no reply
-  }
-  return out;
-}
-
-// Connections whose request was answered, for the loop thread to resume. Shared with completion
-// callbacks, which may run after the server is gone.
-class ReadyQueue {
- public:
-  ReadyQueue() : wake_fd(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
-  ~ReadyQueue() {
-    if (wake_fd >= 0) close(wake_fd);
-  }
-  void Push(std::shared_ptr<Conn> c) {
-    if (on_loop_thread == this) {  // no wake-up needed: the loop drains `local` before waiting
-      if (c.get() != running) local.push_back(std::move(c));  // (Pump is running that one)
-      return;
-    }
-    {
-      absl::MutexLock l(&mu_);
-      if (stopped_) return;
-      foreign_.push_back(std::move(c));
-      if (signalled_) return;
-      signalled_ = true;
-    }
-    const uint64_t one = 1;
-    (void)!write(wake_fd, &one, sizeof(one));
-  }
-  // Loop thread: everything pushed so far.
-  std::vector<std::shared_ptr<Conn>> Take() {
-    std::vector<std::shared_ptr<Conn>> all;
-    all.swap(local);
-    absl::MutexLock l(&mu_);
-    if (all.empty()) {
-      all.swap(foreign_);
-    } else {
-      for (auto& c : foreign_) all.push_back(std::move(c));
-      foreign_.clear();
-    }
-    signalled_ = false;
-    return all;
-  }
-  void Stop() {
-    absl::MutexLock l(&mu_);
-    stopped_ = true;
-    foreign_.clear();
-  }
-
-  const int wake_fd;
-  std::vector<std::shared_ptr<Conn>> local;  // loop thread only
-  const Conn* running = nullptr;             // loop thread only: the connection in Run()
-  static thread_local const ReadyQueue* on_loop_thread;
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::shared_ptr<Conn>> foreign_ ABSL_GUARDED_BY(mu_);
-  bool signalled_ ABSL_GUARDED_BY(mu_) = false;
-  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
-};
-thread_local const ReadyQueue* ReadyQueue::on_loop_thread = nullptr;
 
 }  // namespace
 
@@ -283,7 +120,7 @@ class TcpStoreServer::Impl {
   static constexpr uint64_t kListenTag = 0, kWakeTag = 1;
 
   void Loop() {
-    ReadyQueue::on_loop_thread = ready_.get();
+    ready_->MarkLoopThread();
     epoll_event events[256];
     int64_t last_stall_check = MonoNs();
     while (!stop_) {
@@ -397,23 +234,7 @@ class TcpStoreServer::Impl {
 
   void Flush(const std::shared_ptr<Conn>& c) {
     absl::MutexLock l(&c->mu);
-    while (c->fd >= 0 && c->OutPendingLocked() && c->broken.empty()) {
-      const ssize_t k = send(c->fd, c->out.data() + c->out_off, c->out.size() - c->out_off,
-                             MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (k > 0) {
-        c->out_off += static_cast<size_t>(k);
-        c->out_progress_ns = MonoNs();
-        continue;
-      }
-      if (k < 0 && errno == EINTR) continue;
-      if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-      c->broken = absl::StrCat("send failed: ", k < 0 ? strerror(errno) : "0 bytes");
-    }
-    if (!c->OutPendingLocked()) {
-      if (c->out.capacity() > (1 << 20)) std::string().swap(c->out);
-      c->out.clear();
-      c->out_off = 0;
-    }
+    c->FlushLocked();
   }
 
   // Runs the connection's queries as far as its input, its outstanding request and its unsent
@@ -607,55 +428,9 @@ class TcpStoreServer::Impl {
       default: break;
     }
     v1::Request req;
-    req.set_id(1);
-    ReplyPlan plan{q.op, {}};
-    auto& s = q.strs;
-    switch (q.op) {
-      case Op::kSet:
-        req.mutable_set()->set_key(StoreKey(s[0]));
-        req.mutable_set()->set_value(std::move(s[1]));
-        break;
-      case Op::kAppend:
-        req.mutable_append()->set_key(StoreKey(s[0]));
-        req.mutable_append()->set_value(std::move(s[1]));
-        break;
-      case Op::kMultiSet:
-        for (size_t i = 0; i + 1 < s.size(); i += 2) {
-          auto* kv = req.mutable_multi_set()->add_kvs();
-          kv->set_key(StoreKey(s[i]));
-          kv->set_value(std::move(s[i + 1]));
-        }
-        break;
-      case Op::kMultiGet:
-        for (const std::string& k : s) req.mutable_multi_get()->add_keys(StoreKey(k));
-        req.mutable_multi_get()->set_wait(true);  // the client waited already
-        break;
-      case Op::kCompareSet: {
-        auto* cs = req.mutable_compare_set();
-        cs->set_key(StoreKey(s[0]));
-        cs->set_expect_absent(s[1].empty());
-        cs->set_expected(s[1]);
-        cs->set_desired(std::move(s[2]));
-        plan.expected = std::move(s[1]);
-        break;
-      }
-      case Op::kGet:
-        req.mutable_get()->set_key(StoreKey(s[0]));
-        req.mutable_get()->set_wait(true);  // the client waited already; a wait costs nothing then
-        break;
-      case Op::kAdd:
-        req.mutable_add()->set_key(StoreKey(s[0]));
-        req.mutable_add()->set_delta(static_cast<int64_t>(q.num));
-        break;
-      case Op::kCheck:
-        for (const std::string& k : s) req.mutable_check()->add_keys(StoreKey(k));
-        break;
-      case Op::kWait:
-        for (const std::string& k : s) req.mutable_wait()->add_keys(StoreKey(k));
-        break;
-      case Op::kNumKeys: req.mutable_num_keys()->set_prefix(options_.key_prefix); break;
-      case Op::kDelete: req.mutable_delete_()->set_key(StoreKey(s[0])); break;
-      default: return "internal: unhandled TCPStore query";  // the parser refuses the others
+    tcpstore::ReplyPlan plan;
+    if (!tcpstore::BuildRequest(q, options_.key_prefix, &req, &plan)) {
+      return "internal: unhandled TCPStore query";  // the parser refuses the others
     }
     c->awaiting = true;
     c->awaiting_op = q.op;
@@ -668,7 +443,7 @@ class TcpStoreServer::Impl {
     ready_->running = c.get();
     backend_->Execute({&req}, [c, ready, plan = std::move(plan)](v1::Response r) {
       std::string reply;
-      if (r.code() == 0) reply = FormatReply(plan, r);
+      if (r.code() == 0) reply = tcpstore::FormatReply(plan, r);
       {
         absl::MutexLock l(&c->mu);
         c->done = true;
@@ -682,12 +457,6 @@ class TcpStoreServer::Impl {
     }, c->owner);
     ready_->running = nullptr;
     return "";
-  }
-
-  // TCPStore sends "/k" for a user key "k": the store key is key_prefix + "k".
-  std::string StoreKey(const std::string& k) const {
-    return absl::StrCat(options_.key_prefix,
-                        absl::string_view(k).substr(!k.empty() && k[0] == '/' ? 1 : 0));
   }
 
   Backend* const backend_;
