@@ -118,6 +118,7 @@ class TcpStoreServer::Impl {
 
  private:
   static constexpr uint64_t kListenTag = 0, kWakeTag = 1;
+  static constexpr uint32_t kUnregistered = ~uint32_t{0};  // Conn::events: removed from epoll
 
   void Loop() {
     ready_->MarkLoopThread();
@@ -141,8 +142,15 @@ class TcpStoreServer::Impl {
         if (it == conns_.end()) continue;
         std::shared_ptr<Conn> c = it->second;
         const uint32_t e = events[i].events;
-        if (e & (EPOLLERR | EPOLLHUP)) {  // reset: whatever it sent is lost with it
-          Close(c, "", false);
+        if (e & (EPOLLERR | EPOLLHUP)) {  // reset: run what it sent before, then close
+          OnReadable(c);
+          c->eof = true;
+          Pump(c);
+          if (c->open) {  // waiting for an answer: no more events (HUP would repeat)
+            absl::MutexLock l(&c->mu);
+            epoll_ctl(epfd_, EPOLL_CTL_DEL, c->fd, nullptr);
+            c->events = kUnregistered;
+          }
           continue;
         }
         if (e & EPOLLOUT) Flush(c);
@@ -294,10 +302,17 @@ class TcpStoreServer::Impl {
       c->in.erase(0, c->in_pos);
       c->in_pos = 0;
     }
-    // After the peer closed, what it sent before leaving still runs: a connection stuck with
-    // queries left waits for its answer; otherwise (nothing left, or half a query) it closes and
-    // an outstanding request is cancelled.
-    if (c->eof && (!stuck || c->in_pos == c->in.size())) return Close(c, "", false);
+    // After the peer closed, what it sent before leaving still runs: a connection waits for the
+    // answer to a write (on etcd a cancel could drop it) or to a request with queries after it;
+    // otherwise (nothing left, or half a query) it closes and an outstanding WAIT or GET, which
+    // may park for long, is cancelled.
+    if (c->eof) {
+      const bool may_park = c->awaiting_op == Op::kWait || c->awaiting_op == Op::kGet ||
+                            c->awaiting_op == Op::kMultiGet;
+      const bool wait_for_answer =
+          stuck && (c->in_pos < c->in.size() || (c->awaiting && !may_park));
+      if (!wait_for_answer) return Close(c, "", false);
+    }
     UpdateInterest(c.get());
   }
 
@@ -349,7 +364,7 @@ class TcpStoreServer::Impl {
       out_pending = c->OutPendingLocked();
     }
     const uint32_t want = (WantInput(c) ? EPOLLIN : 0) | (out_pending ? EPOLLOUT : 0);
-    if (want == c->events) return;
+    if (want == c->events || c->events == kUnregistered) return;
     c->events = want;
     epoll_event ev{};
     ev.events = want;

@@ -220,6 +220,17 @@ TEST_CASE("cancel_wait on the etcd backend") {
   CHECK(w.ReadI64() == 1);
   REQUIRE(w.U8(kWait).U64(1).Str("/after").Send());
   CHECK(w.ReadU8() == 0);  // STOP_WAITING
+  // Queries sent right before a close still run (etcd answers on its own threads: the first SET
+  // is outstanding when the end of the connection is read, the second still unparsed).
+  {
+    Wire quick((*tcp)->port());
+    REQUIRE(quick.U8(kValidate).U32(kMagic).U8(kSet).Str("/q1").Str("a").U8(kSet).Str("/q2")
+                .Str("b").Send());
+  }
+  REQUIRE(w.U8(kGet).Str("/q2").Send());  // a GET waits for its key: answered once the SET lands
+  CHECK(w.ReadStr() == "b");
+  REQUIRE(w.U8(kGet).Str("/q1").Send());
+  CHECK(w.ReadStr() == "a");
 }
 
 TEST_CASE("the first bytes choose the protocol: 1.13 clients keep 1.13's numbering") {
