@@ -36,6 +36,7 @@ struct Conn {
   Dialect dialect = Dialect::kUnknown;
   bool awaiting = false;      // a backend request is outstanding
   Op awaiting_op = Op::kUnknown;
+  uint64_t request_seq = 0;   // backend requests made so far
   uint32_t events = 0;        // epoll interest registered
   int64_t last_cancel_ns = 0;
 

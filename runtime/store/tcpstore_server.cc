@@ -21,6 +21,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -329,7 +330,7 @@ class TcpStoreServer::Impl {
       c->cancel_requested = true;
     }
     c->last_cancel_ns = MonoNs();
-    cancelling_[c->owner] = c;
+    cancelling_[c->owner] = {c, c->request_seq};
     backend_->CancelOwner(c->owner);
     return true;
   }
@@ -339,17 +340,18 @@ class TcpStoreServer::Impl {
   bool RecancelPending(bool force) {
     const int64_t now = MonoNs();
     for (auto it = cancelling_.begin(); it != cancelling_.end();) {
-      bool answered;
-      {
-        absl::MutexLock l(&it->second->mu);
-        answered = it->second->done;
+      Conn* c = it->second.first.get();
+      bool answered = c->request_seq != it->second.second;  // a later request runs now
+      if (!answered) {
+        absl::MutexLock l(&c->mu);
+        answered = c->done;
       }
       if (answered) {
         it = cancelling_.erase(it);
         continue;
       }
-      if (force || now - it->second->last_cancel_ns >= kRecancelNs) {
-        it->second->last_cancel_ns = now;
+      if (force || now - c->last_cancel_ns >= kRecancelNs) {
+        c->last_cancel_ns = now;
         backend_->CancelOwner(it->first);
       }
       ++it;
@@ -414,7 +416,7 @@ class TcpStoreServer::Impl {
     backend_->CancelOwner(c->owner);
     if (outstanding) {
       c->last_cancel_ns = MonoNs();
-      cancelling_[c->owner] = c;
+      cancelling_[c->owner] = {c, c->request_seq};
     }
   }
 
@@ -449,6 +451,7 @@ class TcpStoreServer::Impl {
     }
     c->awaiting = true;
     c->awaiting_op = q.op;
+    ++c->request_seq;
     {
       absl::MutexLock l(&c->mu);
       c->done = false;
@@ -483,7 +486,8 @@ class TcpStoreServer::Impl {
   const std::shared_ptr<ReadyQueue> ready_ = std::make_shared<ReadyQueue>();
   // Loop thread only (and Shutdown after the join):
   std::map<uint64_t, std::shared_ptr<Conn>> conns_;       // by owner
-  std::map<uint64_t, std::shared_ptr<Conn>> cancelling_;  // cancelled, not answered yet
+  // Cancelled requests not answered yet: the connection and its request_seq then.
+  std::map<uint64_t, std::pair<std::shared_ptr<Conn>, uint64_t>> cancelling_;
   base::RefusalLog refusals_{"store: TCPStore listener"};
   base::SpareDescriptor spare_;
 };

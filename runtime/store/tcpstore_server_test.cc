@@ -277,6 +277,23 @@ TEST_CASE("queries that arrive in one segment are served in order, large values 
   CHECK(nonce == 9);
 }
 
+TEST_CASE("a WAIT after a cancelled one is not cancelled with it") {
+  Served s = Serve();
+  Wire w(s.tcp->port());
+  // All in one segment: the cancelled WAIT, its CANCEL_WAIT and a new WAIT that parks.
+  REQUIRE(w.U8(kValidate).U32(kMagic).U8(kWait).U64(1).Str("/never").U8(kCancelWait).U8(kWait)
+              .U64(1).Str("/later").Send());
+  CHECK(w.ReadU8() == 1);  // WAIT_CANCELED
+  absl::SleepFor(absl::Milliseconds(400));  // past the server's 100 ms re-cancel of the first
+  Wire setter(s.tcp->port());
+  REQUIRE(setter.U8(kValidate).U32(kMagic).U8(kSet).Str("/later").Str("1").Send());
+  CHECK(w.ReadU8() == 0);  // STOP_WAITING for the second WAIT
+  REQUIRE(w.U8(kPing).U32(5).Send());
+  uint32_t nonce = 0;
+  REQUIRE(w.Read(&nonce, 4));
+  CHECK(nonce == 5);
+}
+
 TEST_CASE("1.13 waits parked on a key are all answered by the set that creates it") {
   Served s = Serve();
   std::vector<std::unique_ptr<Wire>> waiters;
