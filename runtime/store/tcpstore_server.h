@@ -15,8 +15,15 @@
 // TCPStore has no authentication: whoever reaches the port can read and write every key. It binds
 // loopback unless the caller chooses another host.
 //
-// Thread-safety: one thread per connection (TCPStore clients are few: two per rank); Shutdown()
-// (and the destructor) closes the listener and every connection and joins the threads.
+// Serving: one epoll thread for all connections of a listener (nonblocking sockets). A blocking
+// WAIT or GET is parked in the backend, not on a thread: the backend's completion callback writes
+// the reply. Bounds, since no client authenticates: max_connections; a string (key or value) of
+// at most 1 GiB and a query of at most 1 GiB + 1 MiB, its buffer growing only as bytes arrive;
+// a connection runs its next query only once the previous reply left, and is closed when a reply
+// exceeds max_unsent_bytes unsent or the client reads none of it for write_stall_timeout.
+//
+// Thread-safety: Start/port/Shutdown from any thread. Shutdown() (and the destructor) closes the
+// listener and every connection (their waiters are cancelled) and joins the loop thread.
 #ifndef EMBER_RUNTIME_STORE_TCPSTORE_SERVER_H_
 #define EMBER_RUNTIME_STORE_TCPSTORE_SERVER_H_
 
@@ -24,14 +31,20 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "runtime/store/backend.h"
 
 namespace ember::store {
 
 struct TcpStoreOptions {
-  // Open connections at most (a thread each; TCPStore clients never authenticate). Further
-  // connections are accepted and closed at once, with a warning every 1000.
+  // Open connections at most (TCPStore clients never authenticate). Further connections are
+  // accepted and closed at once, with a warning at most once a second.
   size_t max_connections = 1024;
+  // Reply bytes a connection may leave unsent (the socket buffer full): one reply, the largest a
+  // GET can have (a 1 GiB value) and a margin. Above it the connection is closed.
+  size_t max_unsent_bytes = (size_t{1} << 30) + (size_t{1} << 20);
+  // A connection whose client reads none of its pending reply for this long is closed.
+  absl::Duration write_stall_timeout = absl::Seconds(60);
   // Every key is stored under this prefix ("" = the store's own key space).
   std::string key_prefix;
 };

@@ -220,6 +220,17 @@ TEST_CASE("cancel_wait on the etcd backend") {
   CHECK(w.ReadI64() == 1);
   REQUIRE(w.U8(kWait).U64(1).Str("/after").Send());
   CHECK(w.ReadU8() == 0);  // STOP_WAITING
+  // Queries sent right before a close still run (etcd answers on its own threads: the first SET
+  // is outstanding when the end of the connection is read, the second still unparsed).
+  {
+    Wire quick((*tcp)->port());
+    REQUIRE(quick.U8(kValidate).U32(kMagic).U8(kSet).Str("/q1").Str("a").U8(kSet).Str("/q2")
+                .Str("b").Send());
+  }
+  REQUIRE(w.U8(kGet).Str("/q2").Send());  // a GET waits for its key: answered once the SET lands
+  CHECK(w.ReadStr() == "b");
+  REQUIRE(w.U8(kGet).Str("/q1").Send());
+  CHECK(w.ReadStr() == "a");
 }
 
 TEST_CASE("the first bytes choose the protocol: 1.13 clients keep 1.13's numbering") {
@@ -264,6 +275,23 @@ TEST_CASE("queries that arrive in one segment are served in order, large values 
   uint32_t nonce = 0;
   REQUIRE(w.Read(&nonce, 4));
   CHECK(nonce == 9);
+}
+
+TEST_CASE("a WAIT after a cancelled one is not cancelled with it") {
+  Served s = Serve();
+  Wire w(s.tcp->port());
+  // All in one segment: the cancelled WAIT, its CANCEL_WAIT and a new WAIT that parks.
+  REQUIRE(w.U8(kValidate).U32(kMagic).U8(kWait).U64(1).Str("/never").U8(kCancelWait).U8(kWait)
+              .U64(1).Str("/later").Send());
+  CHECK(w.ReadU8() == 1);  // WAIT_CANCELED
+  absl::SleepFor(absl::Milliseconds(400));  // past the server's 100 ms re-cancel of the first
+  Wire setter(s.tcp->port());
+  REQUIRE(setter.U8(kValidate).U32(kMagic).U8(kSet).Str("/later").Str("1").Send());
+  CHECK(w.ReadU8() == 0);  // STOP_WAITING for the second WAIT
+  REQUIRE(w.U8(kPing).U32(5).Send());
+  uint32_t nonce = 0;
+  REQUIRE(w.Read(&nonce, 4));
+  CHECK(nonce == 5);
 }
 
 TEST_CASE("1.13 waits parked on a key are all answered by the set that creates it") {
@@ -320,6 +348,119 @@ TEST_CASE("a configured lower cap") {
   }
   Wire fourth(s.tcp->port());
   CHECK(fourth.ClosedByPeer());
+}
+
+// A line of /proc/self/status, as a number ("Threads:", "VmRSS:").
+int64_t ProcStatus(const std::string& pid, const std::string& field) {
+  std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoll(line.substr(field.size()));
+  }
+  return -1;
+}
+
+TEST_CASE("1000 parked waits hold no thread each, and one set answers them all") {
+  Served s = Serve();
+  const int64_t threads_before = ProcStatus("self", "Threads:");
+  std::vector<std::unique_ptr<Wire>> waiters;
+  for (int i = 0; i < 1000; ++i) {
+    waiters.push_back(std::make_unique<Wire>(s.tcp->port()));
+    REQUIRE(waiters.back()->connected());
+    REQUIRE(waiters.back()->U8(5).U64(1).Str("/go").Send());  // 1.13 WAIT
+  }
+  Wire probe(s.tcp->port());  // every WAIT before it has been read and parked
+  REQUIRE(probe.U8(3).Str("/n").U64(1).Send());
+  REQUIRE(probe.ReadI64() == 1);
+  const int64_t threads_parked = ProcStatus("self", "Threads:");
+  INFO("threads before " << threads_before << ", with 1000 parked waits " << threads_parked);
+  CHECK(threads_parked - threads_before < 16);
+  REQUIRE(probe.U8(0).Str("/go").Str("1").Send());  // 1.13 SET
+  for (auto& w : waiters) CHECK(w->ReadU8() == 0);  // STOP_WAITING
+}
+
+// Reads until the server closes the connection or `within` passes; returns the bytes read, or -1
+// if the connection was still open at the end.
+int64_t DrainUntilClosed(int fd, absl::Duration within) {
+  const absl::Time end = absl::Now() + within;
+  int64_t total = 0;
+  std::vector<char> buf(1 << 20);
+  while (absl::Now() < end) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 100) <= 0) continue;
+    const ssize_t got = recv(fd, buf.data(), buf.size(), 0);
+    if (got <= 0) return total;
+    total += got;
+  }
+  return -1;
+}
+
+// A client with a small receive buffer that GETs a 12 MiB value and reads none of it: most of the
+// reply cannot leave (the kernel holds ~4 MiB at most) and waits in the server.
+int RawGetWithoutReading(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0);
+  std::string q(1, '\x02');  // 1.13 GET
+  const uint64_t n = 4;
+  q.append(reinterpret_cast<const char*>(&n), 8).append("/big");
+  REQUIRE(send(fd, q.data(), q.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(q.size()));
+  return fd;
+}
+
+TEST_CASE("a client that does not read its reply: closed past max_unsent_bytes or the stall time") {
+  constexpr size_t kValue = 12 << 20;
+  for (const bool by_bound : {true, false}) {
+    INFO((by_bound ? "max_unsent_bytes = 1 MiB" : "write_stall_timeout = 1 s"));
+    TcpStoreOptions o;
+    if (by_bound) {
+      o.max_unsent_bytes = 1 << 20;
+    } else {
+      o.write_stall_timeout = absl::Seconds(1);
+    }
+    Served s = Serve(o);
+    Wire setter(s.tcp->port());
+    REQUIRE(setter.U8(0).Str("/big").Str(std::string(kValue, 'x')).Send());
+    REQUIRE(setter.U8(3).Str("/n").U64(1).Send());
+    REQUIRE(setter.ReadI64() == 1);
+    const int fd = RawGetWithoutReading(s.tcp->port());
+    absl::SleepFor(absl::Milliseconds(by_bound ? 200 : 300));
+    // Others are served meanwhile (one thread serves all: it must not block on that socket).
+    REQUIRE(setter.U8(3).Str("/n").U64(1).Send());
+    CHECK(setter.ReadI64() == 2);
+    if (!by_bound) absl::SleepFor(absl::Seconds(2));  // past the stall time, still not reading
+    // Now reading: what the kernel held arrives, then the end; never the whole reply.
+    const int64_t got = DrainUntilClosed(fd, absl::Seconds(5));
+    INFO("read " << got << " bytes of a " << kValue + 8 << "-byte reply");
+    CHECK(got >= 0);
+    CHECK(got < static_cast<int64_t>(kValue));
+    close(fd);
+  }
+  // Default options: a slow reader gets the whole reply.
+  Served s = Serve();
+  Wire setter(s.tcp->port());
+  REQUIRE(setter.U8(0).Str("/big").Str(std::string(kValue, 'y')).Send());
+  const int fd = RawGetWithoutReading(s.tcp->port());
+  absl::SleepFor(absl::Milliseconds(300));
+  std::vector<char> buf(kValue + 8);
+  size_t have = 0;
+  const absl::Time end = absl::Now() + absl::Seconds(10);
+  while (have < buf.size() && absl::Now() < end) {
+    pollfd pf{fd, POLLIN, 0};
+    if (poll(&pf, 1, 100) <= 0) continue;
+    const ssize_t got = recv(fd, buf.data() + have, buf.size() - have, 0);
+    REQUIRE(got > 0);
+    have += static_cast<size_t>(got);
+  }
+  REQUIRE(have == buf.size());
+  CHECK(buf[8] == 'y');
+  CHECK(buf.back() == 'y');
+  close(fd);
 }
 
 int64_t RssKiB(pid_t pid) {

@@ -1,0 +1,103 @@
+// Pieces of TcpStoreServer's event loop (tcpstore_server.cc; private to that library): a client
+// connection's state, the queue that hands answered connections back to the loop thread, and the
+// translations between a parsed TCPStore query and the store's request and response.
+//
+// Thread-safety: a Conn's unguarded fields belong to the loop thread; the ones under its mu are
+// shared with completion callbacks (any thread). ReadyQueue::Push is thread-safe; the rest of it
+// is the loop thread's.
+#ifndef EMBER_RUNTIME_STORE_TCPSTORE_CONNECTION_H_
+#define EMBER_RUNTIME_STORE_TCPSTORE_CONNECTION_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "proto/store.pb.h"
+#include "runtime/store/tcpstore_protocol.h"
+
+namespace ember::store::tcpstore {
+
+int64_t MonoNs();  // CLOCK_MONOTONIC
+
+struct Conn {
+  Conn(int fd_in, uint64_t owner_in, size_t max_unsent_in)
+      : owner(owner_in), max_unsent(max_unsent_in), fd(fd_in) {}
+
+  const uint64_t owner;       // backend owner, and the epoll tag
+  const size_t max_unsent;    // TcpStoreOptions::max_unsent_bytes
+  bool open = true;
+  bool eof = false;           // the peer closed its side
+  std::string in;             // received; in[in_pos..] not parsed yet
+  size_t in_pos = 0;
+  QueryParser parser;
+  Dialect dialect = Dialect::kUnknown;
+  bool awaiting = false;      // a backend request is outstanding
+  Op awaiting_op = Op::kUnknown;
+  uint64_t request_seq = 0;   // backend requests made so far
+  uint32_t events = 0;        // epoll interest registered
+  int64_t last_cancel_ns = 0;
+
+  absl::Mutex mu;
+  int fd ABSL_GUARDED_BY(mu);  // -1 once closed (written by the loop thread only)
+  std::string out ABSL_GUARDED_BY(mu);  // unsent reply bytes: out[out_off..]
+  size_t out_off ABSL_GUARDED_BY(mu) = 0;
+  int64_t out_progress_ns ABSL_GUARDED_BY(mu) = 0;  // when unsent bytes last moved
+  std::string broken ABSL_GUARDED_BY(mu);  // why the connection must close (write failed, bound)
+  bool done ABSL_GUARDED_BY(mu) = false;   // the outstanding request was answered
+  int done_code ABSL_GUARDED_BY(mu) = 0;
+  std::string done_message ABSL_GUARDED_BY(mu);
+  bool cancel_requested ABSL_GUARDED_BY(mu) = false;  // a 2.x CANCEL_WAIT came for the WAIT
+
+  bool OutPendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return out_off < out.size(); }
+  // Sends now what the socket takes and queues the rest (a connection with queued bytes runs no
+  // further query, so this holds about one reply). Over max_unsent, or a failed send: `broken`
+  // says why, and the loop closes the connection.
+  void WriteLocked(const char* p, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Sends queued bytes (the socket became writable).
+  void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+};
+
+// What a completion callback needs to format the reply.
+struct ReplyPlan {
+  Op op = Op::kUnknown;
+  std::string expected;  // COMPARE_SET's expectation
+};
+
+// The store request for a query the backend answers (q's strings are moved out), store keys being
+// key_prefix + the TCPStore key without its leading '/'. False for VALIDATE, PING and
+// CANCEL_WAIT, which the server answers itself.
+bool BuildRequest(Query& q, const std::string& key_prefix, v1::Request* req, ReplyPlan* plan);
+// TCPStore's reply bytes for a successful response (empty for SET, APPEND, MULTI_SET).
+std::string FormatReply(const ReplyPlan& plan, const v1::Response& r);
+// TCPStore's "/k" for a user key "k" is the store key key_prefix + "k".
+std::string StoreKey(const std::string& key_prefix, const std::string& k);
+
+// Connections whose request was answered, for the loop thread to resume. Shared with completion
+// callbacks, which may run after the server is gone (Stop() makes Push a no-op then).
+class ReadyQueue {
+ public:
+  ReadyQueue();
+  ~ReadyQueue();
+  void Push(std::shared_ptr<Conn> c);
+  std::vector<std::shared_ptr<Conn>> Take();  // loop thread: everything pushed so far
+  void Stop();
+  void MarkLoopThread() { on_loop_thread_ = this; }
+
+  const int wake_fd;  // readable when foreign threads pushed
+  const Conn* running = nullptr;  // loop thread only: the connection whose query runs now
+
+ private:
+  static thread_local const ReadyQueue* on_loop_thread_;
+  std::vector<std::shared_ptr<Conn>> local_;  // loop thread only
+  absl::Mutex mu_;
+  std::vector<std::shared_ptr<Conn>> foreign_ ABSL_GUARDED_BY(mu_);
+  bool signalled_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ember::store::tcpstore
+
+#endif  // EMBER_RUNTIME_STORE_TCPSTORE_CONNECTION_H_
