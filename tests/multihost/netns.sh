@@ -15,8 +15,8 @@
 #                 MH_DEADLINE_S seconds (default 110) so nothing outlives a hung test.
 # Skips the test (exit 0 with "SKIPPED: ...") where namespaces cannot be made: not root, no `ip`.
 #   mh_qdisc      delay, loss or a rate limit on every link (tc; netem falls back to nfq_netem).
-#   mh_partition_job, mh_ranks, mh_gone_after, mh_wait_attempt: a job to partition and its
-#                 ranks (below).
+#   mh_ckpt_job, mh_partition_job, mh_ranks, mh_gone_after, mh_wait_attempt: a job to partition
+#                 (or cut off from the store) and its ranks (below).
 # Needs: iproute2 (ip; tc for netem), root, and no sandbox (tags = ["exclusive", "local"]);
 # iptables for nfq_netem.
 
@@ -290,20 +290,26 @@ ${4:-}
 YAML
 }
 
-# A partition of a running job (partition_test.sh, bench/partition_bench_run.sh):
-# mh_partition_job STEPS AT_STEP: after mh_init 3, the cluster (mh_cluster into $T) and a 2-node x
-# 2-rank FSDP job of STEPS steps (checkpoints every 25, keep 2, max_restarts 1) submitted through
-# host 1; returns once its progress is at AT_STEP or beyond (at most 30 s, else fails). Sets JOB,
-# KEEP and CUT (the numbers of its two hosts; host 1, whose API is used, is never CUT).
-mh_partition_job() {
-  local placed=""
-  mh_spec mh-part "$1" ", nodes: 2" \
+# mh_ckpt_job NAME STEPS: after mh_init N, the cluster (mh_cluster into $T), then a 2-node x 2-rank
+# FSDP job NAME of STEPS steps (mh_spec; checkpoints every 25, keep 2, max_restarts 1) submitted
+# through host 1 once all N hosts are listed. Sets JOB.
+mh_ckpt_job() {
+  mh_spec "$1" "$2" ", nodes: 2" \
     "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
 max_restarts: 1" > "$T/job.yaml"
   mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
-  mh_wait_nodes 3
+  mh_wait_nodes "$MH_N"
   JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
   [ -n "$JOB" ] || fail "submit"
+}
+
+# A partition of a running job (partition_test.sh, bench/partition_bench_run.sh):
+# mh_partition_job STEPS AT_STEP: after mh_init 3, mh_ckpt_job mh-part STEPS; returns once its
+# progress is at AT_STEP or beyond (at most 30 s, else fails). Sets JOB, KEEP and CUT (the numbers
+# of its two hosts; host 1, whose API is used, is never CUT).
+mh_partition_job() {
+  local placed=""
+  mh_ckpt_job mh-part "$1"
   for _ in $(seq 300); do
     placed=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= '"$2"' else "")' 2>/dev/null)
     [ -n "$placed" ] && break
