@@ -20,6 +20,7 @@ ORDER = [
      "//runtime/store:store_compat_bench"),
     ("comm_bench", "Communication (issues 3, 11)", "//runtime/comm:comm_bench"),
     ("comm_veth_bench", "Communication across hosts over veth (issue 20)", "//tests/multihost:veth_bench"),
+    ("partition_bench", "Partition of a host: time to running again (issue 20)", "//bench:partition_bench"),
     ("kernel_bench", "Kernels and training step (issue 4)", "//bench:kernel_bench"),
     ("fsdp_bench", "FSDP worker (issue 5)", "//runtime/fsdp:fsdp_bench"),
     ("ckpt_bench", "Checkpoints (issue 6)", "//checkpoint:ckpt_bench"),

@@ -15,6 +15,8 @@
 #                 MH_DEADLINE_S seconds (default 110) so nothing outlives a hung test.
 # Skips the test (exit 0 with "SKIPPED: ...") where namespaces cannot be made: not root, no `ip`.
 #   mh_qdisc      delay, loss or a rate limit on every link (tc; netem falls back to nfq_netem).
+#   mh_ckpt_job, mh_partition_job, mh_ranks, mh_gone_after, mh_wait_attempt: a job to partition
+#                 (or cut off from the store) and its ranks (below).
 # Needs: iproute2 (ip; tc for netem), root, and no sandbox (tags = ["exclusive", "local"]);
 # iptables for nfq_netem.
 
@@ -23,6 +25,7 @@ MH_BR="b${MH}"
 MH_N=0
 MH_PIDS=""
 MH_WATCHDOG=""
+MH_LEASE_S=3  # every emberd's --lease-ttl-s (mh_cluster)
 
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
@@ -203,7 +206,7 @@ mh_link() { ip -n "${MH}-$1" link set eth0 "$2"; }
 
 # mh_cluster STORE_BIN EMBERD_BIN WORKER_BIN DIR: after mh_setup N, ember-store in namespace 0
 # (at $(mh_ip 0):29500) and an emberd "host$i" in each namespace i (API at $(mh_ip i):29400, 2 cpu
-# slots, lease 3 s, one work root DIR/jobs for all: the shared filesystem that checkpoints
+# slots, lease MH_LEASE_S = 3 s, one work root DIR/jobs for all: the shared filesystem that checkpoints
 # need across hosts). Each host runs its workers through DIR/worker-host$i.sh,
 # which gives them that host's identity for the comm layer: EMBER_COMM_BOOT_ID (ranks with
 # different boot ids never share memory, so cross-host pairs use TCP). EMBER_COMM_HOST (the
@@ -228,7 +231,7 @@ mh_cluster() {
     chmod 755 "$dir/worker-host$i.sh"
     mh_bg "$i" "$dir/host$i.log" "$emberd" --node-name="host$i" --store="$(mh_ip 0):29500" \
       --auth-token-file="$MH_TOKEN" --work-root="$dir/jobs" \
-      --worker-binary="$dir/worker-host$i.sh" --cpu-slots=2 --cuda-devices=0 --lease-ttl-s=3 \
+      --worker-binary="$dir/worker-host$i.sh" --cpu-slots=2 --cuda-devices=0 --lease-ttl-s="$MH_LEASE_S" \
       --poll-s=0.05 --restart-backoff-s=0.2 --listen="$(mh_ip "$i"):29400" ${MH_EMBERD_FLAGS:-}
   done
   for i in $(seq 1 "$MH_N"); do
@@ -285,4 +288,68 @@ log_every: 1
 deterministic: true
 ${4:-}
 YAML
+}
+
+# mh_ckpt_job NAME STEPS: after mh_init N, the cluster (mh_cluster into $T), then a 2-node x 2-rank
+# FSDP job NAME of STEPS steps (mh_spec; checkpoints every 25, keep 2, max_restarts 1) submitted
+# through host 1 once all N hosts are listed. Sets JOB.
+mh_ckpt_job() {
+  mh_spec "$1" "$2" ", nodes: 2" \
+    "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
+max_restarts: 1" > "$T/job.yaml"
+  mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
+  mh_wait_nodes "$MH_N"
+  JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
+  [ -n "$JOB" ] || fail "submit"
+}
+
+# A partition of a running job (partition_test.sh, bench/partition_bench_run.sh):
+# mh_partition_job STEPS AT_STEP: after mh_init 3, mh_ckpt_job mh-part STEPS; returns once its
+# progress is at AT_STEP or beyond (at most 30 s, else fails). Sets JOB, KEEP and CUT (the numbers
+# of its two hosts; host 1, whose API is used, is never CUT).
+mh_partition_job() {
+  local placed=""
+  mh_ckpt_job mh-part "$1"
+  for _ in $(seq 300); do
+    placed=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= '"$2"' else "")' 2>/dev/null)
+    [ -n "$placed" ] && break
+    sleep 0.1
+  done
+  [ -n "$placed" ] || { mh_ctl 1 --output json status "$JOB"; tail "$T"/host*.log; fail "job did not reach step $2"; }
+  set -- $placed
+  [ $# -eq 2 ] || fail "placed on '$placed', want 2 hosts"
+  KEEP=${1#host}; CUT=${2#host}
+}
+
+# mh_ranks HOST JOB ATTEMPT: the pids in namespace HOST of job JOB's attempt ATTEMPT (by their
+# EMBER_JOB_ID and EMBER_ATTEMPT; zombies left out).
+mh_ranks() {
+  local p
+  for p in $(ip netns pids "${MH}-$1" 2>/dev/null); do
+    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_JOB_ID=$2" || continue
+    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_ATTEMPT=$3" || continue
+    [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
+    echo "$p"
+  done
+}
+
+# mh_gone_after HOST JOB SECONDS SINCE: prints the seconds from SINCE (date +%s.%N) until job
+# JOB's attempt-0 ranks in namespace HOST are gone, polled every 50 ms; returns 1 after SECONDS.
+mh_gone_after() {
+  for _ in $(seq $(( $3 * 20 ))); do
+    [ -z "$(mh_ranks "$1" "$2" 0)" ] && { echo "$(date +%s.%N) - $4" | bc; return 0; }
+    sleep 0.05
+  done
+  return 1
+}
+
+# mh_wait_attempt JOB N: until job JOB is RUNNING with at least N+1 attempts (at most 30 s); prints
+# the time (date +%s.%N) it was seen so, or returns 1.
+mh_wait_attempt() {
+  for _ in $(seq 300); do
+    mh_job "$1" 'sys.exit(0 if len(j["attempts"]) >= '"$(( $2 + 1 ))"' and j["state"] == "RUNNING" else 1)' 2>/dev/null \
+      && { date +%s.%N; return 0; }
+    sleep 0.1
+  done
+  return 1
 }

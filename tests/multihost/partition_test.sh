@@ -16,60 +16,20 @@ source "$(dirname "$0")/netns.sh"
 STALE_WRITER=$(realpath "$6")
 mh_init 3 mhp "${@:1:5}"
 STEPS=400
-mh_spec mh-part "$STEPS" ", nodes: 2" \
-  "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
-max_restarts: 1" > "$T/job.yaml"
-mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
+mh_partition_job "$STEPS" 60   # sets JOB, KEEP, CUT
 json() { mh_ctl 1 --output json status "$JOB" 2>/dev/null; }
-mh_wait_nodes 3
-JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
-[ -n "$JOB" ] || fail "submit"
-PLACED=""
-for _ in $(seq 300); do
-  PLACED=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= 60 else "")' 2>/dev/null)
-  [ -n "$PLACED" ] && break
-  sleep 0.1
-done
-[ -n "$PLACED" ] || { json; tail "$T"/host*.log; fail "job did not reach step 60"; }
-set -- $PLACED
-[ $# -eq 2 ] || fail "placed on '$PLACED', want 2 hosts"
-KEEP=${1#host}; CUT=${2#host}   # host1 (the API used here) is never the one cut off
-echo "job $JOB on $PLACED; cutting off host$CUT"
-
-# The attempt-0 ranks on the reachable host of the job.
-ranks_of() {  # ranks_of HOST ATTEMPT: pids in namespace HOST of this job's attempt ATTEMPT
-  local p
-  for p in $(ip netns pids "${MH}-$1" 2>/dev/null); do
-    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_JOB_ID=$JOB" || continue
-    tr '\0' '\n' 2>/dev/null < "/proc/$p/environ" | grep -qx "EMBER_ATTEMPT=$2" || continue
-    [ "$(awk '{print $3}' "/proc/$p/stat" 2>/dev/null)" = Z ] && continue
-    echo "$p"
-  done
-}
-gone_after() {  # gone_after HOST SECONDS SINCE: seconds from SINCE until HOST's attempt-0 ranks are gone
-  local i
-  for i in $(seq $(( $2 * 20 ))); do
-    [ -z "$(ranks_of "$1" 0)" ] && { echo "$(date +%s.%N) - $3" | bc; return 0; }
-    sleep 0.05
-  done
-  return 1
-}
+echo "job $JOB on host$KEEP host$CUT; cutting off host$CUT"
+ranks_of() { mh_ranks "$1" "$JOB" "$2"; }  # ranks_of HOST ATTEMPT
 [ -n "$(ranks_of "$KEEP" 0)" ] || fail "no attempt-0 ranks on host$KEEP"
 T0=$(date +%s.%N)
 mh_link "$CUT" down
-STOP_S=$(gone_after "$KEEP" 8 "$T0") \
+STOP_S=$(mh_gone_after "$KEEP" "$JOB" 8 "$T0") \
   || fail "attempt-0 ranks on host$KEEP still running 8 s after the partition: $(ranks_of "$KEEP" 0)"
 # The cut-off host's ranks run on, unreachable: keep one's environment for the stale writer.
 STALE_PID=$(ranks_of "$CUT" 0 | head -1)
 [ -n "$STALE_PID" ] || fail "no attempt-0 rank left running on the cut-off host$CUT"
 tr '\0' '\n' < "/proc/$STALE_PID/environ" | grep '^EMBER_' > "$T/stale.env"
-RUNNING=""
-for _ in $(seq 300); do
-  mh_job "$JOB" 'sys.exit(0 if len(j["attempts"]) >= 2 and j["state"] == "RUNNING" else 1)' 2>/dev/null \
-    && { RUNNING=$(date +%s.%N); break; }
-  sleep 0.1
-done
-[ -n "$RUNNING" ] || { json; fail "no attempt 1 running 30 s after the partition"; }
+RUNNING=$(mh_wait_attempt "$JOB" 1) || { json; fail "no attempt 1 running 30 s after the partition"; }
 AGAIN_S=$(echo "$RUNNING - $T0" | bc)
 REASON=$(mh_job "$JOB" 'print(j["attempts"][0].get("reason",""))')
 echo "$REASON" | grep -q "node lost: host$CUT" || fail "attempt 0 reason '$REASON', want 'node lost: host$CUT'"
@@ -88,7 +48,7 @@ cat "$T/stale.out"
 [ "$(grep -c "^refused: .*write refused by fence 'jobs/$JOB/fence': this client belongs to epoch 0, the fence is at epoch 1" "$T/stale.out")" = 3 ] \
   || fail "want 3 writes refused by the fence, attempt 0 vs 1"
 [ -e "$CKPT/.tmp-step-$STEPS" ] && fail "the stale writer left $CKPT/.tmp-step-$STEPS"
-GONE_S=$(gone_after "$CUT" 10 "$HEALED") \
+GONE_S=$(mh_gone_after "$CUT" "$JOB" 10 "$HEALED") \
   || fail "attempt-0 ranks on host$CUT still running 10 s after the link came back: $(ranks_of "$CUT" 0)"
 FINAL=""
 for _ in $(seq 600); do
