@@ -21,13 +21,7 @@ mh_init 2 mhf "$@"
 FLAP_S=${FLAP_S:-2.0}
 DROP_S=${DROP_S:-6}
 STEPS=3000  # ~5 ms a step: enough that the job cannot finish during the 6 s drop
-mh_spec mh-flap "$STEPS" ", nodes: 2" \
-  "checkpoint: {dir: checkpoints, every_steps: 25, keep_last: 2}
-max_restarts: 1" > "$T/job.yaml"
-mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
-mh_wait_nodes 2
-JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
-[ -n "$JOB" ] || fail "submit"
+mh_ckpt_job mh-flap "$STEPS"
 dump() { mh_ctl 1 --output json status "$JOB"; tail -n 5 "$T"/host*.log "$T/store.log"; }
 step() { mh_job "$JOB" 'print(int(j.get("progress",{}).get("step",0)))' 2>/dev/null || echo 0; }
 wait_step() {  # wait_step N SECONDS: until the job's progress reaches step N
