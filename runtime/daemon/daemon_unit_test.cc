@@ -200,7 +200,7 @@ TEST_CASE("a script job's MASTER_ADDR: the advertised host, never loopback acros
   CHECK(*ScriptMasterAddr("10.0.0.7", "10.0.0.7:29400", 2) == "10.0.0.7");
   CHECK(*ScriptMasterAddr("", "0.0.0.0:29400", 1) == "127.0.0.1");  // one node: loopback is fine
   CHECK(*ScriptMasterAddr("127.0.0.1", "127.0.0.1:29400", 1) == "127.0.0.1");
-  for (const std::string& host : {"", "127.0.0.1", "127.0.1.1", "localhost"}) {
+  for (const std::string host : {"", "127.0.0.1", "127.0.1.1", "localhost"}) {
     auto m = ScriptMasterAddr(host, "[::]:29400", 2);
     REQUIRE_FALSE(m.ok());
     CHECK(absl::IsFailedPrecondition(m.status()));
