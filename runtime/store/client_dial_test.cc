@@ -1,7 +1,6 @@
 // DialFastPath (client_fast.h) gives up after ClientOptions::dial_timeout, also on the same-host
 // abstract Unix socket: a server that stopped accepting (its accept queue full) must not hold a
 // dial, such as emberd's lease keeper's once-per-try dial, beyond the bound.
-#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -16,21 +15,14 @@
 #include "runtime/store/client.h"
 #include "runtime/store/client_fast.h"
 #include "runtime/store/fast_path_protocol.h"
+#include "runtime/store/store_process_test_util.h"
 
 namespace ember::store {
 namespace {
 
 TEST_CASE("a fast-path dial to a Unix socket whose accept queue is full gives up in time") {
-  // A TCP port that refuses connections (bound, not listening), so the TCP fallback fails fast.
-  int tcp = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  REQUIRE(tcp >= 0);
-  sockaddr_in in{};
-  in.sin_family = AF_INET;
-  in.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(bind(tcp, reinterpret_cast<sockaddr*>(&in), sizeof(in)) == 0);
-  socklen_t inlen = sizeof(in);
-  REQUIRE(getsockname(tcp, reinterpret_cast<sockaddr*>(&in), &inlen) == 0);
-  const int port = ntohs(in.sin_port);
+  // A loopback TCP port nobody listens on, so the TCP fallback is refused at once.
+  const int port = testing::FreePort();
 
   // The fast path's Unix socket for that port: listening, never accepting, its queue filled.
   sockaddr_un ua;
@@ -75,7 +67,6 @@ TEST_CASE("a fast-path dial to a Unix socket whose accept queue is full gives up
   CHECK(absl::IsUnavailable(fd.status()));
   for (int c : pending) close(c);
   if (lst >= 0) close(lst);
-  close(tcp);
 }
 
 }  // namespace
