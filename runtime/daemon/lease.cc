@@ -47,7 +47,7 @@ void Daemon::Impl::LeaseLoop() {
       s = c.status();
     }
     if (keeper) s = keeper->RefreshLease(lease.load());
-    if (absl::IsNotFound(s)) {
+    if (absl::IsNotFound(s) && keeper) {  // (a failed dial is never a lost lease)
       LeaseLost(&*keeper);
       failing_since = absl::InfinitePast();
       continue;

@@ -12,6 +12,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
@@ -38,31 +39,51 @@ void MakeJobDir(const std::string& d) {
 // A file of the job directory, 0640, written whole under a unique temporary name and renamed to
 // `path` (so never through a symlink at `path`): daemons sharing the work root may write the same
 // file while another's workers read it, and a reader sees the old file or the whole new one.
-void WriteJobFile(const std::string& path, const std::string& data) {
+absl::Status WriteJobFile(const std::string& path, const std::string& data) {
   std::string tmp = path + ".tmp.XXXXXX";
   int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) {
-    spdlog::error("cannot write {}: {}", tmp, strerror(errno));
-    return;
-  }
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
   ::fchmod(fd, 0640);
-  bool ok = true;
+  absl::Status st;
   for (size_t off = 0; off < data.size();) {
     ssize_t w = ::write(fd, data.data() + off, data.size() - off);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      spdlog::error("cannot write {}: {}", tmp, strerror(errno));
-      ok = false;
+      st = absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
       break;
     }
     off += static_cast<size_t>(w);
   }
   ::close(fd);
-  if (ok && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    spdlog::error("cannot rename {} to {}: {}", tmp, path, strerror(errno));
-    ok = false;
+  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", strerror(errno)));
   }
-  if (!ok) ::unlink(tmp.c_str());
+  if (!st.ok()) ::unlink(tmp.c_str());
+  return st;
+}
+
+// The job's files from the store: its uploads under `uploads`, then the spec as <dir>/job.yaml,
+// written only when every upload is in place (on a shared work root its presence tells other
+// daemons the files are complete, and they do not fetch them again). The first failure, with
+// job.yaml not written.
+absl::Status FetchJobFiles(store::Client& store, const std::string& job_id, const std::string& dir,
+                           const std::string& uploads) {
+  auto spec = store.Get(keys::SpecYaml(job_id));
+  if (!spec.ok()) return base::Annotate(spec.status(), "reading the job's spec");
+  const std::string prefix = keys::FilesPrefix(job_id);
+  auto names = store.ListKeys(prefix);
+  if (!names.ok()) return base::Annotate(names.status(), "listing the job's uploads");
+  for (const std::string& k : *names) {
+    const std::string rel = k.substr(prefix.size());  // CheckUploadName: no "..", no leading "/"
+    auto v = store.Get(k);
+    if (!v.ok()) return base::Annotate(v.status(), absl::StrCat("reading upload '", rel, "'"));
+    for (size_t i = rel.find('/'); i != std::string::npos; i = rel.find('/', i + 1)) {
+      MakeJobDir(absl::StrCat(uploads, "/", rel.substr(0, i)));
+    }
+    RETURN_IF_ERROR(base::Annotate(WriteJobFile(absl::StrCat(uploads, "/", rel), *v),
+                                   absl::StrCat("writing upload '", rel, "'")));
+  }
+  return WriteJobFile(dir + "/job.yaml", *spec);
 }
 
 }  // namespace
@@ -104,34 +125,30 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   // job.yaml last: on a work root shared by several daemons its presence means the uploads are
   // all in place too (written first, it let another host start its workers while the uploads
   // were still being fetched from the store: seen with 10 ms RTT between the hosts).
+  // A store that did not answer: the next pass tries again. Any other failure fails this node's
+  // ranks with the reason, as a fork failure would (before, job.yaml was written anyway, and the
+  // attempt ran without the upload; on a shared work root every later attempt did too).
+  absl::Status start_error;
   if (!fs::exists(dir + "/job.yaml")) {
-    auto spec = store->Get(keys::SpecYaml(job.id()));
-    const std::string prefix = keys::FilesPrefix(job.id());
-    auto names = store->ListKeys(prefix);
-    if (names.ok()) {
-      for (const std::string& k : *names) {
-        auto v = store->Get(k);
-        const std::string rel = k.substr(prefix.size());  // CheckUploadName: no "..", no leading "/"
-        for (size_t i = rel.find('/'); i != std::string::npos; i = rel.find('/', i + 1)) {
-          MakeJobDir(absl::StrCat(uploads, "/", rel.substr(0, i)));
-        }
-        if (v.ok()) WriteJobFile(absl::StrCat(uploads, "/", rel), *v);
-      }
+    absl::Status files = FetchJobFiles(*store, job.id(), dir, uploads);
+    if (absl::IsUnavailable(files) || absl::IsDeadlineExceeded(files)) {
+      spdlog::warn("job {} attempt {}: fetching its files failed ({}); trying again", job.id(),
+                   at.number(), files.ToString());
+      return std::nullopt;
     }
-    if (spec.ok()) WriteJobFile(dir + "/job.yaml", *spec);
+    start_error = base::Annotate(files, absl::StrCat("the job's files in ", dir));
   }
   // A script job: its user and its attempt's TCPStore listener first (script_job.cc). A failure
   // fails this node's ranks with the reason, as a fork failure would.
   std::optional<ScriptLaunch> script;
-  absl::Status script_error;
-  if (spec::IsScriptJob(job.spec())) {
+  if (start_error.ok() && spec::IsScriptJob(job.spec())) {
     auto prepared = PrepareScript(job, *mine, dir);
     if (prepared.ok()) {
       script = std::move(*prepared);
     } else if (absl::IsUnavailable(prepared.status()) && mine->first_rank() != 0) {
       return std::nullopt;  // rank 0's daemon has not published its listener yet: next pass
     } else {
-      script_error = prepared.status();
+      start_error = prepared.status();
     }
   }
   const int local_world = mine->devices_size();
@@ -186,7 +203,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
       warm = TakeStandby(job.id(), at.number(), w, so, *script);
     }
     auto pid = warm ? absl::StatusOr<pid_t>(*warm)
-               : script_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(script_error);
+               : start_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(start_error);
     if (!pid.ok()) {
       spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
       w.exited = true;

@@ -69,8 +69,10 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
     // Same host: the server's abstract Unix socket, if it has one (else TCP below).
     sockaddr_un ua;
     socklen_t ulen = FastPathUnixAddress(port, &ua);
+    // Bounded too: a blocking connect waits without limit while the server's accept queue is
+    // full (a stopped or wedged server); non-blocking, that is EAGAIN at once (then TCP below).
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&ua), ulen) != 0) {
+    if (fd >= 0 && ConnectWithin(fd, reinterpret_cast<sockaddr*>(&ua), ulen, dial_ms) != 0) {
       close(fd);
       fd = -1;
     }

@@ -2,6 +2,7 @@
 // the daemon writes (an upload named job.yaml once made the worker train another spec than the
 // one `emberctl status` shows), and job files are 0640 in 0750 directories whatever the umask.
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -58,6 +59,31 @@ TEST_CASE("an upload named job.yaml cannot shadow the validated spec; job files 
     CHECK(Mode(f) == 0640);
   }
   ::umask(old_umask);
+}
+
+// job.yaml is written last and only when every upload is in place: on a work root shared by
+// several daemons its presence tells the others the files are complete. Uploads "a" and "a/b"
+// cannot both be written (a file and a directory of one name): the attempt must fail naming the
+// upload, not run without it (it used to: job.yaml was written anyway, and the job SUCCEEDED).
+TEST_CASE("a job whose uploads cannot all be written fails with the reason; job.yaml not written") {
+  auto cluster = TestCluster::Start({.nodes = 1});
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  auto r = c->Submit(Spec("files-clash", 1, 2) + "max_restarts: 0\n", "",
+                     {{"a", "file"}, {"a/b", "under a"}});
+  REQUIRE(r.ok());
+  auto done = c->Wait(r->job().id(), absl::Seconds(60));
+  REQUIRE(done.ok());
+  INFO("state " << v1::JobState_Name(done->state()) << ", reason: " << done->reason());
+  CHECK(done->state() == v1::FAILED);
+  REQUIRE(done->attempts_size() == 1);
+  const v1::RankExit& cause = done->attempts(0).root_cause();
+  std::string lines;
+  for (const auto& l : cause.last_log_lines()) lines += l + "\n";
+  INFO("root cause: exit " << cause.exit_code() << ", " << lines);
+  CHECK(lines.find("upload 'a") != std::string::npos);  // named, with the job directory's path
+  CHECK(::access((done->job_dir() + "/job.yaml").c_str(), F_OK) != 0);
 }
 
 }  // namespace
