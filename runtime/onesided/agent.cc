@@ -134,9 +134,15 @@ absl::Status AgentImpl::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "reading the UCX configuration (check UCX_* variables)");
-  // A dead peer is noticed by keepalive on transports without a connection to reset (shared
-  // memory); UCX's default of 20 s is longer than most transfer timeouts.
+  // Defaults for UCX variables the user has not set (agent.h says why). Transport keys go without
+  // their TCP_ prefix, and only where TCP may be used (UCX warns of unused keys); RX >= TX or TCP fails.
   if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+  const std::string tls = getenv("UCX_TLS") == nullptr ? "all" : getenv("UCX_TLS");
+  const bool tcp_named = tls.find("tcp") != std::string::npos;
+  if ((tls[0] == '^' ? !tcp_named : tcp_named || tls == "all") &&
+      getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
+    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, "1M");
+  }
   ucp_params_t p = {};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

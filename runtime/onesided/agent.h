@@ -32,7 +32,12 @@
 //
 // Thread safety: every Agent, Connection and Work method is thread-safe (the UCX worker runs in
 // UCS_THREAD_MODE_MULTI). Transports: UCX chooses (shared memory, CMA, TCP, RDMA where present);
-// UCX_TLS in the environment overrides, e.g. UCX_TLS=tcp or UCX_TLS=sm.
+// UCX_TLS in the environment overrides, e.g. UCX_TLS=tcp or UCX_TLS=sm. UCX defaults the agent
+// changes, each only while the variable is unset: UCX_KEEPALIVE_INTERVAL=1s (a dead peer over shared
+// memory shows only through keepalive; UCX's 20 s outlasts most timeouts); UCX_TCP_TX_SEG_SIZE and
+// UCX_TCP_RX_SEG_SIZE=1M (neither set, UCX_TLS allowing tcp): UCX 1.13 emulates put/get over TCP
+// with one message per segment (8 KiB by default); 1 MiB segments made 1-16 MiB puts over TCP
+// 2-4x and gets 2-2.5x faster (docs/onesided.md). Cost: TCP send/receive buffers of 1 MiB each.
 //
 // GPU memory (one node): RegisterMemory(ptr, bytes, kCuda) exports the region by CUDA IPC
 // (cuda_ipc.h) instead of UCX; a peer's ImportRegion opens it, and Put/Get between it and local
