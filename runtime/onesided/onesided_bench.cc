@@ -159,6 +159,12 @@ pid_t Spawn(const std::vector<std::string>& args, int out_fd) {
   if (pid != 0) return pid;
   const std::string tls = absl::GetFlag(FLAGS_tls);
   if (!tls.empty()) setenv("UCX_TLS", tls.c_str(), 1);
+  // Like for like: the Agent raises UCX's TCP segments to 1 MiB unless the user set them
+  // (agent.h); ucx_perftest gets the same settings (no effect on transports other than tcp).
+  if (getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
+    setenv("UCX_TCP_TX_SEG_SIZE", "1M", 1);
+    setenv("UCX_TCP_RX_SEG_SIZE", "1M", 1);
+  }
   int null = open("/dev/null", O_WRONLY);
   dup2(out_fd >= 0 ? out_fd : null, 1);
   dup2(null, 2);
