@@ -325,14 +325,15 @@ class TcpStoreServer::Impl {
       c->in_pos = 0;
     }
     // After the peer closed, what it sent before leaving still runs: a connection waits for the
-    // answer to a write (on etcd a cancel could drop it) or to a request with queries after it;
-    // otherwise (nothing left, or half a query) it closes and an outstanding WAIT or GET, which
-    // may park for long, is cancelled.
+    // answer to a write (on etcd a cancel could drop it) or for its reply to leave when queries
+    // follow it; otherwise (nothing left, half a query, or an outstanding WAIT or GET, which may
+    // park for ever with queries queued behind it and the slot held) it closes, and an
+    // outstanding request is cancelled.
     if (c->eof) {
       const bool may_park = c->awaiting_op == Op::kWait || c->awaiting_op == Op::kGet ||
                             c->awaiting_op == Op::kMultiGet;
-      const bool wait_for_answer =
-          stuck && (c->in_pos < c->in.size() || (c->awaiting && !may_park));
+      const bool wait_for_answer = stuck && !(c->awaiting && may_park) &&
+                                   (c->in_pos < c->in.size() || c->awaiting);
       if (!wait_for_answer && !c->backlogged) return Close(c, "", false);
     }
     UpdateInterest(c.get());

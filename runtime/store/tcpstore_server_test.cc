@@ -384,6 +384,23 @@ TEST_CASE("a client that pipelines queries flat out does not stall the others") 
   CHECK(worst < absl::Milliseconds(250));
 }
 
+TEST_CASE("a client gone with queries queued behind a parked WAIT frees its connection") {
+  // A peer sends a WAIT on a key nobody sets and one more query, then leaves: the WAIT may never
+  // end, so the queued query can never run; the connection must not hold its slot meanwhile.
+  Served s = Serve({.max_connections = 1});
+  {
+    Wire gone(s.tcp->port());
+    REQUIRE(gone.U8(5).U64(1).Str("/never").U8(6).Send());  // 1.13 WAIT, then GETNUMKEYS
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  Wire next(s.tcp->port());
+  REQUIRE(next.U8(3).Str("/n").U64(1).Send());  // 1.13 ADD
+  int64_t v = -1;
+  CHECK(next.Read(&v, 8));  // served, not refused at max_connections
+  CHECK(v == 1);
+}
+
 TEST_CASE("a configured lower cap") {
   Served s = Serve({.max_connections = 3});
   std::vector<std::unique_ptr<Wire>> open;
