@@ -21,7 +21,8 @@ SRC_fast_path := tests/fuzz/fast_path_fuzz.cc runtime/store/fast_path.cc \
                  runtime/store/wal_log.cc runtime/base/files.cc runtime/base/status_macros.cc \
                  runtime/base/clock.cc runtime/base/utf8.cc runtime/base/grpc_server.cc \
                  $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
-BINS := safetensors checkpoint_metadata spec wal fast_path
+SRC_tcpstore_protocol := tests/fuzz/tcpstore_protocol_fuzz.cc runtime/store/tcpstore_protocol.cc
+BINS := safetensors checkpoint_metadata spec wal fast_path tcpstore_protocol
 
 obj = $(patsubst %.cc,$(OUT)/obj/%.o,$(patsubst $(OUT)/gen/%,gen/%,$(1)))
 

@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${FUZZ_OUT:-.fuzz}"
 CXX="${FUZZ_CXX:-$(command -v clang++ || command -v clang++-14 || true)}"
-TARGETS=(safetensors checkpoint_metadata spec_yaml spec_json wal fast_path)
+TARGETS=(safetensors checkpoint_metadata spec_yaml spec_json wal fast_path tcpstore_protocol)
 
 if [ "${1:-}" = "list" ]; then printf '%s\n' "${TARGETS[@]}"; exit 0; fi
 if [ -z "$CXX" ]; then echo "fuzz: skipped (no clang++)"; exit 0; fi

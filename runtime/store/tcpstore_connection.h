@@ -39,6 +39,7 @@ struct Conn {
   uint64_t request_seq = 0;   // backend requests made so far
   uint32_t events = 0;        // epoll interest registered
   int64_t last_cancel_ns = 0;
+  bool backlogged = false;    // ran its turn's queries with input left: resumes next round
 
   absl::Mutex mu;
   int fd ABSL_GUARDED_BY(mu);  // -1 once closed (written by the loop thread only)

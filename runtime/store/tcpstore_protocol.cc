@@ -125,9 +125,9 @@ QueryParser::Result QueryParser::Feed(const char* data, size_t n, bool v2, size_
         if (!Fill(p, end, 8)) break;
         uint64_t count;
         std::memcpy(&count, scratch_, 8);
-        if (count > kMaxTcpStoreBytes) {
+        if (count > kMaxTcpStoreKeys) {
           return fail(absl::StrCat("TCPStore query of ", count, " keys: over the limit of ",
-                                   kMaxTcpStoreBytes));
+                                   kMaxTcpStoreKeys, " keys a query"));
         }
         strs_left_ = count * per_count_;
         stage_ = strs_left_ > 0 ? Stage::kLength : NextAfterStrings();

@@ -5,7 +5,8 @@
 // the bytes; integers are raw little-endian (8 bytes; 2.x's validation magic and ping nonce 4).
 //
 // Bounds (TCPStore clients do not authenticate): a string is at most kMaxTcpStoreBytes, a
-// multi-key query's count too, and a query's strings together (each also charged the size of its
+// multi-key query's count at most kMaxTcpStoreKeys (refused at the count: an empty key costs the
+// peer 8 bytes and the server a std::string, twice), and a query's strings together (each also charged the size of its
 // std::string) at most kMaxTcpStoreQueryBytes. The parser holds only the bytes that arrived: a
 // length that promises 1 GiB costs nothing until the bytes come.
 //
@@ -34,6 +35,9 @@ constexpr uint8_t kV2CancelWait = 12;
 constexpr uint8_t kCheckReady = 0, kCheckNotReady = 1;  // CheckResponseType
 constexpr uint8_t kStopWaiting = 0, kWaitCanceled = 1;  // WaitResponseType (WAIT_CANCELED: 2.x)
 constexpr uint64_t kMaxTcpStoreBytes = uint64_t{1} << 30;  // larger lengths are garbage: close
+// Above the store's default max_keys_per_request (100,000), which answers a larger request
+// RESOURCE_EXHAUSTED; a store configured for more still gets at most this many through TCPStore.
+constexpr uint64_t kMaxTcpStoreKeys = uint64_t{1} << 17;
 constexpr uint64_t kMaxTcpStoreQueryBytes = kMaxTcpStoreBytes + (uint64_t{1} << 20);
 
 // One parsed query: `strs` holds its keys and values in wire order (MULTI_SET: k1 v1 k2 v2 ...);

@@ -134,6 +134,23 @@ TEST_CASE("bounds and unsupported queries are errors naming what was wrong") {
   CHECK_THAT(err, Catch::Contains("query type 14"));
 }
 
+// A key count costs the peer 8 bytes per key (an empty key) and the parser a std::string each,
+// then the store request another: a count of millions would turn a few MB of wire into GBs. It is
+// refused at the count, above the store's own default of 100,000 keys a request.
+TEST_CASE("a multi-key query's count is bounded before any key arrives") {
+  std::string err;
+  for (uint8_t type : {uint8_t{6}, uint8_t{10}, uint8_t{11}}) {  // 2.x WAIT, MULTI_GET, MULTI_SET
+    INFO("type " << int(type));
+    Bytes at;
+    at.U8(type).U64(131072);
+    CHECK(FeedOnce(at.s, true, &err) == QueryParser::Result::kNeedMore);
+    Bytes over;
+    over.U8(type).U64(131073);
+    CHECK(FeedOnce(over.s, true, &err) == QueryParser::Result::kError);
+    CHECK_THAT(err, Catch::Contains("131073 keys"));
+  }
+}
+
 TEST_CASE("the first bytes tell the dialect") {
   Bytes v2;
   v2.U8(0).U32(kValidationMagic);

@@ -46,7 +46,10 @@ using tcpstore::ReadyQueue;
 std::atomic<uint64_t> g_next_owner{uint64_t{3} << 61};
 
 constexpr size_t kReadChunk = 64 << 10;
-constexpr size_t kMaxUnparsed = 64 << 10;  // input read ahead while a query is outstanding
+constexpr size_t kMaxUnparsed = 64 << 10;  // input read ahead of the parser
+// Queries one connection runs in a turn: a client pipelining a megabyte of one-byte queries
+// resumes in the next round of the loop, after every other ready connection had its turn.
+constexpr int kQueriesPerTurn = 256;
 constexpr int64_t kRecancelNs = 100'000'000;
 
 }  // namespace
@@ -126,7 +129,7 @@ class TcpStoreServer::Impl {
     epoll_event events[256];
     int64_t last_stall_check = MonoNs();
     while (!stop_) {
-      const int timeout_ms = cancelling_.empty() ? 1000 : 100;
+      const int timeout_ms = !backlog_.empty() ? 0 : cancelling_.empty() ? 1000 : 100;
       const int n = epoll_wait(epfd_, events, 256, timeout_ms);
       for (int i = 0; i < n; ++i) {
         const uint64_t tag = events[i].data.u64;
@@ -162,6 +165,7 @@ class TcpStoreServer::Impl {
         }
       }
       DrainReady();
+      ResumeBacklog();
       if (!cancelling_.empty()) RecancelPending(/*force=*/false);
       if (const int64_t now = MonoNs(); now - last_stall_check > 1'000'000'000) {
         last_stall_check = now;
@@ -176,6 +180,16 @@ class TcpStoreServer::Impl {
       std::vector<std::shared_ptr<Conn>> ready = ready_->Take();
       if (ready.empty()) return;
       for (const auto& c : ready) Pump(c);
+    }
+  }
+
+  // Connections that used up their turn with queries left run their next turn.
+  void ResumeBacklog() {
+    std::vector<std::shared_ptr<Conn>> again;
+    again.swap(backlog_);
+    for (const auto& c : again) {
+      c->backlogged = false;
+      Pump(c);
     }
   }
 
@@ -207,15 +221,15 @@ class TcpStoreServer::Impl {
     }
   }
 
-  // Input is wanted unless a reply waits to leave, and only a little of it while a request is
-  // outstanding (enough to see a CANCEL_WAIT).
+  // Input is wanted unless a reply waits to leave, and only a little of it ahead of the parser
+  // (a request is outstanding: enough to see a CANCEL_WAIT; or the turn's queries ran).
   bool WantInput(Conn* c) {
     if (!c->open || c->eof) return false;
     {
       absl::MutexLock l(&c->mu);
       if (c->OutPendingLocked()) return false;
     }
-    return !c->awaiting || c->in.size() - c->in_pos < kMaxUnparsed;
+    return c->in.size() - c->in_pos < kMaxUnparsed;
   }
 
   void OnReadable(const std::shared_ptr<Conn>& c) {
@@ -230,7 +244,7 @@ class TcpStoreServer::Impl {
       if (k > 0) {
         c->in.append(buf, static_cast<size_t>(k));
         Pump(c);
-        if (static_cast<size_t>(k) < sizeof(buf)) return;
+        if (static_cast<size_t>(k) < sizeof(buf) || c->backlogged) return;
         continue;
       }
       if (k < 0 && errno == EINTR) continue;
@@ -250,6 +264,7 @@ class TcpStoreServer::Impl {
   // replies allow; closes it when it failed or the peer left.
   void Pump(const std::shared_ptr<Conn>& c) {
     bool stuck = false;  // on the outstanding request or on unsent replies
+    int ran = 0;
     while (c->open) {
       std::string fail;
       bool gone = false;
@@ -279,6 +294,11 @@ class TcpStoreServer::Impl {
         break;
       }
       if (c->in_pos == c->in.size()) break;
+      if (ran == kQueriesPerTurn) {  // the others' turn first
+        if (!c->backlogged) backlog_.push_back(c);
+        c->backlogged = true;
+        break;
+      }
       if (c->dialect == tcpstore::Dialect::kUnknown) {
         c->dialect = tcpstore::DetectDialect(c->in.data() + c->in_pos, c->in.size() - c->in_pos);
         if (c->dialect == tcpstore::Dialect::kUnknown) break;
@@ -291,6 +311,7 @@ class TcpStoreServer::Impl {
       if (r == tcpstore::QueryParser::Result::kError) return Close(c, why, true);
       if (r == tcpstore::QueryParser::Result::kNeedMore) break;
       why = Run(c, c->parser.query());
+      ++ran;
       c->parser.Reset();
       if (!why.empty()) return Close(c, why, true);
     }
@@ -304,15 +325,16 @@ class TcpStoreServer::Impl {
       c->in_pos = 0;
     }
     // After the peer closed, what it sent before leaving still runs: a connection waits for the
-    // answer to a write (on etcd a cancel could drop it) or to a request with queries after it;
-    // otherwise (nothing left, or half a query) it closes and an outstanding WAIT or GET, which
-    // may park for long, is cancelled.
+    // answer to a write (on etcd a cancel could drop it) or for its reply to leave when queries
+    // follow it; otherwise (nothing left, half a query, or an outstanding WAIT or GET, which may
+    // park for ever with queries queued behind it and the slot held) it closes, and an
+    // outstanding request is cancelled.
     if (c->eof) {
       const bool may_park = c->awaiting_op == Op::kWait || c->awaiting_op == Op::kGet ||
                             c->awaiting_op == Op::kMultiGet;
-      const bool wait_for_answer =
-          stuck && (c->in_pos < c->in.size() || (c->awaiting && !may_park));
-      if (!wait_for_answer) return Close(c, "", false);
+      const bool wait_for_answer = stuck && !(c->awaiting && may_park) &&
+                                   (c->in_pos < c->in.size() || c->awaiting);
+      if (!wait_for_answer && !c->backlogged) return Close(c, "", false);
     }
     UpdateInterest(c.get());
   }
@@ -486,6 +508,7 @@ class TcpStoreServer::Impl {
   const std::shared_ptr<ReadyQueue> ready_ = std::make_shared<ReadyQueue>();
   // Loop thread only (and Shutdown after the join):
   std::map<uint64_t, std::shared_ptr<Conn>> conns_;       // by owner
+  std::vector<std::shared_ptr<Conn>> backlog_;            // Conn::backlogged ones
   // Cancelled requests not answered yet: the connection and its request_seq then.
   std::map<uint64_t, std::pair<std::shared_ptr<Conn>, uint64_t>> cancelling_;
   base::RefusalLog refusals_{"store: TCPStore listener"};

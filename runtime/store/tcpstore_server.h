@@ -17,7 +17,8 @@
 //
 // Serving: one epoll thread for all connections of a listener (nonblocking sockets). A blocking
 // WAIT or GET is parked in the backend, not on a thread: the backend's completion callback writes
-// the reply. Bounds, since no client authenticates: max_connections; a string (key or value) of
+// the reply. A connection runs at most 256 queries a turn (pipelined ones wait for the
+// next round), so one client cannot hold the thread. Bounds, since no client authenticates: max_connections; a string (key or value) of
 // at most 1 GiB and a query of at most 1 GiB + 1 MiB, its buffer growing only as bytes arrive;
 // a connection runs its next query only once the previous reply left, and is closed when a reply
 // exceeds max_unsent_bytes unsent or the client reads none of it for write_stall_timeout.

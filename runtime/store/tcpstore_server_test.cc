@@ -10,10 +10,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
@@ -52,6 +54,7 @@ class Wire {
   }
   ~Wire() { close(fd_); }
   bool connected() const { return connected_; }
+  int fd() const { return fd_; }
 
   Wire& U8(uint8_t v) { return Raw(&v, 1); }
   Wire& U32(uint32_t v) { return Raw(&v, 4); }
@@ -336,6 +339,66 @@ TEST_CASE("at most max_connections at once: the next is closed, the open ones ke
   Wire again(s.tcp->port());
   REQUIRE(again.U8(3).Str("/count").U64(1).Send());
   CHECK(again.ReadI64() == 1026);
+}
+
+TEST_CASE("a client that pipelines queries flat out does not stall the others") {
+  // One thread serves every connection: a client that keeps 1 MiB of one-byte GETNUMKEYS queries
+  // (1.13) in flight, and reads the replies, must not hold it for the whole megabyte.
+  Served s = Serve();
+  Wire flood(s.tcp->port());
+  REQUIRE(flood.connected());
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> replies{0};
+  std::thread writer([&] {
+    const std::string batch(1 << 20, '\x06');
+    while (!stop && send(flood.fd(), batch.data(), batch.size(), MSG_NOSIGNAL) > 0) {
+    }
+  });
+  std::thread reader([&] {
+    std::vector<char> buf(1 << 20);
+    while (!stop) {
+      pollfd pf{flood.fd(), POLLIN, 0};
+      if (poll(&pf, 1, 50) <= 0) continue;
+      const ssize_t k = recv(flood.fd(), buf.data(), buf.size(), 0);
+      if (k <= 0) break;
+      replies += k / 8;
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  Wire w(s.tcp->port());
+  absl::Duration worst;
+  for (int i = 0; i < 20; ++i) {
+    const absl::Time t0 = absl::Now();
+    REQUIRE(w.U8(3).Str("/n").U64(1).Send());  // 1.13 ADD
+    REQUIRE(w.ReadI64() == i + 1);
+    worst = std::max(worst, absl::Now() - t0);
+  }
+  const int64_t served = replies;
+  stop = true;
+  shutdown(flood.fd(), SHUT_RDWR);
+  writer.join();
+  reader.join();
+  INFO("worst round trip " << absl::FormatDuration(worst) << " beside " << served
+                           << " pipelined queries answered");
+  CHECK(served > 10000);  // the flood was served meanwhile
+  CHECK(worst < absl::Milliseconds(250));
+}
+
+TEST_CASE("a client gone with queries queued behind a parked WAIT frees its connection") {
+  // A peer sends a WAIT on a key nobody sets and one more query, then leaves: the WAIT may never
+  // end, so the queued query can never run; the connection must not hold its slot meanwhile.
+  Served s = Serve({.max_connections = 1});
+  {
+    Wire gone(s.tcp->port());
+    REQUIRE(gone.U8(5).U64(1).Str("/never").U8(6).Send());  // 1.13 WAIT, then GETNUMKEYS
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  absl::SleepFor(absl::Milliseconds(300));
+  Wire next(s.tcp->port());
+  REQUIRE(next.U8(3).Str("/n").U64(1).Send());  // 1.13 ADD
+  int64_t v = -1;
+  CHECK(next.Read(&v, 8));  // served, not refused at max_connections
+  CHECK(v == 1);
 }
 
 TEST_CASE("a configured lower cap") {

@@ -114,4 +114,30 @@ put("fast_path", "multi", b"\x01" + batch(fb(20, fb(1, fb(1, "a") + fb(2, b"1"))
                                            fb(18, b""), fb(23, fv(1, 100)), fb(21, fb(1, "a") + fb(2, "z")),
                                            fb(16, fb(1, "a")), fb(17, fb(1, "")), fb(15, fb(1, "a"))))
 put("fast_path", "huge_length_raw", b"\x00" + struct.pack("<I", 0x0FFFFFFF) + b"\x0a")
+# tcpstore_protocol: byte 0 = piece size (0: the stream whole), then a TCPStore client's bytes.
+def ts_str(v):
+    v = v if isinstance(v, bytes) else v.encode()
+    return struct.pack("<Q", len(v)) + v
+
+
+def ts_q(t, *args):
+    return bytes([t]) + b"".join(a if isinstance(a, bytes) else ts_str(a) for a in args)
+
+
+TS_MAGIC = struct.pack("<I", 0x3C85F7CE)
+V1 = (ts_q(0, "/k", "v") + ts_q(2, "/k") + ts_q(3, "/n", struct.pack("<q", -2)) +
+      ts_q(4, struct.pack("<Q", 2), "/a", "/b") + ts_q(5, struct.pack("<Q", 1), "/k") +
+      ts_q(1, "/k", "v", "w") + ts_q(8, "/k") + ts_q(6))
+V2 = (b"\x00" + TS_MAGIC + ts_q(13, struct.pack("<I", 7)) + ts_q(1, "/k", "v") +
+      ts_q(9, "/k", "+") + ts_q(11, struct.pack("<Q", 2), "/x", "1", "/y", "2") +
+      ts_q(10, struct.pack("<Q", 2), "/x", "/y") + ts_q(6, struct.pack("<Q", 1), "/z") + ts_q(12) +
+      ts_q(4, "/n", struct.pack("<q", 5)) + ts_q(7))
+put("tcpstore_protocol", "v1_all", b"\x00" + V1)
+put("tcpstore_protocol", "v1_split3", b"\x03" + V1)
+put("tcpstore_protocol", "v2_all", b"\x00" + V2)
+put("tcpstore_protocol", "v2_split1", b"\x01" + V2)
+put("tcpstore_protocol", "v2_validate", b"\x02\x00" + TS_MAGIC)
+put("tcpstore_protocol", "v2_half_set", b"\x05\x00" + TS_MAGIC + ts_q(1, "/k", "value")[:-3])
+put("tcpstore_protocol", "v1_big_value", b"\x40" + ts_q(0, "/big", b"x" * 3000))
+
 print("seeds written to", ROOT)
