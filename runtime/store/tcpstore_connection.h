@@ -23,8 +23,8 @@ namespace ember::store::tcpstore {
 int64_t MonoNs();  // CLOCK_MONOTONIC
 
 struct Conn {
-  Conn(int fd_in, uint64_t owner_in, size_t max_unsent_in)
-      : owner(owner_in), max_unsent(max_unsent_in), fd(fd_in) {}
+  Conn(int fd_in, uint64_t owner_in, size_t max_unsent_in, size_t max_query_in)
+      : owner(owner_in), max_unsent(max_unsent_in), parser(max_query_in), fd(fd_in) {}
 
   const uint64_t owner;       // backend owner, and the epoll tag
   const size_t max_unsent;    // TcpStoreOptions::max_unsent_bytes

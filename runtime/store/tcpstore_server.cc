@@ -212,7 +212,8 @@ class TcpStoreServer::Impl {
       }
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-      auto c = std::make_shared<Conn>(fd, g_next_owner.fetch_add(1), options_.max_unsent_bytes);
+      auto c = std::make_shared<Conn>(fd, g_next_owner.fetch_add(1), options_.max_unsent_bytes,
+                                      options_.max_query_bytes);
       epoll_event ev{};
       ev.events = c->events = EPOLLIN;
       ev.data.u64 = c->owner;

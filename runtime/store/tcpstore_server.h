@@ -41,9 +41,13 @@ struct TcpStoreOptions {
   // Open connections at most (TCPStore clients never authenticate). Further connections are
   // accepted and closed at once, with a warning at most once a second.
   size_t max_connections = 1024;
-  // Reply bytes a connection may leave unsent (the socket buffer full): one reply, the largest a
-  // GET can have (a 1 GiB value) and a margin. Above it the connection is closed.
-  size_t max_unsent_bytes = (size_t{1} << 30) + (size_t{1} << 20);
+  // One query's bytes at most (its strings and their bookkeeping, tcpstore_protocol.h), checked at
+  // each length prefix before the bytes arrive: the store's largest answer (BackendOptions::
+  // max_response_bytes, 64 MiB) and a margin. A longer query closes the connection.
+  size_t max_query_bytes = (size_t{64} << 20) + (size_t{1} << 20);
+  // Reply bytes a connection may leave unsent (the socket buffer full): one reply, at most the
+  // store's largest answer, and a margin. Above it the connection is closed.
+  size_t max_unsent_bytes = (size_t{64} << 20) + (size_t{1} << 20);
   // A connection whose client reads none of its pending reply for this long is closed.
   absl::Duration write_stall_timeout = absl::Seconds(60);
   // Every key is stored under this prefix ("" = the store's own key space).
