@@ -21,7 +21,7 @@ informational. Needs root for the namespaces: without it, says so and exits 0 wi
 import argparse, glob, json, os, shutil, statistics, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_bench import load  # noqa: E402  (the same /proc/loadavg reading)
+from script_bench import load, print_rows  # noqa: E402  (the same load reading and table)
 
 
 def records(out):
@@ -151,9 +151,7 @@ def main():
     if a.json:
         print(json.dumps(report))
     else:
-        for row in rows:
-            print("  ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
-                            for c in row))
+        print_rows(rows)
         for t in targets:
             print(f"{t['name']}: {t['value']:.2f} s (goal < {t['goal']:g} s, lease {lease:g} s) "
                   f"-> {t['status']}")

@@ -27,6 +27,13 @@ def load():
         return {"1m": -1, "5m": -1, "15m": -1}
 
 
+
+def print_rows(rows):
+    """The text table: one line per row, floats to 2 places, None as '-'."""
+    for row in rows:
+        print("  ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
+                        for c in row))
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -163,9 +170,7 @@ def main():
     if a.json:
         print(json.dumps(report))
     else:
-        for row in rows:
-            print("  ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
-                            for c in row))
+        print_rows(rows)
         for t in targets:
             print(f"{t['name']}: {t['value']} vs {t['peer']} -> {t['status']}")
     missing = sum(1 for t in targets if t["compared"] is None)
