@@ -253,17 +253,7 @@ void Daemon::Impl::DrainNow() {
       if (!a.released) StopAttempt(&a, why);
     }
   }
-  // Let the control loop reap and report; wait for it (bounded by kill_grace + margin).
-  absl::Time deadline = absl::Now() + opts.kill_grace + absl::Seconds(3);
-  while (absl::Now() < deadline) {
-    {
-      absl::MutexLock l(&mu);
-      bool all = true;
-      for (const auto& [k, a] : local) all = all && a.released;
-      if (all) break;
-    }
-    absl::SleepFor(absl::Milliseconds(20));
-  }
+  (void)AwaitLocalReleased();  // the control loop reaps and reports
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
@@ -325,6 +315,20 @@ void Daemon::Impl::DetachNow() {
 // Daemon
 
 Daemon::Daemon(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+bool Daemon::Impl::AwaitLocalReleased() {
+  const absl::Time deadline = absl::Now() + opts.kill_grace + absl::Seconds(3);
+  while (true) {
+    {
+      absl::MutexLock l(&mu);
+      bool all = true;
+      for (const auto& [k, a] : local) all = all && a.released;
+      if (all) return true;
+    }
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
 
 Daemon::~Daemon() { Drain(); }
 

@@ -144,6 +144,9 @@ class Daemon::Impl {
   // and registers the node again under a new lease.
   void LeaseLoop() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
   void LeaseLost(store::Client* via) ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  // Waits until every local attempt is released (its workers reaped by the control loop, its
+  // devices given back), at most kill_grace + 3 s. False when some attempt is still running.
+  bool AwaitLocalReleased() ABSL_LOCKS_EXCLUDED(mu);
   // How long one keeper try (dial, refresh) may take: lease_refresh, within [250 ms, 1 s].
   absl::Duration LeaseTryTimeout() const;
 

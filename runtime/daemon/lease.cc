@@ -12,8 +12,9 @@
 // the node's keys and device claims are gone and the scheduler may already have restarted its
 // jobs elsewhere) is a lost node, every time: this node's running attempts get the stop key
 // "node lost: <node>" (the reason the scheduler records; first writer wins), their local workers
-// are stopped (SIGTERM: they dump their flight recorders, then SIGKILL after kill_grace), and the
-// node registers again under a new lease. Workers that keep running meanwhile cannot write: the
+// are stopped (SIGTERM: they dump their flight recorders, then SIGKILL after kill_grace), and once
+// they are reaped and their devices released (at most kill_grace + 3 s) the node registers again
+// under a new lease, so no new attempt is placed on a device an old worker still holds. Workers that keep running meanwhile cannot write: the
 // restarted attempt fences them off (schedule.cc).
 #include <algorithm>
 
@@ -100,6 +101,11 @@ void Daemon::Impl::LeaseLost(store::Client* via) {
     for (auto& [k, a] : local) {
       if (!a.released) StopAttempt(&a, why);
     }
+  }
+  // Register only once the stopped workers are gone: the new registration shows this node's
+  // devices free, and a new attempt must not be placed on a device its old worker still uses.
+  if (!AwaitLocalReleased()) {
+    spdlog::warn("lease keeper: local workers still running after kill_grace; registering anyway");
   }
   auto id = via->GrantLease(opts.lease_ttl);
   if (!id.ok()) {
