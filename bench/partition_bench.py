@@ -21,7 +21,7 @@ informational. Needs root for the namespaces: without it, says so and exits 0 wi
 import argparse, glob, json, os, shutil, statistics, subprocess, sys, tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from script_bench import load, print_rows  # noqa: E402  (the same load reading and table)
+from script_bench import emit, load  # noqa: E402  (the same load reading and output)
 
 
 def records(out):
@@ -148,13 +148,8 @@ def main():
         "meta": {"runs": runs, "lease_s": lease, "goal_s": goal, "cores": os.cpu_count()},
     }
     shutil.rmtree(tmp, ignore_errors=True)
-    if a.json:
-        print(json.dumps(report))
-    else:
-        print_rows(rows)
-        for t in targets:
-            print(f"{t['name']}: {t['value']:.2f} s (goal < {t['goal']:g} s, lease {lease:g} s) "
-                  f"-> {t['status']}")
+    emit(report, rows, a.json, lambda t: f"{t['name']}: {t['value']:.2f} s (goal < {t['goal']:g} s, "
+         f"lease {lease:g} s) -> {t['status']}")
     return 0
 
 

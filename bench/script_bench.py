@@ -28,11 +28,17 @@ def load():
 
 
 
-def print_rows(rows):
-    """The text table: one line per row, floats to 2 places, None as '-'."""
+def emit(report, rows, as_json, target_line):
+    """Prints the report: its JSON on one line, or the text table (one line per row, floats to 2
+    places, None as '-') and target_line(target) for each target."""
+    if as_json:
+        print(json.dumps(report))
+        return
     for row in rows:
         print("  ".join("-" if c is None else (f"{c:.2f}" if isinstance(c, float) else str(c))
                         for c in row))
+    for t in report["targets"]:
+        print(target_line(t))
 
 def free_port():
     with socket.socket() as s:
@@ -167,12 +173,7 @@ def main():
         "targets": targets, "meta": {"rounds": rounds, "cores": os.cpu_count()},
     }
     shutil.rmtree(tmp, ignore_errors=True)
-    if a.json:
-        print(json.dumps(report))
-    else:
-        print_rows(rows)
-        for t in targets:
-            print(f"{t['name']}: {t['value']} vs {t['peer']} -> {t['status']}")
+    emit(report, rows, a.json, lambda t: f"{t['name']}: {t['value']} vs {t['peer']} -> {t['status']}")
     missing = sum(1 for t in targets if t["compared"] is None)
     if a.json and missing and not a.allow_missing_peers:
         print(f"script_bench: {missing} target(s) not measured; exiting 3", file=sys.stderr)
