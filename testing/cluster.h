@@ -25,6 +25,9 @@ struct ClusterOptions {
   absl::Duration restart_backoff = absl::Milliseconds(200);     // emberd's default is 1 s
   std::vector<std::string> data_roots;                          // DaemonOptions::data_roots
   int keep_finished_jobs = 100;                                 // DaemonOptions retention
+  std::string store_address;  // "" = node-a hosts the store; else every node joins this one
+  std::string token;          // "" = a fresh one
+  absl::Duration lease_ttl = absl::Seconds(3);                   // emberd's default is 6 s
 };
 
 class TestCluster {
@@ -34,12 +37,18 @@ class TestCluster {
 
   // A client of node `i`'s daemon with the cluster token (or `token` when given).
   absl::StatusOr<Client> Connect(int i = 0, const std::string* token = nullptr) const;
-  daemon::Daemon* node(int i) { return daemons_[i].get(); }
+  daemon::Daemon* node(int i) { return daemons_[i].get(); }  // null while detached
+  // A daemon restart: Detach() stops node i's daemon but leaves its workers running, their devices
+  // claimed and its lease alive (until it expires); StartAgain() starts it with the same options
+  // and state directory, so it re-attaches to them (daemon.h).
+  void Detach(int i);
+  absl::Status StartAgain(int i);
   const std::string& token() const { return token_; }
   const std::string& work_root() const { return work_root_; }
 
  private:
   std::string token_, work_root_;
+  std::vector<daemon::DaemonOptions> options_;  // per node, as started
   std::vector<std::unique_ptr<daemon::Daemon>> daemons_;
 };
 

@@ -134,6 +134,10 @@ absl::Status Daemon::Impl::Init() {
     ASSIGN_OR_RETURN(int64_t id, store->GrantLease(opts.lease_ttl));
     lease = id;
   }
+  // Re-attached workers keep their devices: claimed again before the node record shows them (a
+  // lease that expired while no daemon ran took their claims, and the scheduler would place a new
+  // attempt on them while they run; lease.cc does the same after a lost lease).
+  RETURN_IF_ERROR(ClaimHeldDevices(&*store, lease.load()));
   RETURN_IF_ERROR(Register(&*store));
   last_tick_ms = NowMs();
   control_thread = std::thread([this] { ControlLoop(); });
@@ -180,8 +184,9 @@ absl::Status Daemon::Impl::Register(store::Client* via) {
 
 void Daemon::Impl::HeartbeatLoop() {
   while (!stop.WaitForNotificationWithTimeout(opts.heartbeat)) {
-    absl::Status s = Register(&*store);
-    // NOT_FOUND: the lease expired; the lease thread registers again under a new one (lease.cc).
+    // A lost node: the lease thread registers it again (lease.cc).
+    absl::Status s = lease_lost ? absl::OkStatus() : Register(&*store);
+    // NOT_FOUND: the lease expired; the lease thread registers again under a new one.
     if (!s.ok() && !absl::IsNotFound(s)) {
       spdlog::warn("heartbeat to the store failed: {}", s.ToString());
     }

@@ -18,8 +18,9 @@
 //      (first writer wins) and `stop` keys; every worker polls `stop` and exits within ~0.1 s after
 //      dumping its flight recorder into <job dir>/flight/attempt-<n>/; every daemon also SIGTERMs
 //      its ranks of that attempt. A lost node (lease expired) is a failure too: "node lost: <node>",
-//      seen by the scheduler or by the node's own daemon once the store answers again (it stops
-//      its workers, sets that stop key and registers under a new lease; lease.cc).
+//      seen by the scheduler or by the node's own daemon (on NOT_FOUND, refused credentials, or
+//      lease_ttl without an acknowledged refresh: it stops its workers, sets that stop key once
+//      the store answers and registers again; lease.cc).
 //   2. The scheduler waits until every rank on a live node reported its exit (bounded by
 //      failure_settle), runs `analyze_flight` over the dumps (the verdict goes on the attempt and
 //      the reason), then moves the job to RESTARTING (backoff) or FAILED.

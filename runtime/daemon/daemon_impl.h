@@ -64,6 +64,9 @@ struct LocalAttempt {
   std::string stop_reason;
   absl::Time term_sent = absl::InfinitePast();
   bool released = false;  // every worker reaped and the devices given back
+  // Stopped by the lease keeper for a lost node: its stop key (stop_reason) is written before any
+  // exit of its ranks is reported, so the scheduler records the lost node, not the SIGTERMs.
+  bool stop_key_pending = false;
   absl::Time started = absl::InfinitePast();  // when this daemon forked it (standby.cc's delay)
 };
 
@@ -102,6 +105,9 @@ class Daemon::Impl {
   std::atomic<bool> draining{false};
   std::atomic<bool> leader{false};
   std::atomic<int64_t> lease{0};
+  // The lease keeper found the node lost and has not registered it again (lease.cc): the
+  // heartbeat does not write the node record meanwhile.
+  std::atomic<bool> lease_lost{false};
   std::atomic<int64_t> last_tick_ms{0}, last_heartbeat_ms{0};
   absl::Notification stop;
   SeriesReader series;  // metric series of the jobs' metrics files (the API and the job page)
@@ -118,6 +124,11 @@ class Daemon::Impl {
   bool drained ABSL_GUARDED_BY(mu) = false;  // Drain or Detach ran
   // Serializes writes of workers.state, so an older snapshot never overwrites a newer one.
   absl::Mutex persist_mu ABSL_ACQUIRED_BEFORE(mu);
+  // Serializes claiming the devices of unreleased attempts (ClaimHeldDevices) with releasing them
+  // (SuperviseAttempt deletes the claims and marks the attempt released in `local` under it), so
+  // a claim is never written after the release that should have deleted it. Held across store
+  // calls; never with mu held (it is taken before mu).
+  absl::Mutex claims_mu ABSL_ACQUIRED_BEFORE(mu);
 
   // ---- Control thread only (Schedule, Supervise; DrainNow's last Supervise runs after the join).
   Scheduler scheduler;  // placement, restart, node-loss and retention decisions (scheduler.h)
@@ -140,10 +151,20 @@ class Daemon::Impl {
   std::string JobDir(const std::string& job) const;
 
   // lease.cc (lease thread): keeps the node lease alive on a connection of its own, redialled
-  // after each failed try; a lease found expired stops this node's attempts ("node lost: <node>")
-  // and registers the node again under a new lease.
-  void LeaseLoop() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
-  void LeaseLost(store::Client* via) ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  // after each failed try; a lost node (lease_policy.h: expired, credentials refused, or lease_ttl
+  // gone by since the last acknowledged refresh) stops this node's attempts ("node lost: <node>")
+  // and registers the node again once the store takes its calls.
+  void LeaseLoop() ABSL_LOCKS_EXCLUDED(mu, persist_mu, claims_mu);
+  // SIGTERMs every unreleased local attempt with `why` and marks its stop key pending.
+  void StopForLostLease(const std::string& why, const absl::Status& cause) ABSL_LOCKS_EXCLUDED(mu);
+  // Through `via`: the pending stop keys, the wait for the stopped workers, a new lease (the old
+  // one revoked), the claims of devices still held, the node record.
+  absl::Status RegisterAgain(store::Client* via, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu, persist_mu, claims_mu);
+  // Claims (alloc keys under `lease_id`) every device of an unreleased local attempt: after a new
+  // lease (the old one took its claims with it) the scheduler must still see them busy.
+  absl::Status ClaimHeldDevices(store::Client* via, int64_t lease_id)
+      ABSL_LOCKS_EXCLUDED(mu, claims_mu);
   // Waits until every local attempt is released (its workers reaped by the control loop, its
   // devices given back), at most kill_grace + 3 s. False when some attempt is still running.
   bool AwaitLocalReleased() ABSL_LOCKS_EXCLUDED(mu);
@@ -160,7 +181,7 @@ class Daemon::Impl {
   void ForgetFinished() ABSL_LOCKS_EXCLUDED(mu);
 
   // supervise.cc (every node, control thread).
-  void Supervise() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
+  void Supervise() ABSL_LOCKS_EXCLUDED(mu, persist_mu, claims_mu);
   // Starts this node's ranks of `job`'s current attempt unless its stop key is set, adds the
   // attempt to `local` (stopping it at once when the node began draining meanwhile), persists.
   void StartPlaced(const Job& job) ABSL_LOCKS_EXCLUDED(mu, persist_mu);
@@ -171,7 +192,7 @@ class Daemon::Impl {
   // attempt on a failure or its stop key, SIGKILLs after kill_grace, releases the devices when
   // every rank ended. True when something workers.state records changed.
   bool SuperviseAttempt(LocalAttempt* a, const std::map<std::string, Job>& records,
-                        bool oom_recent) ABSL_LOCKS_EXCLUDED(mu);
+                        bool oom_recent) ABSL_LOCKS_EXCLUDED(mu, claims_mu);
   // SIGTERMs the attempt's live workers (once). `a` is the caller's: a copy, or an entry of
   // `local` with mu held.
   void StopAttempt(LocalAttempt* a, const std::string& reason);

@@ -8,19 +8,29 @@
 // lease_refresh of the network's return. Nothing else shares that connection, so a busy control
 // loop or a slow node-record write never delays a refresh.
 //
-// A lease found expired (the store answers NOT_FOUND: it was unreachable longer than lease_ttl, so
-// the node's keys and device claims are gone and the scheduler may already have restarted its
-// jobs elsewhere) is a lost node, every time: this node's running attempts get the stop key
-// "node lost: <node>" (the reason the scheduler records; first writer wins), their local workers
-// are stopped (SIGTERM: they dump their flight recorders, then SIGKILL after kill_grace), and once
-// they are reaped and their devices released (at most kill_grace + 3 s) the node registers again
-// under a new lease, so no new attempt is placed on a device an old worker still holds. Workers that keep running meanwhile cannot write: the
-// restarted attempt fences them off (schedule.cc).
+// The node is lost (lease_policy.h LeaseLostReason) when the store answers NOT_FOUND (the lease
+// expired: the node's keys and device claims are gone and the scheduler may already have
+// restarted its jobs elsewhere), when it refuses the daemon's credentials (UNAUTHENTICATED,
+// PERMISSION_DENIED: no retry heals that), or when lease_ttl (+ one try) has passed since the last
+// acknowledged refresh, whatever the error (the store has expired the lease by then; a cut-off
+// node no longer waits for the store to say so). Then, every time:
+//   1. this node's running attempts are stopped at once (SIGTERM: the ranks dump their flight
+//      recorders; SIGKILL after kill_grace), with the reason "node lost: <node>[: why]";
+//   2. once the store takes calls again: their stop keys get that reason (the reason the scheduler
+//      records; first writer wins; supervise.cc also writes it before reporting their exits), the
+//      keeper waits until their workers are reaped (at most kill_grace + 3 s), revokes the old
+//      lease if the store still holds it, takes a new one, claims under it the devices of attempts
+//      still not released (so the scheduler places nothing on them), and registers the node.
+//      Failed tries are repeated after 0.5 s doubling to 5 s, logged at a bounded rate.
+// Workers that keep running meanwhile cannot write: the restarted attempt fences them off
+// (schedule.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
+#include "runtime/daemon/lease_policy.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
@@ -36,7 +46,12 @@ void Daemon::Impl::LeaseLoop() {
   co.credentials = store_credentials;
   co.default_timeout = co.connect_timeout = co.dial_timeout = LeaseTryTimeout();
   std::optional<store::Client> keeper;
+  // Init refreshed or granted the lease just before this thread started.
+  absl::Time acked = absl::Now();                   // the last acknowledged refresh
   absl::Time failing_since = absl::InfinitePast();  // first failed try of the current outage
+  std::string lost;        // non-empty: the node is lost for this reason, not registered
+  int register_failures = 0;
+  absl::Time logged = absl::InfinitePast();
   absl::Duration wait = opts.lease_refresh;
   while (!stop.WaitForNotificationWithTimeout(wait)) {
     wait = opts.lease_refresh;
@@ -47,77 +62,152 @@ void Daemon::Impl::LeaseLoop() {
       if (c.ok()) keeper = *c;
       s = c.status();
     }
-    if (keeper) s = keeper->RefreshLease(lease.load());
-    if (absl::IsNotFound(s) && keeper) {  // (a failed dial is never a lost lease)
-      LeaseLost(&*keeper);
-      failing_since = absl::InfinitePast();
-      continue;
-    }
-    if (s.ok()) {
-      if (failing_since != absl::InfinitePast()) {
-        spdlog::info("lease keeper: the store answers again after {:.1f} s; lease {} kept",
-                     absl::ToDoubleSeconds(absl::Now() - failing_since), lease.load());
-        failing_since = absl::InfinitePast();
+    if (lost.empty()) {
+      if (keeper) s = keeper->RefreshLease(lease.load());
+      if (s.ok()) {
+        acked = absl::Now();
+        if (failing_since != absl::InfinitePast()) {
+          spdlog::info("lease keeper: the store answers again after {:.1f} s; lease {} kept",
+                       absl::ToDoubleSeconds(acked - failing_since), lease.load());
+          failing_since = absl::InfinitePast();
+        }
+        continue;
       }
+      lost = LeaseLostReason(opts.node_name, s, keeper.has_value(), absl::Now() - acked,
+                             opts.lease_ttl, LeaseTryTimeout());
+      if (lost.empty()) {
+        if (failing_since == absl::InfinitePast()) {
+          failing_since = absl::Now();
+          spdlog::warn("lease keeper: refreshing lease {} failed ({}); retrying on a fresh store "
+                       "connection every {} until the lease ({}) runs out",
+                       lease.load(), s.ToString(), absl::FormatDuration(LeaseTryTimeout()),
+                       absl::FormatDuration(opts.lease_ttl));
+        }
+        keeper.reset();  // its socket may be stuck in TCP's backoff: the next try dials afresh
+        wait = std::max(absl::ZeroDuration(), LeaseTryTimeout() - (absl::Now() - t0));  // paced
+        continue;
+      }
+      StopForLostLease(lost, s);
+      failing_since = absl::InfinitePast();
+      register_failures = 0;
+      if (!absl::IsNotFound(s)) keeper.reset();  // NOT_FOUND: the store answers, register now
+    }
+    absl::Status r = keeper ? RegisterAgain(&*keeper, lost) : s;
+    if (r.ok()) {
+      lost.clear();
+      acked = absl::Now();
       continue;
     }
-    if (failing_since == absl::InfinitePast()) {
-      failing_since = absl::Now();
-      spdlog::warn("lease keeper: refreshing lease {} failed ({}); retrying on a fresh store "
-                   "connection every {} until the lease ({}) runs out",
-                   lease.load(), s.ToString(), absl::FormatDuration(LeaseTryTimeout()),
-                   absl::FormatDuration(opts.lease_ttl));
+    ++register_failures;
+    wait = RegisterRetryDelay(register_failures);
+    if (LogRegisterFailure(register_failures, absl::Now() - logged)) {
+      logged = absl::Now();
+      spdlog::warn("lease keeper: {} is not registered ({}; its ranks are stopped): {}; try {}, "
+                   "the next in {}{}",
+                   opts.node_name, lost, r.ToString(), register_failures,
+                   absl::FormatDuration(wait),
+                   RefusesCredentials(r) ? "; check the daemon's store token (auth_token_file)"
+                                         : "");
     }
-    keeper.reset();  // its socket may be stuck in TCP's backoff: the next try dials afresh
-    wait = std::max(absl::ZeroDuration(), LeaseTryTimeout() - (absl::Now() - t0));  // paced
+    keeper.reset();
   }
 }
 
-void Daemon::Impl::LeaseLost(store::Client* via) {
-  const std::string why = "node lost: " + opts.node_name;
-  std::vector<std::pair<std::string, int>> running;
-  {
-    absl::MutexLock l(&mu);
-    for (const auto& [k, a] : local) {
-      if (!a.released) running.emplace_back(a.job, a.attempt);
-    }
-  }
-  spdlog::warn("lease {} of {} expired in the store (unreachable longer than the lease, {}): "
-               "stopping {} local attempt(s) and registering again",
-               lease.load(), opts.node_name, absl::FormatDuration(opts.lease_ttl), running.size());
-  // The stop key first: the scheduler then records this reason, whatever it saw of the node.
-  // Re-sent on UNAVAILABLE ("outcome unknown" included: a second try finds the key set) or a
-  // deadline: each try is bounded by LeaseTryTimeout.
-  for (const auto& [job, n] : running) {
-    for (int tries = 0; tries < 3; ++tries) {
-      auto r = via->CompareSet(keys::Stop(job, n), std::nullopt, why);
-      if (r.ok() || !(absl::IsUnavailable(r.status()) || absl::IsDeadlineExceeded(r.status()))) {
-        break;
-      }
-    }
-  }
+void Daemon::Impl::StopForLostLease(const std::string& why, const absl::Status& cause) {
+  lease_lost = true;  // the heartbeat stops writing the node record under the old lease
+  int n = 0;
   {
     absl::MutexLock l(&mu);
     for (auto& [k, a] : local) {
-      if (!a.released) StopAttempt(&a, why);
+      if (a.released) continue;
+      a.stop_key_pending = true;  // supervise.cc writes it before reporting an exit
+      StopAttempt(&a, why);
+      ++n;
+    }
+  }
+  if (RefusesCredentials(cause)) {
+    spdlog::error("lease {} of {}: the store refuses this daemon ({}): stopping {} local "
+                  "attempt(s); check the daemon's store token; registering again once the store "
+                  "accepts it", lease.load(), opts.node_name, cause.ToString(), n);
+  } else {
+    spdlog::warn("lease {} of {} expired in the store ({}): stopping {} local attempt(s) and "
+                 "registering again", lease.load(), opts.node_name, why, n);
+  }
+}
+
+absl::Status Daemon::Impl::RegisterAgain(store::Client* via, const std::string& why) {
+  // The stop keys first: the scheduler then records this reason, whatever it saw of the node.
+  // Re-sent on UNAVAILABLE ("outcome unknown" included: a second try finds the key set) or a
+  // deadline: each try is bounded by LeaseTryTimeout.
+  std::vector<std::pair<std::string, int>> stopped;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [k, a] : local) {
+      if (a.stop_key_pending) stopped.emplace_back(a.job, a.attempt);
+    }
+  }
+  for (const auto& [job, n] : stopped) {
+    absl::Status w;
+    for (int tries = 0; tries < 3; ++tries) {
+      w = via->CompareSet(keys::Stop(job, n), std::nullopt, why).status();
+      if (w.ok() || !(absl::IsUnavailable(w) || absl::IsDeadlineExceeded(w))) break;
+    }
+    if (!w.ok() && (RefusesCredentials(w) || absl::IsUnavailable(w) ||
+                    absl::IsDeadlineExceeded(w))) {
+      return base::Annotate(w, absl::StrCat("writing the stop key of ", job, " attempt ", n));
+    }
+  }
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [job, n] : stopped) {
+      auto it = local.find(absl::StrCat(job, "#", n));
+      if (it != local.end()) it->second.stop_key_pending = false;
     }
   }
   // Register only once the stopped workers are gone: the new registration shows this node's
   // devices free, and a new attempt must not be placed on a device its old worker still uses.
+  // Any still running are claimed below, so the scheduler sees their devices busy.
   if (!AwaitLocalReleased()) {
-    spdlog::warn("lease keeper: local workers still running after kill_grace; registering anyway");
+    spdlog::warn("lease keeper: local workers still running after kill_grace; registering with "
+                 "their devices claimed");
   }
-  auto id = via->GrantLease(opts.lease_ttl);
-  if (!id.ok()) {
-    spdlog::warn("lease keeper: granting a new lease failed ({}); trying again",
-                 id.status().ToString());
-    return;  // the next refresh of the old lease is NOT_FOUND again: back here
+  // Always a new lease: the old one, if the store still holds it (credentials refused for less
+  // than lease_ttl, a store restarted from its data directory), goes with whatever it still
+  // holds: claims the stopped workers' release could not delete, the node record, the leader key.
+  if (absl::Status old = via->RevokeLease(lease.load()); !old.ok() && !absl::IsNotFound(old)) {
+    return base::Annotate(old, "revoking the old lease");
   }
-  lease = *id;
+  auto granted = via->GrantLease(opts.lease_ttl);
+  if (!granted.ok()) return base::Annotate(granted.status(), "granting a new lease");
+  const int64_t id = *granted;
+  RETURN_IF_ERROR(ClaimHeldDevices(via, id));
+  lease = id;
+  lease_lost = false;
   Persist();
   absl::Status r = Register(via);
-  spdlog::info("{} registered again under lease {}{}", opts.node_name, *id,
+  spdlog::info("{} registered again under lease {}{}", opts.node_name, id,
                r.ok() ? "" : absl::StrCat(" (node record not written yet: ", r.ToString(), ")"));
+  return absl::OkStatus();  // the heartbeat writes the node record again within `heartbeat`
+}
+
+absl::Status Daemon::Impl::ClaimHeldDevices(store::Client* via, int64_t lease_id) {
+  // Under claims_mu: a release (supervise.cc) deletes its claims and marks the attempt released
+  // under it too, so a claim written here is never left behind by a release running meanwhile.
+  absl::MutexLock c(&claims_mu);
+  std::vector<std::pair<std::string, std::string>> held;  // device, job
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [k, a] : local) {
+      if (a.released) continue;
+      for (const std::string& d : a.devices) held.emplace_back(d, a.job);
+    }
+  }
+  for (const auto& [device, job] : held) {
+    RETURN_IF_ERROR(base::Annotate(
+        via->SetWithLease(keys::Alloc(opts.node_name, device), job, lease_id),
+        absl::StrCat("claiming device ", device, " still held by a worker of job ", job)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace ember::daemon

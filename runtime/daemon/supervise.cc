@@ -276,7 +276,11 @@ void Daemon::Impl::Supervise() {
   {
     absl::MutexLock l(&mu);
     for (const auto& [id, job] : records) {
-      if (job.state() != jobs::v1::RUNNING || job.attempts_size() == 0 || draining) continue;
+      // A lost node starts nothing until it is registered again (lease.cc).
+      if (job.state() != jobs::v1::RUNNING || job.attempts_size() == 0 || draining ||
+          lease_lost) {
+        continue;
+      }
       int n = job.attempts(job.attempts_size() - 1).number();
       if (!local.count(absl::StrCat(id, "#", n))) placed.push_back(&job);
     }
@@ -354,6 +358,24 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
   std::stable_sort(ended.begin(), ended.end(), [](const auto& x, const auto& y) {
     return (x.first->signal != 0) > (y.first->signal != 0);
   });
+  if (!ended.empty()) {
+    // Another thread (the lease keeper, drain) may have stopped the attempt since this copy was
+    // taken, and a rank reaped now may have died of that SIGTERM: take its stop over, so the rank
+    // is not reported as failing on its own.
+    absl::MutexLock l(&mu);
+    auto it = local.find(absl::StrCat(a.job, "#", a.attempt));
+    if (it != local.end() && it->second.stopping && !a.stopping) {
+      a.stopping = true;
+      a.stop_reason = it->second.stop_reason;
+      a.term_sent = it->second.term_sent;
+    }
+    if (it != local.end() && it->second.stop_key_pending) a.stop_key_pending = true;
+  }
+  // Stopped for a lost node: the stop key before any exit, so the scheduler records the lost node
+  // (first writer wins), not the SIGTERMs (lease.cc writes it too when the store answers again).
+  if (a.stop_key_pending && !ended.empty()) {
+    (void)store->CompareSet(keys::Stop(a.job, a.attempt), std::nullopt, a.stop_reason);
+  }
   for (auto& [wp, note] : ended) {
     LocalWorker& w = *wp;
     w.exited = true;
@@ -405,8 +427,16 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     // Sweep stragglers of the groups (a worker's own children), then give the devices back.
     for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
     StopTorchStore(a.job, a.attempt);  // script jobs: the attempt's rendezvous ends with it
-    for (const auto& d : a.devices) (void)store->Delete(keys::Alloc(opts.node_name, d));
-    a.released = true;
+    {
+      // With the lease keeper's claims serialized (ClaimHeldDevices): released in `local` before
+      // another claim can read it as unreleased.
+      absl::MutexLock c(&claims_mu);
+      for (const auto& d : a.devices) (void)store->Delete(keys::Alloc(opts.node_name, d));
+      a.released = true;
+      absl::MutexLock l(&mu);
+      auto it = local.find(absl::StrCat(a.job, "#", a.attempt));
+      if (it != local.end()) it->second.released = true;
+    }
     changed = true;
     spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);
   }

@@ -3,6 +3,9 @@
 //
 //   name contains "fail-r<R>-c<C>"  rank R exits with code C after two progress reports
 //   name contains "hang"            every rank sleeps until it is signalled
+//   name contains "deaf"            ignores SIGTERM and the stop key: runs on until SIGKILL (a
+//                                   worker that holds its device through the daemon's kill_grace)
+//   name contains "patient"         gives up on an unreachable store after 60 s, not 3 s
 //   otherwise                       `steps` steps of 20 ms each, progress to the store, a
 //                                   checkpoint marker per rank at the end, exit 0
 //
@@ -12,6 +15,7 @@
 // status under worker_exit/<rank> (on success); it exits on its own when the
 // store has been unreachable for 3 s, so a crashed test (the store lives in the test) never leaves
 // it behind.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -81,6 +85,10 @@ int main() {
     fail_code = std::stoi(m[2]);
   }
   bool hang = name.find("hang") != std::string::npos;
+  const bool deaf = name.find("deaf") != std::string::npos;
+  if (deaf) ::signal(SIGTERM, SIG_IGN);
+  const absl::Duration give_up =
+      name.find("patient") != std::string::npos ? absl::Seconds(60) : absl::Seconds(3);
   int64_t steps = hang ? (1LL << 40) : spec->steps();
   ember::store::Client attempt = store->WithPrefix(env->prefix());
   absl::Time start = absl::Now();
@@ -89,12 +97,12 @@ int main() {
   quick.timeout = absl::Seconds(1);
   for (int64_t step = 1; step <= steps; ++step) {
     auto stop = attempt.Get(job::keys::kStop, quick);
-    if (stop.ok()) {
+    if (stop.ok() && !deaf) {
       std::cout << "test_worker rank " << rank << " stopping: " << *stop << std::endl;
       return 75;
     }
-    if (absl::IsNotFound(stop.status())) last_ok = absl::Now();
-    if (absl::Now() - last_ok > absl::Seconds(3)) return 1;  // the store (the test) is gone
+    if (stop.ok() || absl::IsNotFound(stop.status())) last_ok = absl::Now();
+    if (absl::Now() - last_ok > give_up) return 1;  // the store (the test) is gone
     double loss = 5.0 / (1.0 + 0.1 * step);
     double secs = absl::ToDoubleSeconds(absl::Now() - start);
     ember::jobs::v1::Progress p;

@@ -9,9 +9,10 @@
 #      through 3/3 in development, 2.6 s lost the node in 1 of 2. Checked: still attempt 0,
 #      RUNNING, and the job steps on after the link is back.
 #   2. A drop longer than the lease (DROP_S, default 6 s): every node lease expires in the store.
-#      Each daemon finds its lease gone when the link returns, stops its ranks with "node lost:
-#      <node>" and registers again; checked: exactly one restart with that reason, attempt 1
-#      resumed from a checkpoint, SUCCEEDED.
+#      Each daemon stops its ranks with "node lost: <node>" once its lease must have expired (lease
+#      since its last acknowledged refresh + one try) and registers again when the link returns;
+#      checked: exactly one restart with that reason, attempt 1 resumed from a checkpoint,
+#      SUCCEEDED.
 # Prints the measured times. Needs root: skips otherwise.
 set -u
 # Two flaps, a restart and a resume: ~50 s alone, twice that on a loaded machine.
@@ -54,8 +55,8 @@ mh_link 0 down
 DOWN=$(date +%s.%N)
 sleep "$DROP_S"
 mh_link 0 up
-# Every node's lease expires at once here; each daemon finds its own gone when the link returns
-# and stops its ranks: one restart, every time.
+# Every node's lease expires at once here; each daemon stops its ranks once its lease must have
+# expired and registers again when the link returns: one restart, every time.
 RESTARTED=""
 for _ in $(seq 300); do
   OUT=$(mh_job "$JOB" 'print(j["state"], len(j["attempts"]))')
