@@ -14,7 +14,7 @@
 //     devices before it is killed and reaped.
 // The workers are //tests/e2e:test_worker: "patient" ones outlast an unreachable store by 60 s
 // (so only the daemon can stop them in time), "deaf" ones ignore SIGTERM and the stop key.
-#include <filesystem>
+#include <algorithm>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
