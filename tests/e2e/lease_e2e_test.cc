@@ -130,14 +130,15 @@ std::string SubmitRunning(Client& c, const std::string& spec) {
   return id;
 }
 
-// Waits until `id` runs attempt `n`; returns its record.
+// Waits until `id` runs attempt `n` and its rank 0 reported a step (so no rank is still between
+// fork and exec when the test cancels it); returns its record.
 v1::Job WaitAttempt(Client& c, const std::string& id, int n, absl::Duration timeout) {
   v1::Job last;
   const bool ok = WaitFor([&] {
     auto j = c.Get(id);
     if (!j.ok()) return false;
     last = *j;
-    return j->attempts_size() == n + 1 && j->state() == v1::RUNNING;
+    return j->attempts_size() == n + 1 && j->state() == v1::RUNNING && j->progress().step() > 0;
   }, timeout);
   INFO("state " << v1::JobState_Name(last.state()) << ", attempts " << last.attempts_size()
                 << ", reason '" << last.reason() << "'");
