@@ -181,7 +181,7 @@ TEST_CASE("a store refusing the daemon's token: ranks stopped at once, registere
   REQUIRE(c.ok());
   const std::string id =
       SubmitRunning(*c, Spec("lease-refused-patient-hang", 2, 10) + "max_restarts: 1\n");
-  REQUIRE(daemon::FindJobProcesses(id).size() == 2);
+  REQUIRE(WaitFor([&] { return daemon::FindJobProcesses(id).size() == 2; }, absl::Seconds(10)));
 
   // The store comes back with another token: every call of the daemon is UNAUTHENTICATED. Its
   // ranks (patient: they would run on for 60 s) are stopped within a few refresh periods.
@@ -224,7 +224,7 @@ TEST_CASE("a store unreachable for longer than the lease: ranks stopped once the
   REQUIRE(c.ok());
   const std::string id =
       SubmitRunning(*c, Spec("lease-cutoff-patient-hang", 2, 10) + "max_restarts: 1\n");
-  REQUIRE(daemon::FindJobProcesses(id).size() == 2);
+  REQUIRE(WaitFor([&] { return daemon::FindJobProcesses(id).size() == 2; }, absl::Seconds(10)));
 
   // Lease 3 s (TestCluster), refreshed every 250 ms: the ranks ride through the first 2 s, and
   // are stopped soon after 3 s + one try, while the store is still away.
