@@ -7,7 +7,8 @@
 # the last step.
 # The cut-off host's daemon stops its own attempt-0 ranks once the lease must have expired (lease 3 s
 # since its last acknowledged refresh, + one try), without waiting for the store: they are gone
-# within the lease + 5 s of the cut, before the link returns.
+# within 12 s of the cut, before the link returns (measured 7.3 s: SIGTERM at 3.3 s, then the real
+# worker's stop watcher, blocked in a store call to the unreachable store, took 3.9 s to act).
 # Fencing: with attempt 1 running, the link comes back. A stale writer (6th argument,
 # stale_writer.cc) started there with the environment one of the cut-off host's attempt-0 ranks
 # had has all its writes refused by the job's fence (attempt 0 < 1): its progress
@@ -32,8 +33,8 @@ T0=$(date +%s.%N)
 mh_link "$CUT" down
 STOP_S=$(mh_gone_after "$KEEP" "$JOB" 8 "$T0") \
   || fail "attempt-0 ranks on host$KEEP still running 8 s after the partition: $(ranks_of "$KEEP" 0)"
-CUT_S=$(mh_gone_after "$CUT" "$JOB" 8 "$T0") \
-  || fail "attempt-0 ranks on the cut-off host$CUT still running 8 s after the partition (its daemon must stop them once its lease has expired): $(ranks_of "$CUT" 0)"
+CUT_S=$(mh_gone_after "$CUT" "$JOB" 12 "$T0") \
+  || fail "attempt-0 ranks on the cut-off host$CUT still running 12 s after the partition (its daemon must stop them once its lease has expired): $(ranks_of "$CUT" 0)"
 RUNNING=$(mh_wait_attempt "$JOB" 1) || { json; fail "no attempt 1 running 30 s after the partition"; }
 AGAIN_S=$(echo "$RUNNING - $T0" | bc)
 REASON=$(mh_job "$JOB" 'print(j["attempts"][0].get("reason",""))')
