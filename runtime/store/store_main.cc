@@ -3,7 +3,7 @@
 //   ember-store --listen=127.0.0.1:29500 --auth-token-file=F [--data-dir=/var/lib/ember/store]
 //               [--tls-cert=C --tls-key=K [--tls-ca=CA]]
 //               [--backend=etcd --etcd-endpoints=a:2379,b:2379 [--etcd-prefix=/ember/] ...]
-//               [--tcpstore-port=P [--tcpstore-host=127.0.0.1]]
+//               [--tcpstore-port=P [--tcpstore-host=127.0.0.1] [--tcpstore-max-buffered-bytes=N]]
 //
 // Authentication is on by default: without --auth-token-file it refuses to start (exit 2) unless
 // given --insecure-no-auth (tests only), as emberd does. TLS: --tls-cert/--tls-key serve TLS (the
@@ -66,6 +66,9 @@ ABSL_FLAG(int, tcpstore_port, 0,
           "port; 0 = off");
 ABSL_FLAG(std::string, tcpstore_host, "127.0.0.1",
           "address for --tcpstore-port; anything but loopback lets every host reach all keys");
+ABSL_FLAG(int64_t, tcpstore_max_buffered_bytes, int64_t{256} << 20,
+          "bytes the TCPStore listener buffers over all its connections (partial queries, unsent "
+          "replies); above it large queries and answers wait their turn; 0 = no bound");
 ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once listening");
 
 namespace {
@@ -213,8 +216,15 @@ int main(int argc, char** argv) {
   }
   std::unique_ptr<ember::store::TcpStoreServer> tcpstore;
   if (const int p = absl::GetFlag(FLAGS_tcpstore_port); p > 0) {
-    auto t = ember::store::TcpStoreServer::Start(absl::GetFlag(FLAGS_tcpstore_host), p,
-                                                 (*server)->backend());
+    const int64_t budget = absl::GetFlag(FLAGS_tcpstore_max_buffered_bytes);
+    if (budget < 0) {
+      spdlog::error("ember-store: --tcpstore-max-buffered-bytes={} is negative; give a byte count "
+                    "(0 = no bound)", budget);
+      return 2;
+    }
+    auto t = ember::store::TcpStoreServer::Start(
+        absl::GetFlag(FLAGS_tcpstore_host), p, (*server)->backend(),
+        {.max_buffered_bytes = static_cast<size_t>(budget)});
     if (!t.ok()) {
       spdlog::error("ember-store: --tcpstore-port: {}", t.status().ToString());
       return 1;

@@ -43,9 +43,11 @@ void Conn::WriteLocked(const char* p, size_t n) {
                           "max_unsent_bytes=", max_unsent, " (the client does not read)");
     std::string().swap(out);
     out_off = 0;
+    SyncOutLocked();
     return;
   }
   out.append(p, n);
+  SyncOutLocked();
 }
 
 void Conn::FlushLocked() {
@@ -62,10 +64,31 @@ void Conn::FlushLocked() {
     broken = absl::StrCat("send failed: ", k < 0 ? strerror(errno) : "0 bytes");
   }
   if (!OutPendingLocked()) {
-    if (out.capacity() > (1 << 20)) std::string().swap(out);
+    if (out.capacity() > kSmallReplyBytes) std::string().swap(out);  // (charged to the budget)
     out.clear();
     out_off = 0;
+    SyncOutLocked();
   }
+}
+
+void Conn::Answer(const ReplyPlan& plan, bool turn, const v1::Response& r) {
+  std::string reply;
+  if (r.code() == 0) reply = FormatReply(plan, r);
+  absl::MutexLock l(&mu);
+  done = true;
+  done_code = r.code();
+  done_message = r.message();
+  if (r.code() != 0 || (plan.op == Op::kWait && cancel_requested)) return;
+  int64_t reserved = 0;
+  if (reply.size() > kSmallReplyBytes && MayRunAgain(plan.op, &r) && !(turn && reply_turn)) {
+    reserved = static_cast<int64_t>(reply.size());
+    if (!budget->TryReserve(reserved)) {
+      refused = true;
+      return;
+    }
+  }
+  WriteLocked(reply.data(), reply.size());
+  budget->Add(-reserved);
 }
 
 std::string StoreKey(const std::string& key_prefix, const std::string& k) {
@@ -158,6 +181,15 @@ std::string FormatReply(const ReplyPlan& plan, const v1::Response& r) {
     default: break;  // SET, APPEND, MULTI_SET: no reply
   }
   return out;
+}
+
+bool MayRunAgain(Op op, const v1::Response* r) {
+  switch (op) {
+    case Op::kGet:
+    case Op::kMultiGet: return true;
+    case Op::kCompareSet: return r == nullptr || !r->compare_set().swapped();
+    default: return false;
+  }
 }
 
 thread_local const ReadyQueue* ReadyQueue::on_loop_thread_ = nullptr;

@@ -8,6 +8,7 @@
 #ifndef EMBER_RUNTIME_STORE_TCPSTORE_CONNECTION_H_
 #define EMBER_RUNTIME_STORE_TCPSTORE_CONNECTION_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -22,12 +23,49 @@ namespace ember::store::tcpstore {
 
 int64_t MonoNs();  // CLOCK_MONOTONIC
 
+// What a completion callback needs to format the reply.
+struct ReplyPlan {
+  Op op = Op::kUnknown;
+  std::string expected;  // COMPARE_SET's expectation
+};
+
+// A query whose parser holds less than this reads on over the budget (its read-ahead is as large).
+constexpr uint64_t kSmallQueryBytes = 64 << 10;
+// A reply of at most this many bytes is written over the budget.
+constexpr size_t kSmallReplyBytes = 64 << 10;
+
+// The listener-wide count of buffered bytes (TcpStoreOptions::max_buffered_bytes): partial
+// queries, queries kept to run again, unsent replies. Shared with completion callbacks, which may
+// outlive the server. limit 0 = no budget.
+class Budget {
+ public:
+  explicit Budget(int64_t limit) : limit_(limit) {}
+  int64_t held() const { return held_.load(std::memory_order_relaxed); }
+  bool Over() const { return limit_ > 0 && held() > limit_; }
+  void Add(int64_t delta) { held_.fetch_add(delta, std::memory_order_relaxed); }
+  // Adds n if the total stays within the limit; false (nothing added) otherwise.
+  bool TryReserve(int64_t n) {
+    int64_t h = held();
+    do {
+      if (limit_ > 0 && h + n > limit_) return false;
+    } while (!held_.compare_exchange_weak(h, h + n, std::memory_order_relaxed));
+    return true;
+  }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> held_{0};
+};
+
 struct Conn {
-  Conn(int fd_in, uint64_t owner_in, size_t max_unsent_in, size_t max_query_in)
-      : owner(owner_in), max_unsent(max_unsent_in), parser(max_query_in), fd(fd_in) {}
+  Conn(int fd_in, uint64_t owner_in, size_t max_unsent_in, size_t max_query_in,
+       std::shared_ptr<Budget> budget_in)
+      : owner(owner_in), max_unsent(max_unsent_in), budget(std::move(budget_in)),
+        parser(max_query_in), fd(fd_in) {}
 
   const uint64_t owner;       // backend owner, and the epoll tag
   const size_t max_unsent;    // TcpStoreOptions::max_unsent_bytes
+  const std::shared_ptr<Budget> budget;
   bool open = true;
   bool eof = false;           // the peer closed its side
   std::string in;             // received; in[in_pos..] not parsed yet
@@ -40,6 +78,27 @@ struct Conn {
   uint32_t events = 0;        // epoll interest registered
   int64_t last_cancel_ns = 0;
   bool backlogged = false;    // ran its turn's queries with input left: resumes next round
+  // The budget (tcpstore_budget.h). A GET, MULTI_GET or COMPARE_SET request is kept until its
+  // answer is written: a large answer refused over the budget runs again later (a read, or a
+  // compare that swapped nothing: running it later is the same as receiving it later).
+  std::unique_ptr<v1::Request> kept;
+  ReplyPlan kept_plan;
+  int64_t kept_bytes = 0;
+  int64_t counted = 0;        // parser.held_bytes() + kept_bytes, as added to the budget
+  bool rerun = false;         // its answer was refused: runs `kept` again when the budget allows
+  int64_t last_input_ns = 0;  // when bytes last arrived
+  int64_t run_ns = 0;         // when its request was last submitted
+  bool read_queued = false, reply_queued = false;  // waiting in Turns' queues
+
+  // Growing a query past kSmallQueryBytes: such a connection reads over the budget only with the
+  // read turn.
+  bool Growing() const { return !parser.AtBoundary() && parser.held_bytes() >= kSmallQueryBytes; }
+  // Adds the change of parser.held_bytes() + kept_bytes to the budget (loop thread).
+  void SyncHeld() {
+    const int64_t now = static_cast<int64_t>(parser.held_bytes()) + kept_bytes;
+    budget->Add(now - counted);
+    counted = now;
+  }
 
   absl::Mutex mu;
   int fd ABSL_GUARDED_BY(mu);  // -1 once closed (written by the loop thread only)
@@ -51,6 +110,9 @@ struct Conn {
   int done_code ABSL_GUARDED_BY(mu) = 0;
   std::string done_message ABSL_GUARDED_BY(mu);
   bool cancel_requested ABSL_GUARDED_BY(mu) = false;  // a 2.x CANCEL_WAIT came for the WAIT
+  bool refused ABSL_GUARDED_BY(mu) = false;     // the answer was large and over the budget
+  bool reply_turn ABSL_GUARDED_BY(mu) = false;  // may write a large answer over the budget
+  int64_t counted_out ABSL_GUARDED_BY(mu) = 0;  // out's heap memory as added to the budget
 
   bool OutPendingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return out_off < out.size(); }
   // Sends now what the socket takes and queues the rest (a connection with queued bytes runs no
@@ -59,12 +121,17 @@ struct Conn {
   void WriteLocked(const char* p, size_t n) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
   // Sends queued bytes (the socket became writable).
   void FlushLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
-};
-
-// What a completion callback needs to format the reply.
-struct ReplyPlan {
-  Op op = Op::kUnknown;
-  std::string expected;  // COMPARE_SET's expectation
+  // A completion callback's part (any thread): records the answer and writes its reply, unless
+  // it is over kSmallReplyBytes, MayRunAgain, does not fit the budget and is not `turn` (a rerun
+  // by the reply turn's holder, which still holds it): then it is `refused`.
+  void Answer(const ReplyPlan& plan, bool turn, const v1::Response& r) ABSL_LOCKS_EXCLUDED(mu);
+  // Adds the change of out's heap memory to the budget (WriteLocked and FlushLocked do).
+  void SyncOutLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    const size_t cap = out.capacity();
+    const int64_t now = cap > std::string().capacity() ? static_cast<int64_t>(cap) : 0;  // heap
+    budget->Add(now - counted_out);
+    counted_out = now;
+  }
 };
 
 // The store request for a query the backend answers (q's strings are moved out), store keys being
@@ -73,6 +140,9 @@ struct ReplyPlan {
 bool BuildRequest(Query& q, const std::string& key_prefix, v1::Request* req, ReplyPlan* plan);
 // TCPStore's reply bytes for a successful response (empty for SET, APPEND, MULTI_SET).
 std::string FormatReply(const ReplyPlan& plan, const v1::Response& r);
+// The request may run again if its answer is refused: GET and MULTI_GET (reads); COMPARE_SET
+// (when `r` swapped nothing). Without `r`: whether the op can be (keep its request).
+bool MayRunAgain(Op op, const v1::Response* r);
 // TCPStore's "/k" for a user key "k" is the store key key_prefix + "k".
 std::string StoreKey(const std::string& key_prefix, const std::string& k);
 

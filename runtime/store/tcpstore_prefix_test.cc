@@ -1,11 +1,6 @@
 // TcpStoreServer's key_prefix (emberd's per-attempt listeners of script jobs): two listeners on
 // one backend are two key spaces. A raw client speaks torch 1.13's wire format (set, get, add,
 // num_keys) so the test needs no Python; tcpstore_compat_test covers the real torch client.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <string>
@@ -14,70 +9,32 @@
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
 #include "runtime/store/tcpstore_server.h"
+#include "runtime/store/tcpstore_test_wire.h"
 
 namespace ember::store {
 namespace {
 
+// torch 1.13's set, get, add and num_keys over a raw connection (testing::Wire).
 class Raw {
  public:
-  explicit Raw(int port) {
-    fd_ = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ok_ = connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  }
-  ~Raw() { close(fd_); }
-  bool ok() const { return ok_; }
-  void Set(const std::string& k, const std::string& v) {
-    Byte(0);
-    Str(k);
-    Str(v);
-  }
+  explicit Raw(int port) : w_(port) {}
+  bool ok() const { return w_.connected(); }
+  void Set(const std::string& k, const std::string& v) { REQUIRE(w_.U8(0).Str(k).Str(v).Send()); }
   std::string Get(const std::string& k) {
-    Byte(2);
-    Str(k);
-    uint64_t n = I64();
-    std::string s(n, '\0');
-    Read(s.data(), n);
-    return s;
+    REQUIRE(w_.U8(2).Str(k).Send());
+    return w_.ReadStr();
   }
   int64_t Add(const std::string& k, int64_t d) {
-    Byte(3);
-    Str(k);
-    Send(&d, 8);
-    return static_cast<int64_t>(I64());
+    REQUIRE(w_.U8(3).Str(k).U64(static_cast<uint64_t>(d)).Send());
+    return w_.ReadI64();
   }
   int64_t NumKeys() {
-    Byte(6);
-    return static_cast<int64_t>(I64());
+    REQUIRE(w_.U8(6).Send());
+    return w_.ReadI64();
   }
 
  private:
-  void Send(const void* p, size_t n) { REQUIRE(write(fd_, p, n) == static_cast<ssize_t>(n)); }
-  void Byte(uint8_t b) { Send(&b, 1); }
-  void Str(const std::string& s) {
-    uint64_t n = s.size();
-    Send(&n, 8);
-    Send(s.data(), s.size());
-  }
-  void Read(void* p, size_t n) {
-    char* c = static_cast<char*>(p);
-    while (n > 0) {
-      ssize_t got = recv(fd_, c, n, 0);
-      REQUIRE(got > 0);
-      c += got;
-      n -= static_cast<size_t>(got);
-    }
-  }
-  uint64_t I64() {
-    uint64_t v = 0;
-    Read(&v, 8);
-    return v;
-  }
-  int fd_ = -1;
-  bool ok_ = false;
+  testing::Wire w_;
 };
 
 TEST_CASE("a key prefix makes a listener its own key space; Shutdown closes its port") {

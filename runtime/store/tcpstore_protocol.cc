@@ -75,9 +75,10 @@ void QueryParser::Reset() {
   q_.op = Op::kUnknown;
   q_.type = 0;
   q_.strs.clear();
+  if (q_.strs.capacity() > 64) std::vector<std::string>().swap(q_.strs);  // after a multi-key query
   q_.num = 0;
   stage_ = Stage::kType;
-  strs_left_ = str_left_ = charged_ = 0;
+  strs_left_ = str_left_ = charged_ = held_ = 0;
   per_count_ = int_bytes_ = 0;
   have_ = 0;
 }
@@ -144,15 +145,27 @@ QueryParser::Result QueryParser::Feed(const char* data, size_t n, bool v2, size_
                                    max_query_bytes_, " per query)"));
         }
         q_.strs.emplace_back();
+        held_ += sizeof(std::string);
         str_left_ = len;
         --strs_left_;
         stage_ = Stage::kBytes;
         continue;
       }
       case Stage::kBytes: {
-        // Grows with the bytes that really arrive (std::string's doubling, at most 2x them).
+        // Grows with the bytes that really arrive: doubling (at most 2x them), but never past the
+        // string's length (a fresh string reserves exactly; std::string's own growth would not).
         const size_t take = static_cast<size_t>(std::min<uint64_t>(str_left_, end - p));
-        q_.strs.back().append(p, take);
+        std::string& s = q_.strs.back();
+        const size_t before = s.capacity();
+        if (s.size() + take > before) {
+          std::string grown;
+          grown.reserve(static_cast<size_t>(std::min<uint64_t>(
+              std::max(s.size() + take, 2 * before), s.size() + str_left_)));
+          grown.append(s);
+          s.swap(grown);
+        }
+        s.append(p, take);
+        held_ += s.capacity() - before;
         p += take;
         str_left_ -= take;
         if (str_left_ > 0) break;

@@ -8,7 +8,8 @@
 // multi-key query's count at most kMaxTcpStoreKeys (refused at the count: an empty key costs the
 // peer 8 bytes and the server a std::string, twice), and a query's strings together (each also charged the size of its
 // std::string) at most kMaxTcpStoreQueryBytes. The parser holds only the bytes that arrived: a
-// length that promises 1 GiB costs nothing until the bytes come.
+// length that promises 1 GiB costs nothing until the bytes come; held_bytes() says what it holds
+// (TcpStoreServer charges it to its listener-wide budget).
 //
 // Thread-safety: none (one parser per connection, used by one thread).
 #ifndef EMBER_RUNTIME_STORE_TCPSTORE_PROTOCOL_H_
@@ -70,6 +71,9 @@ class QueryParser {
   void Reset();
   // True between queries (nothing of the next one consumed yet).
   bool AtBoundary() const { return stage_ == Stage::kType; }
+  // Memory the query in progress holds: each string's capacity plus sizeof(std::string). Grows
+  // only with bytes that arrived (at most about twice them); 0 after Reset().
+  uint64_t held_bytes() const { return held_; }
 
  private:
   enum class Stage { kType, kCount, kLength, kBytes, kInt, kDone };
@@ -83,6 +87,7 @@ class QueryParser {
   uint64_t strs_left_ = 0;   // strings still to come
   uint64_t str_left_ = 0;    // bytes of the current string still to come
   uint64_t charged_ = 0;     // bytes of this query counted against kMaxTcpStoreQueryBytes
+  uint64_t held_ = 0;        // held_bytes()
   uint8_t per_count_ = 0;    // strings per counted item (0: no count field)
   uint8_t int_bytes_ = 0;    // size of the trailing integer (0, 4 or 8)
   char scratch_[8];

@@ -151,6 +151,36 @@ TEST_CASE("a multi-key query's count is bounded before any key arrives") {
   }
 }
 
+// held_bytes() is what TcpStoreServer charges to its listener-wide budget: the memory of the bytes
+// that arrived (a promised length costs nothing), and nothing after Reset().
+TEST_CASE("held_bytes follows the bytes that arrived, not the length promised") {
+  QueryParser p;
+  Bytes head;
+  head.U8(0).Str("/k").U64(uint64_t{64} << 20);  // 1.13 SET of a 64 MiB value
+  size_t used = 0;
+  std::string err;
+  REQUIRE(p.Feed(head.s.data(), head.s.size(), false, &used, &err) ==
+          QueryParser::Result::kNeedMore);
+  CHECK(p.held_bytes() < 256);  // two std::strings, no value memory
+  const std::string chunk(64 << 10, 'v');
+  uint64_t arrived = 0;
+  for (int i = 0; i < 40; ++i) {
+    REQUIRE(p.Feed(chunk.data(), chunk.size(), false, &used, &err) ==
+            QueryParser::Result::kNeedMore);
+    arrived += chunk.size();
+    CHECK(p.held_bytes() >= arrived);
+    CHECK(p.held_bytes() <= 2 * arrived + 256);
+  }
+  CHECK(!p.AtBoundary());
+  // The last bytes: the value's memory ends at its length (doubling stops there).
+  const std::string rest((uint64_t{64} << 20) - arrived, 'w');
+  REQUIRE(p.Feed(rest.data(), rest.size(), false, &used, &err) == QueryParser::Result::kQuery);
+  CHECK(p.query().strs[1].capacity() == (size_t{64} << 20));
+  CHECK(p.held_bytes() <= (uint64_t{64} << 20) + 256);
+  p.Reset();
+  CHECK(p.held_bytes() == 0);
+}
+
 TEST_CASE("the first bytes tell the dialect") {
   Bytes v2;
   v2.U8(0).U32(kValidationMagic);

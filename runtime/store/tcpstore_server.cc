@@ -29,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "runtime/base/grpc_server.h"
+#include "runtime/store/tcpstore_budget.h"
 #include "runtime/store/tcpstore_connection.h"
 #include "runtime/store/tcpstore_protocol.h"
 #include "spdlog/spdlog.h"
@@ -40,6 +41,7 @@ using tcpstore::Conn;
 using tcpstore::MonoNs;
 using tcpstore::Op;
 using tcpstore::ReadyQueue;
+using tcpstore::Turns;
 
 // Backend owners of TCPStore connections: apart from the gRPC sessions' (from 1) and the fast
 // path's ((1 << 62) + 16 upward); shared by every listener on a backend.
@@ -119,6 +121,7 @@ class TcpStoreServer::Impl {
   }
 
   int port() const { return port_; }
+  int64_t buffered_bytes() const { return budget_->held(); }
 
  private:
   static constexpr uint64_t kListenTag = 0, kWakeTag = 1;
@@ -166,6 +169,7 @@ class TcpStoreServer::Impl {
       }
       DrainReady();
       ResumeBacklog();
+      Rebalance();
       if (!cancelling_.empty()) RecancelPending(/*force=*/false);
       if (const int64_t now = MonoNs(); now - last_stall_check > 1'000'000'000) {
         last_stall_check = now;
@@ -180,6 +184,16 @@ class TcpStoreServer::Impl {
       std::vector<std::shared_ptr<Conn>> ready = ready_->Take();
       if (ready.empty()) return;
       for (const auto& c : ready) Pump(c);
+    }
+  }
+
+  // Passes the budget's turns on and resumes whom they concern (tcpstore_budget.h).
+  void Rebalance() {
+    for (int i = 0; i < 4; ++i) {  // a resumed connection may finish at once and pass a turn on
+      std::vector<std::shared_ptr<Conn>> resume;
+      turns_.Rebalance(MonoNs(), &resume);
+      if (resume.empty()) return;
+      for (const auto& c : resume) Pump(c);
     }
   }
 
@@ -213,7 +227,7 @@ class TcpStoreServer::Impl {
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       auto c = std::make_shared<Conn>(fd, g_next_owner.fetch_add(1), options_.max_unsent_bytes,
-                                      options_.max_query_bytes);
+                                      options_.max_query_bytes, budget_);
       epoll_event ev{};
       ev.events = c->events = EPOLLIN;
       ev.data.u64 = c->owner;
@@ -222,20 +236,21 @@ class TcpStoreServer::Impl {
     }
   }
 
-  // Input is wanted unless a reply waits to leave, and only a little of it ahead of the parser
-  // (a request is outstanding: enough to see a CANCEL_WAIT; or the turn's queries ran).
-  bool WantInput(Conn* c) {
-    if (!c->open || c->eof) return false;
+  // Input is wanted unless a reply waits to leave or a refused request to run again, only a
+  // little of it ahead of the parser (a request is outstanding: enough to see a CANCEL_WAIT; or
+  // the turn's queries ran), and over the budget only as Turns allows.
+  bool WantInput(const std::shared_ptr<Conn>& c) {
+    if (!c->open || c->eof || c->rerun) return false;
     {
       absl::MutexLock l(&c->mu);
       if (c->OutPendingLocked()) return false;
     }
-    return c->in.size() - c->in_pos < kMaxUnparsed;
+    return c->in.size() - c->in_pos < kMaxUnparsed && turns_.MayRead(c);
   }
 
   void OnReadable(const std::shared_ptr<Conn>& c) {
     char buf[kReadChunk];
-    for (int round = 0; round < 16 && WantInput(c.get()); ++round) {
+    for (int round = 0; round < 16 && WantInput(c); ++round) {
       int fd;
       {
         absl::MutexLock l(&c->mu);
@@ -243,6 +258,7 @@ class TcpStoreServer::Impl {
       }
       const ssize_t k = recv(fd, buf, sizeof(buf), 0);
       if (k > 0) {
+        c->last_input_ns = MonoNs();
         c->in.append(buf, static_cast<size_t>(k));
         Pump(c);
         if (static_cast<size_t>(k) < sizeof(buf) || c->backlogged) return;
@@ -275,6 +291,13 @@ class TcpStoreServer::Impl {
           fail = c->broken;
         } else if (c->awaiting && c->done) {
           c->awaiting = false;
+          if (c->refused) {  // a large answer over the budget: run it again later
+            c->refused = false;
+            c->rerun = true;
+          } else if (c->kept != nullptr) {
+            c->kept.reset();
+            c->kept_bytes = 0;
+          }
           // A 2.x WAIT cancelled by CANCEL_WAIT: that query is answered next, whatever this was.
           if (c->done_code != 0 && !c->cancel_requested) {
             if (c->done_code == static_cast<int>(absl::StatusCode::kCancelled)) {
@@ -293,6 +316,13 @@ class TcpStoreServer::Impl {
       if (stuck) {
         if (c->awaiting && MaybeCancelWait(c)) continue;
         break;
+      }
+      if (c->rerun) {
+        stuck = true;
+        if (!turns_.MayRerun(c)) break;
+        c->rerun = false;
+        Submit(c, std::move(c->kept), std::move(c->kept_plan), /*turn=*/true);
+        continue;
       }
       if (c->in_pos == c->in.size()) break;
       if (ran == kQueriesPerTurn) {  // the others' turn first
@@ -317,6 +347,7 @@ class TcpStoreServer::Impl {
       if (!why.empty()) return Close(c, why, true);
     }
     if (!c->open) return;
+    c->SyncHeld();
     if (c->in_pos == c->in.size()) {
       if (c->in.capacity() > 2 * kReadChunk) std::string().swap(c->in);
       c->in.clear();
@@ -333,11 +364,11 @@ class TcpStoreServer::Impl {
     if (c->eof) {
       const bool may_park = c->awaiting_op == Op::kWait || c->awaiting_op == Op::kGet ||
                             c->awaiting_op == Op::kMultiGet;
-      const bool wait_for_answer = stuck && !(c->awaiting && may_park) &&
+      const bool wait_for_answer = stuck && !(c->awaiting && may_park) && !c->rerun &&
                                    (c->in_pos < c->in.size() || c->awaiting);
       if (!wait_for_answer && !c->backlogged) return Close(c, "", false);
     }
-    UpdateInterest(c.get());
+    UpdateInterest(c);
   }
 
   // A 2.x client whose WAIT timed out sends CANCEL_WAIT: cancel the parked WAIT (the CANCEL_WAIT
@@ -382,7 +413,7 @@ class TcpStoreServer::Impl {
     return !cancelling_.empty();
   }
 
-  void UpdateInterest(Conn* c) {
+  void UpdateInterest(const std::shared_ptr<Conn>& c) {
     bool out_pending;
     {
       absl::MutexLock l(&c->mu);
@@ -411,6 +442,12 @@ class TcpStoreServer::Impl {
                             absl::FormatDuration(options_.write_stall_timeout),
                             " (write_stall_timeout)"), true);
     }
+    if (auto c = turns_.StalledReader(now, limit)) {
+      Close(c, absl::StrCat("the client sent none of its query for ",
+                            absl::FormatDuration(options_.write_stall_timeout),
+                            " while it held the budget's read turn (write_stall_timeout; "
+                            "max_buffered_bytes is full)"), true);
+    }
   }
 
   // Closes the connection: its outstanding request is cancelled (and cancelled again until it is
@@ -432,10 +469,15 @@ class TcpStoreServer::Impl {
       c->fd = -1;
       std::string().swap(c->out);
       c->out_off = 0;
+      c->SyncOutLocked();
       outstanding = c->awaiting && !c->done;
     }
     std::string().swap(c->in);
     c->in_pos = 0;
+    c->parser.Reset();
+    c->kept.reset();
+    c->kept_bytes = 0;
+    c->SyncHeld();
     backend_->CancelOwner(c->owner);
     if (outstanding) {
       c->last_cancel_ns = MonoNs();
@@ -467,37 +509,43 @@ class TcpStoreServer::Impl {
       }
       default: break;
     }
-    v1::Request req;
+    auto req = std::make_unique<v1::Request>();
     tcpstore::ReplyPlan plan;
-    if (!tcpstore::BuildRequest(q, options_.key_prefix, &req, &plan)) {
+    if (!tcpstore::BuildRequest(q, options_.key_prefix, req.get(), &plan)) {
       return "internal: unhandled TCPStore query";  // the parser refuses the others
     }
+    Submit(c, std::move(req), std::move(plan), /*turn=*/false);
+    return "";
+  }
+
+  // Sends the request to the backend; its callback writes the reply. A request that may run again
+  // is kept (Conn::kept); its large answer is refused over the budget unless `turn` (a rerun by
+  // the reply turn's holder, Turns) and the connection still holds the turn.
+  void Submit(const std::shared_ptr<Conn>& c, std::unique_ptr<v1::Request> req,
+              tcpstore::ReplyPlan plan, bool turn) {
     c->awaiting = true;
-    c->awaiting_op = q.op;
+    c->awaiting_op = plan.op;
+    c->run_ns = MonoNs();
     ++c->request_seq;
     {
       absl::MutexLock l(&c->mu);
       c->done = false;
       c->cancel_requested = false;
+      c->refused = false;
     }
     std::shared_ptr<ReadyQueue> ready = ready_;
     ready_->running = c.get();
-    backend_->Execute({&req}, [c, ready, plan = std::move(plan)](v1::Response r) {
-      std::string reply;
-      if (r.code() == 0) reply = tcpstore::FormatReply(plan, r);
-      {
-        absl::MutexLock l(&c->mu);
-        c->done = true;
-        c->done_code = r.code();
-        c->done_message = r.message();
-        if (r.code() == 0 && !(plan.op == Op::kWait && c->cancel_requested)) {
-          c->WriteLocked(reply.data(), reply.size());
-        }
-      }
+    const v1::Request* raw = req.get();
+    if (tcpstore::MayRunAgain(plan.op, nullptr)) {
+      c->kept_bytes = static_cast<int64_t>(req->ByteSizeLong() + plan.expected.size());
+      c->kept_plan = plan;
+      c->kept = std::move(req);
+    }
+    backend_->Execute({raw}, [c, ready, turn, plan = std::move(plan)](v1::Response r) {
+      c->Answer(plan, turn, r);
       ready->Push(c);
     }, c->owner);
     ready_->running = nullptr;
-    return "";
   }
 
   Backend* const backend_;
@@ -507,6 +555,8 @@ class TcpStoreServer::Impl {
   std::atomic<bool> stop_{false};
   std::thread loop_;
   const std::shared_ptr<ReadyQueue> ready_ = std::make_shared<ReadyQueue>();
+  const std::shared_ptr<tcpstore::Budget> budget_ =
+      std::make_shared<tcpstore::Budget>(static_cast<int64_t>(options_.max_buffered_bytes));
   // Loop thread only (and Shutdown after the join):
   std::map<uint64_t, std::shared_ptr<Conn>> conns_;       // by owner
   std::vector<std::shared_ptr<Conn>> backlog_;            // Conn::backlogged ones
@@ -514,6 +564,7 @@ class TcpStoreServer::Impl {
   std::map<uint64_t, std::pair<std::shared_ptr<Conn>, uint64_t>> cancelling_;
   base::RefusalLog refusals_{"store: TCPStore listener"};
   base::SpareDescriptor spare_;
+  Turns turns_{budget_};
 };
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
@@ -527,6 +578,7 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
 TcpStoreServer::TcpStoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 TcpStoreServer::~TcpStoreServer() { Shutdown(); }
 int TcpStoreServer::port() const { return impl_->port(); }
+int64_t TcpStoreServer::buffered_bytes() const { return impl_->buffered_bytes(); }
 void TcpStoreServer::Shutdown() { impl_->Shutdown(); }
 
 }  // namespace ember::store

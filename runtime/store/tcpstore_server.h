@@ -18,16 +18,30 @@
 // Serving: one epoll thread for all connections of a listener (nonblocking sockets). A blocking
 // WAIT or GET is parked in the backend, not on a thread: the backend's completion callback writes
 // the reply. A connection runs at most 256 queries a turn (pipelined ones wait for the
-// next round), so one client cannot hold the thread. Bounds, since no client authenticates: max_connections; a string (key or value) of
-// at most 1 GiB and a query of at most 1 GiB + 1 MiB, its buffer growing only as bytes arrive;
+// next round), so one client cannot hold the thread. Bounds, since no client authenticates:
+// max_connections; a string (key or value) of at most 1 GiB and a query of at most
+// max_query_bytes, its buffer growing only as bytes arrive (a length prefix allocates nothing);
 // a connection runs its next query only once the previous reply left, and is closed when a reply
 // exceeds max_unsent_bytes unsent or the client reads none of it for write_stall_timeout.
+//
+// Listener-wide budget (max_buffered_bytes), over partial queries, unsent replies and the GET,
+// MULTI_GET and COMPARE_SET requests kept until answered: while it is exceeded a connection
+// growing a query past 64 KiB is not read, and an answer over 64 KiB that does not fit is not
+// written: the read (or the compare that swapped nothing) runs again later, which is the same as
+// receiving it later. Small queries and replies go on being served. No deadlock: the oldest
+// waiting grower holds a read turn until its query is whole, the oldest refused answer a reply
+// turn until it left (or parked a second), each exempt from the budget; so the listener holds at
+// most max_buffered_bytes + two queries (the read turn's, and the growth that crossed the budget)
+// + one reply + about 256 KiB per connection. A read-turn
+// holder that sends nothing for write_stall_timeout is closed, as is a reply nobody reads (a
+// client reading a byte a minute keeps the reply turn: larger answers wait for it).
 //
 // Thread-safety: Start/port/Shutdown from any thread. Shutdown() (and the destructor) closes the
 // listener and every connection (their waiters are cancelled) and joins the loop thread.
 #ifndef EMBER_RUNTIME_STORE_TCPSTORE_SERVER_H_
 #define EMBER_RUNTIME_STORE_TCPSTORE_SERVER_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -48,7 +62,11 @@ struct TcpStoreOptions {
   // Reply bytes a connection may leave unsent (the socket buffer full): one reply, at most the
   // store's largest answer, and a margin. Above it the connection is closed.
   size_t max_unsent_bytes = (size_t{64} << 20) + (size_t{1} << 20);
-  // A connection whose client reads none of its pending reply for this long is closed.
+  // Bytes the listener buffers over all connections (see above; 0 = no budget): partial queries,
+  // kept requests, unsent replies.
+  size_t max_buffered_bytes = size_t{256} << 20;
+  // A connection whose client reads none of its pending reply for this long is closed (also the
+  // read turn's holder over the budget that sends nothing of its query for this long).
   absl::Duration write_stall_timeout = absl::Seconds(60);
   // Every key is stored under this prefix ("" = the store's own key space).
   std::string key_prefix;
@@ -63,6 +81,8 @@ class TcpStoreServer {
                                                                TcpStoreOptions options = {});
   ~TcpStoreServer();
   int port() const;
+  // Bytes the listener holds now against max_buffered_bytes (tests, metrics; any thread).
+  int64_t buffered_bytes() const;
   void Shutdown();
 
   class Impl;

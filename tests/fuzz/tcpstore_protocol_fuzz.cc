@@ -4,7 +4,9 @@
 // first bytes like the server's. Checks beyond "no crash": the queries (and the error, if any) are
 // the same whether the stream arrives whole or in pieces; no Feed consumes past its input or
 // returns a query with more string bytes than the stream held; the strings of a query stay within
-// the parser's query bound.
+// the parser's query bound; held_bytes() (what the server charges to its budget) covers the
+// strings' memory, is at most about twice the bytes of the query that arrived, and is 0 after
+// Reset().
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -45,6 +47,17 @@ Parsed Parse(const char* data, size_t size, bool v2, size_t step) {
   QueryParser p(kQueryBound);
   Parsed out;
   size_t pos = 0;
+  size_t query_start = 0;  // where the query in progress began in the stream
+  // Each string costs the peer at least its 8-byte length: held_bytes() may add a std::string's
+  // size for each, and twice the bytes that arrived.
+  auto held_ok = [&p](size_t arrived) {
+    uint64_t memory = 0;
+    for (const std::string& x : p.query().strs) {
+      memory += sizeof(std::string) + (x.capacity() > std::string().capacity() ? x.capacity() : 0);
+    }
+    return p.held_bytes() + std::string().capacity() * p.query().strs.size() >= memory &&
+           p.held_bytes() <= 2 * arrived + (arrived / 8 + 1) * sizeof(std::string);
+  };
   while (pos < size) {
     const size_t n = step == 0 ? size - pos : std::min(step, size - pos);
     size_t off = 0;
@@ -60,6 +73,7 @@ Parsed Parse(const char* data, size_t size, bool v2, size_t step) {
         out.consumed = pos + off;
         return out;
       }
+      if (!held_ok(pos + off - query_start)) std::abort();
       if (r == QueryParser::Result::kNeedMore) {
         if (off != n) std::abort();  // kNeedMore takes everything it was given
         break;
@@ -71,7 +85,8 @@ Parsed Parse(const char* data, size_t size, bool v2, size_t step) {
       }
       out.queries.push_back(Flatten(p.query()));
       p.Reset();
-      if (!p.AtBoundary()) std::abort();
+      if (!p.AtBoundary() || p.held_bytes() != 0) std::abort();
+      query_start = pos + off;
     }
     pos += n;
   }
