@@ -43,6 +43,22 @@ void StrandPool::Release(uint64_t strand) {
   }
 }
 
+void StrandPool::ReleaseWith(uint64_t strand, std::function<void()> run,
+                             std::function<void()> cancel) {
+  {
+    absl::MutexLock l(&mu_);
+    Strand& s = strands_[strand];
+    s.running = false;
+    if (!stop_) {
+      s.tasks.push_front(Task{std::move(run), std::move(cancel)});
+      ready_.push_back(strand);
+      return;
+    }
+    if (s.tasks.empty()) strands_.erase(strand);
+  }
+  cancel();
+}
+
 void StrandPool::Drop(uint64_t strand) {
   std::deque<Task> dropped;
   {

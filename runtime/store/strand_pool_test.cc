@@ -106,5 +106,25 @@ TEST_CASE("a strand held by TryAcquire runs its posted tasks only after Release"
   REQUIRE_FALSE(pool.TryAcquire(10));  // stopped
 }
 
+TEST_CASE("ReleaseWith runs its task before the tasks posted while the strand was held") {
+  StrandPool pool(2);
+  REQUIRE(pool.TryAcquire(3));
+  absl::Mutex mu;
+  std::vector<int> order;
+  absl::Notification done;
+  pool.Post(3, [&] { absl::MutexLock l(&mu); order.push_back(2); done.Notify(); }, [] {});
+  pool.ReleaseWith(3, [&] { absl::MutexLock l(&mu); order.push_back(1); }, [] {});
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  {
+    absl::MutexLock l(&mu);
+    REQUIRE(order == std::vector<int>{1, 2});
+  }
+  REQUIRE(pool.TryAcquire(4));
+  pool.Stop();
+  std::atomic<bool> cancelled{false};
+  pool.ReleaseWith(4, [] { FAIL("the pool stopped"); }, [&] { cancelled = true; });
+  REQUIRE(cancelled);
+}
+
 }  // namespace
 }  // namespace ember::store
