@@ -73,14 +73,16 @@ class EtcdBackend : public Backend {
     pool_.Post(strand, RunTask(batch, done, owner), CancelTask(batch, done));
   }
 
-  // A Set or one-key Get as one asynchronous etcd call started on this thread (no pool thread in
-  // between: EtcdKv::StartOneTrip), holding the caller's strand until it is answered so later
-  // requests keep their order; when the call fails or the Get must wait, the request goes first
-  // on the strand's usual path. False: not started (post it).
+  // A Set or non-blocking Get as one asynchronous etcd call started on this thread (no pool thread
+  // in between: EtcdKv::StartOneTrip), holding the caller's strand until it is answered so later
+  // requests keep their order; when the call fails, the request goes first on the strand's usual
+  // path (retries). False: not started (post it).
   bool StartOneTrip(const std::shared_ptr<std::vector<Request>>& batch, const Done& done,
                     uint64_t owner, uint64_t strand) {
     const Request& req = batch->front();
-    if (!(req.has_set() || req.has_get()) || !pool_.TryAcquire(strand)) return false;
+    if (!(req.has_set() || (req.has_get() && !req.get().wait())) || !pool_.TryAcquire(strand)) {
+      return false;
+    }
     {
       absl::MutexLock l(&mu_);
       if (shutdown_) {

@@ -241,7 +241,8 @@ Applied EtcdKv::EvaluateBatch(const std::vector<std::pair<const Request*, Respon
 
 bool EtcdKv::StartOneTrip(const Request& req, absl::Time deadline, OneTripDone finish) {
   const bool set = req.has_set() && !req.has_fence();
-  if (!set && !req.has_get()) return false;
+  // (A blocking Get often finds its key missing: the usual path reads once more and parks it.)
+  if (!set && !(req.has_get() && !req.get().wait())) return false;
   if (OnEmptyState(req, options_).code() == static_cast<int>(absl::StatusCode::kInvalidArgument)) {
     return false;  // (EvaluateBatch answers it without a call)
   }
