@@ -60,6 +60,14 @@ class Backend {
                        uint64_t owner) = 0;
   virtual void CancelOwner(uint64_t owner) = 0;
 
+  // One request, answered to the calling thread, which blocks until the answer (a blocking
+  // Get/Wait/MultiGet: until its key appears or its timeout). Same semantics and ordering as
+  // Execute({&request}, ..., owner). For callers that wait anyway (a synchronous in-process
+  // client); event loops must use Execute. The default runs Execute and waits; the etcd backend
+  // makes its etcd round trips on the calling thread (no hand-off to its pool) when `owner` has
+  // nothing queued.
+  virtual v1::Response Call(const v1::Request& request, uint64_t owner);
+
   // Registers a watch on `prefix`. With send_initial, current keys are delivered first as PUTs.
   // Returns an id for RemoveWatch.
   virtual uint64_t AddWatch(const std::string& prefix, bool send_initial, WatchSink sink) = 0;
@@ -71,6 +79,10 @@ class Backend {
   // Introspection for tests and metrics.
   virtual int64_t revision() const = 0;
   virtual int64_t num_waiters() const = 0;
+
+ protected:
+  // Calls `start` with a Done, then blocks until that Done has run once; returns its answer.
+  static v1::Response AwaitAnswer(const std::function<void(const Done&)>& start);
 };
 
 // The default backend: in-memory, optionally durable with a write-ahead log + snapshots in

@@ -7,7 +7,10 @@
 #include <algorithm>
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <map>
+#include <optional>
+#include <memory>
 #include <thread>
 #include <utility>
 
@@ -65,30 +68,91 @@ class EtcdBackend : public Backend {
     auto batch = std::make_shared<std::vector<Request>>();
     batch->reserve(requests.size());
     for (const Request* r : requests) batch->push_back(*r);
-    const uint64_t strand = owner != 0 ? owner : (uint64_t{1} << 63) | next_unary_.fetch_add(1);
-    pool_.Post(
-        strand,
-        [this, batch, done, owner] {
-          for (const Request& req : *batch) {
-            Response r;
-            r.set_id(req.id());
-            if (Run(req, &r) == Applied::kMustWait) {
-              Park(req, done, owner);
-            } else {
-              done(std::move(r));
-            }
+    const uint64_t strand = StrandOf(owner);
+    if (batch->size() == 1 && StartOneTrip(batch, done, owner, strand)) return;
+    pool_.Post(strand, RunTask(batch, done, owner), CancelTask(batch, done));
+  }
+
+  // A Set or non-blocking Get as one asynchronous etcd call started on this thread (no pool thread
+  // in between: EtcdKv::StartOneTrip), holding the caller's strand until it is answered so later
+  // requests keep their order; when the call fails, the request goes first on the strand's usual
+  // path (retries). False: not started (post it).
+  bool StartOneTrip(const std::shared_ptr<std::vector<Request>>& batch, const Done& done,
+                    uint64_t owner, uint64_t strand) {
+    const Request& req = batch->front();
+    if (!(req.has_set() || (req.has_get() && !req.get().wait())) || !pool_.TryAcquire(strand)) {
+      return false;
+    }
+    {
+      absl::MutexLock l(&mu_);
+      if (shutdown_) {
+        pool_.Release(strand);
+        return false;
+      }
+      ++one_trips_;
+    }
+    const bool started = kv_->StartOneTrip(
+        req, OpDeadline(), [this, batch, done, owner, strand](std::optional<Response> r) {
+          if (r) {
+            done(std::move(*r));
+            pool_.Release(strand);
+          } else {
+            pool_.ReleaseWith(strand, RunTask(batch, done, owner), CancelTask(batch, done));
           }
-        },
-        [batch, done] {
-          for (const Request& req : *batch) {
-            Response r;
-            r.set_id(req.id());
-            SetError(&r, absl::StatusCode::kCancelled,
-                     "request dropped before it ran: its caller went away or the store server "
-                     "is shutting down");
-            done(std::move(r));
-          }
+          absl::MutexLock l(&mu_);
+          --one_trips_;
         });
+    if (!started) {
+      pool_.Release(strand);
+      absl::MutexLock l(&mu_);
+      --one_trips_;
+    }
+    return started;
+  }
+
+  // The pool task running `batch` in order, and what answers it when it is dropped instead.
+  std::function<void()> RunTask(std::shared_ptr<std::vector<Request>> batch, Done done,
+                                uint64_t owner) {
+    return [this, batch, done, owner] {
+      for (const Request& req : *batch) {
+        Response r;
+        r.set_id(req.id());
+        if (Run(req, &r) == Applied::kMustWait) {
+          Park(req, done, owner);
+        } else {
+          done(std::move(r));
+        }
+      }
+    };
+  }
+  static std::function<void()> CancelTask(std::shared_ptr<std::vector<Request>> batch, Done done) {
+    return [batch, done] {
+      for (const Request& req : *batch) {
+        Response r;
+        r.set_id(req.id());
+        SetError(&r, absl::StatusCode::kCancelled,
+                 "request dropped before it ran: its caller went away or the store server "
+                 "is shutting down");
+        done(std::move(r));
+      }
+    };
+  }
+
+  // On the calling thread when the caller's strand is idle: no hand-off to a pool thread and back
+  // (two thread wake-ups per op, which cost more than the etcd round trip on a small host).
+  Response Call(const Request& req, uint64_t owner) override {
+    const uint64_t strand = StrandOf(owner);
+    if (!pool_.TryAcquire(strand)) return Backend::Call(req, owner);  // queued: keep the order
+    Response r;
+    r.set_id(req.id());
+    if (Run(req, &r) != Applied::kMustWait) {
+      pool_.Release(strand);
+      return r;
+    }
+    return AwaitAnswer([&](const Done& done) {
+      Park(req, done, owner);
+      pool_.Release(strand);  // (after Park, as on the pool: later requests see it parked)
+    });
   }
 
   void CancelOwner(uint64_t owner) override {
@@ -165,6 +229,9 @@ class EtcdBackend : public Backend {
     pool_.Stop();  // (running requests finish: each ends within op_timeout)
     {
       absl::MutexLock l(&mu_);
+      // Started etcd calls end within one attempt's deadline; their callbacks use this object.
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return one_trips_ == 0; };
+      mu_.Await(absl::Condition(&idle));
       while (!waiters_.empty()) left.push_back(TakeLocked(waiters_.begin()->first));
       for (Waiter& w : woken_) left.push_back(std::move(w));
       woken_.clear();
@@ -194,6 +261,11 @@ class EtcdBackend : public Backend {
     absl::Time deadline;
     std::vector<std::string> keys;
   };
+
+  // Each caller's requests run on its own strand; unary ones (owner 0) each on a fresh one.
+  uint64_t StrandOf(uint64_t owner) {
+    return owner != 0 ? owner : (uint64_t{1} << 63) | next_unary_.fetch_add(1);
+  }
 
   absl::Time OpDeadline() const { return absl::Now() + etcd_.op_timeout; }
   // --- one request ------------------------------------------------------------------------------
@@ -462,6 +534,7 @@ class EtcdBackend : public Backend {
   std::deque<Waiter> woken_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, std::unique_ptr<EtcdWatcher>> watches_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t one_trips_ ABSL_GUARDED_BY(mu_) = 0;  // StartOneTrip calls not yet answered
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
 };
 

@@ -13,6 +13,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
@@ -49,6 +51,14 @@ class EtcdKv {
   // of the read that found them missing.
   Applied EvaluateBatch(const std::vector<std::pair<const v1::Request*, v1::Response*>>& batch,
                         absl::Time deadline, int64_t* read_revision = nullptr);
+
+  // A request answered by one etcd call from nothing stored: a Set without a fence (one Put) or a
+  // non-blocking Get (one Range). StartOneTrip starts that call asynchronously (gRPC's callback API:
+  // it does not block) and returns true, or returns false (another request, an invalid one, or no
+  // auth token at hand): use EvaluateBatch. `finish` then runs once, on a gRPC thread, with the
+  // answer, or with nullopt when the call failed: run the request on the usual path then (whatever the call did, that path does again: a Put is idempotent).
+  using OneTripDone = std::function<void(std::optional<v1::Response>)>;
+  bool StartOneTrip(const v1::Request& req, absl::Time deadline, OneTripDone finish);
 
   // The highest etcd revision seen (NoteRevision: also from the backend's watches).
   int64_t revision() const { return revision_.load(); }

@@ -116,6 +116,18 @@ void EtcdClient::PrepareContext(grpc::ClientContext* ctx) {
   if (!token.empty()) ctx->AddMetadata("token", token);
 }
 
+bool EtcdClient::PrepareAsync(grpc::ClientContext* ctx, absl::Time deadline) {
+  std::string token;
+  if (!options_.user.empty()) {
+    absl::MutexLock l(&mu_);
+    if (token_.empty()) return false;
+    token = token_;
+  }
+  ctx->set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + kAttemptTimeout)));
+  if (!token.empty()) ctx->AddMetadata("token", token);
+  return true;
+}
+
 void EtcdClient::InvalidateToken() {
   absl::MutexLock l(&mu_);
   token_.clear();

@@ -72,6 +72,9 @@ class EtcdClient {
   // with the token set; Rotate() moves to the next endpoint after a stream failed.
   Stubs Current();
   void PrepareContext(grpc::ClientContext* ctx);
+  // For one asynchronous attempt (gRPC's callback API): sets `ctx`'s deadline (at most one
+  // attempt's) and token without blocking; false when a token is needed and not at hand.
+  bool PrepareAsync(grpc::ClientContext* ctx, absl::Time deadline);
   void Rotate();
   // Forgets the auth token after etcd rejected it (UNAUTHENTICATED): the next call gets a new one.
   void InvalidateToken();

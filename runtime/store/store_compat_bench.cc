@@ -143,8 +143,8 @@ int ChildPlainEtcd() {
 }
 
 // --- child: Ember's etcd backend inside the client process -------------------------------------
-// --inproc=backend: the process makes its own etcd backend and calls Backend::Execute directly (one
-// hop: this process -> etcd; what a caller linking the backend pays). --inproc=hosted: what emberd's
+// --inproc=backend: the process makes its own etcd backend and calls Backend::Call directly (one
+// hop: this process -> etcd; what a synchronous caller linking the backend pays). --inproc=hosted: what emberd's
 // `store: etcd://` runs: a StoreServer on the etcd backend inside the process and a Client of it on
 // loopback (emberd's defaults: fast path over the abstract Unix socket), then the shared ops loop.
 absl::StatusOr<std::unique_ptr<Backend>> ChildBackend() {
@@ -168,18 +168,10 @@ int ChildInProcess() {
   auto backend = ChildBackend();
   if (!backend.ok()) Die(backend.status());
   Backend* b = backend->get();
-  // One request at a time, waited for like a synchronous client call.
+  // One request at a time through the synchronous entry (what the plain client's blocking stub
+  // call is to etcd): the backend's etcd round trip runs on this thread.
   auto run = [b](v1::Request req) -> absl::Status {
-    absl::Mutex mu;
-    bool done = false;
-    v1::Response out;
-    b->Execute({&req}, [&](v1::Response r) {
-      absl::MutexLock l(&mu);
-      out = std::move(r);
-      done = true;
-    }, /*owner=*/1);
-    absl::MutexLock l(&mu);
-    mu.Await(absl::Condition(&done));
+    const v1::Response out = b->Call(req, /*owner=*/1);
     if (out.code() != 0) return absl::Status(static_cast<absl::StatusCode>(out.code()), out.message());
     return absl::OkStatus();
   };
@@ -306,7 +298,7 @@ constexpr EtcdPath kEtcdPaths[] = {
     {"ember-store (2 hops: client -> ember-store -> etcd)", "", ""},
     {"emberd store: etcd:// (2 hops: client -> server in its process -> etcd)", "hosted_",
      "hosted"},
-    {"etcd backend in-process (1 hop: Backend::Execute -> etcd)", "direct_", "backend"},
+    {"etcd backend in-process (1 hop: Backend::Call -> etcd)", "direct_", "backend"},
 };
 
 absl::Status EtcdPart(bench::Report& report, const std::string& store, const std::string& etcd,
@@ -324,7 +316,8 @@ absl::Status EtcdPart(bench::Report& report, const std::string& store, const std
             "on loopback (emberd's defaults: fast path on the abstract Unix socket), so it is 2 "
             "hops like ember-store, not 1 (emberd's workers reach their daemon's hosted server "
             "like the ember-store row); in-process backend = each client process makes its own "
-            "etcd backend and calls Backend::Execute (the 1-hop floor of the backend)");
+            "etcd backend and calls Backend::Call, its synchronous entry, as the plain client "
+            "calls its blocking stub (the 1-hop floor of the backend)");
   t.AddNote("all: one op in flight per client process, same single etcd member (data dir on "
             "tmpfs), same key shapes. etcd round trips: get = 1 linearizable Range on both; set "
             "= 1 Put on both; add: plain = Range + compare-mod_revision Txn (etcd has no atomic "

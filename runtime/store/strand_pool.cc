@@ -22,6 +22,43 @@ void StrandPool::Post(uint64_t strand, std::function<void()> run, std::function<
   cancel();
 }
 
+bool StrandPool::TryAcquire(uint64_t strand) {
+  absl::MutexLock l(&mu_);
+  if (stop_) return false;
+  auto [it, created] = strands_.try_emplace(strand);
+  if (!created && (it->second.running || !it->second.tasks.empty())) return false;
+  it->second.running = true;
+  return true;
+}
+
+void StrandPool::Release(uint64_t strand) {
+  absl::MutexLock l(&mu_);
+  auto it = strands_.find(strand);
+  if (it == strands_.end()) return;
+  it->second.running = false;
+  if (it->second.tasks.empty()) {
+    strands_.erase(it);
+  } else {
+    ready_.push_back(strand);
+  }
+}
+
+void StrandPool::ReleaseWith(uint64_t strand, std::function<void()> run,
+                             std::function<void()> cancel) {
+  {
+    absl::MutexLock l(&mu_);
+    Strand& s = strands_[strand];
+    s.running = false;
+    if (!stop_) {
+      s.tasks.push_front(Task{std::move(run), std::move(cancel)});
+      ready_.push_back(strand);
+      return;
+    }
+    if (s.tasks.empty()) strands_.erase(strand);
+  }
+  cancel();
+}
+
 void StrandPool::Drop(uint64_t strand) {
   std::deque<Task> dropped;
   {

@@ -26,6 +26,14 @@ class StrandPool {
   ~StrandPool() { Stop(); }
 
   void Post(uint64_t strand, std::function<void()> run, std::function<void()> cancel);
+  // Lets the calling thread run the strand's next piece of work itself: true when the strand had
+  // nothing queued or running (it is then held as running until Release, and tasks posted
+  // meanwhile wait for Release); false when it is busy or the pool stopped (post instead).
+  bool TryAcquire(uint64_t strand);
+  void Release(uint64_t strand);  // after a TryAcquire that returned true
+  // Release, with `run` to go first among the strand's tasks (on a pool thread; `cancel` instead,
+  // on this thread, if the pool stopped).
+  void ReleaseWith(uint64_t strand, std::function<void()> run, std::function<void()> cancel);
   void Drop(uint64_t strand);  // cancels the strand's tasks not yet started
   void Stop();                 // cancels every task not yet started
 

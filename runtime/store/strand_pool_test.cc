@@ -81,5 +81,50 @@ TEST_CASE("Drop cancels a strand's queued tasks; Stop cancels the rest") {
   REQUIRE(ran + cancelled == 10);
 }
 
+TEST_CASE("a strand held by TryAcquire runs its posted tasks only after Release") {
+  StrandPool pool(2);
+  REQUIRE(pool.TryAcquire(5));
+  REQUIRE_FALSE(pool.TryAcquire(5));  // held
+  std::atomic<int> ran{0};
+  absl::Notification done;
+  pool.Post(5, [&] { ++ran; }, [] { FAIL("not cancelled"); });
+  pool.Post(5, [&] { ++ran; done.Notify(); }, [] { FAIL("not cancelled"); });
+  absl::SleepFor(absl::Milliseconds(50));
+  REQUIRE(ran == 0);
+  REQUIRE(pool.TryAcquire(6));  // other strands are free
+  pool.Release(6);
+  pool.Release(5);
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE(ran == 2);
+  // A strand with queued or running work cannot be taken.
+  absl::Notification release, started;
+  pool.Post(9, [&] { started.Notify(); release.WaitForNotification(); }, [] {});
+  REQUIRE(started.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  REQUIRE_FALSE(pool.TryAcquire(9));
+  release.Notify();
+  pool.Stop();
+  REQUIRE_FALSE(pool.TryAcquire(10));  // stopped
+}
+
+TEST_CASE("ReleaseWith runs its task before the tasks posted while the strand was held") {
+  StrandPool pool(2);
+  REQUIRE(pool.TryAcquire(3));
+  absl::Mutex mu;
+  std::vector<int> order;
+  absl::Notification done;
+  pool.Post(3, [&] { absl::MutexLock l(&mu); order.push_back(2); done.Notify(); }, [] {});
+  pool.ReleaseWith(3, [&] { absl::MutexLock l(&mu); order.push_back(1); }, [] {});
+  REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  {
+    absl::MutexLock l(&mu);
+    REQUIRE(order == std::vector<int>{1, 2});
+  }
+  REQUIRE(pool.TryAcquire(4));
+  pool.Stop();
+  std::atomic<bool> cancelled{false};
+  pool.ReleaseWith(4, [] { FAIL("the pool stopped"); }, [&] { cancelled = true; });
+  REQUIRE(cancelled);
+}
+
 }  // namespace
 }  // namespace ember::store
