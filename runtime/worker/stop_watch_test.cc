@@ -102,7 +102,7 @@ void Watch(const std::string& store_addr, const std::string& dump_dir,
   InstallStopSignalHandler();
   auto client = store::Client::Connect({.address = store_addr});
   if (!client.ok()) _exit(4);
-  store::Client attempt = client->WithPrefix("jobs/j/attempt/0/");
+  store::Client attempt = client->WithPrefix(job::keys::AttemptPrefix("j", 0));
   flight::FlightRecorder recorder;
   StopWatcher watcher(attempt, &recorder, dump_dir, /*rank=*/3, absl::Milliseconds(100));
   watcher.Start();
