@@ -1,5 +1,8 @@
 #include "runtime/worker/stop_watch.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -12,12 +15,34 @@ namespace ember::worker {
 namespace {
 
 volatile sig_atomic_t g_sigterm = 0;
+// The self-pipe: the handler writes one byte to [1]; signal threads poll [0] and never drain it,
+// so every watcher's thread wakes. -1 until InstallStopSignalHandler.
+volatile sig_atomic_t g_wake_read = -1;
+volatile sig_atomic_t g_wake_write = -1;
 
-void OnSigterm(int) { g_sigterm = 1; }
+void OnSigterm(int) {
+  const int saved = errno;
+  g_sigterm = 1;
+  if (g_wake_write >= 0) {
+    const char b = 1;
+    (void)!write(g_wake_write, &b, 1);  // non-blocking: a full pipe is already readable
+  }
+  errno = saved;
+}
 
 }  // namespace
 
 void InstallStopSignalHandler() {
+  if (g_wake_read >= 0) return;
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC | O_NONBLOCK) == 0) {
+    g_wake_read = fds[0];
+    g_wake_write = fds[1];
+  } else {
+    spdlog::warn("stop watcher: pipe2 for the SIGTERM self-pipe failed (errno {}); SIGTERM is "
+                 "then noticed only between store polls",
+                 errno);
+  }
   struct sigaction sa {};
   sa.sa_handler = OnSigterm;
   sigemptyset(&sa.sa_mask);
@@ -35,16 +60,37 @@ StopWatcher::StopWatcher(store::Client job, flight::FlightRecorder* recorder, st
 
 StopWatcher::~StopWatcher() {
   quit_.Notify();
+  if (quit_pipe_[1] >= 0) {
+    const char b = 1;
+    (void)!write(quit_pipe_[1], &b, 1);
+  }
+  if (signal_thread_.joinable()) signal_thread_.join();
   if (thread_.joinable()) thread_.join();
+  for (int fd : quit_pipe_) {
+    if (fd >= 0) close(fd);
+  }
 }
 
 void StopWatcher::Start() {
+  if (g_wake_read >= 0 && pipe2(quit_pipe_, O_CLOEXEC) == 0) {
+    signal_thread_ = std::thread([this] { WatchSignal(); });
+  }
   thread_ = std::thread([this] {
     std::string why;
     while (!quit_.WaitForNotificationWithTimeout(period_)) {
       if (Poll(&why)) StopNow(why);
     }
   });
+}
+
+void StopWatcher::WatchSignal() {
+  for (;;) {
+    pollfd fds[2] = {{g_wake_read, POLLIN, 0}, {quit_pipe_[0], POLLIN, 0}};
+    const int n = poll(fds, 2, /*timeout_ms=*/-1);
+    if (g_sigterm) StopNow("SIGTERM");
+    if (n > 0 && fds[1].revents != 0) return;
+    if (n < 0 && errno != EINTR) absl::SleepFor(absl::Milliseconds(10));  // ENOMEM: try again
+  }
 }
 
 bool StopWatcher::Poll(std::string* why) {

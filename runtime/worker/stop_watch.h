@@ -1,15 +1,24 @@
 // StopWatcher: makes a worker stop within a fraction of a second when its job is told to stop
 // (a peer died, the job was cancelled, a node was lost) or when it gets SIGTERM, and dump its
-// flight recorder first. It polls the attempt-scoped store key `stop` (the daemon sets it on the
-// first failure, DESIGN.md key space) every `period`; on a stop it writes the recorder to
-// <dump_dir>/rank-<r>.json with reason "stop: <why>", logs one line and ends the process with
+// flight recorder first. Two threads, so that neither cause waits on the other:
+//  - a signal thread blocks on the self-pipe InstallStopSignalHandler's handler writes to and acts
+//    on SIGTERM at once (milliseconds), never touching the store — even while the store is
+//    unreachable (link cut, store down) and every store call hangs until its deadline;
+//  - a poll thread reads the attempt-scoped store key `stop` (the daemon sets it on the first
+//    failure, DESIGN.md key space) every `period`; each read has a 2 s deadline, yet a silent
+//    store was seen to hold one for ~7 s (stop_watch_test), which is why SIGTERM has its own thread.
+// On a stop it writes the recorder to <dump_dir>/rank-<r>.json with reason "stop: <why>" (why =
+// "SIGTERM", or the stop key's value), logs one line and ends the process with
 // _exit(kExitStopped) — training state needs no clean-up (checkpoints are committed atomically,
 // a half-written one is never `latest`).
 //
 // Exit code kExitStopped (75) tells the daemon "stopped because told to", never a root cause.
 //
-// Thread-safe: Start once; the destructor stops the polling thread.
+// Thread-safe: Start once; the destructor stops both threads (it waits for a store read the poll
+// thread is in). Without InstallStopSignalHandler there is no signal thread (SIGTERM keeps
+// its default action).
 //
+//   InstallStopSignalHandler();  // in main, before threads start
 //   StopWatcher w(job_client, &recorder, dump_dir, rank);
 //   w.Start();
 //   ... train ...
@@ -31,7 +40,8 @@ namespace ember::worker {
 
 inline constexpr int kExitStopped = 75;
 
-// Routes SIGTERM to a flag the watcher polls (async-signal-safe). Call once, before threads start.
+// Routes SIGTERM to a flag and a self-pipe (async-signal-safe) that every started StopWatcher's
+// signal thread waits on. Call once, before threads start; later calls do nothing.
 void InstallStopSignalHandler();
 
 // True for errors a dying peer causes (UNAVAILABLE, ABORTED): the rank should wait briefly for the
@@ -54,6 +64,7 @@ class StopWatcher {
 
  private:
   bool Poll(std::string* why);
+  void WatchSignal();  // the signal thread's body
   [[noreturn]] void StopNow(const std::string& why);
 
   store::Client job_;
@@ -63,7 +74,9 @@ class StopWatcher {
   const absl::Duration period_;
   std::atomic<bool> done_{false};
   absl::Notification quit_;
-  std::thread thread_;
+  int quit_pipe_[2] = {-1, -1};  // the destructor writes to [1] to wake the signal thread
+  std::thread thread_;          // polls the store
+  std::thread signal_thread_;   // waits for SIGTERM
 };
 
 }  // namespace ember::worker
