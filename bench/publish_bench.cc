@@ -23,6 +23,7 @@
 // The bench's UCX_* variables (UCX_TLS=tcp, ...) are passed to the ranks as well.
 //
 //   bazel run -c opt //bench:publish_bench -- [--json] [--rounds=6] [--steps=90] [--quick]
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -67,6 +68,7 @@ std::string BenchSpec(const std::string& name, int steps, int every) {
 }
 
 struct Run {
+  std::vector<std::string> publisher_lines;  // each rank's exit line of its publisher (logs)
   double step_s = -1;       // median over the measured periods, per step
   double mean_step_s = -1;  // the whole measured window, per step
   int periods = 0;
@@ -104,6 +106,7 @@ Run Measure(Client& c, const std::string& store, const std::string& name, const 
   std::thread subscriber;
   if (!store.empty()) {
     subscriber = std::thread([&] {
+      pthread_setname_np(pthread_self(), "subscriber");  // its CPU apart from the daemon's in top -H
       auto n = c.SubscribeWeights(id, store, out, 0, [&](int64_t step, const std::string&) {
         int64_t none = -1;
         first.compare_exchange_strong(none, step);
@@ -125,13 +128,21 @@ Run Measure(Client& c, const std::string& store, const std::string& name, const 
                              ") came after the measured window's start (step ", from, "): raise --skip");
     return run;
   }
+  for (int rank = 0; rank < 2; ++rank) {  // what publishing cost each rank's threads
+    std::ifstream log(absl::StrCat(end->job_dir(), "/logs/rank-", rank, ".log"));
+    std::string line;
+    while (std::getline(log, line)) {
+      if (absl::StrContains(line, "weights published")) run.publisher_lines.push_back(line);
+    }
+  }
   const std::map<int64_t, double> t = StepTimes(end->job_dir());
   std::vector<double> per_step;
   for (int64_t s = from; s + every <= steps; s += every) {
     auto a = t.find(s), b = t.find(s + every);
     if (a != t.end() && b != t.end()) per_step.push_back((b->second - a->second) / 1e3 / every);
   }
-  auto a = t.find(from), b = t.rbegin();
+  auto a = t.find(from);
+  auto b = t.rbegin();
   if (per_step.empty() || a == t.end() || b->first <= from) {
     run.error = absl::StrCat("rank 0's metrics in ", end->job_dir(), " lack steps ", from, "..", steps);
     return run;
@@ -203,6 +214,10 @@ int Main(int argc, char** argv) {
     ratio.push_back(b.step_s / a.step_s);
     mean_ratio.push_back(b.mean_step_s / a.mean_step_s);
     table.AddRow({i, a.step_s, b.step_s, ratio.back(), mean_ratio.back(), b.snapshots});
+    for (const std::string& line : b.publisher_lines) std::fprintf(stderr, "round %d: %s\n", i, line.c_str());
+    if (i + 1 == absl::GetFlag(FLAGS_rounds)) {
+      for (const std::string& line : b.publisher_lines) table.AddNote(absl::StrCat("last round's log: ", line));
+    }
   }
   auto geomean = [](const std::vector<double>& v) {
     double log_sum = 0;

@@ -69,9 +69,11 @@ class PublisherImpl : public Publisher {
     WriteStats();
     spdlog::info("rank {}: weights published {} times, {} publish steps skipped, {} subscribers dropped; "
                  "the publish hook took {:.2f} ms on the training thread in all ({} publish steps, "
-                 "longest {:.2f} ms)",
+                 "longest {:.2f} ms); the publisher thread spent {:.2f} ms in puts and notifies and "
+                 "{:.2f} ms waiting for acks",
                  plan_.env.rank, published_.load(), skipped_.load(), dropped_.load(),
-                 absl::ToDoubleMilliseconds(hook_total_), hook_calls_, absl::ToDoubleMilliseconds(hook_max_));
+                 absl::ToDoubleMilliseconds(hook_total_), hook_calls_, absl::ToDoubleMilliseconds(hook_max_),
+                 absl::ToDoubleMilliseconds(put_total_), absl::ToDoubleMilliseconds(ack_total_));
   }
 
   absl::Status AtStep(int64_t step) override {
@@ -199,7 +201,7 @@ class PublisherImpl : public Publisher {
       absl::MutexLock l(&mu_);
       subs = live_;
     }
-    const absl::Time deadline = absl::Now() + kAckTimeout;
+    const absl::Time start = absl::Now(), deadline = start + kAckTimeout;
     std::set<std::string> pending;
     for (const Subscriber& s : subs) {
       std::vector<onesided::RemoteDesc> remote = remote_;
@@ -213,6 +215,13 @@ class PublisherImpl : public Publisher {
       }
     }
     if (!pending.empty()) ++published_;  // put + notify delivered to a subscriber
+    const absl::Time sent = absl::Now();
+    put_total_ += sent - start;
+    struct AckTime {  // whichever way the wait below ends
+      absl::Duration& total;
+      absl::Time from;
+      ~AckTime() { total += absl::Now() - from; }
+    } ack_time{ack_total_, sent};
     while (!pending.empty()) {
       const absl::Time until = std::min(deadline, StopDeadline());
       if (absl::Now() >= until) {
@@ -273,8 +282,9 @@ class PublisherImpl : public Publisher {
   std::vector<onesided::RemoteDesc> remote_;  // region filled per subscriber
   std::set<std::string> known_;               // publishing thread only
   std::atomic<int64_t> published_{0}, skipped_{0}, dropped_{0};
-  // Time in the publish hook on the training thread (AtStep only, then the destructor).
-  absl::Duration hook_total_, hook_max_;
+  // Time in the publish hook on the training thread (AtStep only, then the destructor), and on the
+  // publisher thread in put + notify and in waiting for acks (that thread, then the destructor).
+  absl::Duration hook_total_, hook_max_, put_total_, ack_total_;
   int64_t hook_calls_ = 0;
   absl::Mutex mu_;
   std::vector<Subscriber> live_ ABSL_GUARDED_BY(mu_);
