@@ -160,7 +160,7 @@ int Main(int argc, char** argv) {
     absl::SetFlag(&FLAGS_rounds, 1);
     absl::SetFlag(&FLAGS_steps, 16);
     absl::SetFlag(&FLAGS_every, 2);
-    absl::SetFlag(&FLAGS_skip, 6);
+    absl::SetFlag(&FLAGS_skip, 8);
   }
   const bool attach = absl::GetFlag(FLAGS_subscriber);
   e2e::ClusterOptions o;
