@@ -1,6 +1,7 @@
 // The UCX implementation of onesided::Agent (agent.h states the contract).
 #include "runtime/onesided/agent.h"
 
+#include <pthread.h>
 #include <ucp/api/ucp.h>
 
 #include <algorithm>
@@ -170,7 +171,10 @@ absl::Status AgentImpl::Init() {
          .global_rank = opt_.rank, .backend = "ucx"});
   }
   progressor_ = std::make_shared<WorkerProgressor>(worker_);
-  progress_ = std::thread([this] { internal::RunProgressLoop(worker_, efd_, *progressor_, stop_, in_flight_); });
+  progress_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "onesided-prog");  // for top -H and perf
+    internal::RunProgressLoop(worker_, efd_, *progressor_, stop_, in_flight_);
+  });
   return absl::OkStatus();
 }
 

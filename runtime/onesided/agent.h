@@ -22,8 +22,9 @@
 //
 // Progress: each Agent runs one progress thread that drives ucp_worker_progress: it serves the
 // peers' transfers that need the target's help (UCX emulates put/get over TCP with messages),
-// receives notifications and completes this process's requests, spinning while requests are in
-// flight or traffic arrived in the last 200 us, otherwise asleep on the worker's event fd. A thread
+// receives notifications and completes this process's requests, spinning while traffic arrived in
+// the last 200 us, otherwise asleep on the worker's event fd (1 ms at most while requests are in
+// flight, so a slow peer costs wake-ups rather than a spinning core). A thread
 // in Work::Wait or WaitNotification drives progress itself for up to 20 ms (the progress thread
 // then stands aside, so two threads never spin on one worker) and then sleeps on a condition
 // variable, leaving progress to the thread. A thread inside Put/Get also has it stand aside (over

@@ -92,19 +92,23 @@ void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
     const bool waiter_drives = progressor.waiter_spinning();
     const absl::Time now = absl::Now();
     if (any) last_activity = now;
-    const bool busy = in_flight.load(std::memory_order_acquire) > 0;
-    if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
     if (waiter_drives) {  // woken when the last spinner leaves with requests in flight (LeaveSpin)
       progressor.ParkWhileWaiterSpins(kParkSlice);
       continue;
     }
+    // Spin only right after traffic (a loopback reply comes within tens of microseconds). Requests
+    // in flight whose peer is slow to answer (descheduled on a busy host, a subscriber writing its
+    // snapshot) are waited for on the event fd: spinning then took a core from the training step
+    // for as long as the peer took.
+    if (now - last_activity < kSpinAfterActivity) continue;
+    const bool busy = in_flight.load(std::memory_order_acquire) > 0;
     if (efd < 0) {
-      absl::SleepFor(absl::Milliseconds(5));
+      absl::SleepFor(busy ? absl::Microseconds(200) : absl::Milliseconds(5));
       continue;
     }
     if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
     pollfd pfd{efd, POLLIN, 0};
-    poll(&pfd, 1, busy ? 1 : kIdlePollMs);
+    if (poll(&pfd, 1, busy ? 1 : kIdlePollMs) > 0) last_activity = absl::Now();  // a peer or a poster
   }
 }
 

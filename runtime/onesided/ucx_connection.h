@@ -130,12 +130,14 @@ class WorkerProgressor : public Progressor {
   ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
 };
 
-// The agent's progress thread until `stop`: spins on ucp_worker_progress while requests are in
-// flight (`in_flight` > 0) or traffic arrived in the last 200 us, parks while a waiter or poster
-// drives the worker itself (`progressor.waiter_spinning()`, checked before every pass: a poster may
-// hold the worker's lock for a whole shared-memory copy, and a pass started then would spin on that
-// lock throughout), and otherwise sleeps on the worker's event fd `efd` (1 ms at most while
-// requests are in flight, in case a transport raises no event; 5 ms sleeps when efd < 0).
+// The agent's progress thread until `stop`: spins on ucp_worker_progress while traffic arrived (or
+// the event fd fired) in the last 200 us, parks while a waiter or poster drives the worker itself
+// (`progressor.waiter_spinning()`, checked before every pass: a poster may hold the worker's lock
+// for a whole shared-memory copy, and a pass started then would spin on that lock throughout), and
+// otherwise sleeps on the worker's event fd `efd`: 1 ms at most while requests are in flight
+// (`in_flight` > 0; in case a transport raises no event), 50 ms when idle (5 ms / 200 us sleeps
+// when efd < 0). It does not spin merely because requests are in flight: a slow peer costs wake-ups,
+// not a core.
 void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
                      const std::atomic<bool>& stop, const std::atomic<int>& in_flight);
 

@@ -64,7 +64,12 @@ absl::Status WriteSnapshot(const WeightsManifest& m, const char* buffer, int64_t
     data.emplace_back(buffer + t.offset, t.bytes);
   }
   const std::string tmp = path + ".tmp";
-  RETURN_IF_ERROR(ckpt::WriteSafetensors(tmp, specs, data, {{"format", "pt"}, {"ember.step", absl::StrCat(step)}}));
+  // Not fsynced: a live snapshot is for reading now (the rename makes it appear whole); the job's
+  // checkpoints are the durable copy. An fsync per snapshot forced the disk (and ext4's journal,
+  // which other processes' fsyncs wait on) every few steps and held the ranks' ack meanwhile.
+  RETURN_IF_ERROR(ckpt::WriteSafetensorsStreaming(
+      tmp, specs, {{"format", "pt"}, {"ember.step", absl::StrCat(step)}},
+      [&](size_t i, const ckpt::AppendFn& append) { return append(data[i]); }, /*sync=*/false));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("rename ", tmp, " -> ", path, " failed"));
   }

@@ -2,7 +2,8 @@
 // in docs/onesided.md): finds the job's newest attempt that publishes, allocates one buffer for the
 // whole model, announces itself under the attempt's WeightsSubscriber key, connects to every rank
 // and writes each step it receives from every rank as <out_dir>/step-<N>/model.safetensors
-// (F32, the model's parameter names; written to a .tmp name, then renamed).
+// (F32, the model's parameter names; written to a .tmp name, then renamed; not fsynced: the
+// job's checkpoints are the durable copy).
 //
 //   store::Client root = ...;   // the job's store (address + the cluster token)
 //   ASSIGN_OR_RETURN(int64_t n, SubscribeWeights({.store = &root, .job = "j", .out_dir = "/tmp/w"}));
