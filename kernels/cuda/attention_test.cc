@@ -8,8 +8,9 @@
 // the same fp32 products in different orders (the CPU in 64-wide OpenBLAS tiles, the GPU one key or
 // query at a time); an output sums at most T = 200 terms (dk/dv under GQA: group * T = 8 * 131 =
 // 1048), whose rounding (2^-24 each, random-walk growth ~ sqrt(n)) stays near 1e-6 of the typical
-// term. Measured on CPU, the CPU kernel against a float64 reference on these shapes: at most
-// XXX_TBD
+// term. Measured on CPU for the GQA cases (a float64 reference, and the CUDA kernels' code run in
+// a host emulation with glibc's expf): CPU kernel vs float64 at most 8.9e-7, emulated GPU kernels
+// vs float64 1.0e-6, emulated vs CPU 1.1e-6 (all of the reference's largest magnitude): ~9x margin.
 #include "kernels/cuda/gpu_test_util.h"
 
 #ifndef EMBER_WITH_CUDA
