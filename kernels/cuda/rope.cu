@@ -7,7 +7,8 @@
 // with fp-contract=off) on the same table. Elementwise: deterministic.
 //
 // NEVER RUN ON A GPU: compiled for sm_75/sm_80/sm_90 (+PTX) only; rope_test.cc checks it against
-// the CPU on a GPU machine (tests/gpu/cuda_kernels.sh).
+// the CPU on a GPU machine (tests/gpu/cuda_kernels.sh). Run once by hand as host code (each CUDA
+// thread a host thread, under ASan/UBSan) on rope_test's shapes: bitwise the CPU's.
 #include <cstdint>
 
 #include "kernels/cuda/device_util.cuh"
