@@ -14,8 +14,8 @@
 // kernels nor the GQA paths have executed; attention_test.cc checks both against the CPU kernel
 // on a GPU machine (tests/gpu/cuda_kernels.sh). What did run, once, by hand: this file's code
 // compiled for the host (launches rewritten to loops over blocks, each CUDA thread a std::thread,
-// __syncthreads a std::barrier, exact-size buffers under ASan/UBSan) on attention_test's GQA
-// shapes: every output within 1.1e-6 of the CPU kernel. That covers index arithmetic, bounds and
+// __syncthreads a std::barrier, exact-size buffers under ASan, UBSan too for hd 32) on
+// attention_test's GQA shapes: every output within 1.1e-6 of the CPU kernel. That covers index arithmetic, bounds and
 // barrier placement; not CUDA's expf, the launch limits, the warp scheduler or the memory model.
 #include <cstdint>
 
