@@ -127,9 +127,11 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(CudaContext& ctx, const LceOpt
                                                   float dloss = 1.0f, int64_t budget_bytes = 0);
 
 // Causal attention with optional sliding window (kernels/attention.h contract, fp32, flash-style:
-// fully masked key tiles are skipped). Head sizes 32 and 64 only (InvalidArgument otherwise).
-// Backward is always deterministic (dq per query tile, dk/dv per key tile, fixed order). CUDA
-// cores only (no tensor cores): correct first, not fast.
+// fully masked key tiles are skipped), grouped-query attention included (s.KV key/value heads
+// dividing H, the CPU's layout). Head sizes 32 and 64 only, B * H <= 65535 (InvalidArgument
+// otherwise). Backward is always deterministic (dq per query tile; dk/dv per key tile of a kv head,
+// its group's query heads added in head order inside one block: no atomics). CUDA cores only (no
+// tensor cores): correct first, not fast.
 absl::Status AttentionForward(CudaContext& ctx, const AttentionShape& s, const float* q,
                               const float* k, const float* v, int64_t qkv_stride, float* o,
                               int64_t o_stride, float* lse);
@@ -137,6 +139,22 @@ absl::Status AttentionBackward(CudaContext& ctx, const AttentionShape& s, const 
                                const float* k, const float* v, int64_t qkv_stride, const float* o,
                                const float* dout, int64_t o_stride, const float* lse, float* dq,
                                float* dk, float* dv);
+
+// RoPE in place (kernels/rope.h contract and layout). The table is a device copy of a host
+// kernels::RopeTable (MakeRopeTable(RopeInvFreq(hd, theta, scaling), T_max): the frequencies,
+// Llama 3.1 rule included, are computed once on the host): cos and sin [T, half] floats each,
+// row-major, as in the RopeTable's vectors; the caller owns that memory. Bitwise equal to the CPU
+// (the same float32 products and sums, never fused into FMAs). InvalidArgument unless hd is even,
+// table.half == hd / 2, table.T >= T and stride >= heads * hd.
+struct RopeDeviceTable {
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t T = 0, half = 0;
+};
+absl::Status RopeForward(CudaContext& ctx, const RopeDeviceTable& table, float* x, int64_t B,
+                         int64_t T, int64_t heads, int64_t hd, int64_t stride);
+absl::Status RopeBackward(CudaContext& ctx, const RopeDeviceTable& table, float* dx, int64_t B,
+                          int64_t T, int64_t heads, int64_t hd, int64_t stride);
 
 // MoE (kernels/moe.h contracts, device pointers). k <= 8 (InvalidArgument otherwise).
 absl::Status MoeRoute(CudaContext& ctx, const float* logits, int64_t N, int64_t E, int k,

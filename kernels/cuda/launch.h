@@ -92,9 +92,10 @@ cudaError_t LceGradTile(float* z, int64_t rows, int64_t cols, int64_t v0, int64_
                         float dloss, cudaStream_t s);
 
 // Causal (sliding-window) attention (attention.cu), kernels/attention.h's layout; hd 32 or 64
-// (cudaErrorInvalidValue otherwise). delta: B*H*T floats of scratch.
+// (cudaErrorInvalidValue otherwise). KV key/value heads, 1 <= KV, KV divides H (grouped-query
+// attention; the caller checks); B * H <= 65535 (a grid dimension). delta: B*H*T floats of scratch.
 struct AttentionDims {
-  int64_t B, T, H, hd, window, qkv_stride, o_stride;
+  int64_t B, T, H, hd, window, qkv_stride, o_stride, KV;
 };
 bool AttentionSupportsHeadDim(int64_t hd);
 cudaError_t AttentionForward(const AttentionDims& s, const float* q, const float* k,
@@ -102,6 +103,12 @@ cudaError_t AttentionForward(const AttentionDims& s, const float* q, const float
 cudaError_t AttentionBackward(const AttentionDims& s, const float* q, const float* k,
                               const float* v, const float* o, const float* dout, const float* lse,
                               float* delta, float* dq, float* dk, float* dv, cudaStream_t st);
+
+// RoPE (rope.cu), kernels/rope.h's rotation in place with a device copy of a RopeTable's cos/sin
+// ([>= T, hd / 2] each); sign +1: forward, -1: backward. hd even; 256-thread blocks.
+cudaError_t Rope(const float* cos_t, const float* sin_t, float* x, int64_t B, int64_t T,
+                 int64_t heads, int64_t hd, int64_t stride, float sign, int64_t grid,
+                 cudaStream_t s);
 
 // MoE (moe.cu), kernels/moe.h; k <= MoeMaxK() (cudaErrorInvalidValue otherwise).
 int MoeMaxK();

@@ -206,12 +206,16 @@ absl::StatusOr<detail::AttentionDims> Dims(const AttentionShape& s, int64_t qkv_
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA attention supports head sizes 32 and 64, got ", s.hd, "; use the CPU kernel"));
   }
-  if (s.kv_heads() != s.H) {
+  const int64_t KV = s.kv_heads();
+  if (s.H > 0 && (KV < 1 || s.H % KV != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA attention has no grouped-query attention yet (KV = ", s.kv_heads(), " key/value heads "
-        "for H = ", s.H, "); use the CPU kernel"));
+        "CUDA attention: KV = ", KV, " key/value heads must divide H = ", s.H, " query heads"));
   }
-  return detail::AttentionDims{s.B, s.T, s.H, s.hd, s.window, qkv_stride, o_stride};
+  if (s.B * s.H > 65535) {  // a grid dimension of the forward and dq kernels
+    return absl::InvalidArgumentError(absl::StrCat("CUDA attention: B * H = ", s.B * s.H,
+                                                   " exceeds 65535; split the batch"));
+  }
+  return detail::AttentionDims{s.B, s.T, s.H, s.hd, s.window, qkv_stride, o_stride, KV};
 }
 }  // namespace
 
@@ -234,6 +238,38 @@ absl::Status AttentionBackward(CudaContext& ctx, const AttentionShape& s, const 
   return CudaStatus(
       detail::AttentionBackward(*d, q, k, v, o, dout, lse, delta, dq, dk, dv, S(ctx)),
       "AttentionBackward");
+}
+
+namespace {
+absl::Status Rope(CudaContext& ctx, const RopeDeviceTable& tb, float* x, int64_t B, int64_t T,
+                  int64_t heads, int64_t hd, int64_t stride, float sign, const char* what) {
+  if (hd <= 0 || hd % 2 != 0 || tb.half != hd / 2) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": head size ", hd,
+                                                   " must be even and twice the table's half ",
+                                                   tb.half));
+  }
+  if (B < 0 || T < 0 || heads < 0 || tb.T < T || stride < heads * hd) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": B ", B, ", T ", T, ", heads ", heads, ", stride ", stride, " vs table T ", tb.T,
+        "; need B, T, heads >= 0, table T >= T, stride >= heads * hd = ", heads * hd));
+  }
+  const int64_t n = B * T * heads * (hd / 2);
+  if (n > 0 && (tb.cos == nullptr || tb.sin == nullptr || x == nullptr)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": null table or data pointer"));
+  }
+  return CudaStatus(detail::Rope(tb.cos, tb.sin, x, B, T, heads, hd, stride, sign, Grid(n),
+                                 S(ctx)),
+                    what);
+}
+}  // namespace
+
+absl::Status RopeForward(CudaContext& ctx, const RopeDeviceTable& table, float* x, int64_t B,
+                         int64_t T, int64_t heads, int64_t hd, int64_t stride) {
+  return Rope(ctx, table, x, B, T, heads, hd, stride, 1.0f, "RopeForward");
+}
+absl::Status RopeBackward(CudaContext& ctx, const RopeDeviceTable& table, float* dx, int64_t B,
+                          int64_t T, int64_t heads, int64_t hd, int64_t stride) {
+  return Rope(ctx, table, dx, B, T, heads, hd, stride, -1.0f, "RopeBackward");
 }
 
 absl::Status MoeRoute(CudaContext& ctx, const float* logits, int64_t N, int64_t E, int k,

@@ -10,7 +10,7 @@
 # few system libraries they use (absl, OpenBLAS for the CPU reference, libstdc++) along. cuBLAS/cudart come from the device's toolkit or its Python nvidia-* wheels.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-TESTS="elementwise_test rows_test optim_test gemm_test lce_test attention_test moe_test"
+TESTS="elementwise_test rows_test optim_test gemm_test lce_test attention_test moe_test rope_test"
 OUT=tests/gpu/bin/cuda
 case "${1:-}" in
   build)
