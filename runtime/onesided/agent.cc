@@ -14,6 +14,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
+#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/onesided/cuda_ipc.h"
@@ -32,6 +34,7 @@ using internal::Remote;
 using internal::WorkerProgressor;
 
 constexpr unsigned kNotifyAmId = 17;
+constexpr unsigned kPutAmId = 18;  // header: the target address (8 bytes, little-endian); data
 
 class AgentImpl;
 
@@ -79,6 +82,10 @@ class AgentImpl : public Agent {
   static void OnFlushed(void* request, ucs_status_t st, void* user_data);
   static ucs_status_t OnNotify(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
+  // A peer's put sent as an active message (AgentOptions::put_over_am): written into the local
+  // region holding [address, +length), or dropped and counted when no registered region does.
+  static ucs_status_t OnPutAm(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param);
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t st) {
     static_cast<ConnectionImpl*>(arg)->Fail(st);
   }
@@ -99,12 +106,16 @@ class AgentImpl : public Agent {
   std::shared_ptr<internal::WorkState> NewState(const char* what, const char* fr_op, ConnectionImpl* conn,
                                                 uint64_t bytes, int regions, const char* direction,
                                                 int parts, bool progress = true);
-  // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
-  void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state);
+  // Accounts for the request just posted for `part` (put, get, flush or message): ends the part if
+  // it completed at once, else wakes the progress thread (`wake`; Transfer wakes it once instead).
+  void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state, bool wake = true);
   void SendNotify(Part* part);
   uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
+  // Requests were left in flight: the progress thread must drive them, whether it sleeps on the
+  // worker's event fd or is parked (ucx_connection.h).
   void Wake() {
     if (efd_ >= 0) ucp_worker_signal(worker_);
+    if (progressor_ != nullptr) progressor_->Kick();
   }
 
   AgentOptions opt_;
@@ -118,6 +129,8 @@ class AgentImpl : public Agent {
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> remote_handles_{0};
   std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
+  std::atomic<uint64_t> refused_puts_{0};  // active-message puts outside every registered region
+  bool tcp_segments_set_ = false;          // Init gave UCX kTcpSegmentBytes segments
   internal::ParallelCopier copier_;
 
   mutable absl::Mutex mu_;
@@ -141,7 +154,9 @@ absl::Status AgentImpl::Init() {
   const bool tcp_named = tls.find("tcp") != std::string::npos;
   if ((tls[0] == '^' ? !tcp_named : tcp_named || tls == "all") &&
       getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
-    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, "1M");
+    const std::string bytes = absl::StrCat(kTcpSegmentBytes);
+    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, bytes.c_str());
+    tcp_segments_set_ = true;
   }
   ucp_params_t p = {};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
@@ -164,6 +179,10 @@ absl::Status AgentImpl::Init() {
   ap.arg = this;
   st = ucp_worker_set_am_recv_handler(worker_, &ap);
   if (st != UCS_OK) return FromUcs(st, "registering the notification handler");
+  ap.id = kPutAmId;
+  ap.cb = &AgentImpl::OnPutAm;
+  st = ucp_worker_set_am_recv_handler(worker_, &ap);
+  if (st != UCS_OK) return FromUcs(st, "registering the put handler");
   if (opt_.recorder != nullptr) {
     fr_group_ = opt_.recorder->RegisterGroup(
         {.name = absl::StrCat("onesided:", opt_.name), .rank = 0, .size = 1,
@@ -330,6 +349,9 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   }
   if (st != UCS_OK) return FromUcs(st, absl::StrCat("creating the endpoint to ", peer));
   conn->map_direct = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE;
+  if (opt_.put_over_am && tcp_segments_set_ && !internal::EndpointHasRmaLane(conn->ep)) {
+    conn->am_put_chunk = kAmPutChunkBytes;
+  }
   Wake();
   absl::MutexLock l(&mu_);
   conns_.push_back(std::move(conn));
@@ -343,9 +365,9 @@ uint64_t AgentImpl::Record(const char* op, ConnectionImpl* conn, uint64_t bytes,
                                 .in_dtype = "uint8", .peer = conn->peer_rank(), .tag = tag});
 }
 
-void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state) {
+void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state, bool wake) {
   if (UCS_PTR_IS_PTR(req)) {
-    Wake();
+    if (wake) Wake();
     return;  // the callback ends the part
   }
   ucs_status_t st = UCS_PTR_STATUS(req);
@@ -385,7 +407,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     }
     LocalRegion reg;
     {
-      absl::MutexLock lock(&mu_);
+      absl::ReaderMutexLock lock(&mu_);
       auto it = regions_.find(l.registration);
       if (it == regions_.end()) {
         return Work::Finished(absl::FailedPreconditionError(absl::StrCat(
@@ -437,15 +459,39 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     state->PartDone(absl::OkStatus());
     return Work(state);
   }
+  // Over an endpoint without an RMA lane a put is the agent's own messages of up to am_put_chunk
+  // bytes each: UCX sends them from the caller's buffer (its emulated put first copies each
+  // segment into a send buffer) and the target's agent writes them (OnPutAm).
+  const uint64_t chunk = put ? conn->am_put_chunk : 0;
+  int parts = 0;
+  for (const Op& op : ops) parts += chunk == 0 ? 1 : static_cast<int>((op.len + chunk - 1) / chunk);
   auto state = NewState(put ? "put" : "get", put ? "onesided_put" : "onesided_get", conn, total,
-                        static_cast<int>(local.size()), put ? "to" : "from", static_cast<int>(ops.size()) + 1);
-  if (put && !ops.empty()) conn->unflushed_puts.fetch_add(ops.size(), std::memory_order_acq_rel);
+                        static_cast<int>(local.size()), put ? "to" : "from", parts + 1);
+  if (put && !ops.empty()) conn->unflushed_puts.fetch_add(parts, std::memory_order_acq_rel);
   // The poster stands the progress thread aside while it posts, as a spinning waiter does: over
   // shared memory (and CMA) a put or get is a copy done inside ucp_*_nbx under the worker's lock,
   // and a progress thread spinning on that lock meanwhile took a second core from the copy (27%
   // of all samples of a 16 MiB get loop on 2 cores). It is woken if a request is left in flight.
   progressor_->EnterSpin();
   for (const Op& op : ops) {
+    for (uint64_t off = 0; chunk > 0 && off < op.len; off += chunk) {
+      auto* part = new Part{state, this, conn};
+      base::AppendU32LE(static_cast<uint32_t>(op.remote + off), &part->header);
+      base::AppendU32LE(static_cast<uint32_t>((op.remote + off) >> 32), &part->header);
+      const uint64_t len = std::min(chunk, op.len - off);
+      ucp_request_param_t rp = {};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
+      rp.cb.send = &AgentImpl::OnSend;
+      rp.user_data = part;
+      rp.memh = op.memh;
+      rp.flags = UCP_AM_SEND_FLAG_EAGER;  // one message, handled in order before a later Notify
+      in_flight_.fetch_add(1, std::memory_order_acq_rel);
+      ucs_status_ptr_t req = ucp_am_send_nbx(conn->ep, kPutAmId, part->header.data(), part->header.size(),
+                                             static_cast<char*>(op.local) + off, len, &rp);
+      Finish(part, req, *state, /*wake=*/false);
+    }
+    if (chunk > 0) continue;
     auto* part = new Part{state, this, conn};
     ucp_request_param_t rp = {};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
@@ -455,9 +501,14 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     ucs_status_ptr_t req = put ? ucp_put_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp)
                                : ucp_get_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp);
-    Finish(part, req, *state);
+    Finish(part, req, *state, /*wake=*/false);
   }
-  progressor_->LeaveSpin(/*wake=*/in_flight_.load(std::memory_order_acquire) > 0);
+  if (in_flight_.load(std::memory_order_acquire) > 0) {
+    progressor_->LeaveSpin(/*wake=*/true);
+    if (efd_ >= 0) ucp_worker_signal(worker_);  // in case the progress thread sleeps on the fd
+  } else {
+    progressor_->LeaveSpin(/*wake=*/false);
+  }
   state->PartDone(absl::OkStatus());  // everything is posted
   return Work(state);
 }
@@ -559,6 +610,39 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
   absl::MutexLock l(&self->mu_);
   self->notes_.push_back(std::move(n));
   self->note_count_.fetch_add(1);
+  return UCS_OK;
+}
+
+ucs_status_t AgentImpl::OnPutAm(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AgentImpl*>(arg);
+  const char* h = static_cast<const char*>(header);
+  bool written = false;
+  uint64_t address = 0;
+  if (header_length == 8 && !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
+    address = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
+    // Held while writing: Deregister waits for a write into the region it removes.
+    absl::ReaderMutexLock l(&self->mu_);
+    for (const auto& [id, reg] : self->regions_) {
+      const uint64_t start = reinterpret_cast<uint64_t>(reg.base);
+      if (reg.kind != MemoryKind::kHost || address < start || !InBounds(address - start, length, reg.bytes)) {
+        continue;
+      }
+      if (length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
+      written = true;
+      break;
+    }
+  }
+  if (!written) {
+    // The sender checked the range against the descriptor it holds, so this is a region
+    // deregistered since (or a malformed message): refused, as an RMA key would be.
+    const uint64_t n = self->refused_puts_.fetch_add(1) + 1;
+    if ((n & (n - 1)) == 0) {
+      spdlog::warn("onesided agent {}: refused a put of {} bytes at {:#x}: no registered region holds "
+                   "it (deregistered while a peer still writes to it?); {} refused so far",
+                   self->opt_.name, length, address, n);
+    }
+  }
   return UCS_OK;
 }
 

@@ -1,6 +1,10 @@
 #include "runtime/onesided/ucx_connection.h"
 
 #include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cstring>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -22,6 +26,19 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what) {
   if (PeerFailure(st)) return absl::UnavailableError(absl::StrCat(msg, " (the peer failed or is unreachable)"));
   if (st == UCS_ERR_CANCELED) return absl::CancelledError(absl::StrCat(msg, " (agent shut down)"));
   return absl::InternalError(msg);
+}
+
+bool EndpointHasRmaLane(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return true;
+  ucp_ep_print_info(ep, f);
+  fclose(f);
+  // One line per lane that carries RMA: "#                  put[1]: 0..<short>..".
+  const bool rma = text == nullptr || strstr(text, " put[") != nullptr;
+  free(text);
+  return rma;
 }
 
 absl::StatusOr<PeerAddress> ExchangeAddresses(store::Client& store, ucp_worker_h worker,
@@ -86,25 +103,28 @@ void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
   constexpr absl::Duration kSpinAfterActivity = absl::Microseconds(200);
   constexpr int kIdlePollMs = 50;
   absl::Time last_activity = absl::Now();
+  bool kicked = false;  // requests were left with nobody waiting: drive them until idle
   while (!stop.load(std::memory_order_acquire)) {
-    bool any = false;
-    while (!progressor.waiter_spinning() && ucp_worker_progress(worker) != 0) any = true;
-    const bool waiter_drives = progressor.waiter_spinning();
-    const absl::Time now = absl::Now();
-    if (any) last_activity = now;
-    const bool busy = in_flight.load(std::memory_order_acquire) > 0;
-    if (!waiter_drives && (busy || now - last_activity < kSpinAfterActivity)) continue;
-    if (waiter_drives) {  // woken when the last spinner leaves with requests in flight (LeaveSpin)
-      progressor.ParkWhileWaiterSpins(kParkSlice);
+    // A waiter drives the worker now, or did so within kWaiterGrace (a request/reply loop between
+    // two waits): stay parked and off the event fd, where every arriving message would wake us.
+    if (progressor.waiter_spinning() || (!kicked && progressor.waiter_active(kWaiterGrace))) {
+      kicked = progressor.Park(kParkSlice) || kicked;
       continue;
     }
+    bool any = false;
+    while (!progressor.waiter_spinning() && ucp_worker_progress(worker) != 0) any = true;
+    const absl::Time now = absl::Now();
+    if (any) last_activity = now;
+    if (progressor.waiter_spinning()) continue;
+    if (in_flight.load(std::memory_order_acquire) > 0 || now - last_activity < kSpinAfterActivity) continue;
+    kicked = false;
     if (efd < 0) {
-      absl::SleepFor(absl::Milliseconds(5));
+      kicked = progressor.Park(absl::Milliseconds(5));
       continue;
     }
     if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;
     pollfd pfd{efd, POLLIN, 0};
-    poll(&pfd, 1, busy ? 1 : kIdlePollMs);
+    poll(&pfd, 1, kIdlePollMs);
   }
 }
 

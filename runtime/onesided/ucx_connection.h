@@ -90,6 +90,9 @@ class ConnectionImpl : public Connection {
   // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
   // then copy large transfers itself through Remote::mapped (agent.cc).
   bool map_direct = false;
+  // Set before any transfer: puts travel as the agent's own active messages (agent.cc), at most
+  // this many bytes each, because the endpoint has no RMA lane (EndpointHasRmaLane); 0: ucp_put_nbx.
+  uint64_t am_put_chunk = 0;
 
  private:
   const std::string peer_;
@@ -99,6 +102,12 @@ class ConnectionImpl : public Connection {
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Remote> remotes_ ABSL_GUARDED_BY(mu_);
 };
+
+// Whether UCX moves puts on `ep` over an RMA lane (shared memory, CMA, RDMA): true when
+// ucp_ep_print_info lists a put protocol for some lane. False means UCX would emulate put with its
+// own active messages (TCP: no RMA lane in UCX 1.13), where the agent's own active-message put is
+// faster (agent.cc). True when the description cannot be read, so the default stays UCX's put.
+bool EndpointHasRmaLane(ucp_ep_h ep);
 
 // The peer's side of Connect's address exchange.
 struct PeerAddress {
@@ -130,12 +139,14 @@ class WorkerProgressor : public Progressor {
   ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
 };
 
-// The agent's progress thread until `stop`: spins on ucp_worker_progress while requests are in
-// flight (`in_flight` > 0) or traffic arrived in the last 200 us, parks while a waiter or poster
-// drives the worker itself (`progressor.waiter_spinning()`, checked before every pass: a poster may
-// hold the worker's lock for a whole shared-memory copy, and a pass started then would spin on that
-// lock throughout), and otherwise sleeps on the worker's event fd `efd` (1 ms at most while
-// requests are in flight, in case a transport raises no event; 5 ms sleeps when efd < 0).
+// The agent's progress thread until `stop`: parks (Progressor::Park) while a waiter or poster
+// drives the worker itself or did so within kWaiterGrace, unless kicked (requests left in flight
+// with nobody waiting), checked before every pass: a poster may hold the worker's lock for a whole
+// shared-memory copy, and a waiter in a request/reply loop is back within microseconds, so a pass
+// then would only contend with it, and sleeping on the event fd would wake this thread for every
+// arriving message. Otherwise it spins on ucp_worker_progress while requests are in flight
+// (`in_flight` > 0) or traffic arrived in the last 200 us, and then sleeps on the worker's event fd
+// `efd` (parks for up to 5 ms at a time when efd < 0).
 void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
                      const std::atomic<bool>& stop, const std::atomic<int>& in_flight);
 
