@@ -15,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "spdlog/spdlog.h"
-#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/onesided/cuda_ipc.h"
@@ -38,12 +37,7 @@ constexpr unsigned kPutAmId = 18;  // header: the target address (8 bytes, littl
 
 class AgentImpl;
 
-struct LocalRegion {
-  void* base = nullptr;
-  uint64_t bytes = 0;
-  ucp_mem_h memh = nullptr;
-  MemoryKind kind = MemoryKind::kHost;
-};
+using internal::LocalRegion;
 
 // user_data of one UCX request: keeps the transfer's state (and a notify's message) alive.
 struct Part {
@@ -147,17 +141,7 @@ absl::Status AgentImpl::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "reading the UCX configuration (check UCX_* variables)");
-  // Defaults for UCX variables the user has not set (agent.h says why). Transport keys go without
-  // their TCP_ prefix, and only where TCP may be used (UCX warns of unused keys); RX >= TX or TCP fails.
-  if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
-  const std::string tls = getenv("UCX_TLS") == nullptr ? "all" : getenv("UCX_TLS");
-  const bool tcp_named = tls.find("tcp") != std::string::npos;
-  if ((tls[0] == '^' ? !tcp_named : tcp_named || tls == "all") &&
-      getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
-    const std::string bytes = absl::StrCat(kTcpSegmentBytes);
-    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, bytes.c_str());
-    tcp_segments_set_ = true;
-  }
+  tcp_segments_set_ = internal::ApplyUcxDefaults(config);
   ucp_params_t p = {};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -206,23 +190,7 @@ AgentImpl::~AgentImpl() {
     conns.swap(conns_);
     regions.swap(regions_);
   }
-  std::vector<ucs_status_ptr_t> closing;
-  for (auto& c : conns) {
-    c->DestroyRkeys();
-    if (c->ep == nullptr) continue;
-    ucp_request_param_t cp = {};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // ends requests in flight with an error
-    ucs_status_ptr_t r = ucp_ep_close_nbx(c->ep, &cp);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  for (ucs_status_ptr_t r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && absl::Now() < deadline) {
-      ucp_worker_progress(worker_);
-    }
-    ucp_request_free(r);
-  }
+  internal::CloseEndpoints(worker_, conns);
   for (auto& [id, reg] : regions)
     if (reg.memh != nullptr) ucp_mem_unmap(ctx_, reg.memh);
   if (progressor_ != nullptr) progressor_->Clear();  // waiters stop driving the worker
@@ -276,23 +244,9 @@ absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_m
 
 absl::StatusOr<Registration> AgentImpl::AllocateMemory(uint64_t bytes) {
   if (bytes == 0) return RegisterMemory(nullptr, 0, MemoryKind::kHost);
-  ucp_mem_map_params_t mp = {};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-  mp.address = nullptr;
-  mp.length = bytes;
-  mp.flags = UCP_MEM_MAP_ALLOCATE;
-  ucp_mem_h memh = nullptr;
-  ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
-  if (st != UCS_OK) return FromUcs(st, absl::StrCat("allocating ", bytes, " bytes through UCX"));
-  ucp_mem_attr_t attr = {};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
-  st = ucp_mem_query(memh, &attr);
-  if (st != UCS_OK) {
-    ucp_mem_unmap(ctx_, memh);
-    return FromUcs(st, "ucp_mem_query");
-  }
-  return Publish(attr.address, bytes, memh);
+  void* address = nullptr;
+  ASSIGN_OR_RETURN(ucp_mem_h memh, internal::AllocateUcxMemory(ctx_, bytes, &address));
+  return Publish(address, bytes, memh);
 }
 
 absl::Status AgentImpl::Deregister(uint64_t id) {
@@ -331,24 +285,7 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
     absl::MutexLock l(&mu_);
     ++failures_;
   };
-  ucp_ep_params_t ep = {};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
-  ep.err_mode = opt_.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-  ep.err_handler.cb = &AgentImpl::OnEpError;
-  ep.err_handler.arg = conn.get();
-  ucs_status_t st = ucp_ep_create(worker_, &ep, &conn->ep);
-  if (st == UCS_ERR_UNREACHABLE && opt_.detect_peer_failure) {
-    // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
-    // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
-    // surface as transfer errors (CMA) or as Wait/WaitNotification timeouts.
-    ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    st = ucp_ep_create(worker_, &ep, &conn->ep);
-  }
-  if (st != UCS_OK) return FromUcs(st, absl::StrCat("creating the endpoint to ", peer));
-  conn->map_direct = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE;
+  RETURN_IF_ERROR(conn->Open(worker_, addr, opt_.detect_peer_failure, &AgentImpl::OnEpError));
   if (opt_.put_over_am && tcp_segments_set_ && !internal::EndpointHasRmaLane(conn->ep)) {
     conn->am_put_chunk = kAmPutChunkBytes;
   }
@@ -476,8 +413,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   for (const Op& op : ops) {
     for (uint64_t off = 0; chunk > 0 && off < op.len; off += chunk) {
       auto* part = new Part{state, this, conn};
-      base::AppendU32LE(static_cast<uint32_t>(op.remote + off), &part->header);
-      base::AppendU32LE(static_cast<uint32_t>((op.remote + off) >> 32), &part->header);
+      part->header = internal::AmPutHeader(op.remote + off);
       const uint64_t len = std::min(chunk, op.len - off);
       ucp_request_param_t rp = {};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -616,22 +552,11 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
 ucs_status_t AgentImpl::OnPutAm(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<AgentImpl*>(arg);
-  const char* h = static_cast<const char*>(header);
-  bool written = false;
   uint64_t address = 0;
-  if (header_length == 8 && !(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV)) {
-    address = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
-    // Held while writing: Deregister waits for a write into the region it removes.
-    absl::ReaderMutexLock l(&self->mu_);
-    for (const auto& [id, reg] : self->regions_) {
-      const uint64_t start = reinterpret_cast<uint64_t>(reg.base);
-      if (reg.kind != MemoryKind::kHost || address < start || !InBounds(address - start, length, reg.bytes)) {
-        continue;
-      }
-      if (length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
-      written = true;
-      break;
-    }
+  bool written = false;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && internal::ParseAmPutHeader(header, header_length, &address)) {
+    absl::ReaderMutexLock l(&self->mu_);  // held while writing: Deregister waits for the write
+    written = internal::WriteIntoRegion(self->regions_, address, data, length);
   }
   if (!written) {
     // The sender checked the range against the descriptor it holds, so this is a region

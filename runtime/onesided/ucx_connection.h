@@ -1,12 +1,14 @@
-// Internal to runtime/onesided: UCX status mapping, the Connection implementation and the
-// worker Progressor shared by agent.cc. Not part of the API (agent.h is). Thread-safe as stated
-// per class.
+// Internal to runtime/onesided: UCX status mapping, the Connection implementation, the worker
+// Progressor and progress loop, and the UCX set-up helpers (defaults, allocation, endpoints, the
+// active-message put's wire form) used by agent.cc. Not part of the API (agent.h is). Thread-safe
+// as stated per class; the free functions are thread-compatible.
 #ifndef EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
 #define EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
 
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,6 +34,29 @@ bool PeerFailure(ucs_status_t st);
 // OK for UCS_OK; UNAVAILABLE for a peer failure, CANCELLED for a shut-down agent, INTERNAL else.
 absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 
+// Sets UCX defaults the user left unset on `config` (agent.h says which and why). Returns whether
+// it set the TCP segments (kTcpSegmentBytes), which AgentOptions::put_over_am relies on.
+bool ApplyUcxDefaults(ucp_config_t* config);
+
+// Allocates and maps `bytes` through UCX (UCP_MEM_MAP_ALLOCATE); its address in `*address`.
+absl::StatusOr<ucp_mem_h> AllocateUcxMemory(ucp_context_h ctx, uint64_t bytes, void** address);
+
+// A region registered by this agent.
+struct LocalRegion {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  ucp_mem_h memh = nullptr;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
+// The header of a put sent as an active message (agent.cc): the target address, 8 bytes LE.
+std::string AmPutHeader(uint64_t address);
+bool ParseAmPutHeader(const void* header, size_t length, uint64_t* address);
+// Copies `length` bytes from `data` to `address` if one host region of `regions` holds the whole
+// range; false (nothing written) otherwise. The caller holds the lock guarding `regions`.
+bool WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t address, const void* data,
+                     uint64_t length);
+
 struct Remote {
   uint64_t base = 0, length = 0;
   ucp_rkey_h rkey = nullptr;
@@ -49,6 +74,10 @@ class ConnectionImpl : public Connection {
   const std::string& peer() const override { return peer_; }
   int peer_rank() const override { return peer_rank_; }
   absl::StatusOr<RemoteRegion> ImportRegion(absl::string_view descriptor) override;
+  // Creates `ep` to the peer worker at `address`, with peer-failure handling (`on_error`) when
+  // `detect_peer_failure` and UCX can (not with UCX_TLS=sm); sets map_direct when without.
+  absl::Status Open(ucp_worker_h worker, const std::string& address, bool detect_peer_failure,
+                    ucp_err_handler_cb_t on_error);
   absl::Status health() const override {
     absl::MutexLock l(&mu_);
     return health_;
@@ -108,6 +137,10 @@ class ConnectionImpl : public Connection {
 // own active messages (TCP: no RMA lane in UCX 1.13), where the agent's own active-message put is
 // faster (agent.cc). True when the description cannot be read, so the default stays UCX's put.
 bool EndpointHasRmaLane(ucp_ep_h ep);
+
+// Force-closes every connection's endpoint (requests in flight end with an error) after
+// destroying its remote keys, driving `worker` until they are closed or 5 s passed.
+void CloseEndpoints(ucp_worker_h worker, const std::deque<std::unique_ptr<ConnectionImpl>>& conns);
 
 // The peer's side of Connect's address exchange.
 struct PeerAddress {
