@@ -89,7 +89,11 @@ absl::Status WorkState::Wait(absl::Duration timeout, WaitStyle style) {
   }
   const absl::Duration asked = timeout;
   const absl::Time deadline = absl::Now() + timeout;
-  if (style == WaitStyle::kSpin) SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  if (style == WaitStyle::kSpin) {
+    SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  } else if (progressor_ != nullptr) {
+    progressor_->Kick();  // nobody drives this transfer but the progress thread: now, not after its grace
+  }
   absl::MutexLock l(&mu_);
   timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };
