@@ -15,6 +15,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "spdlog/spdlog.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/onesided/cuda_ipc.h"
@@ -33,15 +34,11 @@ using internal::Remote;
 using internal::WorkerProgressor;
 
 constexpr unsigned kNotifyAmId = 17;
+constexpr unsigned kPutAmId = 18;  // header: the target address (8 bytes, little-endian); data
 
 class AgentImpl;
 
-struct LocalRegion {
-  void* base = nullptr;
-  uint64_t bytes = 0;
-  ucp_mem_h memh = nullptr;
-  MemoryKind kind = MemoryKind::kHost;
-};
+using internal::LocalRegion;
 
 // user_data of one UCX request: keeps the transfer's state (and a notify's message) alive.
 struct Part {
@@ -80,6 +77,10 @@ class AgentImpl : public Agent {
   static void OnFlushed(void* request, ucs_status_t st, void* user_data);
   static ucs_status_t OnNotify(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
+  // A peer's put sent as an active message (AgentOptions::put_over_am): written into the local
+  // region holding [address, +length), or dropped and counted when no registered region does.
+  static ucs_status_t OnPutAm(void* arg, const void* header, size_t header_length, void* data,
+                              size_t length, const ucp_am_recv_param_t* param);
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t st) {
     static_cast<ConnectionImpl*>(arg)->Fail(st);
   }
@@ -100,12 +101,17 @@ class AgentImpl : public Agent {
   std::shared_ptr<internal::WorkState> NewState(const char* what, const char* fr_op, ConnectionImpl* conn,
                                                 uint64_t bytes, int regions, const char* direction,
                                                 int parts, bool progress = true);
-  // Posts `part` as one request (put, get, flush or message) and accounts for its completion.
-  void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state);
+  // Accounts for the request just posted for `part` (put, get, flush or message): ends the part if
+  // it completed at once, else Wake()s the progress thread (`wake`; Transfer wakes it once instead).
+  void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state, bool wake = true);
   void SendNotify(Part* part);
   uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
-  void Wake() {
+  // Requests were left in flight: wakes the progress thread from the worker's event fd. A parked
+  // one (a waiter was active within kWaiterGrace, ucx_connection.h) drives them when its grace
+  // ends, or at once with `kick`: the caller usually waits next and drives them itself.
+  void Wake(bool kick = false) {
     if (efd_ >= 0) ucp_worker_signal(worker_);
+    if (kick && progressor_ != nullptr) progressor_->Kick();
   }
 
   AgentOptions opt_;
@@ -119,6 +125,8 @@ class AgentImpl : public Agent {
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> remote_handles_{0};
   std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
+  std::atomic<uint64_t> refused_puts_{0};  // active-message puts outside every registered region
+  bool tcp_segments_set_ = false;          // Init gave UCX kTcpSegmentBytes segments
   internal::ParallelCopier copier_;
 
   mutable absl::Mutex mu_;
@@ -135,15 +143,7 @@ absl::Status AgentImpl::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "reading the UCX configuration (check UCX_* variables)");
-  // Defaults for UCX variables the user has not set (agent.h says why). Transport keys go without
-  // their TCP_ prefix, and only where TCP may be used (UCX warns of unused keys); RX >= TX or TCP fails.
-  if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
-  const std::string tls = getenv("UCX_TLS") == nullptr ? "all" : getenv("UCX_TLS");
-  const bool tcp_named = tls.find("tcp") != std::string::npos;
-  if ((tls[0] == '^' ? !tcp_named : tcp_named || tls == "all") &&
-      getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
-    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, "1M");
-  }
+  tcp_segments_set_ = internal::ApplyUcxDefaults(config);
   ucp_params_t p = {};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
@@ -165,6 +165,10 @@ absl::Status AgentImpl::Init() {
   ap.arg = this;
   st = ucp_worker_set_am_recv_handler(worker_, &ap);
   if (st != UCS_OK) return FromUcs(st, "registering the notification handler");
+  ap.id = kPutAmId;
+  ap.cb = &AgentImpl::OnPutAm;
+  st = ucp_worker_set_am_recv_handler(worker_, &ap);
+  if (st != UCS_OK) return FromUcs(st, "registering the put handler");
   if (opt_.recorder != nullptr) {
     fr_group_ = opt_.recorder->RegisterGroup(
         {.name = absl::StrCat("onesided:", opt_.name), .rank = 0, .size = 1,
@@ -181,7 +185,7 @@ absl::Status AgentImpl::Init() {
 AgentImpl::~AgentImpl() {
   if (progress_.joinable()) {
     stop_.store(true, std::memory_order_release);
-    Wake();
+    Wake(/*kick=*/true);
     progress_.join();
   }
   std::deque<std::unique_ptr<ConnectionImpl>> conns;
@@ -191,23 +195,7 @@ AgentImpl::~AgentImpl() {
     conns.swap(conns_);
     regions.swap(regions_);
   }
-  std::vector<ucs_status_ptr_t> closing;
-  for (auto& c : conns) {
-    c->DestroyRkeys();
-    if (c->ep == nullptr) continue;
-    ucp_request_param_t cp = {};
-    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // ends requests in flight with an error
-    ucs_status_ptr_t r = ucp_ep_close_nbx(c->ep, &cp);
-    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
-  }
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  for (ucs_status_ptr_t r : closing) {
-    while (ucp_request_check_status(r) == UCS_INPROGRESS && absl::Now() < deadline) {
-      ucp_worker_progress(worker_);
-    }
-    ucp_request_free(r);
-  }
+  internal::CloseEndpoints(worker_, conns);
   for (auto& [id, reg] : regions)
     if (reg.memh != nullptr) ucp_mem_unmap(ctx_, reg.memh);
   if (progressor_ != nullptr) progressor_->Clear();  // waiters stop driving the worker
@@ -261,23 +249,9 @@ absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_m
 
 absl::StatusOr<Registration> AgentImpl::AllocateMemory(uint64_t bytes) {
   if (bytes == 0) return RegisterMemory(nullptr, 0, MemoryKind::kHost);
-  ucp_mem_map_params_t mp = {};
-  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
-                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
-  mp.address = nullptr;
-  mp.length = bytes;
-  mp.flags = UCP_MEM_MAP_ALLOCATE;
-  ucp_mem_h memh = nullptr;
-  ucs_status_t st = ucp_mem_map(ctx_, &mp, &memh);
-  if (st != UCS_OK) return FromUcs(st, absl::StrCat("allocating ", bytes, " bytes through UCX"));
-  ucp_mem_attr_t attr = {};
-  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
-  st = ucp_mem_query(memh, &attr);
-  if (st != UCS_OK) {
-    ucp_mem_unmap(ctx_, memh);
-    return FromUcs(st, "ucp_mem_query");
-  }
-  return Publish(attr.address, bytes, memh);
+  void* address = nullptr;
+  ASSIGN_OR_RETURN(ucp_mem_h memh, internal::AllocateUcxMemory(ctx_, bytes, &address));
+  return Publish(address, bytes, memh);
 }
 
 absl::Status AgentImpl::Deregister(uint64_t id) {
@@ -316,24 +290,10 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
     absl::MutexLock l(&mu_);
     ++failures_;
   };
-  ucp_ep_params_t ep = {};
-  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
-  ep.address = reinterpret_cast<const ucp_address_t*>(addr.data());
-  ep.err_mode = opt_.detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
-  ep.err_handler.cb = &AgentImpl::OnEpError;
-  ep.err_handler.arg = conn.get();
-  ucs_status_t st = ucp_ep_create(worker_, &ep, &conn->ep);
-  if (st == UCS_ERR_UNREACHABLE && opt_.detect_peer_failure) {
-    // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
-    // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
-    // surface as transfer errors (CMA) or as Wait/WaitNotification timeouts.
-    ep.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
-    ep.err_mode = UCP_ERR_HANDLING_MODE_NONE;
-    st = ucp_ep_create(worker_, &ep, &conn->ep);
+  RETURN_IF_ERROR(conn->Open(worker_, addr, opt_.detect_peer_failure, &AgentImpl::OnEpError));
+  if (opt_.put_over_am && tcp_segments_set_ && !internal::EndpointHasRmaLane(conn->ep)) {
+    conn->am_put_chunk = kAmPutChunkBytes;
   }
-  if (st != UCS_OK) return FromUcs(st, absl::StrCat("creating the endpoint to ", peer));
-  conn->map_direct = ep.err_mode == UCP_ERR_HANDLING_MODE_NONE;
   Wake();
   absl::MutexLock l(&mu_);
   conns_.push_back(std::move(conn));
@@ -347,9 +307,9 @@ uint64_t AgentImpl::Record(const char* op, ConnectionImpl* conn, uint64_t bytes,
                                 .in_dtype = "uint8", .peer = conn->peer_rank(), .tag = tag});
 }
 
-void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state) {
+void AgentImpl::Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state, bool wake) {
   if (UCS_PTR_IS_PTR(req)) {
-    Wake();
+    if (wake) Wake();
     return;  // the callback ends the part
   }
   ucs_status_t st = UCS_PTR_STATUS(req);
@@ -389,7 +349,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     }
     LocalRegion reg;
     {
-      absl::MutexLock lock(&mu_);
+      absl::ReaderMutexLock lock(&mu_);
       auto it = regions_.find(l.registration);
       if (it == regions_.end()) {
         return Work::Finished(absl::FailedPreconditionError(absl::StrCat(
@@ -441,15 +401,38 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     state->PartDone(absl::OkStatus());
     return Work(state);
   }
+  // Over an endpoint without an RMA lane a put is the agent's own messages of up to am_put_chunk
+  // bytes each: UCX sends them from the caller's buffer (its emulated put first copies each
+  // segment into a send buffer) and the target's agent writes them (OnPutAm).
+  const uint64_t chunk = put ? conn->am_put_chunk : 0;
+  int parts = 0;
+  for (const Op& op : ops) parts += chunk == 0 ? 1 : static_cast<int>((op.len + chunk - 1) / chunk);
   auto state = NewState(put ? "put" : "get", put ? "onesided_put" : "onesided_get", conn, total,
-                        static_cast<int>(local.size()), put ? "to" : "from", static_cast<int>(ops.size()) + 1);
-  if (put && !ops.empty()) conn->unflushed_puts.fetch_add(ops.size(), std::memory_order_acq_rel);
+                        static_cast<int>(local.size()), put ? "to" : "from", parts + 1);
+  if (put && !ops.empty()) conn->unflushed_puts.fetch_add(parts, std::memory_order_acq_rel);
   // The poster stands the progress thread aside while it posts, as a spinning waiter does: over
   // shared memory (and CMA) a put or get is a copy done inside ucp_*_nbx under the worker's lock,
   // and a progress thread spinning on that lock meanwhile took a second core from the copy (27%
   // of all samples of a 16 MiB get loop on 2 cores). It is woken if a request is left in flight.
   progressor_->EnterSpin();
   for (const Op& op : ops) {
+    for (uint64_t off = 0; chunk > 0 && off < op.len; off += chunk) {
+      auto* part = new Part{state, this, conn};
+      part->header = internal::AmPutHeader(op.remote + off);
+      const uint64_t len = std::min(chunk, op.len - off);
+      ucp_request_param_t rp = {};
+      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                        UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
+      rp.cb.send = &AgentImpl::OnSend;
+      rp.user_data = part;
+      rp.memh = op.memh;
+      rp.flags = UCP_AM_SEND_FLAG_EAGER;  // one message, handled in order before a later Notify
+      in_flight_.fetch_add(1, std::memory_order_acq_rel);
+      ucs_status_ptr_t req = ucp_am_send_nbx(conn->ep, kPutAmId, part->header.data(), part->header.size(),
+                                             static_cast<char*>(op.local) + off, len, &rp);
+      Finish(part, req, *state, /*wake=*/false);
+    }
+    if (chunk > 0) continue;
     auto* part = new Part{state, this, conn};
     ucp_request_param_t rp = {};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
@@ -459,9 +442,13 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     in_flight_.fetch_add(1, std::memory_order_acq_rel);
     ucs_status_ptr_t req = put ? ucp_put_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp)
                                : ucp_get_nbx(conn->ep, op.local, op.len, op.remote, op.rkey, &rp);
-    Finish(part, req, *state);
+    Finish(part, req, *state, /*wake=*/false);
   }
-  progressor_->LeaveSpin(/*wake=*/in_flight_.load(std::memory_order_acquire) > 0);
+  // Not kicked (Wake): a progress thread sending beside the caller, who usually waits next and
+  // drives the requests itself, only contended for the worker's lock (10% of the poster's samples
+  // in a TCP put loop). A kBlock waiter kicks it.
+  progressor_->LeaveSpin(/*wake=*/false);
+  if (in_flight_.load(std::memory_order_acquire) > 0) Wake();
   state->PartDone(absl::OkStatus());  // everything is posted
   return Work(state);
 }
@@ -566,10 +553,34 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
   return UCS_OK;
 }
 
+ucs_status_t AgentImpl::OnPutAm(void* arg, const void* header, size_t header_length, void* data,
+                                size_t length, const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AgentImpl*>(arg);
+  uint64_t address = 0;
+  bool written = false;
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && internal::ParseAmPutHeader(header, header_length, &address)) {
+    absl::ReaderMutexLock l(&self->mu_);  // held while writing: Deregister waits for the write
+    written = internal::WriteIntoRegion(self->regions_, address, data, length);
+  }
+  if (!written) {
+    // The sender checked the range against the descriptor it holds, so this is a region
+    // deregistered since (or a malformed message): refused, as an RMA key would be.
+    const uint64_t n = self->refused_puts_.fetch_add(1) + 1;
+    if ((n & (n - 1)) == 0) {
+      spdlog::warn("onesided agent {}: refused a put of {} bytes at {:#x}: no registered region holds "
+                   "it (deregistered while a peer still writes to it?); {} refused so far",
+                   self->opt_.name, length, address, n);
+    }
+  }
+  return UCS_OK;
+}
+
 absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout, WaitStyle style) {
   const absl::Time deadline = absl::Now() + timeout;
   if (style == WaitStyle::kSpin) {
     internal::SpinUntil(progressor_.get(), [this] { return note_count_.load() > 0; }, deadline);
+  } else {
+    progressor_->Kick();  // the progress thread receives for us: now, not after its grace
   }
   absl::MutexLock l(&mu_);
   const int64_t failures_before = failures_;

@@ -26,9 +26,11 @@
 // the last 200 us, otherwise asleep on the worker's event fd (1 ms at most while requests are in
 // flight, so a slow peer costs wake-ups rather than a spinning core). A thread
 // in Work::Wait or WaitNotification drives progress itself for up to 20 ms (the progress thread
-// then stands aside, so two threads never spin on one worker) and then sleeps on a condition
-// variable, leaving progress to the thread. A thread inside Put/Get also has it stand aside (over
-// shared memory UCX copies inside the call, holding the worker's lock). Callers never need to call
+// then stands aside, parked, so two threads never spin on one worker) and then sleeps on a
+// condition variable, leaving progress to the thread. The progress thread also stays parked for
+// 1 ms after such a wait succeeded (a request/reply loop is between two waits), unless requests are
+// left in flight with nobody waiting. A thread inside Put/Get also has it stand aside (over shared
+// memory UCX copies inside the call, holding the worker's lock). Callers never need to call
 // anything to make progress.
 //
 // Thread safety: every Agent, Connection and Work method is thread-safe (the UCX worker runs in
@@ -36,9 +38,10 @@
 // UCX_TLS in the environment overrides, e.g. UCX_TLS=tcp or UCX_TLS=sm. UCX defaults the agent
 // changes, each only while the variable is unset: UCX_KEEPALIVE_INTERVAL=1s (a dead peer over shared
 // memory shows only through keepalive; UCX's 20 s outlasts most timeouts); UCX_TCP_TX_SEG_SIZE and
-// UCX_TCP_RX_SEG_SIZE=1M (neither set, UCX_TLS allowing tcp): UCX 1.13 emulates put/get over TCP
-// with one message per segment (8 KiB by default); 1 MiB segments made 1-16 MiB puts over TCP
-// 2-4x and gets 2-2.5x faster (docs/onesided.md). Cost: TCP send/receive buffers of 1 MiB each.
+// UCX_TCP_RX_SEG_SIZE=kTcpSegmentBytes (neither set, UCX_TLS allowing tcp): UCX 1.13 emulates
+// put/get over TCP with one message per segment (8 KiB by default); 1 MiB segments made 1-16 MiB
+// puts over TCP 2-4x and gets 2-2.5x faster (docs/onesided.md). Cost: TCP send/receive buffers of
+// 1 MiB each. With them, puts over TCP are the agent's own messages (AgentOptions::put_over_am).
 //
 // GPU memory (one node): RegisterMemory(ptr, bytes, kCuda) exports the region by CUDA IPC
 // (cuda_ipc.h) instead of UCX; a peer's ImportRegion opens it, and Put/Get between it and local
@@ -94,7 +97,19 @@ struct AgentOptions {
   // calling thread and a helper thread together, so it uses two cores as a shared-memory
   // send/recv does; it is complete when Put/Get returns. 0: never (UCX copies on one core).
   uint64_t parallel_copy_min_bytes = 4 << 20;
+  // Where UCX has no RMA lane to the peer (TCP: UCX 1.13 emulates put with one message per
+  // segment, packed by a copy), puts travel as the agent's own active messages of up to 1 MiB, sent
+  // from the caller's buffer without that copy and written into the target's region by its agent,
+  // which checks the region is registered there (a write outside every registered region is
+  // dropped and counted, never performed). Only while the agent sets UCX's TCP segments (agent.h,
+  // above). false: always ucp_put_nbx.
+  bool put_over_am = true;
 };
+
+// The TCP segment size the agent gives UCX (UCX_TCP_TX_SEG_SIZE/RX_SEG_SIZE, when neither is set):
+// 1 MiB of data plus room for headers, so a 1 MiB put chunk is one message.
+inline constexpr uint64_t kTcpSegmentBytes = (1 << 20) + (8 << 10);
+inline constexpr uint64_t kAmPutChunkBytes = 1 << 20;
 
 // A registered local region. `descriptor` is the packed form a peer imports (UCX rkey, base
 // address and length); it is plain bytes, safe to send through the store.

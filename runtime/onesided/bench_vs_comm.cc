@@ -1,5 +1,6 @@
 #include "runtime/onesided/bench_vs_comm.h"
 
+#include <algorithm>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -93,7 +94,10 @@ absl::StatusOr<Latency> PingPong(const std::function<absl::Status()>& round_trip
     RETURN_IF_ERROR(round_trip());
     if (i >= 0) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - t) / 2);
   }
-  return Latency{bench::Median(us), absl::ToDoubleMicroseconds(absl::Now() - t0) / iters / 2};
+  const double mean = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters / 2;
+  const double median = bench::Median(us);
+  std::sort(us.begin(), us.end());
+  return Latency{median, mean, us[std::min(us.size() - 1, us.size() * 99 / 100)], us.back()};
 }
 
 absl::Status NotifyRoundTrip(Agent* agent, Connection* conn) {

@@ -38,6 +38,8 @@ struct Side {
 struct Latency {
   double median_us = 0;  // the typical round trip (robust to a descheduled process)
   double mean_us = 0;    // total time / iters (counts every stall)
+  double p99_us = 0;     // the 99th percentile round trip / 2
+  double max_us = 0;     // the slowest round trip / 2
 };
 // Times `iters` calls of `round_trip` after iters/10+1 untimed ones.
 absl::StatusOr<Latency> PingPong(const std::function<absl::Status()>& round_trip, int iters);

@@ -48,10 +48,12 @@ ABSL_FLAG(int64_t, max_bytes, 64 << 20, "largest transfer (--quick: 1 MiB)");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds per point (median reported); --quick: 1");
 ABSL_FLAG(int64_t, bytes_per_sample, 256 << 20,
           "bytes moved per sample, within 8-256 transfers (--quick: 8 MiB); a non-empty --tls item "
-          "moves 1/16 of it, within 2-256 transfers");
+          "moves 1/8 of it, within 4-256 transfers");
 ABSL_FLAG(int64_t, forced_tls_max_bytes, 16 << 20,
           "largest transfer for a non-empty --tls item (ucx_perftest's TCP put runs at tens of MiB/s)");
-ABSL_FLAG(int, lat_iters, 2000, "notification round trips per latency sample (--quick: 200)");
+ABSL_FLAG(int, lat_iters, 2000,
+          "round trips per latency sample x 1/10 (ours and ucp_am_lat: 10x this; the comm "
+          "comparison: this; --quick: 200)");
 ABSL_FLAG(bool, no_peer, false, "skip ucx_perftest");
 ABSL_FLAG(int, settle_ms, 300,
           "pause after each ucx_perftest run (its exit, freeing its shared memory, slowed the next "
@@ -66,6 +68,9 @@ ABSL_FLAG(bool, vs_comm, true,
           "(bench_vs_comm.h): TCP for a --tls item naming tcp, shared memory otherwise");
 ABSL_FLAG(int64_t, parallel_copy_min_bytes, 4 << 20,
           "AgentOptions.parallel_copy_min_bytes (0: every copy on one core, by UCX)");
+ABSL_FLAG(bool, put_over_am, true,
+          "AgentOptions.put_over_am (puts as the agent's own messages where UCX has no RMA lane)");
+ABSL_FLAG(bool, gets, true, "measure gets too (false: puts only, e.g. to profile the put path)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");
 ABSL_FLAG(std::string, store, "", "internal");
@@ -162,8 +167,9 @@ pid_t Spawn(const std::vector<std::string>& args, int out_fd) {
   // Like for like: the Agent raises UCX's TCP segments to 1 MiB unless the user set them
   // (agent.h); ucx_perftest gets the same settings (no effect on transports other than tcp).
   if (getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
-    setenv("UCX_TCP_TX_SEG_SIZE", "1M", 1);
-    setenv("UCX_TCP_RX_SEG_SIZE", "1M", 1);
+    const std::string bytes = absl::StrCat(kTcpSegmentBytes);
+    setenv("UCX_TCP_TX_SEG_SIZE", bytes.c_str(), 1);
+    setenv("UCX_TCP_RX_SEG_SIZE", bytes.c_str(), 1);
   }
   int null = open("/dev/null", O_WRONLY);
   dup2(out_fd >= 0 ? out_fd : null, 1);
@@ -332,7 +338,8 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
                    Agent::Create({.store = &s, .rank = 0,
                                   .detect_peer_failure = absl::GetFlag(FLAGS_detect_peer_failure),
                                   .parallel_copy_min_bytes = static_cast<uint64_t>(
-                                      absl::GetFlag(FLAGS_parallel_copy_min_bytes))}));
+                                      absl::GetFlag(FLAGS_parallel_copy_min_bytes)),
+                                  .put_over_am = absl::GetFlag(FLAGS_put_over_am)}));
   std::vector<char> heap, a(cfg.max_bytes, 3), b(cfg.max_bytes, 4);
   ASSIGN_OR_RETURN(Registration reg, Buffer(agent.get(), cfg.max_bytes, &heap));
   ASSIGN_OR_RETURN(Connection* conn, agent->Connect("rank1"));
@@ -359,8 +366,9 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   for (int r = 0; r < cfg.rounds; ++r) {
     for (size_t i = 0; i < P; ++i) {
       const int64_t iters = tls.empty() ? std::clamp<int64_t>(cfg.per_sample / sizes[i], 8, 256)
-                                        : std::clamp<int64_t>(cfg.per_sample / 16 / sizes[i], 2, 256);
+                                        : std::clamp<int64_t>(cfg.per_sample / 8 / sizes[i], 4, 256);
       for (int kind = 0; kind < 5; ++kind) {
+        if (!absl::GetFlag(FLAGS_gets) && (kind == 2 || kind == 3)) continue;
         absl::StatusOr<double> v;
         if (kind == 0 || kind == 2) {
           ASSIGN_OR_RETURN(Bandwidth bw, OursBandwidth(o, kind == 0, sizes[i], iters));
@@ -377,6 +385,9 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
             continue;
           }
           v = (*pv)[kPerftestBwOverall];
+          // ucp_put_bw puts once more than it counts (its last put marks the end for the target)
+          // inside the timed span: count the bytes it really moved, as ours are.
+          if (kind == 1) *v *= static_cast<double>(iters + 1) / iters;
           // Its 50%ile is the time of a whole transfer only where a transfer completes while it is
           // posted (shared memory: the copy runs in the call); over TCP it is the time to post.
           if (tls.empty()) {
@@ -404,13 +415,14 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   t.SetLoad(load0, load1);
   t.AddNote("overall: ember: back-to-back Put/Get Works of one size, then Wait on all (puts end with "
             "a Notify, whose endpoint flush makes them remotely complete); perftest: its overall "
-            "bandwidth (its own window and flush). typ (typical): bytes / the median time of one "
+            "bandwidth (its own window of 32 and flush; ucp_put_bw's figure x (n+1)/n: it moves "
+            "n+1 puts in the timed span and counts n). typ (typical): bytes / the median time of one "
             "transfer (ember: up to 32 posted and waited one at a time; perftest: its 50%ile "
             "latency; shown for UCX's own transport choice only: over TCP its per-iteration time is the "
             "time to post), robust to a process descheduled mid-sample on a loaded machine");
   for (size_t i = 0; i < P; ++i) {
     if (sizes[i] < (1 << 20)) continue;
-    for (int put = 1; put >= 0; --put) {
+    for (int put = 1; put >= (absl::GetFlag(FLAGS_gets) ? 0 : 1); --put) {
       const int ours = put ? 0 : 2, peer = put ? 1 : 3;
       const std::string name = absl::StrCat(put ? "put" : "get", "_bw_", SizeName(sizes[i]), suffix);
       const std::string note =
@@ -428,16 +440,18 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
     }
   }
   // Notification latency: medians (typical round trip) compared; means shown and compared too.
-  std::vector<double> ours_p50, ours_mean, peer_p50, peer_mean;
+  std::vector<double> ours_p50, ours_mean, ours_p99, ours_max, peer_p50, peer_mean;
   std::string lat_error = peer_error;
   for (int r = 0; r < cfg.rounds; ++r) {
     ASSIGN_OR_RETURN(bench_comm::Latency v,
                      bench_comm::PingPong([&] { return bench_comm::NotifyRoundTrip(o.agent, o.conn); },
-                                          cfg.lat_iters));
+                                          cfg.lat_iters * 10));  // as many as ucp_am_lat's
     ours_p50.push_back(v.median_us);
     ours_mean.push_back(v.mean_us);
+    ours_p99.push_back(v.p99_us);
+    ours_max.push_back(v.max_us);
     if (!lat_error.empty()) continue;
-    auto p = Perftest("ucp_am_lat", 8, cfg.lat_iters * 10);
+    auto p = Perftest("ucp_am_lat", 8, cfg.lat_iters * 10);  // same round trips as ours
     if (p.ok()) {
       peer_p50.push_back((*p)[kPerftestLat50]);
       peer_mean.push_back((*p)[kPerftestLatOverall]);
@@ -450,13 +464,16 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   };
   bench::Table& lt = report.AddTable(
       absl::StrCat("8-byte notification latency, UCX_TLS=", tls_name, " (us, one way)"),
-      {"ember Notify p50", "perftest ucp_am_lat p50", "ember mean", "perftest overall"});
+      {"ember Notify p50", "perftest ucp_am_lat p50", "ember mean", "perftest overall", "ember p99",
+       "ember max"});
   lt.AddRow({bench::Median(ours_p50), bench::Cell(med_or_none(peer_p50)), bench::Median(ours_mean),
-             bench::Cell(med_or_none(peer_mean))});
-  lt.AddNote("ember: half of each round trip of Notify answered by a Notify, the waiting thread "
+             bench::Cell(med_or_none(peer_mean)), bench::Median(ours_p99), bench::Median(ours_max)});
+  lt.AddNote("same number of round trips on both sides. ember: half of each round trip of Notify "
+             "answered by a Notify, the waiting thread "
              "driving progress (work.h); p50 = median round trip, mean = total time / iterations "
              "(counts every stall of a descheduled process). perftest: busy-polling ping-pong, its "
-             "50%ile and overall columns");
+             "50%ile and overall columns. ember p99 / max: the 99th percentile and slowest round trip / 2 "
+             "(medians over rounds)");
   report.AddTarget(bench::Target::VsPeer(absl::StrCat("notify_latency_8B", suffix, "_vs_ucp_am_lat"),
                                          bench::Median(ours_p50), med_or_none(peer_p50), 2.0,
                                          bench::kLowerIsBetter, "us", lat_error,
@@ -469,7 +486,7 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
     RETURN_IF_ERROR(bench_comm::Measure(
         report, {agent.get(), conn, remote, reg, pg.get()},
         {.tls_label = tls_name, .suffix = suffix, .sizes = sizes, .rounds = cfg.rounds,
-         .bytes_per_sample = tls.empty() ? cfg.per_sample : cfg.per_sample / 16,
+         .bytes_per_sample = tls.empty() ? cfg.per_sample : cfg.per_sample / 8,
          .lat_iters = cfg.lat_iters}));
   }
   agent->Notify(conn, "done").Wait(kTimeout).IgnoreError();
@@ -497,6 +514,7 @@ int Main(int argc, char** argv) {
   report.SetMeta("ucx_tls", json::Value::Str(absl::StrJoin(transports, ",")));
   report.SetMeta("detect_peer_failure", json::Value::Bool(absl::GetFlag(FLAGS_detect_peer_failure)));
   report.SetMeta("ucx_memory", json::Value::Bool(absl::GetFlag(FLAGS_ucx_memory)));
+  report.SetMeta("put_over_am", json::Value::Bool(absl::GetFlag(FLAGS_put_over_am)));
   report.SetMeta("parallel_copy_min_bytes",
                  json::Value::Int(absl::GetFlag(FLAGS_parallel_copy_min_bytes)));
   return report.Finish();

@@ -1,11 +1,17 @@
 #include "runtime/onesided/ucx_connection.h"
 
 #include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cstring>
+#include <vector>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/onesided/descriptor.h"
 
@@ -22,6 +28,125 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what) {
   if (PeerFailure(st)) return absl::UnavailableError(absl::StrCat(msg, " (the peer failed or is unreachable)"));
   if (st == UCS_ERR_CANCELED) return absl::CancelledError(absl::StrCat(msg, " (agent shut down)"));
   return absl::InternalError(msg);
+}
+
+bool ApplyUcxDefaults(ucp_config_t* config) {
+  // Transport keys go without their TCP_ prefix, and only where TCP may be used (UCX warns of
+  // unused keys); RX >= TX or TCP fails.
+  if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+  const std::string tls = getenv("UCX_TLS") == nullptr ? "all" : getenv("UCX_TLS");
+  const bool tcp_named = tls.find("tcp") != std::string::npos;
+  if ((tls[0] == '^' ? !tcp_named : tcp_named || tls == "all") &&
+      getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
+    const std::string bytes = absl::StrCat(kTcpSegmentBytes);
+    for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, bytes.c_str());
+    return true;
+  }
+  return false;
+}
+
+std::string AmPutHeader(uint64_t address) {
+  std::string h;
+  base::AppendU32LE(static_cast<uint32_t>(address), &h);
+  base::AppendU32LE(static_cast<uint32_t>(address >> 32), &h);
+  return h;
+}
+
+bool ParseAmPutHeader(const void* header, size_t length, uint64_t* address) {
+  if (length != 8) return false;
+  const char* h = static_cast<const char*>(header);
+  *address = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
+  return true;
+}
+
+bool WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t address, const void* data,
+                     uint64_t length) {
+  for (const auto& [id, reg] : regions) {
+    const uint64_t start = reinterpret_cast<uint64_t>(reg.base);
+    if (reg.kind != MemoryKind::kHost || address < start || !InBounds(address - start, length, reg.bytes)) {
+      continue;
+    }
+    if (length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
+    return true;
+  }
+  return false;
+}
+
+absl::Status ConnectionImpl::Open(ucp_worker_h worker, const std::string& address, bool detect_peer_failure,
+                                  ucp_err_handler_cb_t on_error) {
+  ucp_ep_params_t p = {};
+  p.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                 UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  p.address = reinterpret_cast<const ucp_address_t*>(address.data());
+  p.err_mode = detect_peer_failure ? UCP_ERR_HANDLING_MODE_PEER : UCP_ERR_HANDLING_MODE_NONE;
+  p.err_handler.cb = on_error;
+  p.err_handler.arg = this;
+  ucs_status_t st = ucp_ep_create(worker, &p, &ep);
+  if (st == UCS_ERR_UNREACHABLE && detect_peer_failure) {
+    // UCX 1.13's shared-memory message transports (posix, sysv) cannot report a dead peer, so with
+    // UCX_TLS=sm no endpoint with peer-failure handling exists: connect without it. Failures then
+    // surface as transfer errors (CMA) or as Wait/WaitNotification timeouts.
+    p.field_mask &= ~(UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER);
+    p.err_mode = UCP_ERR_HANDLING_MODE_NONE;
+    st = ucp_ep_create(worker, &p, &ep);
+  }
+  if (st != UCS_OK) return FromUcs(st, absl::StrCat("creating the endpoint to ", peer_));
+  map_direct = p.err_mode == UCP_ERR_HANDLING_MODE_NONE;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ucp_mem_h> AllocateUcxMemory(ucp_context_h ctx, uint64_t bytes, void** address) {
+  ucp_mem_map_params_t mp = {};
+  mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                  UCP_MEM_MAP_PARAM_FIELD_FLAGS;
+  mp.address = nullptr;
+  mp.length = bytes;
+  mp.flags = UCP_MEM_MAP_ALLOCATE;
+  ucp_mem_h memh = nullptr;
+  ucs_status_t st = ucp_mem_map(ctx, &mp, &memh);
+  if (st != UCS_OK) return FromUcs(st, absl::StrCat("allocating ", bytes, " bytes through UCX"));
+  ucp_mem_attr_t attr = {};
+  attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS;
+  st = ucp_mem_query(memh, &attr);
+  if (st != UCS_OK) {
+    ucp_mem_unmap(ctx, memh);
+    return FromUcs(st, "ucp_mem_query");
+  }
+  *address = attr.address;
+  return memh;
+}
+
+void CloseEndpoints(ucp_worker_h worker, const std::deque<std::unique_ptr<ConnectionImpl>>& conns) {
+  std::vector<ucs_status_ptr_t> closing;
+  for (const auto& c : conns) {
+    c->DestroyRkeys();
+    if (c->ep == nullptr) continue;
+    ucp_request_param_t cp = {};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;  // ends requests in flight with an error
+    ucs_status_ptr_t r = ucp_ep_close_nbx(c->ep, &cp);
+    if (UCS_PTR_IS_PTR(r)) closing.push_back(r);
+  }
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (ucs_status_ptr_t r : closing) {
+    while (ucp_request_check_status(r) == UCS_INPROGRESS && absl::Now() < deadline) {
+      ucp_worker_progress(worker);
+    }
+    ucp_request_free(r);
+  }
+}
+
+bool EndpointHasRmaLane(ucp_ep_h ep) {
+  char* text = nullptr;
+  size_t size = 0;
+  FILE* f = open_memstream(&text, &size);
+  if (f == nullptr) return true;
+  ucp_ep_print_info(ep, f);
+  fclose(f);
+  // One line per lane that carries RMA: "#                  put[1]: 0..<short>..".
+  const bool rma = text == nullptr || strstr(text, " put[") != nullptr;
+  free(text);
+  return rma;
 }
 
 absl::StatusOr<PeerAddress> ExchangeAddresses(store::Client& store, ucp_worker_h worker,
@@ -86,24 +211,28 @@ void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
   constexpr absl::Duration kSpinAfterActivity = absl::Microseconds(200);
   constexpr int kIdlePollMs = 50;
   absl::Time last_activity = absl::Now();
+  bool kicked = false;  // requests were left with nobody waiting: drive them until idle
   while (!stop.load(std::memory_order_acquire)) {
-    bool any = false;
-    while (!progressor.waiter_spinning() && ucp_worker_progress(worker) != 0) any = true;
-    const bool waiter_drives = progressor.waiter_spinning();
-    const absl::Time now = absl::Now();
-    if (any) last_activity = now;
-    if (waiter_drives) {  // woken when the last spinner leaves with requests in flight (LeaveSpin)
-      progressor.ParkWhileWaiterSpins(kParkSlice);
+    // A waiter drives the worker now, or did so within kWaiterGrace (a request/reply loop between
+    // two waits): stay parked and off the event fd, where every arriving message would wake us.
+    if (progressor.waiter_spinning() || (!kicked && progressor.waiter_active(kWaiterGrace))) {
+      kicked = progressor.Park(kParkSlice) || kicked;
       continue;
     }
+    bool any = false;
+    while (!progressor.waiter_spinning() && ucp_worker_progress(worker) != 0) any = true;
+    const absl::Time now = absl::Now();
+    if (any) last_activity = now;
+    if (progressor.waiter_spinning()) continue;
     // Spin only right after traffic (a loopback reply comes within tens of microseconds). Requests
     // in flight whose peer is slow to answer (descheduled on a busy host, a subscriber writing its
     // snapshot) are waited for on the event fd: spinning then took a core from the training step
     // for as long as the peer took.
     if (now - last_activity < kSpinAfterActivity) continue;
     const bool busy = in_flight.load(std::memory_order_acquire) > 0;
+    if (!busy) kicked = false;
     if (efd < 0) {
-      absl::SleepFor(busy ? absl::Microseconds(200) : absl::Milliseconds(5));
+      kicked = progressor.Park(busy ? absl::Microseconds(200) : absl::Milliseconds(5)) || kicked;
       continue;
     }
     if (ucp_worker_arm(worker) == UCS_ERR_BUSY) continue;

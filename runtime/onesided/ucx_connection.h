@@ -1,12 +1,14 @@
-// Internal to runtime/onesided: UCX status mapping, the Connection implementation and the
-// worker Progressor shared by agent.cc. Not part of the API (agent.h is). Thread-safe as stated
-// per class.
+// Internal to runtime/onesided: UCX status mapping, the Connection implementation, the worker
+// Progressor and progress loop, and the UCX set-up helpers (defaults, allocation, endpoints, the
+// active-message put's wire form) used by agent.cc. Not part of the API (agent.h is). Thread-safe
+// as stated per class; the free functions are thread-compatible.
 #ifndef EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
 #define EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
 
 #include <ucp/api/ucp.h>
 
 #include <atomic>
+#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,6 +34,29 @@ bool PeerFailure(ucs_status_t st);
 // OK for UCS_OK; UNAVAILABLE for a peer failure, CANCELLED for a shut-down agent, INTERNAL else.
 absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 
+// Sets UCX defaults the user left unset on `config` (agent.h says which and why). Returns whether
+// it set the TCP segments (kTcpSegmentBytes), which AgentOptions::put_over_am relies on.
+bool ApplyUcxDefaults(ucp_config_t* config);
+
+// Allocates and maps `bytes` through UCX (UCP_MEM_MAP_ALLOCATE); its address in `*address`.
+absl::StatusOr<ucp_mem_h> AllocateUcxMemory(ucp_context_h ctx, uint64_t bytes, void** address);
+
+// A region registered by this agent.
+struct LocalRegion {
+  void* base = nullptr;
+  uint64_t bytes = 0;
+  ucp_mem_h memh = nullptr;
+  MemoryKind kind = MemoryKind::kHost;
+};
+
+// The header of a put sent as an active message (agent.cc): the target address, 8 bytes LE.
+std::string AmPutHeader(uint64_t address);
+bool ParseAmPutHeader(const void* header, size_t length, uint64_t* address);
+// Copies `length` bytes from `data` to `address` if one host region of `regions` holds the whole
+// range; false (nothing written) otherwise. The caller holds the lock guarding `regions`.
+bool WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t address, const void* data,
+                     uint64_t length);
+
 struct Remote {
   uint64_t base = 0, length = 0;
   ucp_rkey_h rkey = nullptr;
@@ -49,6 +74,10 @@ class ConnectionImpl : public Connection {
   const std::string& peer() const override { return peer_; }
   int peer_rank() const override { return peer_rank_; }
   absl::StatusOr<RemoteRegion> ImportRegion(absl::string_view descriptor) override;
+  // Creates `ep` to the peer worker at `address`, with peer-failure handling (`on_error`) when
+  // `detect_peer_failure` and UCX can (not with UCX_TLS=sm); sets map_direct when without.
+  absl::Status Open(ucp_worker_h worker, const std::string& address, bool detect_peer_failure,
+                    ucp_err_handler_cb_t on_error);
   absl::Status health() const override {
     absl::MutexLock l(&mu_);
     return health_;
@@ -90,6 +119,9 @@ class ConnectionImpl : public Connection {
   // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
   // then copy large transfers itself through Remote::mapped (agent.cc).
   bool map_direct = false;
+  // Set before any transfer: puts travel as the agent's own active messages (agent.cc), at most
+  // this many bytes each, because the endpoint has no RMA lane (EndpointHasRmaLane); 0: ucp_put_nbx.
+  uint64_t am_put_chunk = 0;
 
  private:
   const std::string peer_;
@@ -99,6 +131,16 @@ class ConnectionImpl : public Connection {
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Remote> remotes_ ABSL_GUARDED_BY(mu_);
 };
+
+// Whether UCX moves puts on `ep` over an RMA lane (shared memory, CMA, RDMA): true when
+// ucp_ep_print_info lists a put protocol for some lane. False means UCX would emulate put with its
+// own active messages (TCP: no RMA lane in UCX 1.13), where the agent's own active-message put is
+// faster (agent.cc). True when the description cannot be read, so the default stays UCX's put.
+bool EndpointHasRmaLane(ucp_ep_h ep);
+
+// Force-closes every connection's endpoint (requests in flight end with an error) after
+// destroying its remote keys, driving `worker` until they are closed or 5 s passed.
+void CloseEndpoints(ucp_worker_h worker, const std::deque<std::unique_ptr<ConnectionImpl>>& conns);
 
 // The peer's side of Connect's address exchange.
 struct PeerAddress {
@@ -130,14 +172,16 @@ class WorkerProgressor : public Progressor {
   ucp_worker_h worker_ ABSL_GUARDED_BY(mu_);
 };
 
-// The agent's progress thread until `stop`: spins on ucp_worker_progress while traffic arrived (or
-// the event fd fired) in the last 200 us, parks while a waiter or poster drives the worker itself
-// (`progressor.waiter_spinning()`, checked before every pass: a poster may hold the worker's lock
-// for a whole shared-memory copy, and a pass started then would spin on that lock throughout), and
-// otherwise sleeps on the worker's event fd `efd`: 1 ms at most while requests are in flight
-// (`in_flight` > 0; in case a transport raises no event), 50 ms when idle (5 ms / 200 us sleeps
-// when efd < 0). It does not spin merely because requests are in flight: a slow peer costs wake-ups,
-// not a core.
+// The agent's progress thread until `stop`: parks (Progressor::Park) while a waiter or poster
+// drives the worker itself or did so within kWaiterGrace, unless kicked (requests left in flight
+// with nobody waiting), checked before every pass: a poster may hold the worker's lock for a whole
+// shared-memory copy, and a waiter in a request/reply loop is back within microseconds, so a pass
+// then would only contend with it, and sleeping on the event fd would wake this thread for every
+// arriving message. Otherwise it spins on ucp_worker_progress while traffic arrived (or the event
+// fd fired) in the last 200 us, and then sleeps on the worker's event fd `efd`: 1 ms at most while
+// requests are in flight (`in_flight` > 0; in case a transport raises no event), 50 ms when idle
+// (parks 200 us / 5 ms when efd < 0). It does not spin merely because requests are in flight: a
+// slow peer costs wake-ups, not a core.
 void RunProgressLoop(ucp_worker_h worker, int efd, WorkerProgressor& progressor,
                      const std::atomic<bool>& stop, const std::atomic<int>& in_flight);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "runtime/flight/recorder.h"
 
 namespace ember::onesided {
@@ -45,16 +46,27 @@ bool WorkState::done() const {
 }
 
 void Progressor::LeaveSpin(bool wake) {
-  if (spinning_.fetch_sub(1, std::memory_order_acq_rel) == 1 && wake) {
-    absl::MutexLock l(&park_mu_);  // releasing it re-evaluates the parked thread's condition
-  }
+  left_ns_.store(absl::GetCurrentTimeNanos(), std::memory_order_release);
+  if (spinning_.fetch_sub(1, std::memory_order_acq_rel) == 1 && wake) Kick();
 }
 
-void Progressor::ParkWhileWaiterSpins(absl::Duration max) {
-  auto no_spinner = [this] { return spinning_.load(std::memory_order_acquire) == 0; };
-  if (no_spinner()) return;
-  park_mu_.LockWhenWithTimeout(absl::Condition(&no_spinner), max);
-  park_mu_.Unlock();
+bool Progressor::waiter_active(absl::Duration grace) const {
+  return waiter_spinning() ||
+         absl::GetCurrentTimeNanos() - left_ns_.load(std::memory_order_acquire) < absl::ToInt64Nanoseconds(grace);
+}
+
+void Progressor::Kick() {
+  kicked_.store(true, std::memory_order_release);
+  absl::MutexLock l(&park_mu_);  // releasing it re-evaluates the parked thread's condition
+}
+
+bool Progressor::Park(absl::Duration max) {
+  auto kicked = [this] { return kicked_.load(std::memory_order_acquire); };
+  if (!kicked()) {
+    park_mu_.LockWhenWithTimeout(absl::Condition(&kicked), max);
+    park_mu_.Unlock();
+  }
+  return kicked_.exchange(false, std::memory_order_acq_rel);
 }
 
 bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline) {
@@ -77,7 +89,11 @@ absl::Status WorkState::Wait(absl::Duration timeout, WaitStyle style) {
   }
   const absl::Duration asked = timeout;
   const absl::Time deadline = absl::Now() + timeout;
-  if (style == WaitStyle::kSpin) SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  if (style == WaitStyle::kSpin) {
+    SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+  } else if (progressor_ != nullptr) {
+    progressor_->Kick();  // nobody drives this transfer but the progress thread: now, not after its grace
+  }
   absl::MutexLock l(&mu_);
   timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };

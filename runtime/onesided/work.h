@@ -47,25 +47,35 @@ class Progressor {
   // One progress pass; true when something happened.
   virtual bool Progress() = 0;
   // A waiter enters/leaves its spin phase. `wake`: the waiter is about to block (its spin budget
-  // ran out), so the last one to leave wakes a parked progress thread at once; a waiter whose
-  // spin succeeded leaves it parked until its park times out (no system call on the fast path).
+  // ran out), so the last one to leave wakes a parked progress thread at once (Kick); a waiter
+  // whose spin succeeded leaves it parked (no system call on the fast path).
   void EnterSpin() { spinning_.fetch_add(1, std::memory_order_acq_rel); }
   void LeaveSpin(bool wake);
   bool waiter_spinning() const { return spinning_.load(std::memory_order_acquire) > 0; }
-  // The progress thread: blocks while a waiter spins (no periodic wake-ups competing with the
-  // waiter for a core), at most `max`. Returns at once when no waiter spins.
-  void ParkWhileWaiterSpins(absl::Duration max);
+  // Whether a waiter spins now or left its spin phase less than `grace` ago: a thread in a
+  // request/reply loop is between two waits and will drive the worker again in microseconds.
+  bool waiter_active(absl::Duration grace) const;
+  // Wakes a parked progress thread: requests were left in flight with nobody waiting on them.
+  void Kick();
+  // The progress thread: blocks until Kick() or `max` (no periodic wake-ups competing with a
+  // waiter for a core, and no wake-up per arriving message, which a thread asleep on the worker's
+  // event fd would get). Returns whether it was kicked.
+  bool Park(absl::Duration max);
 
  private:
-  std::atomic<int> spinning_{0};  // threads inside a spin phase
-  absl::Mutex park_mu_;           // the progress thread parks on it; guards nothing
+  std::atomic<int> spinning_{0};          // threads inside a spin phase
+  std::atomic<int64_t> left_ns_{0};       // when the last spin phase ended (absl::GetCurrentTimeNanos)
+  std::atomic<bool> kicked_{false};
+  absl::Mutex park_mu_;                   // the progress thread parks on it; guards nothing
 };
 
 // How long Wait/WaitNotification drive progress themselves before blocking on a condition
 // variable (and leaving progress to the agent's thread).
 inline constexpr absl::Duration kSpinBudget = absl::Milliseconds(20);
-// How long the progress thread stays parked while a waiter spins before it looks again.
+// How long the progress thread stays parked while a waiter is active before it looks again, and
+// how recently a waiter must have spun to count as active (Progressor::waiter_active).
 inline constexpr absl::Duration kParkSlice = absl::Milliseconds(1);
+inline constexpr absl::Duration kWaiterGrace = absl::Milliseconds(1);
 
 // Runs `done` checks while driving `p` for at most min(kSpinBudget, until deadline); true when
 // `done` turned true.
