@@ -115,7 +115,8 @@ TEST_CASE("a subscriber's snapshot of step N equals the checkpoint of step N; lo
   for (int r = 0; r < 2; ++r) CHECK(Stats(*client, "pub", r)["published"] >= static_cast<int64_t>(steps.size()));
 }
 
-// SIGKILL: the ranks see the peer gone (UCX UNAVAILABLE) and drop it. SIGSTOP: a subscriber that
+// SIGKILL: the ranks' put, notify or ack wait for the gone peer does not finish (their agents
+// have no peer-failure handling, so the buffer is mapped on one host), and they drop it. SIGSTOP: a subscriber that
 // never acks; the ranks skip every later publish step (training does not wait) and drop it at the
 // end (no ack within the exit grace). Either way: exit 0, the losses of a run without publishing.
 TEST_CASE("a subscriber killed or stopped mid-run never stalls the job; skipped and dropped counted", "[publish]") {

@@ -105,6 +105,10 @@ absl::StatusOr<int64_t> SubscribeWeights(const SubscribeOptions& o) {
   ao.store = &attempt;
   ao.key_prefix = std::string(job::keys::kWeightsOnesided);
   ao.name = !o.name.empty() ? o.name : absl::StrCat("sub-", getpid(), "-", absl::ToUnixMicros(absl::Now()));
+  // As the ranks' agents (publisher.cc): no peer-failure handling, so a rank on this host maps the
+  // buffer (UCX refuses endpoints whose two sides differ in it). A dead rank is then seen as
+  // notifications that stop coming; the loop below ends when the attempt's ranks have exited.
+  ao.detect_peer_failure = false;
   ASSIGN_OR_RETURN(std::unique_ptr<onesided::Agent> agent, onesided::Agent::Create(ao));
   ASSIGN_OR_RETURN(onesided::Registration buf, agent->AllocateMemory(m.total_bytes));
   const std::string key = job::keys::WeightsSubscriber(ao.name);

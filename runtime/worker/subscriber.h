@@ -10,7 +10,9 @@
 //
 // Ends after `steps` snapshots (0: when every rank of the attempt has exited), or with an error:
 // DEADLINE_EXCEEDED when no attempt publishes within manifest_timeout (publish.every_steps unset?),
-// UNAVAILABLE when a rank's connection fails while the job still runs. Thread-compatible.
+// UNAVAILABLE when a rank's connection fails while the job still runs (over TCP; on one host
+// the agents map memory and run without peer-failure handling, so a dead rank is seen only when
+// the attempt's ranks have exited). Thread-compatible.
 #ifndef EMBER_RUNTIME_WORKER_SUBSCRIBER_H_
 #define EMBER_RUNTIME_WORKER_SUBSCRIBER_H_
 
