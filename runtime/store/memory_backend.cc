@@ -9,6 +9,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,7 +53,7 @@ class MemoryBackend : public Backend {
 
   void Execute(const std::vector<const Request*>& requests, const Done& done,
                uint64_t owner) override {
-    std::vector<Response> ready;
+    absl::InlinedVector<Response, 1> ready;  // one request (TCPStore, fast path): no heap vector
     ready.reserve(requests.size());
     Fired fired;
     Effects effects(this, &fired);

@@ -321,7 +321,8 @@ class TcpStoreServer::Impl {
         stuck = true;
         if (!turns_.MayRerun(c)) break;
         c->rerun = false;
-        Submit(c, std::move(c->kept), std::move(c->kept_plan), /*turn=*/true);
+        const v1::Request* again = c->kept.get();
+        Submit(c, *again, std::move(c->kept), std::move(c->kept_plan), /*turn=*/true);
         continue;
       }
       if (c->in_pos == c->in.size()) break;
@@ -509,20 +510,29 @@ class TcpStoreServer::Impl {
       }
       default: break;
     }
-    auto req = std::make_unique<v1::Request>();
+    // Only a request that may run again outlives Execute (Conn::kept): the others live on the
+    // stack, which saves a heap allocation per WAIT, ADD, SET... (Execute copies what it keeps).
     tcpstore::ReplyPlan plan;
-    if (!tcpstore::BuildRequest(q, options_.key_prefix, req.get(), &plan)) {
+    std::unique_ptr<v1::Request> keep;
+    v1::Request local;
+    v1::Request* req = &local;
+    if (tcpstore::MayRunAgain(q.op, nullptr)) {
+      keep = std::make_unique<v1::Request>();
+      req = keep.get();
+    }
+    if (!tcpstore::BuildRequest(q, options_.key_prefix, req, &plan)) {
       return "internal: unhandled TCPStore query";  // the parser refuses the others
     }
-    Submit(c, std::move(req), std::move(plan), /*turn=*/false);
+    Submit(c, *req, std::move(keep), std::move(plan), /*turn=*/false);
     return "";
   }
 
-  // Sends the request to the backend; its callback writes the reply. A request that may run again
-  // is kept (Conn::kept); its large answer is refused over the budget unless `turn` (a rerun by
-  // the reply turn's holder, Turns) and the connection still holds the turn.
-  void Submit(const std::shared_ptr<Conn>& c, std::unique_ptr<v1::Request> req,
-              tcpstore::ReplyPlan plan, bool turn) {
+  // Sends `req` to the backend; its callback writes the reply. A request that may run again comes
+  // as `keep` (owning `req`) and is kept (Conn::kept); its large answer is refused over the budget
+  // unless `turn` (a rerun by the reply turn's holder, Turns) and the connection still holds the
+  // turn.
+  void Submit(const std::shared_ptr<Conn>& c, const v1::Request& req,
+              std::unique_ptr<v1::Request> keep, tcpstore::ReplyPlan plan, bool turn) {
     c->awaiting = true;
     c->awaiting_op = plan.op;
     c->run_ns = MonoNs();
@@ -535,13 +545,12 @@ class TcpStoreServer::Impl {
     }
     std::shared_ptr<ReadyQueue> ready = ready_;
     ready_->running = c.get();
-    const v1::Request* raw = req.get();
-    if (tcpstore::MayRunAgain(plan.op, nullptr)) {
-      c->kept_bytes = static_cast<int64_t>(req->ByteSizeLong() + plan.expected.size());
+    if (keep != nullptr) {
+      c->kept_bytes = static_cast<int64_t>(keep->ByteSizeLong() + plan.expected.size());
       c->kept_plan = plan;
-      c->kept = std::move(req);
+      c->kept = std::move(keep);
     }
-    backend_->Execute({raw}, [c, ready, turn, plan = std::move(plan)](v1::Response r) {
+    backend_->Execute({&req}, [c, ready, turn, plan = std::move(plan)](v1::Response r) {
       c->Answer(plan, turn, r);
       ready->Push(c);
     }, c->owner);
