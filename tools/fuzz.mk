@@ -17,7 +17,7 @@ SRC_spec := tests/fuzz/spec_fuzz.cc runtime/jobspec/spec.cc runtime/jobspec/yaml
             $(OUT)/gen/proto/job_spec.pb.cc
 SRC_wal := tests/fuzz/wal_fuzz.cc runtime/store/wal.cc runtime/base/status_macros.cc
 SRC_fast_path := tests/fuzz/fast_path_fuzz.cc runtime/store/fast_path.cc \
-                 runtime/store/memory_backend.cc runtime/store/state.cc runtime/store/wal.cc \
+                 runtime/store/backend.cc runtime/store/memory_backend.cc runtime/store/state.cc runtime/store/wal.cc \
                  runtime/store/wal_log.cc runtime/base/files.cc runtime/base/status_macros.cc \
                  runtime/base/clock.cc runtime/base/utf8.cc runtime/base/grpc_server.cc \
                  $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
