@@ -34,7 +34,7 @@ using internal::Remote;
 using internal::WorkerProgressor;
 
 constexpr unsigned kNotifyAmId = 17;
-constexpr unsigned kPutAmId = 18;  // header: the target address (8 bytes, little-endian); data
+constexpr unsigned kPutAmId = 18;  // header: region token, target address (AmPutHeader); data
 
 class AgentImpl;
 
@@ -60,6 +60,7 @@ class AgentImpl : public Agent {
   absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) override;
   absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
   absl::Status Deregister(uint64_t id) override;
+  uint64_t refused_puts() const override { return refused_puts_.load(); }
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
   Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
            const TransferOptions& o) override {
@@ -78,7 +79,7 @@ class AgentImpl : public Agent {
   static ucs_status_t OnNotify(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
   // A peer's put sent as an active message (AgentOptions::put_over_am): written into the local
-  // region holding [address, +length), or dropped and counted when no registered region does.
+  // region whose token the header carries if it holds [address, +length), else dropped and counted.
   static ucs_status_t OnPutAm(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param);
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t st) {
@@ -92,7 +93,8 @@ class AgentImpl : public Agent {
                                        MemoryKind kind = MemoryKind::kHost, std::string cuda_key = "");
   Work Transfer(bool put, Connection* c, const std::vector<LocalDesc>& local,
                 const std::vector<RemoteDesc>& remote, const TransferOptions& options);
-  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; char* mapped; };
+  struct Op { void* local; ucp_mem_h memh; uint64_t remote; ucp_rkey_h rkey; uint64_t len; char* mapped;
+              uint64_t token; };  // token: the remote region's (active-message puts)
   // The CUDA IPC path of Transfer: cudaMemcpyAsync on options.cuda_stream (cuda_ipc.h).
   Work CudaTransfer(bool put, ConnectionImpl* conn, const std::vector<Op>& ops,
                     std::vector<std::shared_ptr<cuda_ipc::Mapping>> mappings, uint64_t total,
@@ -125,7 +127,7 @@ class AgentImpl : public Agent {
   std::atomic<int> in_flight_{0};
   std::atomic<uint64_t> remote_handles_{0};
   std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
-  std::atomic<uint64_t> refused_puts_{0};  // active-message puts outside every registered region
+  std::atomic<uint64_t> refused_puts_{0};  // active-message puts refused (OnPutAm)
   bool tcp_segments_set_ = false;          // Init gave UCX kTcpSegmentBytes segments
   internal::ParallelCopier copier_;
 
@@ -229,6 +231,10 @@ absl::StatusOr<Registration> AgentImpl::RegisterMemory(void* ptr, uint64_t bytes
 absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_mem_h memh,
                                                 MemoryKind kind, std::string cuda_key) {
   RegionDescriptor d{opt_.name, reinterpret_cast<uint64_t>(ptr), bytes, std::move(cuda_key)};
+  absl::StatusOr<uint64_t> token = NewRegionToken();
+  if (!token.ok() && memh != nullptr) ucp_mem_unmap(ctx_, memh);
+  RETURN_IF_ERROR(token.status());
+  d.token = *token;
   if (memh != nullptr) {
     void* rkey = nullptr;
     size_t rkey_size = 0;
@@ -243,7 +249,7 @@ absl::StatusOr<Registration> AgentImpl::Publish(void* ptr, uint64_t bytes, ucp_m
   Registration out{0, ptr, bytes, kind, PackDescriptor(d)};
   absl::MutexLock l(&mu_);
   out.id = ++next_reg_;
-  regions_[out.id] = LocalRegion{ptr, bytes, memh, kind};
+  regions_[out.id] = LocalRegion{ptr, bytes, memh, kind, d.token};
   return out;
 }
 
@@ -378,7 +384,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     if (reg.kind == MemoryKind::kCuda) ++cuda_locals;
     if (l.length == 0) continue;
     ops.push_back({static_cast<char*>(reg.base) + l.offset, reg.memh, rem->base + r.offset, rem->rkey,
-                   l.length, rem->mapped == nullptr ? nullptr : rem->mapped + r.offset});
+                   l.length, rem->mapped == nullptr ? nullptr : rem->mapped + r.offset, rem->token});
   }
   if (absl::Status h = conn->health(); !h.ok()) return Work::Finished(h);
   if (cuda_remotes > 0 || cuda_locals > 0) {
@@ -418,7 +424,7 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   for (const Op& op : ops) {
     for (uint64_t off = 0; chunk > 0 && off < op.len; off += chunk) {
       auto* part = new Part{state, this, conn};
-      part->header = internal::AmPutHeader(op.remote + off);
+      part->header = internal::AmPutHeader(op.token, op.remote + off);
       const uint64_t len = std::min(chunk, op.len - off);
       ucp_request_param_t rp = {};
       rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
@@ -556,20 +562,20 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
 ucs_status_t AgentImpl::OnPutAm(void* arg, const void* header, size_t header_length, void* data,
                                 size_t length, const ucp_am_recv_param_t* param) {
   auto* self = static_cast<AgentImpl*>(arg);
-  uint64_t address = 0;
-  bool written = false;
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) && internal::ParseAmPutHeader(header, header_length, &address)) {
+  uint64_t token = 0, address = 0;
+  const char* refused = "sent by rendezvous or with a malformed header (an agent of another version?)";
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
+      internal::ParseAmPutHeader(header, header_length, &token, &address)) {
     absl::ReaderMutexLock l(&self->mu_);  // held while writing: Deregister waits for the write
-    written = internal::WriteIntoRegion(self->regions_, address, data, length);
+    refused = internal::WriteIntoRegion(self->regions_, token, address, data, length);
   }
-  if (!written) {
-    // The sender checked the range against the descriptor it holds, so this is a region
-    // deregistered since (or a malformed message): refused, as an RMA key would be.
+  if (refused != nullptr) {
+    // The sender checked the range against its descriptor, so this is a region deregistered since,
+    // a forged token or a malformed message. Its sender's Work still completes OK.
     const uint64_t n = self->refused_puts_.fetch_add(1) + 1;
     if ((n & (n - 1)) == 0) {
-      spdlog::warn("onesided agent {}: refused a put of {} bytes at {:#x}: no registered region holds "
-                   "it (deregistered while a peer still writes to it?); {} refused so far",
-                   self->opt_.name, length, address, n);
+      spdlog::warn("onesided agent {}: refused a put of {} bytes at {:#x}: {}; {} refused so far",
+                   self->opt_.name, length, address, refused, n);
     }
   }
   return UCS_OK;

@@ -99,10 +99,11 @@ struct AgentOptions {
   uint64_t parallel_copy_min_bytes = 4 << 20;
   // Where UCX has no RMA lane to the peer (TCP: UCX 1.13 emulates put with one message per
   // segment, packed by a copy), puts travel as the agent's own active messages of up to 1 MiB, sent
-  // from the caller's buffer without that copy and written into the target's region by its agent,
-  // which checks the region is registered there (a write outside every registered region is
-  // dropped and counted, never performed). Only while the agent sets UCX's TCP segments (agent.h,
-  // above). false: always ucp_put_nbx.
+  // from the caller's buffer without that copy and written into the target's region by its agent.
+  // Each carries the token of the region whose descriptor the sender imported (descriptor.h); the
+  // target writes only into the registered region with that token and only inside it (otherwise the
+  // chunk is dropped, counted in refused_puts() and logged, never performed). Only while the agent
+  // sets UCX's TCP segments (agent.h, above). false: always ucp_put_nbx.
   bool put_over_am = true;
 };
 
@@ -178,6 +179,11 @@ class Agent {
   // Transfers started later that name this region fail with FAILED_PRECONDITION. Transfers in
   // flight must have finished first (the caller's duty). NOT_FOUND for an unknown id.
   virtual absl::Status Deregister(uint64_t registration_id) = 0;
+  // Puts from peers this agent refused so far (AgentOptions::put_over_am): a chunk whose region
+  // token names no registered region (deregistered since, or forged), or whose range lies outside
+  // the region it names. Each is dropped (nothing written) and logged (rate-limited); its sender's
+  // Work still completes OK. For monitoring and tests.
+  virtual uint64_t refused_puts() const = 0;
 
   // Connects to `peer` through the store: publishes this worker's address under
   // <prefix>addr/<name>/<peer>/<n> and reads <prefix>addr/<peer>/<name>/<n>, where n counts this

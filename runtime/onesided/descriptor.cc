@@ -1,5 +1,9 @@
 #include "runtime/onesided/descriptor.h"
 
+#include <errno.h>
+#include <string.h>
+#include <sys/random.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/base/little_endian.h"
@@ -7,7 +11,8 @@
 namespace ember::onesided {
 namespace {
 
-constexpr char kMagic[] = "EOD1";
+constexpr char kMagic[] = "EOD2";
+constexpr char kMagicBeforeToken[] = "EOD1";
 
 void AppendU64(uint64_t v, std::string* out) {
   base::AppendU32LE(static_cast<uint32_t>(v), out);
@@ -42,6 +47,7 @@ std::string PackDescriptor(const RegionDescriptor& d) {
   raw += d.owner;
   AppendU64(d.base, &raw);
   AppendU64(d.length, &raw);
+  AppendU64(d.token, &raw);
   base::AppendU32LE(static_cast<uint32_t>(d.rkey.size()), &raw);
   raw += d.rkey;
   return absl::Base64Escape(raw);
@@ -54,15 +60,21 @@ absl::StatusOr<RegionDescriptor> UnpackDescriptor(absl::string_view packed) {
         "region descriptor is not base64 (", packed.size(),
         " bytes); pass Registration::descriptor unchanged"));
   }
+  if (raw.size() >= 4 && raw.compare(0, 4, kMagicBeforeToken) == 0) {
+    return absl::InvalidArgumentError(
+        "region descriptor is of version EOD1, made by an Ember agent from before region tokens: "
+        "run the same Ember version on both sides");
+  }
   if (raw.size() < 4 || raw.compare(0, 4, kMagic) != 0) {
     return absl::InvalidArgumentError(
-        "region descriptor has no EOD1 magic: not made by onesided::Agent::RegisterMemory");
+        "region descriptor has no EOD2 magic: not made by onesided::Agent::RegisterMemory");
   }
   Reader r{absl::string_view(raw).substr(4)};
   RegionDescriptor d;
   d.owner = r.Bytes();
   d.base = r.U64();
   d.length = r.U64();
+  d.token = r.U64();
   d.rkey = r.Bytes();
   if (!r.ok) return absl::InvalidArgumentError("region descriptor is truncated");
   if (!r.in.empty()) {
@@ -74,6 +86,19 @@ absl::StatusOr<RegionDescriptor> UnpackDescriptor(absl::string_view packed) {
         "region descriptor of ", d.length, " bytes from ", d.owner, " carries no remote key"));
   }
   return d;
+}
+
+absl::StatusOr<uint64_t> NewRegionToken() {
+  uint64_t token = 0;
+  while (token == 0) {
+    const ssize_t n = getrandom(&token, sizeof(token), 0);
+    if (n == static_cast<ssize_t>(sizeof(token))) continue;
+    if (n < 0 && errno == EINTR) continue;
+    return absl::InternalError(absl::StrCat(
+        "drawing a region token: getrandom returned ", n, " (", n < 0 ? strerror(errno) : "short read",
+        "); the kernel's random source is needed to register memory"));
+  }
+  return token;
 }
 
 }  // namespace ember::onesided

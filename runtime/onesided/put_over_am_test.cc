@@ -2,7 +2,9 @@
 // lane over TCP): two agents in one process with UCX_TLS=tcp. Multi-chunk puts at unaligned
 // offsets and a two-element list arrive byte for byte, with the same result as UCX's emulated put
 // (put_over_am = false); a put into a region the target deregistered after the sender imported it
-// is refused by the target (its memory stays as it was), and the connection keeps working.
+// is refused by the target (its memory stays as it was), and the connection keeps working; a peer
+// that imported one region cannot write into another with that region's token, nor into the region
+// with a forged token (refused, counted in refused_puts(), the target's memory untouched).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -13,6 +15,7 @@
 
 #include "runtime/onesided/agent.h"
 #include "runtime/onesided/agent_pair.h"
+#include "runtime/onesided/descriptor.h"
 
 namespace ember::onesided {
 namespace {
@@ -89,6 +92,77 @@ TEST_CASE("a put into a region the target deregistered is refused there") {
   CHECK(note->message == "after");
   CHECK(gone == std::vector<char>(1 << 20, 'g'));
   CHECK(std::equal(live.begin(), live.end(), src.begin() + 100));
+  CHECK(p->b->refused_puts() == 1);
+}
+
+// The index of the first byte where `got` differs from `want`, or -1 (a short failure message).
+int64_t FirstDifference(const std::vector<char>& got, const std::vector<char>& want) {
+  if (got.size() != want.size()) return static_cast<int64_t>(std::min(got.size(), want.size()));
+  auto m = std::mismatch(got.begin(), got.end(), want.begin());
+  return m.first == got.end() ? -1 : m.first - got.begin();
+}
+
+// `descriptor` with its base moved to `base` or its token replaced, as a peer that imported it
+// could forge (the agent's API never does).
+std::string Forge(const std::string& descriptor, uint64_t base, uint64_t token) {
+  auto d = UnpackDescriptor(descriptor);
+  REQUIRE(d.ok());
+  d->base = base;
+  d->token = token;
+  return PackDescriptor(*d);
+}
+
+TEST_CASE("a put carries its region's token: another region's address or a wrong token is refused") {
+  auto p = TcpPair(/*put_over_am=*/true);
+  // A and B are both registered by b; a was given only A's descriptor. B lies right after A in one
+  // allocation, and is larger, so A's length at B's address is inside B (the old check passed it).
+  const size_t kA = (1 << 20) + 500, kB = 3 << 20;
+  std::vector<char> src = Pattern(kA, 3), target(kA + kB, 't');
+  char* a_base = target.data();
+  char* b_base = target.data() + kA;
+  auto ls = p->a->RegisterMemory(src.data(), src.size());
+  auto ra = p->b->RegisterMemory(a_base, kA);
+  auto rb = p->b->RegisterMemory(b_base, kB);
+  REQUIRE(ls.ok());
+  REQUIRE(ra.ok());
+  REQUIRE(rb.ok());
+  auto da = UnpackDescriptor(ra->descriptor);
+  auto db = UnpackDescriptor(rb->descriptor);
+  REQUIRE(da.ok());
+  REQUIRE(db.ok());
+  REQUIRE(da->token != 0);
+  REQUIRE(da->token != db->token);
+  const uint64_t b_addr = reinterpret_cast<uint64_t>(b_base), a_addr = reinterpret_cast<uint64_t>(a_base);
+  auto into_b = p->a_to_b->ImportRegion(Forge(ra->descriptor, b_addr + 4096, da->token));
+  auto wrong_token = p->a_to_b->ImportRegion(Forge(ra->descriptor, a_addr, da->token ^ 1));
+  auto guessed = p->a_to_b->ImportRegion(Forge(ra->descriptor, a_addr, 0));
+  auto legit = p->a_to_b->ImportRegion(ra->descriptor);
+  REQUIRE(into_b.ok());
+  REQUIRE(wrong_token.ok());
+  REQUIRE(guessed.ok());
+  REQUIRE(legit.ok());
+  const uint64_t before = p->b->refused_puts();
+  // Each sender's Work completes (nothing answers an eager message); each chunk is refused.
+  for (RemoteRegion r : {*into_b, *wrong_token, *guessed}) {
+    CHECK(p->a->Put(p->a_to_b, {{ls->id, 0, kA}}, {{r, 0, kA}}).Wait(kTimeout).ok());
+  }
+  REQUIRE(p->a->Notify(p->a_to_b, "forged").Wait(kTimeout).ok());
+  auto note = p->b->WaitNotification(kTimeout);  // after the puts before it were handled
+  REQUIRE(note.ok());
+  CHECK(note->message == "forged");
+  const uint64_t chunks = (kA + kAmPutChunkBytes - 1) / kAmPutChunkBytes;
+  CHECK(p->b->refused_puts() == before + 3 * chunks);
+  CHECK(FirstDifference(target, std::vector<char>(kA + kB, 't')) == -1);  // neither A nor B written
+  // The legitimate put, at an odd offset, still lands byte for byte, and only there.
+  REQUIRE(p->a->Put(p->a_to_b, {{ls->id, 7, kA - 9}}, {{*legit, 2, kA - 9}}).Wait(kTimeout).ok());
+  REQUIRE(p->a->Notify(p->a_to_b, "legit").Wait(kTimeout).ok());
+  note = p->b->WaitNotification(kTimeout);
+  REQUIRE(note.ok());
+  CHECK(note->message == "legit");
+  std::vector<char> want(kA + kB, 't');
+  std::copy(src.begin() + 7, src.begin() + 7 + (kA - 9), want.begin() + 2);
+  CHECK(FirstDifference(target, want) == -1);
+  CHECK(p->b->refused_puts() == before + 3 * chunks);
 }
 
 }  // namespace

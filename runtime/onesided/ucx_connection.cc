@@ -45,31 +45,35 @@ bool ApplyUcxDefaults(ucp_config_t* config) {
   return false;
 }
 
-std::string AmPutHeader(uint64_t address) {
+std::string AmPutHeader(uint64_t token, uint64_t address) {
   std::string h;
-  base::AppendU32LE(static_cast<uint32_t>(address), &h);
-  base::AppendU32LE(static_cast<uint32_t>(address >> 32), &h);
+  for (uint64_t v : {token, address}) {
+    base::AppendU32LE(static_cast<uint32_t>(v), &h);
+    base::AppendU32LE(static_cast<uint32_t>(v >> 32), &h);
+  }
   return h;
 }
 
-bool ParseAmPutHeader(const void* header, size_t length, uint64_t* address) {
-  if (length != 8) return false;
+bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address) {
+  if (length != 16) return false;
   const char* h = static_cast<const char*>(header);
-  *address = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
+  *token = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
+  *address = uint64_t{base::LoadU32LE(h + 8)} | uint64_t{base::LoadU32LE(h + 12)} << 32;
   return true;
 }
 
-bool WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t address, const void* data,
-                     uint64_t length) {
+const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
+                            const void* data, uint64_t length) {
   for (const auto& [id, reg] : regions) {
+    if (reg.token != token || reg.kind != MemoryKind::kHost) continue;
     const uint64_t start = reinterpret_cast<uint64_t>(reg.base);
-    if (reg.kind != MemoryKind::kHost || address < start || !InBounds(address - start, length, reg.bytes)) {
-      continue;
+    if (address < start || !InBounds(address - start, length, reg.bytes)) {
+      return "the range lies outside the region its token names";
     }
     if (length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
-    return true;
+    return nullptr;
   }
-  return false;
+  return "no registered host region has its token (deregistered since, or a wrong token)";
 }
 
 absl::Status ConnectionImpl::Open(ucp_worker_h worker, const std::string& address, bool detect_peer_failure,
@@ -185,7 +189,7 @@ absl::StatusOr<RemoteRegion> ConnectionImpl::ImportRegion(absl::string_view desc
     return absl::InvalidArgumentError(absl::StrCat("region descriptor belongs to agent '", d.owner,
                                                    "', not to this connection's peer '", peer_, "'"));
   }
-  Remote r{d.base, d.length, nullptr, nullptr, nullptr};
+  Remote r{d.base, d.length, nullptr, nullptr, nullptr, d.token};
   if (d.length > 0 && cuda_ipc::IsExported(d.rkey)) {
     auto m = cuda_ipc::Mapping::Open(d.rkey, d.length);
     if (!m.ok()) {

@@ -47,15 +47,19 @@ struct LocalRegion {
   uint64_t bytes = 0;
   ucp_mem_h memh = nullptr;
   MemoryKind kind = MemoryKind::kHost;
+  uint64_t token = 0;  // RegionDescriptor::token, carried by active-message puts into it
 };
 
-// The header of a put sent as an active message (agent.cc): the target address, 8 bytes LE.
-std::string AmPutHeader(uint64_t address);
-bool ParseAmPutHeader(const void* header, size_t length, uint64_t* address);
-// Copies `length` bytes from `data` to `address` if one host region of `regions` holds the whole
-// range; false (nothing written) otherwise. The caller holds the lock guarding `regions`.
-bool WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t address, const void* data,
-                     uint64_t length);
+// The header of a put sent as an active message (agent.cc): the target region's token, then the
+// target address, 8 bytes little-endian each. (Before the token it was the address alone, 8 bytes;
+// such a header is refused.)
+std::string AmPutHeader(uint64_t token, uint64_t address);
+bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address);
+// Copies `length` bytes from `data` to `address` if the host region of `regions` whose token is
+// `token` holds the whole range, and returns null; otherwise writes nothing and returns why (for
+// the log). The caller holds the lock guarding `regions`.
+const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
+                            const void* data, uint64_t length);
 
 struct Remote {
   uint64_t base = 0, length = 0;
@@ -64,6 +68,7 @@ struct Remote {
   // null where UCX cannot map it (CMA, TCP) or the connection does not allow it.
   char* mapped = nullptr;
   std::shared_ptr<cuda_ipc::Mapping> cuda;  // a peer's GPU region (then base is its local address)
+  uint64_t token = 0;  // RegionDescriptor::token, sent with active-message puts into the region
 };
 
 // One UCX endpoint to a peer agent, its imported remote regions and its health. Owned by the
