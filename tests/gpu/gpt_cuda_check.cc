@@ -1,0 +1,196 @@
+// The GPU training step (runtime/model/gpt_cuda.h) against the CPU model (gpt.h) on a 1-GPU
+// machine (tests/gpu/run.sh check): a CPU Gpt and a GptCuda start from the same seed's parameters
+// and train on the same fixed pseudo-random tokens, each with its own AdamW (same options, clipping
+// at 1.0). Per step the losses must agree (relative 1e-4); after step 1 the gradients
+// (max |g_gpu - g_cpu| / max |g_cpu| <= 1e-4); after the last step the parameters (max abs diff /
+// max |p| <= 1e-3: Adam turns rounding-level gradient differences into per-step updates of up to
+// lr, so parameters drift further apart than gradients). Cases:
+//   gpt       vocab 256, context 64, 2 layers, 4 heads, d 128, GELU, full causal, 20 steps of 4x64
+//   window    the same with a 16-key sliding window, 3 steps
+//   llama     RoPE, 2 KV heads (GQA), SwiGLU, untied head, 3 steps
+// One PASS/FAIL line per check and BENCH lines (tokens/s of the GPU and the CPU step, the
+// GPU's first step excluded); exit 0 = all passed, 1 = a check failed.
+// Without a GPU (or built without CUDA) it prints "SKIP gpt_cuda_check: <reason>" and exits 0,
+// unless EMBER_EXPECT_GPUS is set (and not "0"), which makes that a failure.
+// NOT RUN ON A GPU YET.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/exec_context.h"
+#include "runtime/model/gpt.h"
+#include "runtime/model/gpt_cuda.h"
+
+namespace ember::model {
+namespace {
+
+int g_failed = 0;
+
+void Report(bool ok, const std::string& what) {
+  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
+  std::fflush(stdout);
+  if (!ok) ++g_failed;
+}
+
+// max |a - b| / max |b| (0 when both are zero).
+double RelMaxDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(static_cast<double>(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(static_cast<double>(b[i])));
+  }
+  return scale == 0 ? diff : diff / scale;
+}
+
+// The spec with the largest relative difference, for the FAIL line.
+std::string WorstTensor(const GptConfig& cfg, const std::vector<float>& a,
+                        const std::vector<float>& b) {
+  std::string name;
+  double worst = -1;
+  int64_t off = 0;
+  for (const ParamSpec& s : ParamSpecs(cfg)) {
+    std::vector<float> x(a.begin() + off, a.begin() + off + s.numel());
+    std::vector<float> y(b.begin() + off, b.begin() + off + s.numel());
+    const double r = RelMaxDiff(x, y);
+    if (r > worst) {
+      worst = r;
+      name = absl::StrFormat("%s (%.3g)", s.name, r);
+    }
+    off += s.numel();
+  }
+  return name;
+}
+
+double Seconds(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void RunCase(kernels::cuda::CudaContext& ctx, const std::string& name, const GptConfig& cfg,
+             int steps, int64_t B, int64_t T) {
+  auto cpu_or = Gpt::Create(cfg, /*seed=*/1234);
+  if (!cpu_or.ok()) return Report(false, absl::StrCat(name, ": Gpt::Create: ", cpu_or.status().ToString()));
+  std::unique_ptr<Gpt> cpu = std::move(*cpu_or);
+  auto gpu_or = GptCuda::Create(cfg, ctx);
+  if (!gpu_or.ok()) return Report(false, absl::StrCat(name, ": GptCuda::Create: ", gpu_or.status().ToString()));
+  std::unique_ptr<GptCuda> gpu = std::move(*gpu_or);
+  if (absl::Status s = gpu->UploadParams(*cpu); !s.ok())
+    return Report(false, absl::StrCat(name, ": UploadParams: ", s.ToString()));
+  const int64_t P = cpu->num_params(), N = B * T;
+  {
+    std::vector<float> back(P);
+    absl::Status s = gpu->DownloadParams(back.data(), P);
+    Report(s.ok() && std::equal(back.begin(), back.end(), cpu->params_flat()),
+           absl::StrCat(name, ": parameters round-trip through the device bit for bit ", s.ToString()));
+  }
+  kernels::ThreadPool pool(std::max(1u, std::min(8u, std::thread::hardware_concurrency())));
+  const kernels::ExecContext cpu_ctx{&pool, /*deterministic=*/true};
+  kernels::AdamWOptions opt;  // the job spec's defaults (lr 1e-3, betas 0.9/0.95)
+  opt.weight_decay = 0.1f;
+  const double clip = 1.0;
+  AdamW cpu_opt(opt, P, clip);
+  uint64_t rng = 0x9E3779B97F4A7C15ull;
+  auto next = [&] {
+    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<int32_t>((rng >> 33) % static_cast<uint64_t>(cfg.vocab_size));
+  };
+  double cpu_s = 0, gpu_s = 0, worst_loss = 0;
+  bool loss_ok = true;
+  std::vector<float> g_cpu(P), g_gpu(P);
+  for (int step = 1; step <= steps; ++step) {
+    std::vector<int32_t> tokens(N + 1);
+    for (auto& t : tokens) t = next();
+    std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+    tokens.pop_back();
+    auto t0 = std::chrono::steady_clock::now();
+    cpu->ZeroGrad();
+    auto lc = cpu->ForwardBackward(cpu_ctx, tokens.data(), targets.data(), B, T);
+    if (step > 1) cpu_s += Seconds(t0);
+    t0 = std::chrono::steady_clock::now();
+    absl::Status zs = gpu->ZeroGrad();
+    auto lg = zs.ok() ? gpu->ForwardBackward(tokens.data(), targets.data(), B, T)
+                      : absl::StatusOr<float>(zs);
+    if (step > 1) gpu_s += Seconds(t0);
+    if (!lc.ok() || !lg.ok()) {
+      return Report(false, absl::StrCat(name, ": step ", step, ": cpu ", lc.status().ToString(),
+                                        ", gpu ", lg.status().ToString()));
+    }
+    const double rel = std::fabs(*lg - *lc) / std::max(1e-30, std::fabs(static_cast<double>(*lc)));
+    worst_loss = std::max(worst_loss, rel);
+    if (rel > 1e-4 || !std::isfinite(*lg)) {
+      loss_ok = false;
+      std::printf("  %s step %d: loss cpu %.7f gpu %.7f (rel %.3g)\n", name.c_str(), step, *lc, *lg, rel);
+    }
+    if (step == 1) {
+      absl::Status s = gpu->DownloadGrads(g_gpu.data(), P);
+      std::copy(cpu->grads_flat(), cpu->grads_flat() + P, g_cpu.begin());
+      const double r = s.ok() ? RelMaxDiff(g_gpu, g_cpu) : 1e30;
+      Report(s.ok() && r <= 1e-4,
+             absl::StrFormat("%s: step-1 gradients, max diff / max |g| = %.3g (<= 1e-4; worst %s) %s",
+                             name, r, WorstTensor(cfg, g_gpu, g_cpu), s.ToString()));
+    }
+    t0 = std::chrono::steady_clock::now();
+    const double nc = cpu_opt.Step(cpu_ctx, *cpu);
+    if (step > 1) cpu_s += Seconds(t0);
+    t0 = std::chrono::steady_clock::now();
+    auto ng = gpu->AdamWStep(opt, clip);
+    if (step > 1) gpu_s += Seconds(t0);
+    if (!ng.ok()) return Report(false, absl::StrCat(name, ": AdamWStep: ", ng.status().ToString()));
+    if (std::fabs(*ng - nc) > 1e-4 * nc) {
+      loss_ok = false;
+      std::printf("  %s step %d: grad norm cpu %.7g gpu %.7g\n", name.c_str(), step, nc, *ng);
+    }
+    if (step == 1 || step == steps) std::printf("  %s step %d: loss %.6f (cpu) %.6f (gpu)\n", name.c_str(), step, *lc, *lg);
+  }
+  Report(loss_ok, absl::StrFormat("%s: %d steps, losses and gradient norms agree (worst loss rel %.3g <= 1e-4)",
+                                  name, steps, worst_loss));
+  std::vector<float> p_gpu(P), p_cpu(cpu->params_flat(), cpu->params_flat() + P);
+  absl::Status s = gpu->DownloadParams(p_gpu.data(), P);
+  const double r = s.ok() ? RelMaxDiff(p_gpu, p_cpu) : 1e30;
+  Report(s.ok() && r <= 1e-3,
+         absl::StrFormat("%s: parameters after %d steps, max diff / max |p| = %.3g (<= 1e-3; worst %s) %s",
+                         name, steps, r, WorstTensor(cfg, p_gpu, p_cpu), s.ToString()));
+  if (steps > 1) {
+    const double tok = static_cast<double>(N) * (steps - 1);
+    std::printf("BENCH %s train step (fwd+bwd+AdamW, B=%lld T=%lld): gpu %.0f tokens/s, cpu %.0f "
+                "tokens/s (%u threads), gpu/cpu %.2fx\n",
+                name.c_str(), static_cast<long long>(B), static_cast<long long>(T), tok / gpu_s,
+                tok / cpu_s, std::min(8u, std::thread::hardware_concurrency()), cpu_s / gpu_s);
+  }
+}
+
+int Main() {
+  const char* expect = std::getenv("EMBER_EXPECT_GPUS");
+  const bool must = expect != nullptr && std::string(expect) != "0";
+  auto ctx = kernels::cuda::CudaContext::Create(0);
+  if (!ctx.ok()) {
+    std::printf("%s gpt_cuda_check: %s\n", must ? "FAIL" : "SKIP", std::string(ctx.status().message()).c_str());
+    return must ? 1 : 0;
+  }
+  std::printf("GPU: %s\n", (*ctx)->DeviceName().c_str());
+  GptConfig cfg;  // gpt, GELU, vocab 256, 2 layers, 4 heads, d 128
+  cfg.context = 64;
+  RunCase(**ctx, "gpt", cfg, 20, 4, 64);
+  GptConfig win = cfg;
+  win.window = 16;
+  RunCase(**ctx, "window", win, 3, 4, 64);
+  GptConfig llama = LlamaConfig();
+  llama.context = 64;
+  llama.n_kv_head = 2;
+  RunCase(**ctx, "llama", llama, 3, 4, 64);
+  std::printf("gpt_cuda_check: %d failed\n", g_failed);
+  return g_failed == 0 ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace ember::model
+
+int main() { return ember::model::Main(); }
