@@ -263,7 +263,9 @@ absl::Status GptCuda::BlockBackward(int64_t l, int64_t B, int64_t T) {
 
 absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t* tokens, const int32_t* targets,
                                                int64_t B, int64_t T) {
-  RETURN_IF_ERROR(EnsureActivations(B, T));
+  if (B < 1 || T < 1 || T > cfg_.context) {
+    return absl::InvalidArgumentError(absl::StrCat("GptCuda: batch ", B, "x", T, " vs context ", cfg_.context));
+  }
   const int64_t N = B * T, C = cfg_.d_model, V = cfg_.vocab_size;
   for (int64_t n = 0; n < N; ++n) {
     if (tokens[n] < 0 || tokens[n] >= V)
@@ -273,6 +275,7 @@ absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t* tokens, const int3
                                                      ") and not ignore_index ", cfg_.loss.ignore_index));
     }
   }
+  RETURN_IF_ERROR(EnsureActivations(B, T));
   float* A = acts_;
   auto ids = [&](int64_t off) { return reinterpret_cast<int32_t*>(A + off); };
   auto P = [&](int i) { return params_ + layout_.offset[i]; };

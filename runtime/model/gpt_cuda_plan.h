@@ -5,7 +5,8 @@
 //
 // Every buffer starts on a kGptCudaAlignFloats boundary (256 bytes: cuBLASLt's default pointer
 // alignment assumption, and float4 loads in the row kernels); the arenas themselves come from the
-// CUDA caching allocator, whose blocks are 512-byte aligned. Thread safety: plain functions.
+// CUDA caching allocator, whose blocks are cudaMalloc's (256-byte aligned or more). Thread
+// safety: plain functions.
 #ifndef EMBER_RUNTIME_MODEL_GPT_CUDA_PLAN_H_
 #define EMBER_RUNTIME_MODEL_GPT_CUDA_PLAN_H_
 
