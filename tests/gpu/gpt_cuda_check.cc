@@ -34,17 +34,12 @@
 #include "kernels/exec_context.h"
 #include "runtime/model/gpt.h"
 #include "runtime/model/gpt_cuda.h"
+#include "tests/gpu/check_report.h"
 
 namespace ember::model {
 namespace {
 
-int g_failed = 0;
-
-void Report(bool ok, const std::string& what) {
-  std::printf("%s %s\n", ok ? "PASS" : "FAIL", what.c_str());
-  std::fflush(stdout);
-  if (!ok) ++g_failed;
-}
+using gpu_check::Report;
 
 std::string Why(const absl::Status& s) { return s.ok() ? "" : absl::StrCat(": ", s.ToString()); }
 
@@ -293,8 +288,8 @@ int Main(const std::string& mode) {
   llama.context = 64;
   llama.n_kv_head = 2;
   RunCase(ctx.get(), mode, "llama", llama, 3, 4, 64);
-  std::printf("gpt_cuda_check: %d failed\n", g_failed);
-  return g_failed == 0 ? 0 : 1;
+  std::printf("gpt_cuda_check: %d failed\n", gpu_check::FailedChecks());
+  return gpu_check::FailedChecks() == 0 ? 0 : 1;
 }
 
 }  // namespace
