@@ -25,6 +25,7 @@ launcher/cmd_weights.cc	"EMBER_STORE	emberctl's own client setting (the store fo
 launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone` starts
 runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has
 kernels/cuda/gpu_test_util.h	"EMBER_EXPECT_GPUS	the GPU script makes the CUDA op tests fail instead of skip without a GPU
+tests/gpu/gpt_cuda_check.cc	"EMBER_EXPECT_GPUS	the GPU script makes the GPU training-step check fail instead of skip without a GPU
 LIST
 )
 

@@ -85,6 +85,9 @@ absl::Status GeluBackward(CudaContext& ctx, const float* x, const float* dy, flo
 absl::Status SwiGluForward(CudaContext& ctx, const float* x, int64_t N, int64_t F, float* y);
 absl::Status SwiGluBackward(CudaContext& ctx, const float* x, const float* dy, int64_t N,
                             int64_t F, float* dx);
+// out = a + b (out may alias a or b); y += x. Bitwise the CPU's (one fp32 add per element).
+absl::Status Add(CudaContext& ctx, const float* a, const float* b, float* out, int64_t n);
+absl::Status AddInPlace(CudaContext& ctx, const float* x, float* y, int64_t n);
 absl::Status SoftmaxForward(CudaContext& ctx, const float* x, int64_t N, int64_t C, float* y);
 absl::Status SoftmaxBackward(CudaContext& ctx, const float* y, const float* dy, int64_t N,
                              int64_t C, float* dx);

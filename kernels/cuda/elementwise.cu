@@ -1,4 +1,4 @@
-// Elementwise kernels: casts, GELU (tanh), SwiGLU, embedding forward/backward. Contracts: cuda_ops.h
+// Elementwise kernels: casts, GELU (tanh), SwiGLU, residual add, embedding forward/backward. Contracts: cuda_ops.h
 // (the same as kernels/ops.h and kernels/cast.h on CPU).
 #include "kernels/cuda/device_util.cuh"
 #include "kernels/cuda/launch.h"
@@ -75,9 +75,19 @@ __global__ void EmbeddingBackwardKernel(const int32_t* __restrict__ ids, int64_t
   for (int64_t n = 0; n < N; ++n) dtable[static_cast<int64_t>(ids[n]) * C + c] += dout[n * C + c];
 }
 
+__global__ void AddKernel(const float* a, const float* b, float* out, int64_t n) {
+  EMBER_GRID_STRIDE(i, n) out[i] = a[i] + b[i];  // out may alias a or b: no __restrict__
+}
+
 constexpr int kBlock = 256;
 
 }  // namespace
+
+cudaError_t Add(const float* a, const float* b, float* out, int64_t n, int64_t grid,
+                cudaStream_t s) {
+  if (grid > 0) AddKernel<<<grid, kBlock, 0, s>>>(a, b, out, n);
+  return cudaGetLastError();
+}
 
 cudaError_t CastF32ToBf16(const float* in, uint16_t* out, int64_t n, int64_t grid,
                           cudaStream_t s) {

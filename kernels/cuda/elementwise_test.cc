@@ -1,4 +1,4 @@
-// CUDA casts, GELU, SwiGLU and embedding against the CPU reference (kernels/cast.h, ops.h):
+// CUDA casts, GELU, SwiGLU, Add and embedding against the CPU reference (kernels/cast.h, ops.h):
 // random inputs, outputs poisoned before each of two runs, bitwise determinism. SKIPs without GPU.
 #include "kernels/cuda/gpu_test_util.h"
 
@@ -77,6 +77,21 @@ TEST_CASE("cuda SwiGLU forward/backward match the CPU") {
   kernels::SwiGluBackward(kCpu, x.data(), dy.data(), N, F, wdx.data());
   CHECK(ErrRatio(f[0], wy, kF32Tol) <= 1);
   CHECK(ErrRatio(b[0], wdx, kF32Tol) <= 1);
+}
+
+TEST_CASE("cuda Add and AddInPlace are bitwise the CPU's") {
+  CudaContext* ctx = GpuOrSkip("add");
+  if (ctx == nullptr) return;
+  const int64_t n = 100003;
+  std::vector<float> a = Random(n, 10, 3.0f), b = Random(n, 11, 5.0f);
+  DeviceBuffer<float> da(ctx, a), db(ctx, b), out(ctx, n), y(ctx, n);
+  auto s = RunTwice<float>(ctx, {{&out, {}}}, [&] { return Add(*ctx, da.get(), db.get(), out.get(), n); });
+  auto acc = RunTwice<float>(ctx, {{&y, b}}, [&] { return AddInPlace(*ctx, da.get(), y.get(), n); });
+  std::vector<float> want(n), want_acc = b;
+  kernels::Add(kCpu, a.data(), b.data(), want.data(), n);
+  kernels::AddInPlace(kCpu, a.data(), want_acc.data(), n);
+  CHECK(std::memcmp(s[0].data(), want.data(), n * 4) == 0);
+  CHECK(std::memcmp(acc[0].data(), want_acc.data(), n * 4) == 0);
 }
 
 TEST_CASE("cuda embedding forward (written, accumulated) and backward match the CPU") {

@@ -23,6 +23,9 @@ cudaError_t SwiGluForward(const float* x, int64_t N, int64_t F, float* y, int64_
                           cudaStream_t s);
 cudaError_t SwiGluBackward(const float* x, const float* dy, int64_t N, int64_t F, float* dx,
                            int64_t grid, cudaStream_t s);
+// out = a + b; out may alias a or b.
+cudaError_t Add(const float* a, const float* b, float* out, int64_t n, int64_t grid,
+                cudaStream_t s);
 cudaError_t EmbeddingForward(const int32_t* ids, int64_t N, const float* table, int64_t C,
                              float* out, bool accumulate, int64_t grid, cudaStream_t s);
 // Deterministic: thread c owns column c and adds rows in order (no atomics).

@@ -148,6 +148,12 @@ absl::Status GeluForward(CudaContext& ctx, const float* x, float* y, int64_t n) 
 absl::Status GeluBackward(CudaContext& ctx, const float* x, const float* dy, float* dx, int64_t n) {
   return CudaStatus(detail::GeluBackward(x, dy, dx, n, Grid(n), S(ctx)), "GeluBackward");
 }
+absl::Status Add(CudaContext& ctx, const float* a, const float* b, float* out, int64_t n) {
+  return CudaStatus(detail::Add(a, b, out, n, Grid(n), S(ctx)), "Add");
+}
+absl::Status AddInPlace(CudaContext& ctx, const float* x, float* y, int64_t n) {
+  return CudaStatus(detail::Add(y, x, y, n, Grid(n), S(ctx)), "AddInPlace");
+}
 absl::Status SwiGluForward(CudaContext& ctx, const float* x, int64_t N, int64_t F, float* y) {
   return CudaStatus(detail::SwiGluForward(x, N, F, y, Grid(N * F), S(ctx)), "SwiGluForward");
 }

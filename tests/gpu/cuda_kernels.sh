@@ -35,7 +35,7 @@ case "${1:-}" in
     du -sh "$OUT"  # OpenBLAS (the CPU reference) is most of it; the device tool carries 64 MiB
     echo "cuda_kernels: built $OUT"
     ;;
-  check)
+  libpath)  # the LD_LIBRARY_PATH entries check uses (tests/gpu/run.sh's gpt_cuda_check too)
     libs="$PWD/$OUT/lib:/usr/local/cuda/lib64"
     for py in python3 /usr/bin/python3; do  # cuBLAS/cudart inside the nvidia-* wheels
       site=$("$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) || continue
@@ -43,7 +43,10 @@ case "${1:-}" in
         for l in "$d"/nvidia/*/lib "$d"/nvidia/cu13/lib; do [ -d "$l" ] && libs="$libs:$l"; done
       done
     done
-    export LD_LIBRARY_PATH="$libs:${LD_LIBRARY_PATH:-}"
+    echo "$libs"
+    ;;
+  check)
+    export LD_LIBRARY_PATH="$(bash "$0" libpath):${LD_LIBRARY_PATH:-}"
     export EMBER_EXPECT_GPUS="${EMBER_EXPECT_GPUS:-1}"
     fail=0
     for t in $TESTS; do
@@ -54,7 +57,7 @@ case "${1:-}" in
     exit $fail
     ;;
   *)
-    echo "usage: $0 build|check" >&2
+    echo "usage: $0 build|check|libpath" >&2
     exit 2
     ;;
 esac

@@ -9,10 +9,10 @@
 # for the NCCL checks).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check tests/gpu/nvml_check tests/gpu/onesided_cuda_ipc_check"
+BINS="runtime/base/devices_test tests/gpu/nccl_gpu_check tests/gpu/nvml_check tests/gpu/onesided_cuda_ipc_check tests/gpu/gpt_cuda_check"
 case "${1:-}" in
   build)
-    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check //tests/gpu:nvml_check //tests/gpu:onesided_cuda_ipc_check
+    bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check //tests/gpu:nvml_check //tests/gpu:onesided_cuda_ipc_check //tests/gpu:gpt_cuda_check
     bin="$(bazel info bazel-bin 2>/dev/null)"
     mkdir -p tests/gpu/bin/lib
     for b in $BINS; do
@@ -41,6 +41,10 @@ case "${1:-}" in
     # Two processes on one device: CUDA IPC put/get and graph capture (runtime/onesided/cuda_ipc.h).
     timeout 120 tests/gpu/bin/onesided_cuda_ipc_check || rc=1
     timeout 240 bash tests/gpu/cuda_kernels.sh check || rc=1
+    # The GPU training step vs the CPU model (runtime/model/gpt_cuda.h); OpenBLAS (its CPU side)
+    # and cuBLAS come from cuda_kernels.sh's library path.
+    LD_LIBRARY_PATH="$(bash tests/gpu/cuda_kernels.sh libpath):$LD_LIBRARY_PATH" EMBER_EXPECT_GPUS=1 \
+      timeout 120 tests/gpu/bin/gpt_cuda_check || rc=1
     exit $rc
     ;;
   *)
