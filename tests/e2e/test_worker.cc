@@ -69,7 +69,15 @@ int main() {
   }
   co.connect_timeout = absl::Seconds(10);
   co.default_timeout = absl::Seconds(10);
+  // A patient worker keeps trying to connect as long as it would outlast an unreachable store, so
+  // a store refusing its token while it starts does not end it before its daemon acts.
+  const bool patient = spec->name().find("patient") != std::string::npos;
+  const absl::Time connect_start = absl::Now();
   auto store = ember::store::Client::Connect(co);
+  while (!store.ok() && patient && absl::Now() - connect_start < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(200));
+    store = ember::store::Client::Connect(co);
+  }
   if (!store.ok()) {
     std::cerr << "test_worker: store: " << store.status() << "\n";
     return 1;
@@ -87,8 +95,7 @@ int main() {
   bool hang = name.find("hang") != std::string::npos;
   const bool deaf = name.find("deaf") != std::string::npos;
   if (deaf) ::signal(SIGTERM, SIG_IGN);
-  const absl::Duration give_up =
-      name.find("patient") != std::string::npos ? absl::Seconds(60) : absl::Seconds(3);
+  const absl::Duration give_up = patient ? absl::Seconds(60) : absl::Seconds(3);
   int64_t steps = hang ? (1LL << 40) : spec->steps();
   ember::store::Client attempt = store->WithPrefix(env->prefix());
   absl::Time start = absl::Now();
