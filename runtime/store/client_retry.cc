@@ -13,6 +13,11 @@ using v1::Request;
 
 bool Idempotent(const Request& r) { return IdempotentRequest(r); }
 
+bool BlocksOnServer(const Request& r) {
+  return r.has_wait() || (r.has_get() && r.get().wait()) ||
+         (r.has_multi_get() && r.multi_get().wait());
+}
+
 std::string Describe(const Request& r) {
   switch (r.op_case()) {
     case Request::kSet: return absl::StrCat("Set('", r.set().key(), "')");

@@ -20,6 +20,12 @@ namespace ember::store::client_internal {
 // gives the same state and answer. Add, Append, CompareSet, DeletePrefix and LeaseGrant may not.
 bool Idempotent(const v1::Request& r);
 
+// Whether the server holds `r` until its own timeout (a Wait, or a Get/MultiGet with wait): the
+// server answers DEADLINE_EXCEEDED naming the missing keys at the call's timeout, so the client's
+// own deadline for it is kServerSlack later; other requests expire at the timeout itself.
+bool BlocksOnServer(const v1::Request& r);
+inline constexpr absl::Duration kServerSlack = absl::Milliseconds(100);
+
 // "Set('k')", "Wait([a, b])", ... for error messages.
 std::string Describe(const v1::Request& r);
 

@@ -4,6 +4,7 @@
 // store's address and the deadline; once the store runs again (SIGCONT) a new call must get its
 // own, correct answer on a fresh connection. Each transport: the abstract Unix socket, the fast
 // path's TCP socket, the gRPC Session stream. Loopback only; every wait is bounded.
+#include <dirent.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -48,10 +50,39 @@ class StoreProcess {
   }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   int port() const { return port_; }
-  void Stop() { REQUIRE(kill(pid_, SIGSTOP) == 0); }
+  // SIGSTOP, then waits (up to 5 s) until every thread of the store is stopped: kill() returns
+  // before they are, and a request could still be answered meanwhile.
+  void Stop() {
+    REQUIRE(kill(pid_, SIGSTOP) == 0);
+    const absl::Time give_up = absl::Now() + absl::Seconds(5);
+    while (!AllStopped()) {
+      REQUIRE(absl::Now() < give_up);
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
   void Resume() { REQUIRE(kill(pid_, SIGCONT) == 0); }
 
  private:
+  // Whether every /proc/<pid>/task/<tid>/stat says state T (stopped).
+  bool AllStopped() const {
+    const std::string tasks = absl::StrCat("/proc/", pid_, "/task");
+    DIR* d = opendir(tasks.c_str());
+    if (d == nullptr) return false;
+    bool all = true;
+    int n = 0;
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(absl::StrCat(tasks, "/", e->d_name, "/stat"));
+      std::string stat((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');  // "tid (comm) S ..."
+      if (paren == std::string::npos || paren + 2 >= stat.size()) continue;  // thread gone
+      ++n;
+      if (stat[paren + 2] != 'T') all = false;
+    }
+    closedir(d);
+    return all && n > 0;
+  }
+
   std::string dir_;
   pid_t pid_ = -1;
   int port_ = 0;
