@@ -258,12 +258,19 @@ void Connection::ReadAsRole(int fd) {
   using Result = client_internal::FrameReader::Result;
   v1::ResponseBatch batch;
   const Result rr = frames_.ReadSome(fd, &batch);
+  if (rr == Result::kFrame) {
+    Fired ready;
+    {
+      absl::MutexLock l(&mu_);
+      // A socket DropSilent replaced: its late answers are discarded.
+      if (fast_fd_ == fd) Deliver(&batch, &ready);
+    }
+    Run(&ready);  // still holding the role: a pipeline's callbacks run in its answers' order
+  }
   Fired fail;
   {
     absl::MutexLock l(&mu_);
     reader_busy_ = false;
-    // A socket DropSilent replaced: its late answers are discarded.
-    if (rr == Result::kFrame && fast_fd_ == fd) Deliver(&batch, &fail);
     if (rr == Result::kClosed && fast_fd_ == fd) {
       fast_fd_ = -1;
       frames_.Clear();
