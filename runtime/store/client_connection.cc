@@ -468,8 +468,13 @@ void Connection::TimerLoop() {
       kick_ = false;
       if (stop_) return;
       absl::Time now = absl::Now();
+      const std::string last_error =
+          last_error_.empty() ? absl::StrCat("none yet; the first connection attempt (dial_timeout ",
+                                             absl::FormatDuration(options_.dial_timeout),
+                                             ") has not finished")
+                              : last_error_;
       const bool silent = queue_.Expire(now, connected(), options_.address,
-                                        last_error_ + tls_hint_, last_rx_, &expired);
+                                        last_error + tls_hint_, last_rx_, &expired);
       if (silent) {
         DropSilent(absl::StrCat("the store at ", options_.address, " sent nothing back for ",
                                 absl::FormatDuration(now - last_rx_),

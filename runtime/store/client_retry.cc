@@ -27,6 +27,10 @@ std::string Describe(const Request& r) {
     case Request::kWait: return absl::StrCat("Wait([", absl::StrJoin(r.wait().keys(), ", "), "])");
     case Request::kMultiGet: return absl::StrCat("MultiGet(", r.multi_get().keys_size(), " keys)");
     case Request::kAppend: return absl::StrCat("Append('", r.append().key(), "')");
+    case Request::kCheck:
+      return absl::StrCat("Check([", absl::StrJoin(r.check().keys(), ", "), "])");
+    case Request::kLeaseRefresh:
+      return absl::StrCat("RefreshLease(", r.lease_refresh().lease_id(), ")");
     default: return "store call";
   }
 }

@@ -164,6 +164,13 @@ TEST_CASE("every call on a silent store returns by its deadline; the next one af
   CheckSilent("MultiGet(wait)", a, [&] {
     return c.MultiGet({"k", "absent"}, {.wait = true, .timeout = kDeadline}).status();
   });
+  // A new client's Connect gives up at connect_timeout, though its dial (dial_timeout 5 s) is
+  // still waiting for the store's hello: the dial is abandoned, not waited for.
+  CheckSilent("Connect", a, [&] {
+    ClientOptions fresh = o;
+    fresh.connect_timeout = kDeadline;
+    return Client::Connect(fresh).status();
+  });
 
   store.Resume();
   // The first answer after the resume is this call's own (not the late reply to Get("k") above),
