@@ -84,7 +84,7 @@ bool RequestQueue::Expire(absl::Time now, bool connected, const std::string& add
     const std::string what = Describe(p.req);
     const std::string deadline = absl::FormatDuration(p.timeout);
     if (connected) {
-      if (p.sent && p.sent_at >= last_rx) silent = true;
+      if (p.sent && p.sent_at >= last_rx && now - last_rx >= kMinSilence) silent = true;
       Fail(it, absl::StatusCode::kDeadlineExceeded,
            absl::StrCat(what, " got no answer from the store at ", address, " within its ",
                         deadline, " deadline"),

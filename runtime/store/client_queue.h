@@ -65,9 +65,10 @@ class RequestQueue {
 
   // Fails every request whose deadline is at or before `now`: DEADLINE_EXCEEDED when `connected`
   // (the store did not answer in time), else UNAVAILABLE naming `last_error`; both name the
-  // call's timeout. Returns true when the connection is silent: `connected`, and an expired
-  // request was sent after `last_rx` (the last time an answer came), so nothing at all came back
-  // while it waited. The owner then drops the connection: whatever it still carries comes too late.
+  // call's timeout. Returns true when the connection is silent: `connected`, an expired request
+  // was sent after `last_rx` (the last time an answer came), so nothing at all came back while it
+  // waited, and that is kMinSilence ago or more. The owner then drops the connection: whatever it
+  // still carries comes too late.
   bool Expire(absl::Time now, bool connected, const std::string& address,
               const std::string& last_error, absl::Time last_rx, Fired* expired);
 

@@ -166,6 +166,13 @@ TEST_CASE("A request the server holds gets kServerSlack past its timeout; silenc
   REQUIRE(h.got.size() == 2);
   CHECK(h.got[1].second.message() ==
         "Wait([w]) got no answer from the store at host:1 within its 1s deadline");
+  // A short deadline alone is no sign of silence: under kMinSilence since the last answer.
+  const absl::Time t1 = t0 + absl::Seconds(5);
+  h.Push(SetReq("short"), t1, absl::Milliseconds(10));
+  h.Send(t1);
+  CHECK_FALSE(h.q.Expire(t1 + absl::Milliseconds(10), true, "host:1", "", t1, &expired));
+  h.Run(&expired);
+  CHECK(h.got.size() == 3);
 }
 
 TEST_CASE("owned() counts the requests whose caller reads the answer") {

@@ -26,6 +26,10 @@ bool Idempotent(const v1::Request& r);
 bool BlocksOnServer(const v1::Request& r);
 inline constexpr absl::Duration kServerSlack = absl::Milliseconds(100);
 
+// A connection counts as silent (RequestQueue::Expire) only after this long without any answer:
+// a call with a very short deadline expiring on a healthy connection proves nothing.
+inline constexpr absl::Duration kMinSilence = absl::Milliseconds(500);
+
 // "Set('k')", "Wait([a, b])", ... for error messages.
 std::string Describe(const v1::Request& r);
 
