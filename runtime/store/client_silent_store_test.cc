@@ -154,6 +154,10 @@ TEST_CASE("every call on a silent store returns by its deadline; the next one af
 
   store.Stop();
   const std::string& a = store.address();
+  // First, on the open connection, a value larger than the socket buffers: the caller blocks in
+  // send() until the deadline drops the connection.
+  const std::string big(8 << 20, 'b');
+  CheckSilent("Set(8 MiB)", a, [&] { return c.Set("big", big, d); });
   CheckSilent("Get", a, [&] { return c.Get("k", d).status(); });
   CheckSilent("Set", a, [&] { return c.Set("k3", "v3", d); });
   CheckSilent("Get(wait)", a, [&] {
