@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/store.pb.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/client_connection.h"
