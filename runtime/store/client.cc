@@ -7,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "proto/store.pb.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/client_connection.h"
@@ -48,9 +49,6 @@ absl::StatusOr<Response> RunSync(Connection* conn, Request req, absl::Duration t
   RETURN_IF_ERROR(ToStatus(out));
   return out;
 }
-
-// The server enforces blocking timeouts (and names the keys); the client's own deadline is later.
-constexpr absl::Duration kServerSlack = absl::Seconds(5);
 
 int64_t Ms(absl::Duration d) { return std::max<int64_t>(1, absl::ToInt64Milliseconds(d)); }
 
@@ -102,7 +100,7 @@ absl::StatusOr<std::string> Client::Get(absl::string_view key, CallOptions opts)
   req.mutable_get()->set_key(Full(key));
   req.mutable_get()->set_wait(opts.wait);
   req.mutable_get()->set_timeout_ms(Ms(t));
-  ASSIGN_OR_RETURN(Response r, RunSync(conn_.get(), std::move(req), t + kServerSlack));
+  ASSIGN_OR_RETURN(Response r, RunSync(conn_.get(), std::move(req), t));
   if (!r.get().found()) return absl::NotFoundError(absl::StrCat("key '", Full(key), "' not found"));
   return std::move(*r.mutable_get()->mutable_value());
 }
@@ -129,7 +127,7 @@ absl::Status Client::Wait(const std::vector<std::string>& keys, absl::Duration t
   Request req;
   for (const auto& k : keys) req.mutable_wait()->add_keys(Full(k));
   req.mutable_wait()->set_timeout_ms(Ms(timeout));
-  return RunSync(conn_.get(), std::move(req), timeout + kServerSlack).status();
+  return RunSync(conn_.get(), std::move(req), timeout).status();
 }
 
 absl::StatusOr<bool> Client::Check(const std::vector<std::string>& keys, CallOptions opts) {
@@ -167,7 +165,7 @@ absl::StatusOr<std::vector<std::optional<std::string>>> Client::MultiGet(
   for (const auto& k : keys) req.mutable_multi_get()->add_keys(Full(k));
   req.mutable_multi_get()->set_wait(opts.wait);
   req.mutable_multi_get()->set_timeout_ms(Ms(t));
-  ASSIGN_OR_RETURN(Response r, RunSync(conn_.get(), std::move(req), t + kServerSlack));
+  ASSIGN_OR_RETURN(Response r, RunSync(conn_.get(), std::move(req), t));
   std::vector<std::optional<std::string>> out(keys.size());
   const auto& m = r.multi_get();
   for (int i = 0; i < m.found_size() && i < static_cast<int>(out.size()); ++i) {
@@ -232,18 +230,30 @@ absl::StatusOr<std::unique_ptr<Watch>> Client::WatchPrefix(
   v1::WatchRequest req;
   req.set_prefix(Full(prefix));
   req.set_send_initial(send_initial);
-  return client_internal::StartWatch(conn_->stub(), conn_->options(), req, std::move(on_event),
-                                     std::move(on_end), conn_->options().connect_timeout);
+  const absl::Duration timeout = conn_->options().connect_timeout;
+  auto w = client_internal::StartWatch(conn_->stub(), conn_->options(), req, std::move(on_event),
+                                       std::move(on_end), timeout);
+  if (!w.ok()) {
+    return absl::Status(w.status().code(),
+                        absl::StrCat("watch of '", Full(prefix), "' at store ", address(),
+                                     " (within ", absl::FormatDuration(timeout),
+                                     "): ", w.status().message()));
+  }
+  return w;
 }
 
 absl::Status Client::Barrier(absl::string_view key, int n, absl::Duration timeout) {
   std::string arrived = absl::StrCat(key, "/arrived");
   std::string done = absl::StrCat(key, "/done");
-  ASSIGN_OR_RETURN(int64_t count, Add(arrived, 1, {.timeout = timeout}));
-  if (count == n) RETURN_IF_ERROR(Set(done, "1", {.timeout = timeout}));
-  absl::Status s = Wait({done}, timeout);
+  // One deadline for the whole barrier: each step gets what is left of it.
+  const absl::Time deadline = absl::Now() + timeout;
+  auto left = [deadline] { return std::max(absl::Milliseconds(1), deadline - absl::Now()); };
+  ASSIGN_OR_RETURN(int64_t count, Add(arrived, 1, {.timeout = left()}));
+  if (count == n) RETURN_IF_ERROR(Set(done, "1", {.timeout = left()}));
+  absl::Status s = Wait({done}, left());
   if (absl::IsDeadlineExceeded(s)) {
-    auto now = Add(arrived, 0, {.timeout = absl::Seconds(5)});
+    // Only for the message: a short look, so a silent store does not hold the caller much longer.
+    auto now = Add(arrived, 0, {.timeout = absl::Milliseconds(100)});
     return absl::DeadlineExceededError(absl::StrCat(
         "barrier '", Full(key), "': only ", now.ok() ? absl::StrCat(*now) : "?", " of ", n,
         " participants arrived within ", absl::FormatDuration(timeout)));
@@ -265,7 +275,7 @@ void Client::GetAsync(absl::string_view key,
   req.mutable_get()->set_key(full);
   req.mutable_get()->set_wait(opts.wait);
   req.mutable_get()->set_timeout_ms(Ms(t));
-  conn_->Call(std::move(req), t + kServerSlack, [done = std::move(done), full](Response r) {
+  conn_->Call(std::move(req), t, [done = std::move(done), full](Response r) {
     absl::Status s = ToStatus(r);
     if (!s.ok()) return done(s);
     if (!r.get().found()) {

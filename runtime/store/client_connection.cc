@@ -30,6 +30,7 @@ Connection::Connection(ClientOptions options) : options_(std::move(options)) {
   // The fast path is plaintext: a client with credentials (TLS) never uses it.
   grpc_only_ = !options_.use_fast_path || options_.credentials != nullptr;
   timer_ = std::thread([this] { TimerLoop(); });
+  dialer_ = std::thread([this] { DialerLoop(); });
 }
 
 Connection::~Connection() {
@@ -38,6 +39,12 @@ Connection::~Connection() {
     stop_ = true;
     if (stream_ != nullptr) stream_->Cancel();
     if (fast_fd_ >= 0) shutdown(fast_fd_, SHUT_RDWR);
+    if (info_ctx_ != nullptr) info_ctx_->TryCancel();  // a dial in progress ends now
+  }
+  dial_cancel_.Cancel();
+  dialer_.join();  // no stream is started after this
+  {
+    absl::MutexLock l(&mu_);
     auto no_streams = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_streams_ == 0; };
     mu_.Await(absl::Condition(&no_streams));
   }
@@ -70,9 +77,10 @@ void Connection::Call(Request req, absl::Duration timeout, Done done, bool calle
   }
   {
     absl::MutexLock l(&mu_);
-    const absl::Time deadline = absl::Now() + timeout;
-    queue_.Push(std::move(req), std::move(done), deadline, caller_reads);
-    if (deadline < timer_wake_at_) kick_ = true;  // the timer sleeps past this deadline
+    const absl::Time now = absl::Now();
+    queue_.Push(std::move(req), std::move(done), now, timeout, caller_reads);
+    // The timer sleeps past this deadline (timeout + kServerSlack at most).
+    if (now + timeout + client_internal::kServerSlack < timer_wake_at_) kick_ = true;
     kick_stream = connected();
     if (!kick_stream) kick_ = true;  // wake the timer thread to connect now
   }
@@ -160,7 +168,10 @@ void Connection::GrpcFlush() {
     s = stream_;
     if (s == nullptr || s->writing || s->read_ended || !queue_.has_unsent()) return;
     s->out.Clear();
-    if (queue_.TakeUnsent([s](const Request& r) { *s->out.add_requests() = r; }) == 0) return;
+    if (queue_.TakeUnsent(absl::Now(),
+                          [s](const Request& r) { *s->out.add_requests() = r; }) == 0) {
+      return;
+    }
     s->writing = true;
   }
   s->StartWrite(&s->out);
@@ -189,15 +200,24 @@ void Connection::OnWriteDone(client_internal::SessionStream* s, bool ok) {
   if (ok) Flush();
 }
 
-void Connection::OnBatch(v1::ResponseBatch* batch) { Deliver(batch); }
+void Connection::OnBatch(client_internal::SessionStream* s, v1::ResponseBatch* batch) {
+  Fired ready;
+  {
+    absl::MutexLock l(&mu_);
+    if (stream_ == s) Deliver(batch, &ready);  // else a dropped stream's late answers
+  }
+  Run(&ready);
+}
 
 void Connection::OnStreamDone(client_internal::SessionStream* s, const grpc::Status& status) {
   Fired fail;
   {
     absl::MutexLock l(&mu_);
     --live_streams_;
-    if (stream_ == s) stream_ = nullptr;
-    Broken(static_cast<absl::StatusCode>(status.error_code()), status.error_message(), &fail);
+    if (stream_ == s) {  // else DropSilent already replaced it
+      stream_ = nullptr;
+      Broken(static_cast<absl::StatusCode>(status.error_code()), status.error_message(), &fail);
+    }
   }
   Run(&fail);
 }
@@ -214,21 +234,23 @@ bool Connection::FastFlush() {
       fd = fast_fd_;
       // Encode the requests straight from the queue instead of copying each into a batch message.
       client_internal::BeginFrame(&frame);
-      const int n = queue_.TakeUnsent(
-          [&frame](const Request& r) { client_internal::AppendRequestField(r, &frame); });
+      const int n = queue_.TakeUnsent(absl::Now(), [&frame](const Request& r) {
+        client_internal::AppendRequestField(r, &frame);
+      });
       if (n == 0) return true;
       fast_writing_ = true;
       client_internal::EndFrame(&frame);
     }
+    // Blocks while the socket's buffer is full; DropSilent's shutdown ends that at a deadline.
     bool ok = client_internal::SendAll(fd, frame);
     {
       absl::MutexLock l(&mu_);
+      // The reader sees the shutdown and handles the break. (While fast_writing_ is set, `fd` is
+      // not closed: StartFast waits for it.)
+      if (!ok) shutdown(fd, SHUT_RDWR);
       fast_writing_ = false;
     }
-    if (!ok) {
-      shutdown(fd, SHUT_RDWR);  // the reader sees it and handles the break
-      return true;
-    }
+    if (!ok) return true;
   }
 }
 
@@ -236,7 +258,15 @@ void Connection::ReadAsRole(int fd) {
   using Result = client_internal::FrameReader::Result;
   v1::ResponseBatch batch;
   const Result rr = frames_.ReadSome(fd, &batch);
-  if (rr == Result::kFrame) Deliver(&batch);
+  if (rr == Result::kFrame) {
+    Fired ready;
+    {
+      absl::MutexLock l(&mu_);
+      // A socket DropSilent replaced: its late answers are discarded.
+      if (fast_fd_ == fd) Deliver(&batch, &ready);
+    }
+    Run(&ready);  // still holding the role: a pipeline's callbacks run in its answers' order
+  }
   Fired fail;
   {
     absl::MutexLock l(&mu_);
@@ -271,10 +301,22 @@ void Connection::StartFast(int fd) {
   if (reader_.joinable()) reader_.join();
   {
     absl::MutexLock l(&mu_);
+    // Nobody may still read or write the old socket (after DropSilent, its reader or writer is
+    // just waking from the shutdown) when it is closed and frames_ cleared.
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !reader_busy_ && !fast_writing_;
+    };
+    mu_.Await(absl::Condition(&idle));
+    if (stop_) {
+      close(fd);
+      connecting_ = false;
+      return;
+    }
     if (old_fd_ >= 0) close(old_fd_);
     old_fd_ = fd;
     frames_.Clear();
     fast_fd_ = fd;
+    last_rx_ = absl::Now();
     connecting_ = false;
   }
   reader_ = std::thread([this, fd] { ReaderLoop(fd); });
@@ -282,14 +324,23 @@ void Connection::StartFast(int fd) {
 }
 
 // --- connecting, breaks, deadlines ---------------------------------------------------------------
-void Connection::Deliver(v1::ResponseBatch* batch) {
-  Fired ready;
-  {
-    absl::MutexLock l(&mu_);
-    failures_ = 0;
-    queue_.Answer(batch, &ready);
+void Connection::Deliver(v1::ResponseBatch* batch, Fired* ready) {
+  failures_ = 0;
+  last_rx_ = absl::Now();
+  queue_.Answer(batch, ready);
+}
+
+void Connection::DropSilent(const std::string& why, Fired* fail) {
+  spdlog::warn("store client: {}; dropping that connection and dialling a fresh one", why);
+  if (fast_fd_ >= 0) {
+    shutdown(fast_fd_, SHUT_RDWR);  // wakes a reader or writer on it; StartFast closes it
+    fast_fd_ = -1;
   }
-  Run(&ready);
+  if (stream_ != nullptr) {
+    stream_->Cancel();  // OnStreamDone finds it replaced
+    stream_ = nullptr;
+  }
+  Broken(absl::StatusCode::kUnavailable, why, fail);
 }
 
 void Connection::Broken(absl::StatusCode code, const std::string& message, Fired* fail) {
@@ -325,7 +376,7 @@ void Connection::ConnectOnce() {
   if (!grpc_only_ && !guessed_) {
     guessed_ = true;  // only once: later reconnects ask Info (the port may have moved)
     int grpc_port = std::atoi(options_.address.substr(options_.address.rfind(':') + 1).c_str());
-    auto fd = client_internal::DialFastPath(options_, grpc_port + 1);
+    auto fd = client_internal::DialFastPath(options_, grpc_port + 1, &dial_cancel_);
     if (fd.ok()) {
       StartFast(*fd);
       return;
@@ -337,10 +388,24 @@ void Connection::ConnectOnce() {
   }
   if (!grpc_only_) {
     v1::InfoResponse info;
-    grpc::Status st = client_internal::QueryInfo(stub(), options_, &info);
+    v1::Store::Stub* info_stub = stub();
+    grpc::ClientContext ctx;
+    {
+      absl::MutexLock l(&mu_);
+      if (stop_) {
+        connecting_ = false;
+        return;
+      }
+      info_ctx_ = &ctx;
+    }
+    grpc::Status st = client_internal::QueryInfo(info_stub, options_, &ctx, &info);
+    {
+      absl::MutexLock l(&mu_);
+      info_ctx_ = nullptr;
+    }
     absl::Status err;
     if (st.ok() && info.fast_port() > 0) {
-      auto fd = client_internal::DialFastPath(options_, info.fast_port());
+      auto fd = client_internal::DialFastPath(options_, info.fast_port(), &dial_cancel_);
       if (fd.ok()) {
         StartFast(*fd);
         return;
@@ -359,9 +424,11 @@ void Connection::ConnectOnce() {
   v1::Store::Stub* grpc_stub = stub();
   {
     absl::MutexLock l(&mu_);
+    connecting_ = false;
+    if (stop_) return;
     stream_ = new client_internal::SessionStream(this, grpc_stub, options_.auth_token);
     ++live_streams_;
-    connecting_ = false;
+    last_rx_ = absl::Now();
   }
   Flush();
 }
@@ -386,13 +453,14 @@ bool Connection::TlsMismatch(Fired* fail) {
 void Connection::TimerLoop() {
   while (true) {
     Fired expired;
-    bool start_stream = false;
     {
       absl::MutexLock l(&mu_);
       // Sleep until the earliest deadline or reconnect time (at most 1 s), or a kick: an idle
       // connection costs no wake-ups (thousands of clients may share a host).
       absl::Time wake_at = queue_.EarliestDeadline(absl::Now() + absl::Seconds(1));
-      if (!connected() && !queue_.empty()) wake_at = std::min(wake_at, next_attempt_);
+      if (!connected() && !connecting_ && !queue_.empty()) {
+        wake_at = std::min(wake_at, next_attempt_);
+      }
       timer_wake_at_ = wake_at;
       auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || kick_; };
       mu_.AwaitWithDeadline(absl::Condition(&wake), wake_at);
@@ -400,14 +468,41 @@ void Connection::TimerLoop() {
       kick_ = false;
       if (stop_) return;
       absl::Time now = absl::Now();
-      queue_.Expire(now, connected(), options_.address, last_error_ + tls_hint_, &expired);
+      const std::string last_error =
+          last_error_.empty() ? absl::StrCat("none yet; the first connection attempt (dial_timeout ",
+                                             absl::FormatDuration(options_.dial_timeout),
+                                             ") has not finished")
+                              : last_error_;
+      const bool silent = queue_.Expire(now, connected(), options_.address,
+                                        last_error + tls_hint_, last_rx_, &expired);
+      if (silent) {
+        DropSilent(absl::StrCat("the store at ", options_.address, " sent nothing back for ",
+                                absl::FormatDuration(now - last_rx_),
+                                " while a request waited past its deadline"),
+                   &expired);
+      }
       if (!connected() && !connecting_ && !queue_.empty() && now >= next_attempt_) {
         connecting_ = true;
-        start_stream = true;
+        dial_wanted_ = true;  // the dialer thread makes the attempt: no deadline waits on a dial
       }
     }
     Run(&expired);
-    if (start_stream) ConnectOnce();
+  }
+}
+
+void Connection::DialerLoop() {
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      auto wanted = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || dial_wanted_; };
+      mu_.Await(absl::Condition(&wanted));
+      if (stop_) {
+        connecting_ = false;
+        return;
+      }
+      dial_wanted_ = false;
+    }
+    ConnectOnce();
   }
 }
 

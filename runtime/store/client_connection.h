@@ -1,7 +1,15 @@
 // Connection: what every copy of a store::Client shares: the request queue (client_queue.h), one
 // transport at a time (the fast-path socket, client_fast.h, or the gRPC Session stream,
-// client_grpc.h), and a timer thread that fails requests at their deadline and reconnects with
-// backoff (client_retry.h) while requests are pending.
+// client_grpc.h), a timer thread that fails requests at their deadline and schedules reconnects
+// with backoff (client_retry.h) while requests are pending, and a dialer thread that makes the
+// connection attempts (a dial to a silent store can take dial_timeout; no deadline waits on it).
+//
+// Deadlines hold against a silent store (its host cut off, or the process stopped: the socket
+// stays open, nothing is answered): a request fails at its deadline (+ kServerSlack for requests
+// the server holds). When one expires after it was sent and nothing at all came back on the
+// transport since then, the transport is dropped at once (the fast socket shut down, the gRPC
+// stream cancelled): idempotent requests go again on a fresh connection, in-flight others fail
+// "outcome unknown", and answers still arriving on the dropped one are discarded.
 //
 // Reading the fast socket: one "reader role" at a time. A synchronous caller reads its own answer
 // when the role is free (no thread hand-off on the hot path); a background reader thread takes the
@@ -25,6 +33,7 @@
 #include "grpcpp/grpcpp.h"
 #include "proto/store.grpc.pb.h"
 #include "runtime/store/client.h"
+#include "runtime/store/client_fast.h"
 #include "runtime/store/client_framing.h"
 #include "runtime/store/client_grpc.h"
 #include "runtime/store/client_queue.h"
@@ -84,7 +93,7 @@ class Connection : private client_internal::SessionStream::Owner {
 
   // --- gRPC Session stream (SessionStream::Owner) ----------------------------------------------
   void GrpcFlush() ABSL_LOCKS_EXCLUDED(mu_);
-  void OnBatch(v1::ResponseBatch* batch) override;
+  void OnBatch(client_internal::SessionStream* s, v1::ResponseBatch* batch) override;
   bool OnReadEnded(client_internal::SessionStream* s) override;
   void OnWriteDone(client_internal::SessionStream* s, bool ok) override;
   void OnStreamDone(client_internal::SessionStream* s, const grpc::Status& status) override;
@@ -92,22 +101,27 @@ class Connection : private client_internal::SessionStream::Owner {
   // --- fast-path socket --------------------------------------------------------------------------
   // Sends everything queued over the fast socket. Returns false if the fast path is not connected.
   bool FastFlush() ABSL_LOCKS_EXCLUDED(mu_);
-  // REQUIRES the caller set reader_busy_ for `fd`. Reads and delivers at most one frame, then
-  // releases the role; handles a closed connection.
+  // REQUIRES the caller set reader_busy_ for `fd`. Reads at most one frame and delivers it if `fd`
+  // is still the current socket, then releases the role; handles a closed connection.
   void ReadAsRole(int fd) ABSL_LOCKS_EXCLUDED(mu_);
   void ReaderLoop(int fd);
-  // Adopts a connected fast socket and starts its background reader (timer thread).
+  // Adopts a connected fast socket and starts its background reader (dialer thread).
   void StartFast(int fd);
 
-  // --- connecting, breaks, deadlines (timer thread) ---------------------------------------------
-  void Deliver(v1::ResponseBatch* batch) ABSL_LOCKS_EXCLUDED(mu_);
+  // --- connecting, breaks, deadlines (timer and dialer threads) ---------------------------------
+  // Answers from the current transport (failures_ and last_rx_ are reset).
+  void Deliver(v1::ResponseBatch* batch, client_internal::Fired* ready) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The transport is silent (RequestQueue::Expire): drop it and Broken() with `why`.
+  void DropSilent(const std::string& why, client_internal::Fired* fail) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The transport broke: re-queue what may be retried, fail the rest, schedule a reconnect.
   void Broken(absl::StatusCode code, const std::string& message, client_internal::Fired* fail)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Broken() for a failed connection attempt; runs the failed callbacks.
   void AttemptFailed(const absl::Status& error) ABSL_LOCKS_EXCLUDED(mu_);
-  // One connection attempt (mu_ not held): fast path if the server offers it, else gRPC.
+  // One connection attempt (mu_ not held; dialer thread): fast path if the server offers it, else
+  // gRPC.
   void ConnectOnce();
+  void DialerLoop();
   // After failed attempts 1, 2, 4, 8, ...: a server whose TLS setting differs from this client's
   // never answers, so ask it what it speaks (base/wire_probe.h) and, on a mismatch, fail every
   // pending call with FAILED_PRECONDITION saying so instead of retrying until the deadline.
@@ -124,9 +138,11 @@ class Connection : private client_internal::SessionStream::Owner {
   std::unique_ptr<v1::Store::Stub> stub_ ABSL_GUARDED_BY(stub_mu_);
 
   std::thread timer_;
-  bool grpc_only_ = false;  // timer thread only
-  bool guessed_ = false;    // timer thread only: tried the gRPC port + 1 already
-  std::thread reader_;      // timer thread starts it; joined there or in the destructor
+  std::thread dialer_;
+  bool grpc_only_ = false;  // dialer thread only
+  bool guessed_ = false;    // dialer thread only: tried the gRPC port + 1 already
+  std::thread reader_;      // dialer thread starts it; joined there or in the destructor
+  client_internal::DialCancel dial_cancel_;  // the destructor aborts a dial in progress
   // Bytes read from the fast socket but not yet parsed; only the reader-role holder touches it.
   client_internal::FrameReader frames_;
 
@@ -142,7 +158,11 @@ class Connection : private client_internal::SessionStream::Owner {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   bool kick_ ABSL_GUARDED_BY(mu_) = false;
   absl::Time timer_wake_at_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
-  bool connecting_ ABSL_GUARDED_BY(mu_) = false;
+  bool connecting_ ABSL_GUARDED_BY(mu_) = false;  // an attempt is wanted or under way
+  bool dial_wanted_ ABSL_GUARDED_BY(mu_) = false;  // the timer asks the dialer for an attempt
+  grpc::ClientContext* info_ctx_ ABSL_GUARDED_BY(mu_) = nullptr;  // the dialer's Info call
+  // When the current transport was set up or last delivered an answer.
+  absl::Time last_rx_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   int fast_fd_ ABSL_GUARDED_BY(mu_) = -1;
   bool fast_writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reader_busy_ ABSL_GUARDED_BY(mu_) = false;  // someone holds the reader role

@@ -59,7 +59,32 @@ int ConnectWithin(int fd, const sockaddr* addr, socklen_t len, int timeout_ms) {
 
 }  // namespace
 
-absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
+void DialCancel::Cancel() {
+  absl::MutexLock l(&mu_);
+  cancelled_ = true;
+  if (fd_ >= 0) shutdown(fd_, SHUT_RDWR);
+}
+
+bool DialCancel::Begin(int fd) {
+  absl::MutexLock l(&mu_);
+  if (cancelled_) return false;
+  fd_ = fd;
+  return true;
+}
+
+void DialCancel::End() {
+  absl::MutexLock l(&mu_);
+  fd_ = -1;
+}
+
+absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port, DialCancel* cancel) {
+  // Every socket made here is registered with `cancel` while it is being dialled.
+  auto begin = [cancel](int fd) { return fd < 0 || cancel == nullptr || cancel->Begin(fd); };
+  auto drop = [cancel](int fd) {
+    if (cancel != nullptr) cancel->End();
+    close(fd);
+  };
+  const absl::Status closing = absl::CancelledError("store client closing; dial abandoned");
   const int dial_ms = static_cast<int>(
       std::clamp<int64_t>(absl::ToInt64Milliseconds(options.dial_timeout), 1, 3600 * 1000));
   std::string host = options.address.substr(0, options.address.rfind(':'));
@@ -72,8 +97,12 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
     // Bounded too: a blocking connect waits without limit while the server's accept queue is
     // full (a stopped or wedged server); non-blocking, that is EAGAIN at once (then TCP below).
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd >= 0 && ConnectWithin(fd, reinterpret_cast<sockaddr*>(&ua), ulen, dial_ms) != 0) {
+    if (!begin(fd)) {
       close(fd);
+      return closing;
+    }
+    if (fd >= 0 && ConnectWithin(fd, reinterpret_cast<sockaddr*>(&ua), ulen, dial_ms) != 0) {
+      drop(fd);
       fd = -1;
     }
   }
@@ -84,10 +113,15 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
       return absl::UnavailableError(absl::StrCat("cannot resolve store host '", host, "'"));
     }
     fd = socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (!begin(fd)) {
+      freeaddrinfo(res);
+      close(fd);
+      return closing;
+    }
     int err = fd < 0 ? errno : ConnectWithin(fd, res->ai_addr, res->ai_addrlen, dial_ms);
     freeaddrinfo(res);
     if (err != 0) {
-      if (fd >= 0) close(fd);
+      if (fd >= 0) drop(fd);
       return absl::UnavailableError(absl::StrCat("connect to store fast path ", host, ":", port,
                                                  ": ", strerror(err)));
     }
@@ -99,19 +133,20 @@ absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port) {
   v1::ResponseBatch rb;
   if (!SendAll(fd, FrameOf(hello)) || !ReadFrame(fd, &reply, dial_ms) ||
       !rb.ParseFromString(reply)) {
-    close(fd);
+    drop(fd);
     return absl::UnavailableError("store fast path closed during the handshake");
   }
   if (rb.responses_size() > 0 && rb.responses(0).code() != 0) {
-    close(fd);
+    drop(fd);
     return absl::Status(static_cast<absl::StatusCode>(rb.responses(0).code()),
                         rb.responses(0).message());
   }
   if (rb.responses_size() != 1 || rb.responses(0).message() != kFastPathHello) {
-    close(fd);
+    drop(fd);
     return absl::UnavailableError(
         absl::StrCat("port ", port, " is not an ember-store fast path"));
   }
+  if (cancel != nullptr) cancel->End();
   timeval slice{0, kReadSliceMs * 1000};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &slice, sizeof(slice));
   return fd;

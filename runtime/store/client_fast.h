@@ -6,10 +6,30 @@
 #ifndef EMBER_RUNTIME_STORE_CLIENT_FAST_H_
 #define EMBER_RUNTIME_STORE_CLIENT_FAST_H_
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "runtime/store/client.h"
 
 namespace ember::store::client_internal {
+
+// Lets another thread abort a DialFastPath in progress (a client being destroyed must not wait
+// out a dial to a silent store). Thread-safe.
+class DialCancel {
+ public:
+  // Shuts down the socket being dialled (its connect or handshake fails at once), and makes
+  // every later dial with this object fail at once.
+  void Cancel() ABSL_LOCKS_EXCLUDED(mu_);
+  // DialFastPath's side: registers `fd` as the socket being dialled; false once cancelled.
+  bool Begin(int fd) ABSL_LOCKS_EXCLUDED(mu_);
+  // Unregisters it (before it is closed or handed over).
+  void End() ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  absl::Mutex mu_;
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
 
 // How long one read of the fast socket blocks (its SO_RCVTIMEO) before the reader re-checks
 // whether it should still be reading.
@@ -20,8 +40,10 @@ constexpr int kReadSliceMs = 50;
 // server's hello. Returns the connected socket, owned by the caller, with TCP_NODELAY, keepalive
 // and SO_RCVTIMEO = kReadSliceMs set. UNAVAILABLE when it cannot connect, or the port is not an
 // ember-store fast path; the server's code (UNAUTHENTICATED) when it refuses the token. The
-// connect and the hello each give up after options.dial_timeout.
-absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port);
+// connect and the hello each give up after options.dial_timeout, or when `cancel` (optional)
+// is cancelled.
+absl::StatusOr<int> DialFastPath(const ClientOptions& options, int port,
+                                 DialCancel* cancel = nullptr);
 
 }  // namespace ember::store::client_internal
 

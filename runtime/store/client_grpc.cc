@@ -107,13 +107,12 @@ std::unique_ptr<v1::Store::Stub> NewStub(const ClientOptions& options,
 }
 
 grpc::Status QueryInfo(v1::Store::Stub* stub, const ClientOptions& options,
-                       v1::InfoResponse* info) {
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(absl::ToInt64Milliseconds(options.dial_timeout)));
-  AddToken(options, &ctx);
+                       grpc::ClientContext* ctx, v1::InfoResponse* info) {
+  ctx->set_deadline(std::chrono::system_clock::now() +
+                    std::chrono::milliseconds(absl::ToInt64Milliseconds(options.dial_timeout)));
+  AddToken(options, ctx);
   v1::InfoRequest req;
-  return stub->Info(&ctx, req, info);
+  return stub->Info(ctx, req, info);
 }
 
 SessionStream::SessionStream(Owner* owner, v1::Store::Stub* stub, const std::string& auth_token)
@@ -130,7 +129,7 @@ void SessionStream::OnReadDone(bool ok) {
     if (owner_->OnReadEnded(this)) RemoveHold();
     return;
   }
-  owner_->OnBatch(&in_);
+  owner_->OnBatch(this, &in_);
   in_.Clear();
   StartRead(&in_);
 }

@@ -25,9 +25,10 @@ namespace ember::store::client_internal {
 std::unique_ptr<v1::Store::Stub> NewStub(const ClientOptions& options,
                                          std::shared_ptr<grpc::Channel>* channel);
 
-// Asks the server for Info (5 s deadline) with the client's token.
+// Asks the server for Info (deadline options.dial_timeout) with the client's token, on `ctx`
+// (fresh; the caller may TryCancel it from another thread meanwhile).
 grpc::Status QueryInfo(v1::Store::Stub* stub, const ClientOptions& options,
-                       v1::InfoResponse* info);
+                       grpc::ClientContext* ctx, v1::InfoResponse* info);
 
 // One Session stream. Created started (a read posted); deletes itself after OnStreamDone.
 class SessionStream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::ResponseBatch> {
@@ -36,7 +37,7 @@ class SessionStream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::Respo
   class Owner {
    public:
     virtual ~Owner() = default;
-    virtual void OnBatch(v1::ResponseBatch* batch) = 0;
+    virtual void OnBatch(SessionStream* s, v1::ResponseBatch* batch) = 0;
     // The read side ended. Returns whether the stream's write hold may be released now (no write
     // being started or in flight); otherwise the owner releases it from OnWriteDone.
     virtual bool OnReadEnded(SessionStream* s) = 0;

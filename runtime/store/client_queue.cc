@@ -8,13 +8,15 @@
 
 namespace ember::store::client_internal {
 
-void RequestQueue::Push(v1::Request req, Done done, absl::Time deadline, bool caller_reads) {
+void RequestQueue::Push(v1::Request req, Done done, absl::Time now, absl::Duration timeout,
+                        bool caller_reads) {
   const uint64_t id = ++next_id_;
   req.set_id(id);
   Pending& p = pending_[id];
+  p.deadline = now + timeout + (BlocksOnServer(req) ? kServerSlack : absl::ZeroDuration());
+  p.timeout = timeout;
   p.req = std::move(req);
   p.done = std::move(done);
-  p.deadline = deadline;
   p.caller_reads = caller_reads;
   if (caller_reads) ++owned_;
   unsent_.push_back(id);
@@ -70,27 +72,33 @@ void RequestQueue::Broken(absl::StatusCode code, const std::string& message,
   for (auto it = resend.rbegin(); it != resend.rend(); ++it) unsent_.push_front(*it);
 }
 
-void RequestQueue::Expire(absl::Time now, bool connected, const std::string& address,
-                          const std::string& last_error, Fired* expired) {
+bool RequestQueue::Expire(absl::Time now, bool connected, const std::string& address,
+                          const std::string& last_error, absl::Time last_rx, Fired* expired) {
+  bool silent = false;
   for (auto it = pending_.begin(); it != pending_.end();) {
-    if (it->second.deadline > now) {
+    const Pending& p = it->second;
+    if (p.deadline > now) {
       ++it;
       continue;
     }
-    const std::string what = Describe(it->second.req);
+    const std::string what = Describe(p.req);
+    const std::string deadline = absl::FormatDuration(p.timeout);
     if (connected) {
+      if (p.sent && p.sent_at >= last_rx && now - last_rx >= kMinSilence) silent = true;
       Fail(it, absl::StatusCode::kDeadlineExceeded,
-           absl::StrCat(what, " got no answer from the store at ", address, " before its deadline"),
+           absl::StrCat(what, " got no answer from the store at ", address, " within its ",
+                        deadline, " deadline"),
            expired);
     } else {
       Fail(it, absl::StatusCode::kUnavailable,
-           absl::StrCat("store at ", address, " unreachable; ", what,
-                        " gave up at its deadline (last error: ", last_error,
+           absl::StrCat("store at ", address, " unreachable; ", what, " gave up at its ",
+                        deadline, " deadline (last error: ", last_error,
                         "); is ember-store running?"),
            expired);
     }
     it = Erase(it);
   }
+  return silent;
 }
 
 void RequestQueue::CancelAll(Fired* fail) {

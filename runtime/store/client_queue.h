@@ -28,14 +28,16 @@ using Fired = std::vector<std::pair<Done, v1::Response>>;
 
 class RequestQueue {
  public:
-  // Queues `req` as unsent, with a fresh id. `caller_reads`: its caller waits for the answer
-  // itself (counted in owned()).
-  void Push(v1::Request req, Done done, absl::Time deadline, bool caller_reads);
+  // Queues `req` as unsent, with a fresh id, due `timeout` after `now` (plus kServerSlack when it
+  // blocks on the server: BlocksOnServer). `caller_reads`: its caller waits for the answer itself
+  // (counted in owned()).
+  void Push(v1::Request req, Done done, absl::Time now, absl::Duration timeout,
+            bool caller_reads);
 
-  // Marks every unsent request still pending as sent, calling emit(const v1::Request&) for each in
-  // order; returns how many.
+  // Marks every unsent request still pending as sent at `now`, calling emit(const v1::Request&)
+  // for each in order; returns how many.
   template <typename Emit>
-  int TakeUnsent(Emit&& emit) {
+  int TakeUnsent(absl::Time now, Emit&& emit) {
     int n = 0;
     while (!unsent_.empty()) {
       const uint64_t id = unsent_.front();
@@ -43,6 +45,7 @@ class RequestQueue {
       auto it = pending_.find(id);
       if (it == pending_.end()) continue;  // timed out before it was sent
       it->second.sent = true;
+      it->second.sent_at = now;
       emit(it->second.req);
       ++n;
     }
@@ -61,9 +64,13 @@ class RequestQueue {
               Fired* fail);
 
   // Fails every request whose deadline is at or before `now`: DEADLINE_EXCEEDED when `connected`
-  // (the store did not answer in time), else UNAVAILABLE naming `last_error`.
-  void Expire(absl::Time now, bool connected, const std::string& address,
-              const std::string& last_error, Fired* expired);
+  // (the store did not answer in time), else UNAVAILABLE naming `last_error`; both name the
+  // call's timeout. Returns true when the connection is silent: `connected`, an expired request
+  // was sent after `last_rx` (the last time an answer came), so nothing at all came back while it
+  // waited, and that is kMinSilence ago or more. The owner then drops the connection: whatever it
+  // still carries comes too late.
+  bool Expire(absl::Time now, bool connected, const std::string& address,
+              const std::string& last_error, absl::Time last_rx, Fired* expired);
 
   // Fails every request with CANCELLED (the client is closing).
   void CancelAll(Fired* fail);
@@ -80,6 +87,8 @@ class RequestQueue {
     v1::Request req;
     Done done;
     absl::Time deadline;
+    absl::Duration timeout;  // the caller's, for messages
+    absl::Time sent_at;      // when last sent (valid while `sent`)
     bool sent = false;
     bool caller_reads = false;  // counted in owned_
   };

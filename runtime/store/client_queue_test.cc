@@ -34,15 +34,16 @@ Request AddReq(const std::string& k) {
 
 // Queues requests, recording each one's final response by key.
 struct Harness {
-  void Push(Request r, absl::Time deadline = absl::InfiniteFuture()) {
-    std::string key = r.has_set() ? r.set().key() : r.add().key();
-    q.Push(std::move(r), [this, key](Response resp) { got.emplace_back(key, resp); }, deadline,
-           /*caller_reads=*/false);
+  void Push(Request r, absl::Time now = absl::UnixEpoch(),
+            absl::Duration timeout = absl::InfiniteDuration()) {
+    std::string key = r.has_set() ? r.set().key() : r.has_add() ? r.add().key() : r.wait().keys(0);
+    q.Push(std::move(r), [this, key](Response resp) { got.emplace_back(key, resp); }, now,
+           timeout, /*caller_reads=*/false);
   }
-  std::vector<std::string> Send() {  // keys in wire order
+  std::vector<std::string> Send(absl::Time now = absl::UnixEpoch()) {  // keys in wire order
     std::vector<std::string> keys;
-    q.TakeUnsent([&](const Request& r) {
-      keys.push_back(r.has_set() ? r.set().key() : r.add().key());
+    q.TakeUnsent(now, [&](const Request& r) {
+      keys.push_back(r.has_set() ? r.set().key() : r.has_add() ? r.add().key() : r.wait().keys(0));
     });
     return keys;
   }
@@ -98,7 +99,7 @@ TEST_CASE("Answers match requests by id; unknown ids are dropped") {
   h.Push(SetReq("s1"));
   h.Push(SetReq("s2"));
   std::vector<uint64_t> ids;
-  h.q.TakeUnsent([&](const Request& r) { ids.push_back(r.id()); });
+  h.q.TakeUnsent(absl::UnixEpoch(), [&](const Request& r) { ids.push_back(r.id()); });
   REQUIRE(ids.size() == 2);
   CHECK(ids[0] != ids[1]);
   v1::ResponseBatch batch;
@@ -115,33 +116,71 @@ TEST_CASE("Answers match requests by id; unknown ids are dropped") {
 TEST_CASE("Deadlines: DEADLINE_EXCEEDED when connected, UNAVAILABLE with the last error if not") {
   Harness h;
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  h.Push(SetReq("early"), t0);
-  h.Push(SetReq("late"), t0 + absl::Seconds(10));
+  h.Push(SetReq("early"), t0 - absl::Seconds(2), absl::Seconds(2));
+  h.Push(SetReq("late"), t0, absl::Seconds(10));
   CHECK(h.q.EarliestDeadline(absl::InfiniteFuture()) == t0);
   CHECK(h.q.EarliestDeadline(t0 - absl::Seconds(1)) == t0 - absl::Seconds(1));
   Fired expired;
-  h.q.Expire(t0, /*connected=*/true, "host:1", "", &expired);
+  // Unsent: no sign of a silent connection.
+  CHECK_FALSE(h.q.Expire(t0, /*connected=*/true, "host:1", "", absl::InfinitePast(), &expired));
   h.Run(&expired);
   REQUIRE(h.got.size() == 1);
   CHECK(h.got[0].second.code() == static_cast<int>(absl::StatusCode::kDeadlineExceeded));
   CHECK(h.got[0].second.message() ==
-        "Set('early') got no answer from the store at host:1 before its deadline");
+        "Set('early') got no answer from the store at host:1 within its 2s deadline");
   h.q.Expire(t0 + absl::Seconds(10), /*connected=*/false, "host:1", "connection refused",
-             &expired);
+             absl::InfinitePast(), &expired);
   h.Run(&expired);
   REQUIRE(h.got.size() == 2);
   CHECK(h.got[1].second.code() == static_cast<int>(absl::StatusCode::kUnavailable));
   CHECK(h.got[1].second.message() ==
-        "store at host:1 unreachable; Set('late') gave up at its deadline (last error: "
+        "store at host:1 unreachable; Set('late') gave up at its 10s deadline (last error: "
         "connection refused); is ember-store running?");
   CHECK(h.q.empty());
   CHECK(h.Send().empty());  // expired requests are never sent
 }
 
+TEST_CASE("A request the server holds gets kServerSlack past its timeout; silence is reported") {
+  Harness h;
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  Request wait;
+  wait.mutable_wait()->add_keys("w");
+  h.Push(wait, t0, absl::Seconds(1));
+  h.Push(SetReq("s"), t0, absl::Seconds(1));
+  CHECK(BlocksOnServer(wait));
+  CHECK_FALSE(BlocksOnServer(SetReq("s")));
+  CHECK(h.q.EarliestDeadline(absl::InfiniteFuture()) == t0 + absl::Seconds(1));
+  REQUIRE(h.Send(t0) == std::vector<std::string>{"w", "s"});
+  Fired expired;
+  // The Set expires at 1 s; an answer came after it was sent: the connection is not silent.
+  CHECK_FALSE(h.q.Expire(t0 + absl::Seconds(1), /*connected=*/true, "host:1", "",
+                         /*last_rx=*/t0 + absl::Milliseconds(1), &expired));
+  h.Run(&expired);
+  REQUIRE(h.got.size() == 1);
+  CHECK(h.got[0].first == "s");
+  // The Wait expires kServerSlack later; nothing came back since it was sent: silent.
+  CHECK_FALSE(h.q.Expire(t0 + absl::Seconds(1) + kServerSlack - absl::Milliseconds(1), true,
+                         "host:1", "", t0, &expired));
+  CHECK(h.q.Expire(t0 + absl::Seconds(1) + kServerSlack, true, "host:1", "", t0, &expired));
+  h.Run(&expired);
+  REQUIRE(h.got.size() == 2);
+  CHECK(h.got[1].second.message() ==
+        "Wait([w]) got no answer from the store at host:1 within its 1s deadline");
+  // A short deadline alone is no sign of silence: under kMinSilence since the last answer.
+  const absl::Time t1 = t0 + absl::Seconds(5);
+  h.Push(SetReq("short"), t1, absl::Milliseconds(10));
+  h.Send(t1);
+  CHECK_FALSE(h.q.Expire(t1 + absl::Milliseconds(10), true, "host:1", "", t1, &expired));
+  h.Run(&expired);
+  CHECK(h.got.size() == 3);
+}
+
 TEST_CASE("owned() counts the requests whose caller reads the answer") {
   RequestQueue q;
-  q.Push(SetReq("a"), [](Response) {}, absl::InfiniteFuture(), /*caller_reads=*/true);
-  q.Push(SetReq("b"), [](Response) {}, absl::InfiniteFuture(), /*caller_reads=*/false);
+  q.Push(SetReq("a"), [](Response) {}, absl::UnixEpoch(), absl::InfiniteDuration(),
+         /*caller_reads=*/true);
+  q.Push(SetReq("b"), [](Response) {}, absl::UnixEpoch(), absl::InfiniteDuration(),
+         /*caller_reads=*/false);
   CHECK(q.owned() == 1);
   Fired f;
   q.CancelAll(&f);

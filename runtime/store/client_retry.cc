@@ -13,6 +13,11 @@ using v1::Request;
 
 bool Idempotent(const Request& r) { return IdempotentRequest(r); }
 
+bool BlocksOnServer(const Request& r) {
+  return r.has_wait() || (r.has_get() && r.get().wait()) ||
+         (r.has_multi_get() && r.multi_get().wait());
+}
+
 std::string Describe(const Request& r) {
   switch (r.op_case()) {
     case Request::kSet: return absl::StrCat("Set('", r.set().key(), "')");
@@ -22,6 +27,10 @@ std::string Describe(const Request& r) {
     case Request::kWait: return absl::StrCat("Wait([", absl::StrJoin(r.wait().keys(), ", "), "])");
     case Request::kMultiGet: return absl::StrCat("MultiGet(", r.multi_get().keys_size(), " keys)");
     case Request::kAppend: return absl::StrCat("Append('", r.append().key(), "')");
+    case Request::kCheck:
+      return absl::StrCat("Check([", absl::StrJoin(r.check().keys(), ", "), "])");
+    case Request::kLeaseRefresh:
+      return absl::StrCat("RefreshLease(", r.lease_refresh().lease_id(), ")");
     default: return "store call";
   }
 }

@@ -20,6 +20,16 @@ namespace ember::store::client_internal {
 // gives the same state and answer. Add, Append, CompareSet, DeletePrefix and LeaseGrant may not.
 bool Idempotent(const v1::Request& r);
 
+// Whether the server holds `r` until its own timeout (a Wait, or a Get/MultiGet with wait): the
+// server answers DEADLINE_EXCEEDED naming the missing keys at the call's timeout, so the client's
+// own deadline for it is kServerSlack later; other requests expire at the timeout itself.
+bool BlocksOnServer(const v1::Request& r);
+inline constexpr absl::Duration kServerSlack = absl::Milliseconds(100);
+
+// A connection counts as silent (RequestQueue::Expire) only after this long without any answer:
+// a call with a very short deadline expiring on a healthy connection proves nothing.
+inline constexpr absl::Duration kMinSilence = absl::Milliseconds(500);
+
 // "Set('k')", "Wait([a, b])", ... for error messages.
 std::string Describe(const v1::Request& r);
 

@@ -5,8 +5,9 @@
 //    on SIGTERM at once (milliseconds), never touching the store — even while the store is
 //    unreachable (link cut, store down) and every store call hangs until its deadline;
 //  - a poll thread reads the attempt-scoped store key `stop` (the daemon sets it on the first
-//    failure, DESIGN.md key space) every `period`; each read has a 2 s deadline, yet a silent
-//    store was seen to hold one for ~7 s (stop_watch_test), which is why SIGTERM has its own thread.
+//    failure, DESIGN.md key space) every `period`; each read has a 2 s deadline, which the store
+//    client keeps also against a silent store (client_silent_store_test; it was ~7 s before), so
+//    a cut-off rank may sit 2 s in one read: SIGTERM has its own thread.
 // On a stop it writes the recorder to <dump_dir>/rank-<r>.json with reason "stop: <why>" (why =
 // "SIGTERM", or the stop key's value), logs one line and ends the process with
 // _exit(kExitStopped) — training state needs no clean-up (checkpoints are committed atomically,
