@@ -24,7 +24,7 @@ bool Idempotent(const v1::Request& r);
 // server answers DEADLINE_EXCEEDED naming the missing keys at the call's timeout, so the client's
 // own deadline for it is kServerSlack later; other requests expire at the timeout itself.
 bool BlocksOnServer(const v1::Request& r);
-inline constexpr absl::Duration kServerSlack = absl::Milliseconds(100);
+inline constexpr absl::Duration kServerSlack = absl::Milliseconds(250);
 
 // A connection counts as silent (RequestQueue::Expire) only after this long without any answer:
 // a call with a very short deadline expiring on a healthy connection proves nothing.
