@@ -18,6 +18,7 @@
 #include "spdlog/spdlog.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/onesided/am_get.h"
 #include "runtime/onesided/cuda_ipc.h"
 #include "runtime/onesided/cuda_transfer.h"
 #include "runtime/onesided/descriptor.h"
@@ -61,6 +62,7 @@ class AgentImpl : public Agent {
   absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
   absl::Status Deregister(uint64_t id) override;
   uint64_t refused_puts() const override { return refused_puts_.load(); }
+  uint64_t refused_gets() const override { return refused_gets_.load(); }
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
   Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
            const TransferOptions& o) override {
@@ -82,6 +84,15 @@ class AgentImpl : public Agent {
   // region whose token the header carries if it holds [address, +length), else dropped and counted.
   static ucs_status_t OnPutAm(void* arg, const void* header, size_t header_length, void* data,
                               size_t length, const ucp_am_recv_param_t* param);
+  // A peer's get request and the replies to ours, over an endpoint without an RMA lane (am_get.h).
+  static ucs_status_t OnGetRequest(void* arg, const void* header, size_t header_length, void* data,
+                                   size_t length, const ucp_am_recv_param_t* param);
+  static ucs_status_t OnGetReply(void* arg, const void* header, size_t header_length, void* data,
+                                 size_t length, const ucp_am_recv_param_t* param) {
+    static_cast<AgentImpl*>(arg)->pending_gets_.OnReply(header, header_length, data, length,
+                                                        param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV);
+    return UCS_OK;
+  }
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t st) {
     static_cast<ConnectionImpl*>(arg)->Fail(st);
   }
@@ -107,6 +118,9 @@ class AgentImpl : public Agent {
   // it completed at once, else Wake()s the progress thread (`wake`; Transfer wakes it once instead).
   void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state, bool wake = true);
   void SendNotify(Part* part);
+  // Counts a peer's refused put or get in `counter` and logs it (rate-limited).
+  void Refused(std::atomic<uint64_t>& counter, const char* op, uint64_t length, uint64_t address,
+               const char* why);
   uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
   // Requests were left in flight: wakes the progress thread from the worker's event fd. A parked
   // one (a waiter was active within kWaiterGrace, ucx_connection.h) drives them when its grace
@@ -125,9 +139,11 @@ class AgentImpl : public Agent {
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<int> in_flight_{0};
+  internal::PendingGets pending_gets_{&in_flight_};  // this agent's gets over active messages
   std::atomic<uint64_t> remote_handles_{0};
   std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
   std::atomic<uint64_t> refused_puts_{0};  // active-message puts refused (OnPutAm)
+  std::atomic<uint64_t> refused_gets_{0};  // active-message get requests refused (OnGetRequest)
   bool tcp_segments_set_ = false;          // Init gave UCX kTcpSegmentBytes segments
   internal::ParallelCopier copier_;
 
@@ -162,15 +178,15 @@ absl::Status AgentImpl::Init() {
   ucp_am_handler_param_t ap = {};
   ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  ap.id = kNotifyAmId;
-  ap.cb = &AgentImpl::OnNotify;
   ap.arg = this;
-  st = ucp_worker_set_am_recv_handler(worker_, &ap);
-  if (st != UCS_OK) return FromUcs(st, "registering the notification handler");
-  ap.id = kPutAmId;
-  ap.cb = &AgentImpl::OnPutAm;
-  st = ucp_worker_set_am_recv_handler(worker_, &ap);
-  if (st != UCS_OK) return FromUcs(st, "registering the put handler");
+  for (auto [id, cb] : {std::pair{kNotifyAmId, &AgentImpl::OnNotify}, {kPutAmId, &AgentImpl::OnPutAm},
+                        {internal::kGetRequestAmId, &AgentImpl::OnGetRequest},
+                        {internal::kGetReplyAmId, &AgentImpl::OnGetReply}}) {
+    ap.id = id;
+    ap.cb = cb;
+    st = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (st != UCS_OK) return FromUcs(st, absl::StrCat("registering the handler of active message ", id));
+  }
   if (opt_.recorder != nullptr) {
     fr_group_ = opt_.recorder->RegisterGroup(
         {.name = absl::StrCat("onesided:", opt_.name), .rank = 0, .size = 1,
@@ -198,6 +214,7 @@ AgentImpl::~AgentImpl() {
     regions.swap(regions_);
   }
   internal::CloseEndpoints(worker_, conns);
+  pending_gets_.FailAll(nullptr, absl::CancelledError("the agent was destroyed"));
   for (auto& [id, reg] : regions)
     if (reg.memh != nullptr) ucp_mem_unmap(ctx_, reg.memh);
   if (progressor_ != nullptr) progressor_->Clear();  // waiters stop driving the worker
@@ -292,13 +309,16 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   const std::string& addr = theirs.address;
   auto conn = std::make_unique<ConnectionImpl>(std::string(peer), peer_rank);
   conn->handle_counter = &remote_handles_;
-  conn->on_failure = [this] {
-    absl::MutexLock l(&mu_);
-    ++failures_;
+  conn->on_failure = [this, raw = conn.get()] {
+    {
+      absl::MutexLock l(&mu_);
+      ++failures_;
+    }
+    pending_gets_.FailAll(raw, raw->health());  // no reply will come
   };
   RETURN_IF_ERROR(conn->Open(worker_, addr, opt_.detect_peer_failure, &AgentImpl::OnEpError));
   if (opt_.put_over_am && tcp_segments_set_ && !internal::EndpointHasRmaLane(conn->ep)) {
-    conn->am_put_chunk = kAmPutChunkBytes;
+    conn->am_chunk = kAmPutChunkBytes;
   }
   Wake();
   absl::MutexLock l(&mu_);
@@ -407,12 +427,13 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     state->PartDone(absl::OkStatus());
     return Work(state);
   }
-  // Over an endpoint without an RMA lane a put is the agent's own messages of up to am_put_chunk
+  // Over an endpoint without an RMA lane a put is the agent's own messages of up to am_chunk
   // bytes each: UCX sends them from the caller's buffer (its emulated put first copies each
-  // segment into a send buffer) and the target's agent writes them (OnPutAm).
-  const uint64_t chunk = put ? conn->am_put_chunk : 0;
+  // segment into a send buffer) and the target's agent writes them (OnPutAm). A get is one request
+  // per element, answered by the target's agent (am_get.h): UCX's emulated get carries no key.
+  const uint64_t chunk = conn->am_chunk;
   int parts = 0;
-  for (const Op& op : ops) parts += chunk == 0 ? 1 : static_cast<int>((op.len + chunk - 1) / chunk);
+  for (const Op& op : ops) parts += chunk == 0 || !put ? 1 : static_cast<int>((op.len + chunk - 1) / chunk);
   auto state = NewState(put ? "put" : "get", put ? "onesided_put" : "onesided_get", conn, total,
                         static_cast<int>(local.size()), put ? "to" : "from", parts + 1);
   if (put && !ops.empty()) conn->unflushed_puts.fetch_add(parts, std::memory_order_acq_rel);
@@ -422,6 +443,10 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   // of all samples of a 16 MiB get loop on 2 cores). It is woken if a request is left in flight.
   progressor_->EnterSpin();
   for (const Op& op : ops) {
+    if (!put && chunk > 0) {
+      pending_gets_.Post(conn, state, static_cast<char*>(op.local), op.token, op.remote, op.len);
+      continue;
+    }
     for (uint64_t off = 0; chunk > 0 && off < op.len; off += chunk) {
       auto* part = new Part{state, this, conn};
       part->header = internal::AmPutHeader(op.token, op.remote + off);
@@ -569,16 +594,33 @@ ucs_status_t AgentImpl::OnPutAm(void* arg, const void* header, size_t header_len
     absl::ReaderMutexLock l(&self->mu_);  // held while writing: Deregister waits for the write
     refused = internal::WriteIntoRegion(self->regions_, token, address, data, length);
   }
-  if (refused != nullptr) {
-    // The sender checked the range against its descriptor, so this is a region deregistered since,
-    // a forged token or a malformed message. Its sender's Work still completes OK.
-    const uint64_t n = self->refused_puts_.fetch_add(1) + 1;
-    if ((n & (n - 1)) == 0) {
-      spdlog::warn("onesided agent {}: refused a put of {} bytes at {:#x}: {}; {} refused so far",
-                   self->opt_.name, length, address, refused, n);
-    }
-  }
+  // The sender checked the range against its descriptor, so this is a region deregistered since,
+  // a forged token or a malformed message. Its sender's Work still completes OK.
+  if (refused != nullptr) self->Refused(self->refused_puts_, "put", length, address, refused);
   return UCS_OK;
+}
+
+ucs_status_t AgentImpl::OnGetRequest(void* arg, const void* header, size_t header_length, void*, size_t,
+                                     const ucp_am_recv_param_t* param) {
+  auto* self = static_cast<AgentImpl*>(arg);
+  uint64_t address = 0, length = 0;
+  const char* refused;
+  {
+    absl::ReaderMutexLock l(&self->mu_);
+    refused = internal::ServeGetRequest(self->regions_, header, header_length, param, &self->in_flight_,
+                                        &address, &length);
+  }
+  if (refused != nullptr) self->Refused(self->refused_gets_, "get", length, address, refused);
+  return UCS_OK;
+}
+
+void AgentImpl::Refused(std::atomic<uint64_t>& counter, const char* op, uint64_t length, uint64_t address,
+                        const char* why) {
+  const uint64_t n = counter.fetch_add(1) + 1;
+  if ((n & (n - 1)) == 0) {
+    spdlog::warn("onesided agent {}: refused a peer's {} of {} bytes at {:#x}: {}; {} such refused so far",
+                 opt_.name, op, length, address, why, n);
+  }
 }
 
 absl::StatusOr<Notification> AgentImpl::WaitNotification(absl::Duration timeout, WaitStyle style) {

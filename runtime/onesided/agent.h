@@ -102,8 +102,12 @@ struct AgentOptions {
   // from the caller's buffer without that copy and written into the target's region by its agent.
   // Each carries the token of the region whose descriptor the sender imported (descriptor.h); the
   // target writes only into the registered region with that token and only inside it (otherwise the
-  // chunk is dropped, counted in refused_puts() and logged, never performed). Only while the agent
-  // sets UCX's TCP segments (agent.h, above). false: always ucp_put_nbx.
+  // chunk is dropped, counted in refused_puts() and logged, never performed). Gets there are a
+  // request message carrying the token and the range, answered by the target's agent with the
+  // bytes (1 MiB messages sent from its region) only if the range lies inside the region with that
+  // token, else with an error (the Work fails; refused_gets()). UCX's emulated get carries no key,
+  // so it would let a peer read any address of this process. Only while the agent sets UCX's TCP
+  // segments (agent.h, above). false: always ucp_put_nbx / ucp_get_nbx (no such check over TCP).
   bool put_over_am = true;
 };
 
@@ -184,6 +188,11 @@ class Agent {
   // the region it names. Each is dropped (nothing written) and logged (rate-limited); its sender's
   // Work still completes OK. For monitoring and tests.
   virtual uint64_t refused_puts() const = 0;
+  // Get requests from peers this agent refused so far (gets over active messages, as puts above):
+  // a token that names no registered host region, or a range outside the region it names. Each is
+  // answered with an error and logged (rate-limited); its getter's Work fails with NOT_FOUND or
+  // PERMISSION_DENIED, nothing written into its buffer. For monitoring and tests.
+  virtual uint64_t refused_gets() const = 0;
 
   // Connects to `peer` through the store: publishes this worker's address under
   // <prefix>addr/<name>/<peer>/<n> and reads <prefix>addr/<peer>/<name>/<n>, where n counts this

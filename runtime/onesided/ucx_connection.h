@@ -10,6 +10,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <initializer_list>
 #include <map>
 #include <memory>
 #include <utility>
@@ -55,9 +56,19 @@ struct LocalRegion {
 // such a header is refused.)
 std::string AmPutHeader(uint64_t token, uint64_t address);
 bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address);
-// Copies `length` bytes from `data` to `address` if the host region of `regions` whose token is
-// `token` holds the whole range, and returns null; otherwise writes nothing and returns why (for
-// the log). The caller holds the lock guarding `regions`.
+// Active-message headers are fields of 8 bytes, little-endian: PackU64s appends them in order;
+// UnpackU64s fills `fields` from a header of exactly 8 * fields.size() bytes (false otherwise).
+std::string PackU64s(std::initializer_list<uint64_t> fields);
+bool UnpackU64s(const void* header, size_t length, std::initializer_list<uint64_t*> fields);
+// Where a peer's active-message put or get may touch this agent's memory: kOk when the host region
+// of `regions` whose token is `token` holds [address, +length) whole.
+enum class RegionCheck { kOk, kNoSuchToken, kOutside };
+RegionCheck CheckRegionRange(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
+                             uint64_t length);
+const char* RegionCheckReason(RegionCheck check);  // null for kOk; else why, for messages
+// Copies `length` bytes from `data` to `address` if CheckRegionRange allows it, and returns null;
+// otherwise writes nothing and returns why (for the log). The caller holds the lock guarding
+// `regions`.
 const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
                             const void* data, uint64_t length);
 
@@ -124,9 +135,10 @@ class ConnectionImpl : public Connection {
   // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
   // then copy large transfers itself through Remote::mapped (agent.cc).
   bool map_direct = false;
-  // Set before any transfer: puts travel as the agent's own active messages (agent.cc), at most
-  // this many bytes each, because the endpoint has no RMA lane (EndpointHasRmaLane); 0: ucp_put_nbx.
-  uint64_t am_put_chunk = 0;
+  // Set before any transfer: puts and gets travel as the agent's own active messages (agent.cc,
+  // am_get.h), at most this many bytes of data each, because the endpoint has no RMA lane
+  // (EndpointHasRmaLane); 0: ucp_put_nbx / ucp_get_nbx.
+  uint64_t am_chunk = 0;
 
  private:
   const std::string peer_;
