@@ -11,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/onesided/descriptor.h"
 
@@ -43,61 +42,6 @@ bool ApplyUcxDefaults(ucp_config_t* config) {
     return true;
   }
   return false;
-}
-
-std::string PackU64s(std::initializer_list<uint64_t> fields) {
-  std::string h;
-  for (uint64_t v : fields) {
-    base::AppendU32LE(static_cast<uint32_t>(v), &h);
-    base::AppendU32LE(static_cast<uint32_t>(v >> 32), &h);
-  }
-  return h;
-}
-
-bool UnpackU64s(const void* header, size_t length, std::initializer_list<uint64_t*> fields) {
-  if (length != 8 * fields.size()) return false;
-  const char* h = static_cast<const char*>(header);
-  for (uint64_t* f : fields) {
-    *f = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
-    h += 8;
-  }
-  return true;
-}
-
-std::string AmPutHeader(uint64_t token, uint64_t address) { return PackU64s({token, address}); }
-
-bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address) {
-  return UnpackU64s(header, length, {token, address});
-}
-
-RegionCheck CheckRegionRange(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
-                             uint64_t length) {
-  for (const auto& [id, reg] : regions) {
-    if (reg.token != token || reg.kind != MemoryKind::kHost) continue;
-    const uint64_t start = reinterpret_cast<uint64_t>(reg.base);
-    const bool inside = address >= start && InBounds(address - start, length, reg.bytes);
-    return inside ? RegionCheck::kOk : RegionCheck::kOutside;
-  }
-  return RegionCheck::kNoSuchToken;
-}
-
-const char* RegionCheckReason(RegionCheck check) {
-  switch (check) {
-    case RegionCheck::kOk:
-      return nullptr;
-    case RegionCheck::kOutside:
-      return "the range lies outside the region its token names";
-    case RegionCheck::kNoSuchToken:
-      break;
-  }
-  return "no registered host region has its token (deregistered since, or a wrong token)";
-}
-
-const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
-                            const void* data, uint64_t length) {
-  const RegionCheck check = CheckRegionRange(regions, token, address, length);
-  if (check == RegionCheck::kOk && length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
-  return RegionCheckReason(check);
 }
 
 absl::Status ConnectionImpl::Open(ucp_worker_h worker, const std::string& address, bool detect_peer_failure,

@@ -1,6 +1,6 @@
 // Internal to runtime/onesided: UCX status mapping, the Connection implementation, the worker
 // Progressor and progress loop, and the UCX set-up helpers (defaults, allocation, endpoints, the
-// active-message put's wire form) used by agent.cc. Not part of the API (agent.h is). Thread-safe
+// remote regions) used by agent.cc. Not part of the API (agent.h is). Thread-safe
 // as stated per class; the free functions are thread-compatible.
 #ifndef EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
 #define EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
@@ -10,7 +10,6 @@
 #include <atomic>
 #include <deque>
 #include <functional>
-#include <initializer_list>
 #include <map>
 #include <memory>
 #include <utility>
@@ -50,27 +49,6 @@ struct LocalRegion {
   MemoryKind kind = MemoryKind::kHost;
   uint64_t token = 0;  // RegionDescriptor::token, carried by active-message puts into it
 };
-
-// The header of a put sent as an active message (agent.cc): the target region's token, then the
-// target address, 8 bytes little-endian each. (Before the token it was the address alone, 8 bytes;
-// such a header is refused.)
-std::string AmPutHeader(uint64_t token, uint64_t address);
-bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address);
-// Active-message headers are fields of 8 bytes, little-endian: PackU64s appends them in order;
-// UnpackU64s fills `fields` from a header of exactly 8 * fields.size() bytes (false otherwise).
-std::string PackU64s(std::initializer_list<uint64_t> fields);
-bool UnpackU64s(const void* header, size_t length, std::initializer_list<uint64_t*> fields);
-// Where a peer's active-message put or get may touch this agent's memory: kOk when the host region
-// of `regions` whose token is `token` holds [address, +length) whole.
-enum class RegionCheck { kOk, kNoSuchToken, kOutside };
-RegionCheck CheckRegionRange(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
-                             uint64_t length);
-const char* RegionCheckReason(RegionCheck check);  // null for kOk; else why, for messages
-// Copies `length` bytes from `data` to `address` if CheckRegionRange allows it, and returns null;
-// otherwise writes nothing and returns why (for the log). The caller holds the lock guarding
-// `regions`.
-const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
-                            const void* data, uint64_t length);
 
 struct Remote {
   uint64_t base = 0, length = 0;
