@@ -43,35 +43,52 @@ std::unique_ptr<testing::AgentPair> TcpPair(bool put_over_am) {
   return std::move(*pair);
 }
 
-// a puts into b's region and notifies; b's region is returned once the notification arrived.
-std::vector<char> PutAndRead(bool put_over_am) {
-  auto p = TcpPair(put_over_am);
+// The index of the first byte where `got` differs from `want`, or -1 (a short failure message).
+int64_t FirstDifference(const std::vector<char>& got, const std::vector<char>& want) {
+  if (got.size() != want.size()) return static_cast<int64_t>(std::min(got.size(), want.size()));
+  auto m = std::mismatch(got.begin(), got.end(), want.begin());
+  return m.first == got.end() ? -1 : m.first - got.begin();
+}
+
+// Moves 2 MiB + 3 bytes (three 1 MiB messages) from offset 5 of a source region to offset 11 of a
+// destination region, and 70001 bytes from the source's tail to 4001 bytes before the
+// destination's end: a puts from its region into b's (and notifies), or a gets from b's region into
+// its own. Returns the destination once complete, checked byte for byte.
+std::vector<char> MoveAndRead(bool put, bool over_am) {
+  auto p = TcpPair(over_am);
   const size_t kSrc = (3 << 20) + 77, kDst = (3 << 20) + 4096;
-  std::vector<char> src = Pattern(kSrc, 1), dst(kDst, 'z');
-  auto ls = p->a->RegisterMemory(src.data(), src.size());
-  auto rd = p->b->RegisterMemory(dst.data(), dst.size());
-  REQUIRE(ls.ok());
+  std::vector<char> src = Pattern(kSrc, put ? 1 : 4), dst(kDst, 'z');
+  auto rs = (put ? p->a : p->b)->RegisterMemory(src.data(), src.size());
+  auto rd = (put ? p->b : p->a)->RegisterMemory(dst.data(), dst.size());
+  REQUIRE(rs.ok());
   REQUIRE(rd.ok());
-  auto remote = p->a_to_b->ImportRegion(rd->descriptor);
+  auto remote = p->a_to_b->ImportRegion(put ? rd->descriptor : rs->descriptor);
   REQUIRE(remote.ok());
-  // 2 MiB + 3 (three chunks) from offset 5 to offset 11, then 70001 bytes from the tail to 4001.
   const uint64_t n1 = (2 << 20) + 3, n2 = 70001;
-  Work w = p->a->Put(p->a_to_b, {{ls->id, 5, n1}, {ls->id, kSrc - n2, n2}},
-                     {{*remote, 11, n1}, {*remote, kDst - 4001 - n2, n2}});
-  REQUIRE(w.Wait(kTimeout).ok());
-  REQUIRE(p->a->Notify(p->a_to_b, "done").Wait(kTimeout).ok());
-  auto note = p->b->WaitNotification(kTimeout);
-  REQUIRE(note.ok());
-  CHECK(note->message == "done");
+  const uint64_t mine = put ? rs->id : rd->id;
+  std::vector<LocalDesc> local = {{mine, 5, n1}, {mine, kSrc - n2, n2}};
+  std::vector<RemoteDesc> theirs = {{*remote, 11, n1}, {*remote, kDst - 4001 - n2, n2}};
+  if (!put) {
+    local = {{mine, 11, n1}, {mine, kDst - 4001 - n2, n2}};
+    theirs = {{*remote, 5, n1}, {*remote, kSrc - n2, n2}};
+  }
+  REQUIRE((put ? p->a->Put(p->a_to_b, local, theirs) : p->a->Get(p->a_to_b, local, theirs)).Wait(kTimeout).ok());
+  if (put) {
+    REQUIRE(p->a->Notify(p->a_to_b, "done").Wait(kTimeout).ok());
+    auto note = p->b->WaitNotification(kTimeout);
+    REQUIRE(note.ok());
+    CHECK(note->message == "done");
+  }
   std::vector<char> want(kDst, 'z');
   std::copy(src.begin() + 5, src.begin() + 5 + n1, want.begin() + 11);
   std::copy(src.end() - n2, src.end(), want.end() - 4001 - n2);
-  CHECK(dst == want);
+  CHECK(FirstDifference(dst, want) == -1);
+  CHECK(p->b->refused_puts() + p->b->refused_gets() == 0);
   return dst;
 }
 
 TEST_CASE("puts over TCP as active messages land byte for byte, as UCX's emulated put does") {
-  CHECK(PutAndRead(/*put_over_am=*/true) == PutAndRead(/*put_over_am=*/false));
+  CHECK(MoveAndRead(/*put=*/true, /*over_am=*/true) == MoveAndRead(/*put=*/true, /*over_am=*/false));
 }
 
 TEST_CASE("a put into a region the target deregistered is refused there") {
@@ -100,13 +117,6 @@ TEST_CASE("a put into a region the target deregistered is refused there") {
   CHECK(gone == std::vector<char>(1 << 20, 'g'));
   CHECK(std::equal(live.begin(), live.end(), src.begin() + 100));
   CHECK(p->b->refused_puts() == 1);
-}
-
-// The index of the first byte where `got` differs from `want`, or -1 (a short failure message).
-int64_t FirstDifference(const std::vector<char>& got, const std::vector<char>& want) {
-  if (got.size() != want.size()) return static_cast<int64_t>(std::min(got.size(), want.size()));
-  auto m = std::mismatch(got.begin(), got.end(), want.begin());
-  return m.first == got.end() ? -1 : m.first - got.begin();
 }
 
 // `descriptor` with its base moved to `base` or its token replaced, as a peer that imported it
@@ -172,32 +182,8 @@ TEST_CASE("a put carries its region's token: another region's address or a wrong
   CHECK(p->b->refused_puts() == before + 3 * chunks);
 }
 
-// a gets from b's region into its own; the getter's buffer is returned.
-std::vector<char> GetAndRead(bool over_am) {
-  auto p = TcpPair(over_am);
-  const size_t kSrc = (3 << 20) + 77, kDst = (3 << 20) + 4096;
-  std::vector<char> src = Pattern(kSrc, 4), dst(kDst, 'z');
-  auto rs = p->b->RegisterMemory(src.data(), src.size());
-  auto ld = p->a->RegisterMemory(dst.data(), dst.size());
-  REQUIRE(rs.ok());
-  REQUIRE(ld.ok());
-  auto remote = p->a_to_b->ImportRegion(rs->descriptor);
-  REQUIRE(remote.ok());
-  // 2 MiB + 3 (three reply chunks) from offset 5 to offset 11, then 70001 bytes from the tail.
-  const uint64_t n1 = (2 << 20) + 3, n2 = 70001;
-  Work w = p->a->Get(p->a_to_b, {{ld->id, 11, n1}, {ld->id, kDst - 4001 - n2, n2}},
-                     {{*remote, 5, n1}, {*remote, kSrc - n2, n2}});
-  REQUIRE(w.Wait(kTimeout).ok());
-  std::vector<char> want(kDst, 'z');
-  std::copy(src.begin() + 5, src.begin() + 5 + n1, want.begin() + 11);
-  std::copy(src.end() - n2, src.end(), want.end() - 4001 - n2);
-  CHECK(FirstDifference(dst, want) == -1);
-  CHECK(p->b->refused_gets() == 0);
-  return dst;
-}
-
 TEST_CASE("gets over TCP as active messages arrive byte for byte, as UCX's emulated get does") {
-  CHECK(GetAndRead(/*over_am=*/true) == GetAndRead(/*over_am=*/false));
+  CHECK(MoveAndRead(/*put=*/false, /*over_am=*/true) == MoveAndRead(/*put=*/false, /*over_am=*/false));
 }
 
 TEST_CASE("a get carries its region's token: another region's address or a wrong token fails") {
