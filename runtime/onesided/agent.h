@@ -41,7 +41,7 @@
 // UCX_TCP_RX_SEG_SIZE=kTcpSegmentBytes (neither set, UCX_TLS allowing tcp): UCX 1.13 emulates
 // put/get over TCP with one message per segment (8 KiB by default); 1 MiB segments made 1-16 MiB
 // puts over TCP 2-4x and gets 2-2.5x faster (docs/onesided.md). Cost: TCP send/receive buffers of
-// 1 MiB each. With them, puts over TCP are the agent's own messages (AgentOptions::put_over_am).
+// 1 MiB each. With them, puts and gets over TCP are the agent's own messages (AgentOptions::put_over_am).
 //
 // GPU memory (one node): RegisterMemory(ptr, bytes, kCuda) exports the region by CUDA IPC
 // (cuda_ipc.h) instead of UCX; a peer's ImportRegion opens it, and Put/Get between it and local
@@ -53,7 +53,9 @@
 //
 // Errors: INVALID_ARGUMENT for a malformed descriptor, mismatched lists or an access beyond a
 // region (checked before anything reaches UCX); FAILED_PRECONDITION for a deregistered or unknown
-// local region; UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
+// local region; NOT_FOUND / PERMISSION_DENIED for a get the target's agent refused (a region
+// deregistered since or a forged token / a range outside the token's region; put_over_am);
+// UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
 // when a wait times out (the transfer's outcome is then unknown, never reported as success).
 #ifndef EMBER_RUNTIME_ONESIDED_AGENT_H_
 #define EMBER_RUNTIME_ONESIDED_AGENT_H_

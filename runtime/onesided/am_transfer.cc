@@ -132,8 +132,8 @@ void PostAmPut(ConnectionImpl* conn, const std::shared_ptr<WorkState>& state, co
   for (uint64_t off = 0; off < length; off += kAmPutChunkBytes) {
     // Eager: one message, handled at the target in order before a later Notify.
     auto* sent = new Sent{AmPutHeader(token, address + off), in_flight, state, conn};
-    const ucs_status_t st = Send(conn->ep, kPutAmId, sent, local + off, std::min(kAmPutChunkBytes, length - off), 0,
-                                 &OnSent, memh);
+    const uint64_t n = std::min(kAmPutChunkBytes, length - off);
+    const ucs_status_t st = Send(conn->ep, kPutAmId, sent, local + off, n, 0, &OnSent, memh);
     if (st != UCS_INPROGRESS) Ended(state.get(), conn, st);
   }
 }
@@ -145,13 +145,13 @@ struct PendingGets::Request : Sent {
 
 void PendingGets::Post(ConnectionImpl* conn, std::shared_ptr<WorkState> state, char* local, uint64_t token,
                        uint64_t address, uint64_t length) {
+  in_flight_->fetch_add(1, std::memory_order_acq_rel);  // until the get ends (Finished)
   uint64_t id;
   {
     absl::MutexLock l(&mu_);
     id = ++next_id_;
     gets_[id] = Get{conn, std::move(state), local, address, length, 0};
   }
-  in_flight_->fetch_add(1, std::memory_order_acq_rel);  // until the get ends (Finished)
   auto* r = new Request{{PackU64s({token, address, length, id}), in_flight_, nullptr, nullptr}, this, id};
   const ucs_status_t st = Send(conn->ep, kGetRequestAmId, r, nullptr, 0, UCP_AM_SEND_FLAG_REPLY, &OnRequestSent);
   if (st == UCS_OK || st == UCS_INPROGRESS) return;
@@ -270,7 +270,8 @@ const char* ServePutAm(const std::map<uint64_t, LocalRegion>& regions, const voi
                        const void* data, size_t length, const ucp_am_recv_param_t* param, uint64_t* address) {
   uint64_t token = 0;
   *address = 0;
-  if ((param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) || !ParseAmPutHeader(header, header_length, &token, address)) {
+  const bool rndv = param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV;
+  if (rndv || !ParseAmPutHeader(header, header_length, &token, address)) {
     return "sent by rendezvous or with a malformed header (an agent of another version?)";
   }
   return WriteIntoRegion(regions, token, *address, data, length);

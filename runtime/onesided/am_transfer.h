@@ -136,7 +136,8 @@ class AmServer {
   uint64_t refused_gets() const { return refused_gets_.load(); }
 
  private:
-  void Refused(std::atomic<uint64_t>& counter, const char* op, uint64_t length, uint64_t address, const char* why);
+  void Refused(std::atomic<uint64_t>& counter, const char* op, uint64_t length, uint64_t address,
+               const char* why);
 
   const std::string* const name_;
   absl::Mutex* const mu_;

@@ -223,14 +223,16 @@ TEST_CASE("a get carries its region's token: another region's address or a wrong
     absl::StatusCode code;
     uint64_t address;
   };
+  const uint64_t gone_addr = reinterpret_cast<uint64_t>(gone_buf.data());
   for (const Case& c : {Case{*into_b, kA, absl::StatusCode::kPermissionDenied, b_addr + 4096},
                         Case{*wrong_token, kA, absl::StatusCode::kNotFound, a_addr},
                         Case{*guessed, kA, absl::StatusCode::kNotFound, a_addr},
-                        Case{*gone, 4096, absl::StatusCode::kNotFound, reinterpret_cast<uint64_t>(gone_buf.data())}}) {
+                        Case{*gone, 4096, absl::StatusCode::kNotFound, gone_addr}}) {
     absl::Status st = p->a->Get(p->a_to_b, {{ld->id, 0, c.length}}, {{c.region, 0, c.length}}).Wait(kTimeout);
     INFO(st.ToString());
     CHECK(st.code() == c.code);
-    CHECK(absl::StrContains(st.message(), absl::StrCat("get of ", c.length, " bytes at 0x", absl::Hex(c.address))));
+    const std::string named = absl::StrCat("get of ", c.length, " bytes at 0x", absl::Hex(c.address));
+    CHECK(absl::StrContains(st.message(), named));
     CHECK(absl::StrContains(st.message(), "refused by b"));
   }
   CHECK(p->b->refused_gets() == before + 4);
