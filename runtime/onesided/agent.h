@@ -183,7 +183,9 @@ class Agent {
   // put/get with plain loads and stores instead of a system call or a socket per transfer.
   virtual absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) = 0;
   // Transfers started later that name this region fail with FAILED_PRECONDITION. Transfers in
-  // flight must have finished first (the caller's duty). NOT_FOUND for an unknown id.
+  // flight must have finished first (the caller's duty), peers' gets from it too: over TCP the
+  // agent sends a get's bytes from the region after the request was checked (put_over_am), as an
+  // RMA get would read it. NOT_FOUND for an unknown id.
   virtual absl::Status Deregister(uint64_t registration_id) = 0;
   // Puts from peers this agent refused so far (AgentOptions::put_over_am): a chunk whose region
   // token names no registered region (deregistered since, or forged), or whose range lies outside
