@@ -18,6 +18,7 @@
 #include "spdlog/spdlog.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/flight/recorder.h"
+#include "runtime/onesided/am_transfer.h"
 #include "runtime/onesided/cuda_ipc.h"
 #include "runtime/onesided/cuda_transfer.h"
 #include "runtime/onesided/descriptor.h"
@@ -34,7 +35,6 @@ using internal::Remote;
 using internal::WorkerProgressor;
 
 constexpr unsigned kNotifyAmId = 17;
-constexpr unsigned kPutAmId = 18;  // header: region token, target address (AmPutHeader); data
 
 class AgentImpl;
 
@@ -60,7 +60,8 @@ class AgentImpl : public Agent {
   absl::StatusOr<Registration> RegisterMemory(void* ptr, uint64_t bytes, MemoryKind kind) override;
   absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) override;
   absl::Status Deregister(uint64_t id) override;
-  uint64_t refused_puts() const override { return refused_puts_.load(); }
+  uint64_t refused_puts() const override { return am_server_.refused_puts(); }
+  uint64_t refused_gets() const override { return am_server_.refused_gets(); }
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
   Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
            const TransferOptions& o) override {
@@ -78,10 +79,6 @@ class AgentImpl : public Agent {
   static void OnFlushed(void* request, ucs_status_t st, void* user_data);
   static ucs_status_t OnNotify(void* arg, const void* header, size_t header_length, void* data,
                                size_t length, const ucp_am_recv_param_t* param);
-  // A peer's put sent as an active message (AgentOptions::put_over_am): written into the local
-  // region whose token the header carries if it holds [address, +length), else dropped and counted.
-  static ucs_status_t OnPutAm(void* arg, const void* header, size_t header_length, void* data,
-                              size_t length, const ucp_am_recv_param_t* param);
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t st) {
     static_cast<ConnectionImpl*>(arg)->Fail(st);
   }
@@ -125,9 +122,10 @@ class AgentImpl : public Agent {
   std::thread progress_;
   std::atomic<bool> stop_{false};
   std::atomic<int> in_flight_{0};
+  internal::PendingGets pending_gets_{&in_flight_};  // this agent's gets over active messages
+  internal::AmServer am_server_{&opt_.name, &mu_, &regions_, &in_flight_};  // peers' (am_transfer.h)
   std::atomic<uint64_t> remote_handles_{0};
   std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
-  std::atomic<uint64_t> refused_puts_{0};  // active-message puts refused (OnPutAm)
   bool tcp_segments_set_ = false;          // Init gave UCX kTcpSegmentBytes segments
   internal::ParallelCopier copier_;
 
@@ -162,15 +160,18 @@ absl::Status AgentImpl::Init() {
   ucp_am_handler_param_t ap = {};
   ap.field_mask = UCP_AM_HANDLER_PARAM_FIELD_ID | UCP_AM_HANDLER_PARAM_FIELD_CB |
                   UCP_AM_HANDLER_PARAM_FIELD_ARG;
-  ap.id = kNotifyAmId;
-  ap.cb = &AgentImpl::OnNotify;
-  ap.arg = this;
-  st = ucp_worker_set_am_recv_handler(worker_, &ap);
-  if (st != UCS_OK) return FromUcs(st, "registering the notification handler");
-  ap.id = kPutAmId;
-  ap.cb = &AgentImpl::OnPutAm;
-  st = ucp_worker_set_am_recv_handler(worker_, &ap);
-  if (st != UCS_OK) return FromUcs(st, "registering the put handler");
+  struct Handler { unsigned id; ucp_am_recv_callback_t cb; void* arg; };
+  for (const Handler& h : {Handler{kNotifyAmId, &AgentImpl::OnNotify, this},
+                           {internal::kPutAmId, &internal::AmServer::OnPut, &am_server_},
+                           {internal::kGetRequestAmId, &internal::AmServer::OnGetRequest, &am_server_},
+                           {internal::kGetReplyAmId, &internal::PendingGets::OnReply, &pending_gets_}}) {
+    const unsigned id = h.id;
+    ap.id = h.id;
+    ap.cb = h.cb;
+    ap.arg = h.arg;
+    st = ucp_worker_set_am_recv_handler(worker_, &ap);
+    if (st != UCS_OK) return FromUcs(st, absl::StrCat("registering the handler of active message ", id));
+  }
   if (opt_.recorder != nullptr) {
     fr_group_ = opt_.recorder->RegisterGroup(
         {.name = absl::StrCat("onesided:", opt_.name), .rank = 0, .size = 1,
@@ -198,6 +199,7 @@ AgentImpl::~AgentImpl() {
     regions.swap(regions_);
   }
   internal::CloseEndpoints(worker_, conns);
+  pending_gets_.FailAll(nullptr, absl::CancelledError("the agent was destroyed"));
   for (auto& [id, reg] : regions)
     if (reg.memh != nullptr) ucp_mem_unmap(ctx_, reg.memh);
   if (progressor_ != nullptr) progressor_->Clear();  // waiters stop driving the worker
@@ -292,13 +294,16 @@ absl::StatusOr<Connection*> AgentImpl::Connect(absl::string_view peer) {
   const std::string& addr = theirs.address;
   auto conn = std::make_unique<ConnectionImpl>(std::string(peer), peer_rank);
   conn->handle_counter = &remote_handles_;
-  conn->on_failure = [this] {
-    absl::MutexLock l(&mu_);
-    ++failures_;
+  conn->on_failure = [this, raw = conn.get()] {
+    {
+      absl::MutexLock l(&mu_);
+      ++failures_;
+    }
+    pending_gets_.FailAll(raw, raw->health());  // no reply will come
   };
   RETURN_IF_ERROR(conn->Open(worker_, addr, opt_.detect_peer_failure, &AgentImpl::OnEpError));
   if (opt_.put_over_am && tcp_segments_set_ && !internal::EndpointHasRmaLane(conn->ep)) {
-    conn->am_put_chunk = kAmPutChunkBytes;
+    conn->am_chunk = kAmPutChunkBytes;
   }
   Wake();
   absl::MutexLock l(&mu_);
@@ -407,12 +412,13 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
     state->PartDone(absl::OkStatus());
     return Work(state);
   }
-  // Over an endpoint without an RMA lane a put is the agent's own messages of up to am_put_chunk
-  // bytes each: UCX sends them from the caller's buffer (its emulated put first copies each
-  // segment into a send buffer) and the target's agent writes them (OnPutAm).
-  const uint64_t chunk = put ? conn->am_put_chunk : 0;
+  // Over an endpoint without an RMA lane a put is the agent's own messages of up to 1 MiB each:
+  // UCX sends them from the caller's buffer (its emulated put first copies each segment into a
+  // send buffer) and the target's agent writes them (AmServer). A get is one request per element,
+  // answered by the target's agent (am_transfer.h): UCX's emulated get and put carry no key.
+  const bool am = conn->am_chunk > 0;
   int parts = 0;
-  for (const Op& op : ops) parts += chunk == 0 ? 1 : static_cast<int>((op.len + chunk - 1) / chunk);
+  for (const Op& op : ops) parts += am && put ? internal::AmPutChunks(op.len) : 1;
   auto state = NewState(put ? "put" : "get", put ? "onesided_put" : "onesided_get", conn, total,
                         static_cast<int>(local.size()), put ? "to" : "from", parts + 1);
   if (put && !ops.empty()) conn->unflushed_puts.fetch_add(parts, std::memory_order_acq_rel);
@@ -422,23 +428,15 @@ Work AgentImpl::Transfer(bool put, Connection* c, const std::vector<LocalDesc>& 
   // of all samples of a 16 MiB get loop on 2 cores). It is woken if a request is left in flight.
   progressor_->EnterSpin();
   for (const Op& op : ops) {
-    for (uint64_t off = 0; chunk > 0 && off < op.len; off += chunk) {
-      auto* part = new Part{state, this, conn};
-      part->header = internal::AmPutHeader(op.token, op.remote + off);
-      const uint64_t len = std::min(chunk, op.len - off);
-      ucp_request_param_t rp = {};
-      rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
-                        UCP_OP_ATTR_FIELD_MEMH | UCP_OP_ATTR_FIELD_FLAGS;
-      rp.cb.send = &AgentImpl::OnSend;
-      rp.user_data = part;
-      rp.memh = op.memh;
-      rp.flags = UCP_AM_SEND_FLAG_EAGER;  // one message, handled in order before a later Notify
-      in_flight_.fetch_add(1, std::memory_order_acq_rel);
-      ucs_status_ptr_t req = ucp_am_send_nbx(conn->ep, kPutAmId, part->header.data(), part->header.size(),
-                                             static_cast<char*>(op.local) + off, len, &rp);
-      Finish(part, req, *state, /*wake=*/false);
+    if (am && put) {
+      internal::PostAmPut(conn, state, static_cast<const char*>(op.local), op.memh, op.token, op.remote, op.len,
+                          &in_flight_);
+      continue;
     }
-    if (chunk > 0) continue;
+    if (am) {
+      pending_gets_.Post(conn, state, static_cast<char*>(op.local), op.token, op.remote, op.len);
+      continue;
+    }
     auto* part = new Part{state, this, conn};
     ucp_request_param_t rp = {};
     rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FIELD_MEMH;
@@ -556,28 +554,6 @@ ucs_status_t AgentImpl::OnNotify(void* arg, const void* header, size_t header_le
   absl::MutexLock l(&self->mu_);
   self->notes_.push_back(std::move(n));
   self->note_count_.fetch_add(1);
-  return UCS_OK;
-}
-
-ucs_status_t AgentImpl::OnPutAm(void* arg, const void* header, size_t header_length, void* data,
-                                size_t length, const ucp_am_recv_param_t* param) {
-  auto* self = static_cast<AgentImpl*>(arg);
-  uint64_t token = 0, address = 0;
-  const char* refused = "sent by rendezvous or with a malformed header (an agent of another version?)";
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FLAG_RNDV) &&
-      internal::ParseAmPutHeader(header, header_length, &token, &address)) {
-    absl::ReaderMutexLock l(&self->mu_);  // held while writing: Deregister waits for the write
-    refused = internal::WriteIntoRegion(self->regions_, token, address, data, length);
-  }
-  if (refused != nullptr) {
-    // The sender checked the range against its descriptor, so this is a region deregistered since,
-    // a forged token or a malformed message. Its sender's Work still completes OK.
-    const uint64_t n = self->refused_puts_.fetch_add(1) + 1;
-    if ((n & (n - 1)) == 0) {
-      spdlog::warn("onesided agent {}: refused a put of {} bytes at {:#x}: {}; {} refused so far",
-                   self->opt_.name, length, address, refused, n);
-    }
-  }
   return UCS_OK;
 }
 

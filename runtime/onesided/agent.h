@@ -41,7 +41,7 @@
 // UCX_TCP_RX_SEG_SIZE=kTcpSegmentBytes (neither set, UCX_TLS allowing tcp): UCX 1.13 emulates
 // put/get over TCP with one message per segment (8 KiB by default); 1 MiB segments made 1-16 MiB
 // puts over TCP 2-4x and gets 2-2.5x faster (docs/onesided.md). Cost: TCP send/receive buffers of
-// 1 MiB each. With them, puts over TCP are the agent's own messages (AgentOptions::put_over_am).
+// 1 MiB each. With them, puts and gets over TCP are the agent's own messages (AgentOptions::put_over_am).
 //
 // GPU memory (one node): RegisterMemory(ptr, bytes, kCuda) exports the region by CUDA IPC
 // (cuda_ipc.h) instead of UCX; a peer's ImportRegion opens it, and Put/Get between it and local
@@ -53,7 +53,9 @@
 //
 // Errors: INVALID_ARGUMENT for a malformed descriptor, mismatched lists or an access beyond a
 // region (checked before anything reaches UCX); FAILED_PRECONDITION for a deregistered or unknown
-// local region; UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
+// local region; NOT_FOUND / PERMISSION_DENIED for a get the target's agent refused (a region
+// deregistered since or a forged token / a range outside the token's region; put_over_am);
+// UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
 // when a wait times out (the transfer's outcome is then unknown, never reported as success).
 #ifndef EMBER_RUNTIME_ONESIDED_AGENT_H_
 #define EMBER_RUNTIME_ONESIDED_AGENT_H_
@@ -102,8 +104,12 @@ struct AgentOptions {
   // from the caller's buffer without that copy and written into the target's region by its agent.
   // Each carries the token of the region whose descriptor the sender imported (descriptor.h); the
   // target writes only into the registered region with that token and only inside it (otherwise the
-  // chunk is dropped, counted in refused_puts() and logged, never performed). Only while the agent
-  // sets UCX's TCP segments (agent.h, above). false: always ucp_put_nbx.
+  // chunk is dropped, counted in refused_puts() and logged, never performed). Gets there are a
+  // request message carrying the token and the range, answered by the target's agent with the
+  // bytes (1 MiB messages sent from its region) only if the range lies inside the region with that
+  // token, else with an error (the Work fails; refused_gets()). UCX's emulated get carries no key,
+  // so it would let a peer read any address of this process. Only while the agent sets UCX's TCP
+  // segments (agent.h, above). false: always ucp_put_nbx / ucp_get_nbx (no such check over TCP).
   bool put_over_am = true;
 };
 
@@ -177,13 +183,20 @@ class Agent {
   // put/get with plain loads and stores instead of a system call or a socket per transfer.
   virtual absl::StatusOr<Registration> AllocateMemory(uint64_t bytes) = 0;
   // Transfers started later that name this region fail with FAILED_PRECONDITION. Transfers in
-  // flight must have finished first (the caller's duty). NOT_FOUND for an unknown id.
+  // flight must have finished first (the caller's duty), peers' gets from it too: over TCP the
+  // agent sends a get's bytes from the region after the request was checked (put_over_am), as an
+  // RMA get would read it. NOT_FOUND for an unknown id.
   virtual absl::Status Deregister(uint64_t registration_id) = 0;
   // Puts from peers this agent refused so far (AgentOptions::put_over_am): a chunk whose region
   // token names no registered region (deregistered since, or forged), or whose range lies outside
   // the region it names. Each is dropped (nothing written) and logged (rate-limited); its sender's
   // Work still completes OK. For monitoring and tests.
   virtual uint64_t refused_puts() const = 0;
+  // Get requests from peers this agent refused so far (gets over active messages, as puts above):
+  // a token that names no registered host region, or a range outside the region it names. Each is
+  // answered with an error and logged (rate-limited); its getter's Work fails with NOT_FOUND or
+  // PERMISSION_DENIED, nothing written into its buffer. For monitoring and tests.
+  virtual uint64_t refused_gets() const = 0;
 
   // Connects to `peer` through the store: publishes this worker's address under
   // <prefix>addr/<name>/<peer>/<n> and reads <prefix>addr/<peer>/<name>/<n>, where n counts this

@@ -69,7 +69,7 @@ ABSL_FLAG(bool, vs_comm, true,
 ABSL_FLAG(int64_t, parallel_copy_min_bytes, 4 << 20,
           "AgentOptions.parallel_copy_min_bytes (0: every copy on one core, by UCX)");
 ABSL_FLAG(bool, put_over_am, true,
-          "AgentOptions.put_over_am (puts as the agent's own messages where UCX has no RMA lane)");
+          "AgentOptions.put_over_am (puts and gets as the agent's own messages where UCX has no RMA lane)");
 ABSL_FLAG(bool, gets, true, "measure gets too (false: puts only, e.g. to profile the put path)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");

@@ -11,7 +11,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/onesided/descriptor.h"
 
@@ -43,37 +42,6 @@ bool ApplyUcxDefaults(ucp_config_t* config) {
     return true;
   }
   return false;
-}
-
-std::string AmPutHeader(uint64_t token, uint64_t address) {
-  std::string h;
-  for (uint64_t v : {token, address}) {
-    base::AppendU32LE(static_cast<uint32_t>(v), &h);
-    base::AppendU32LE(static_cast<uint32_t>(v >> 32), &h);
-  }
-  return h;
-}
-
-bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address) {
-  if (length != 16) return false;
-  const char* h = static_cast<const char*>(header);
-  *token = uint64_t{base::LoadU32LE(h)} | uint64_t{base::LoadU32LE(h + 4)} << 32;
-  *address = uint64_t{base::LoadU32LE(h + 8)} | uint64_t{base::LoadU32LE(h + 12)} << 32;
-  return true;
-}
-
-const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
-                            const void* data, uint64_t length) {
-  for (const auto& [id, reg] : regions) {
-    if (reg.token != token || reg.kind != MemoryKind::kHost) continue;
-    const uint64_t start = reinterpret_cast<uint64_t>(reg.base);
-    if (address < start || !InBounds(address - start, length, reg.bytes)) {
-      return "the range lies outside the region its token names";
-    }
-    if (length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
-    return nullptr;
-  }
-  return "no registered host region has its token (deregistered since, or a wrong token)";
 }
 
 absl::Status ConnectionImpl::Open(ucp_worker_h worker, const std::string& address, bool detect_peer_failure,

@@ -1,6 +1,6 @@
 // Internal to runtime/onesided: UCX status mapping, the Connection implementation, the worker
 // Progressor and progress loop, and the UCX set-up helpers (defaults, allocation, endpoints, the
-// active-message put's wire form) used by agent.cc. Not part of the API (agent.h is). Thread-safe
+// remote regions) used by agent.cc. Not part of the API (agent.h is). Thread-safe
 // as stated per class; the free functions are thread-compatible.
 #ifndef EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
 #define EMBER_RUNTIME_ONESIDED_UCX_CONNECTION_H_
@@ -49,17 +49,6 @@ struct LocalRegion {
   MemoryKind kind = MemoryKind::kHost;
   uint64_t token = 0;  // RegionDescriptor::token, carried by active-message puts into it
 };
-
-// The header of a put sent as an active message (agent.cc): the target region's token, then the
-// target address, 8 bytes little-endian each. (Before the token it was the address alone, 8 bytes;
-// such a header is refused.)
-std::string AmPutHeader(uint64_t token, uint64_t address);
-bool ParseAmPutHeader(const void* header, size_t length, uint64_t* token, uint64_t* address);
-// Copies `length` bytes from `data` to `address` if the host region of `regions` whose token is
-// `token` holds the whole range, and returns null; otherwise writes nothing and returns why (for
-// the log). The caller holds the lock guarding `regions`.
-const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
-                            const void* data, uint64_t length);
 
 struct Remote {
   uint64_t base = 0, length = 0;
@@ -124,9 +113,10 @@ class ConnectionImpl : public Connection {
   // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
   // then copy large transfers itself through Remote::mapped (agent.cc).
   bool map_direct = false;
-  // Set before any transfer: puts travel as the agent's own active messages (agent.cc), at most
-  // this many bytes each, because the endpoint has no RMA lane (EndpointHasRmaLane); 0: ucp_put_nbx.
-  uint64_t am_put_chunk = 0;
+  // Set before any transfer: puts and gets travel as the agent's own active messages (agent.cc,
+  // am_get.h), at most this many bytes of data each, because the endpoint has no RMA lane
+  // (EndpointHasRmaLane); 0: ucp_put_nbx / ucp_get_nbx.
+  uint64_t am_chunk = 0;
 
  private:
   const std::string peer_;
