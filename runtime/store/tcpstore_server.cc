@@ -129,6 +129,7 @@ class TcpStoreServer::Impl {
 
   void Loop() {
     ready_->MarkLoopThread();
+    tcpstore::RequestShortSlice();
     epoll_event events[256];
     int64_t last_stall_check = MonoNs();
     while (!stop_) {
