@@ -1,9 +1,7 @@
 #include "runtime/store/tcpstore_connection.h"
 
 #include <sys/eventfd.h>
-#include <sched.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -18,27 +16,6 @@ int64_t MonoNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
-}
-
-bool RequestShortSlice() {
-#if defined(__linux__) && defined(SYS_sched_setattr) && defined(SYS_sched_getattr)
-  struct Attr {  // the kernel's struct sched_attr, version 0 (48 bytes)
-    uint32_t size, policy;
-    uint64_t flags;
-    int32_t nice;
-    uint32_t priority;
-    uint64_t runtime, deadline, period;
-  } attr{};
-  if (syscall(SYS_sched_getattr, 0, &attr, sizeof(attr), 0) != 0 || attr.policy != SCHED_OTHER) {
-    return false;
-  }
-  attr.size = sizeof(attr);
-  attr.flags = 0;
-  attr.runtime = 100'000;  // ns; the kernel's lower bound for a custom slice
-  return syscall(SYS_sched_setattr, 0, &attr, 0) == 0;
-#else
-  return false;
-#endif
 }
 
 void Conn::WriteLocked(const char* p, size_t n) {

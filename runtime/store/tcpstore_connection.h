@@ -23,13 +23,6 @@ namespace ember::store::tcpstore {
 
 int64_t MonoNs();  // CLOCK_MONOTONIC
 
-// Asks the kernel for a short scheduler slice (0.1 ms; Linux 6.12+ EEVDF, sched_attr's
-// sched_runtime of a SCHED_OTHER thread) for the calling thread, keeping its policy and nice
-// value. The loop thread answers many clients: with more runnable clients than cores (a 64-rank
-// barrier on 2 cores) an earlier virtual deadline gets it picked again sooner after each
-// preemption, at the same CPU share. Best effort: older kernels ignore it or refuse (false).
-bool RequestShortSlice();
-
 // What a completion callback needs to format the reply.
 struct ReplyPlan {
   Op op = Op::kUnknown;
