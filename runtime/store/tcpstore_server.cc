@@ -256,11 +256,15 @@ class TcpStoreServer::Impl {
         absl::MutexLock l(&c->mu);
         fd = c->fd;
       }
-      const ssize_t k = recv(fd, buf, sizeof(buf), 0);
+      // Peeked, run, then taken: a reply written meanwhile carries the ACK for these bytes. Taken
+      // first, a query in two segments (torch's clients send the type byte alone) makes the
+      // kernel send a pure ACK at once (the "two pushed segments" rule), an extra packet per op.
+      const ssize_t k = recv(fd, buf, sizeof(buf), MSG_PEEK);
       if (k > 0) {
         c->last_input_ns = MonoNs();
         c->in.append(buf, static_cast<size_t>(k));
         Pump(c);
+        Consume(c, static_cast<size_t>(k));
         if (static_cast<size_t>(k) < sizeof(buf) || c->backlogged) return;
         continue;
       }
@@ -270,6 +274,19 @@ class TcpStoreServer::Impl {
       break;
     }
     Pump(c);
+  }
+
+  // Drops n peeked bytes from the socket (they are in c->in already).
+  void Consume(const std::shared_ptr<Conn>& c, size_t n) {
+    absl::MutexLock l(&c->mu);
+    while (c->fd >= 0 && n > 0) {
+      const ssize_t k = recv(c->fd, nullptr, n, MSG_TRUNC | MSG_DONTWAIT);
+      if (k > 0) {
+        n -= static_cast<size_t>(k);
+      } else if (!(k < 0 && errno == EINTR)) {
+        return;  // cannot happen for peeked bytes; a reset shows at the next read
+      }
+    }
   }
 
   void Flush(const std::shared_ptr<Conn>& c) {

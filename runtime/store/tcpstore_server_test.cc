@@ -194,6 +194,34 @@ TEST_CASE("queries that arrive in one segment are served in order, large values 
   CHECK(nonce == 9);
 }
 
+TEST_CASE("a 1.13 WAIT sent in two segments gets one segment back: the reply carries the ACK") {
+  // torch's client sends the query type alone, then the rest: read at once, the second segment
+  // made the kernel send a pure ACK before the reply (two packets back per WAIT).
+  Served s = Serve();
+  Wire w(s.tcp->port());
+  REQUIRE(w.connected());
+  REQUIRE(w.U8(3).Str("/k").U64(1).Send());  // 1.13 ADD: the key exists
+  REQUIRE(w.ReadI64() == 1);
+  auto segs_in = [&w] {  // Linux's tcp_info.tcpi_segs_in (byte 140; glibc's struct ends before)
+    unsigned char ti[256] = {};
+    socklen_t len = sizeof(ti);
+    REQUIRE(getsockopt(w.fd(), IPPROTO_TCP, TCP_INFO, ti, &len) == 0);
+    REQUIRE(len >= 144);
+    uint32_t n;
+    std::memcpy(&n, ti + 140, 4);
+    return n;
+  };
+  constexpr int kWaits = 200;
+  const uint32_t before = segs_in();
+  for (int i = 0; i < kWaits; ++i) {
+    REQUIRE(w.U8(5).Send());  // 1.13 WAIT
+    REQUIRE(w.U64(1).Str("/k").Send());
+    REQUIRE(w.ReadU8() == 0);  // STOP_WAITING
+  }
+  // One segment per WAIT; a delayed-ACK timer (40 ms) firing under load may add a few.
+  CHECK(segs_in() - before <= kWaits + kWaits / 4);
+}
+
 TEST_CASE("a WAIT after a cancelled one is not cancelled with it") {
   Served s = Serve();
   Wire w(s.tcp->port());
