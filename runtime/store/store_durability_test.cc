@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "runtime/store/client.h"
 #include "runtime/store/store_process_test_util.h"
@@ -88,6 +89,13 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
   std::atomic<bool> stop{false};
   std::vector<int64_t> acked(kWriters, -1);
   std::atomic<int64_t> adds_ok{0}, adds_unknown{0}, other_errors{0};
+  absl::Mutex first_error_mu;
+  std::string first_error;  // for the failure message
+  auto note_error = [&](const absl::Status& s) {
+    ++other_errors;
+    absl::MutexLock l(&first_error_mu);
+    if (first_error.empty()) first_error = s.ToString();
+  };
   std::vector<std::thread> writers;
   for (int t = 0; t < kWriters; ++t) {
     writers.emplace_back([&, t] {
@@ -96,7 +104,7 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
         if (s.ok()) {
           acked[t] = i;
         } else {
-          ++other_errors;
+          note_error(s);
           --i;
           continue;
         }
@@ -107,7 +115,7 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
           } else if (absl::IsUnavailable(a.status())) {
             ++adds_unknown;  // in flight when the server died: outcome unknown, not retried
           } else {
-            ++other_errors;
+            note_error(a.status());
           }
         }
       }
@@ -133,6 +141,7 @@ TEST_CASE("acknowledged writes survive kill -9 and the client rides through the 
   for (auto& w : writers) w.join();
 
   INFO("acked per writer at kill: " << acked_at_kill[0] << "," << acked_at_kill[1]);
+  INFO("first error: " << first_error);
   REQUIRE(other_errors == 0);
   int64_t total = 0;
   for (int t = 0; t < kWriters; ++t) {
