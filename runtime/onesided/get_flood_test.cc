@@ -1,0 +1,93 @@
+// A peer flooding gets over TCP (gets as active messages, am_transfer.h) against a target with a
+// small limit on reply bytes in flight (AgentOptions::max_get_reply_bytes_in_flight = 2 MiB) and on
+// waiting requests (max_queued_gets = 4): every admitted get arrives byte for byte, the admitted
+// ones complete in the order posted, the others fail with RESOURCE_EXHAUSTED naming the limit
+// (nothing written into their part of the getter's buffer; counted in refused_gets()), and the
+// target never had more than the limit of reply bytes in flight to the peer. The connection keeps
+// working afterwards.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "runtime/onesided/agent.h"
+#include "runtime/onesided/agent_pair.h"
+
+namespace ember::onesided {
+namespace {
+
+constexpr absl::Duration kTimeout = absl::Seconds(30);
+
+TEST_CASE("a flood of gets is bounded per peer: admitted ones in order, the rest RESOURCE_EXHAUSTED") {
+  constexpr uint64_t kCap = 2 << 20;
+  constexpr int kQueue = 4, kGets = 32;
+  constexpr uint64_t kLen = (2 << 20) + 3001, kStep = 4099;  // 3 reply chunks per get
+  setenv("UCX_TLS", "tcp", 1);
+  auto pair = testing::AgentPair::Create({.max_get_reply_bytes_in_flight = kCap, .max_queued_gets = kQueue});
+  unsetenv("UCX_TLS");
+  REQUIRE(pair.ok());
+  auto& p = *pair;
+  std::vector<char> src(kLen + kGets * kStep);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 29 + (i >> 9) + 3);
+  std::vector<char> dst(kGets * kLen, 'z');
+  auto rs = p->b->RegisterMemory(src.data(), src.size());
+  auto rd = p->a->RegisterMemory(dst.data(), dst.size());
+  REQUIRE(rs.ok());
+  REQUIRE(rd.ok());
+  auto remote = p->a_to_b->ImportRegion(rs->descriptor);
+  REQUIRE(remote.ok());
+  const uint64_t refused_before = p->b->refused_gets();
+
+  // Get i reads [i * kStep, +kLen) of b's region into slice i of a's buffer; all posted at once.
+  std::vector<Work> works;
+  for (int i = 0; i < kGets; ++i) works.push_back(p->a->Get(p->a_to_b, {{rd->id, i * kLen, kLen}}, {{*remote, i * kStep, kLen}}));
+  // The poll round in which each get was first seen done.
+  std::vector<int> done_round(kGets, -1);
+  const absl::Time deadline = absl::Now() + kTimeout;
+  for (int round = 0, left = kGets; left > 0 && absl::Now() < deadline; ++round) {
+    for (int i = 0; i < kGets; ++i) {
+      if (done_round[i] < 0 && works[i].Done()) {
+        done_round[i] = round;
+        --left;
+      }
+    }
+    absl::SleepFor(absl::Microseconds(50));
+  }
+  int admitted = 0, refused = 0, last_round = -1;
+  for (int i = 0; i < kGets; ++i) {
+    const absl::Status st = works[i].Wait(absl::Seconds(1));
+    INFO("get " << i << ": " << st.ToString());
+    const std::vector<char> got(dst.begin() + i * kLen, dst.begin() + (i + 1) * kLen);
+    if (st.ok()) {
+      ++admitted;
+      CHECK(std::equal(got.begin(), got.end(), src.begin() + i * kStep));
+      CHECK(done_round[i] >= last_round);  // admitted gets complete in the order posted
+      last_round = done_round[i];
+    } else {
+      ++refused;
+      CHECK(st.code() == absl::StatusCode::kResourceExhausted);
+      CHECK(absl::StrContains(st.message(), "full (4 requests, AgentOptions.max_queued_gets"));
+      CHECK(std::all_of(got.begin(), got.end(), [](char c) { return c == 'z'; }));
+    }
+  }
+  INFO(admitted << " admitted, " << refused << " refused");
+  CHECK(admitted >= 1);  // the first always is
+  CHECK(refused >= 1);   // 32 requests arrive long before 3 MiB replies to 5 of them are sent
+  CHECK(admitted + refused == kGets);
+  CHECK(p->b->refused_gets() == refused_before + static_cast<uint64_t>(refused));
+  CHECK(p->b->peak_get_reply_bytes() > 0);
+  CHECK(p->b->peak_get_reply_bytes() <= kCap);
+
+  // The connection still serves a get, byte for byte.
+  std::fill(dst.begin(), dst.begin() + kLen, 'z');
+  REQUIRE(p->a->Get(p->a_to_b, {{rd->id, 0, kLen}}, {{*remote, 5, kLen}}).Wait(kTimeout).ok());
+  CHECK(std::equal(dst.begin(), dst.begin() + kLen, src.begin() + 5));
+}
+
+}  // namespace
+}  // namespace ember::onesided
