@@ -55,6 +55,8 @@
 // region (checked before anything reaches UCX); FAILED_PRECONDITION for a deregistered or unknown
 // local region; NOT_FOUND / PERMISSION_DENIED for a get the target's agent refused (a region
 // deregistered since or a forged token / a range outside the token's region; put_over_am);
+// RESOURCE_EXHAUSTED for a get refused because too many of this agent's gets waited there
+// (AgentOptions::max_queued_gets);
 // UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
 // when a wait times out (the transfer's outcome is then unknown, never reported as success).
 #ifndef EMBER_RUNTIME_ONESIDED_AGENT_H_
