@@ -4,7 +4,8 @@
 // with RESOURCE_EXHAUSTED naming the limit
 // (nothing written into their part of the getter's buffer; counted in refused_gets()), and the
 // target never had more than the limit of reply bytes in flight to the peer. The connection keeps
-// working afterwards. (The target serves its FIFO in order, but UCX may deliver replies of
+// working afterwards. A get waiting there whose region is deregistered meanwhile is refused
+// (NOT_FOUND), not read. (The target serves its FIFO in order, but UCX may deliver replies of
 // consecutive gets out of order over TCP, seen here: a 1 MiB reply posted first arrived after the
 // next get's, so the getter's completion order is not checked.)
 #include <catch2/catch.hpp>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
 #include "runtime/onesided/agent.h"
 #include "runtime/onesided/agent_pair.h"
 
@@ -76,6 +78,45 @@ TEST_CASE("a flood of gets is bounded per peer: admitted ones byte for byte, the
   std::fill(dst.begin(), dst.begin() + kLen, 'z');
   REQUIRE(p->a->Get(p->a_to_b, {{rd->id, 0, kLen}}, {{*remote, 5, kLen}}).Wait(kTimeout).ok());
   CHECK(std::equal(dst.begin(), dst.begin() + kLen, src.begin() + 5));
+}
+
+TEST_CASE("a get waiting in the target's queue is refused if its region is deregistered meanwhile") {
+  setenv("UCX_TLS", "tcp", 1);
+  auto pair = testing::AgentPair::Create({.max_get_reply_bytes_in_flight = 1 << 20, .max_queued_gets = 16});
+  unsetenv("UCX_TLS");
+  REQUIRE(pair.ok());
+  auto& p = *pair;
+  // Get 0 reads 64 MiB of `big`, one 1 MiB reply at a time; gets 1-4 of `small` wait behind it
+  // (or arrive after the deregistration: refused either way, never read from the region).
+  constexpr uint64_t kBig = 64 << 20, kSmall = 8192;
+  std::vector<char> big(kBig, 'b'), small(kSmall, 's'), dst(kBig + 4 * kSmall, 'z');
+  auto rb = p->b->RegisterMemory(big.data(), big.size());
+  auto rs = p->b->RegisterMemory(small.data(), small.size());
+  auto rd = p->a->RegisterMemory(dst.data(), dst.size());
+  REQUIRE(rb.ok());
+  REQUIRE(rs.ok());
+  REQUIRE(rd.ok());
+  auto remote_big = p->a_to_b->ImportRegion(rb->descriptor);
+  auto remote_small = p->a_to_b->ImportRegion(rs->descriptor);
+  REQUIRE(remote_big.ok());
+  REQUIRE(remote_small.ok());
+  Work first = p->a->Get(p->a_to_b, {{rd->id, 0, kBig}}, {{*remote_big, 0, kBig}});
+  std::vector<Work> waiting;
+  for (uint64_t i = 0; i < 4; ++i) {
+    waiting.push_back(p->a->Get(p->a_to_b, {{rd->id, kBig + i * kSmall, kSmall}}, {{*remote_small, 0, kSmall}}));
+  }
+  absl::SleepFor(absl::Milliseconds(20));  // the requests reach b's queue (64 MiB take longer)
+  REQUIRE(p->b->Deregister(rs->id).ok());
+  if (first.Done()) WARN("get 0 ended before the deregistration: the queue's re-check was not exercised");
+  REQUIRE(first.Wait(kTimeout).ok());
+  CHECK(std::all_of(dst.begin(), dst.begin() + kBig, [](char c) { return c == 'b'; }));
+  for (Work& w : waiting) {
+    const absl::Status st = w.Wait(kTimeout);
+    INFO(st.ToString());
+    CHECK(st.code() == absl::StatusCode::kNotFound);
+  }
+  CHECK(std::all_of(dst.begin() + kBig, dst.end(), [](char c) { return c == 'z'; }));
+  CHECK(p->b->peak_get_reply_bytes() <= (1 << 20));
 }
 
 }  // namespace
