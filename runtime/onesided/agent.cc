@@ -62,6 +62,7 @@ class AgentImpl : public Agent {
   absl::Status Deregister(uint64_t id) override;
   uint64_t refused_puts() const override { return am_server_.refused_puts(); }
   uint64_t refused_gets() const override { return am_server_.refused_gets(); }
+  uint64_t peak_get_reply_bytes() const override { return am_server_.peak_reply_bytes(); }
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
   Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
            const TransferOptions& o) override {
@@ -123,7 +124,8 @@ class AgentImpl : public Agent {
   std::atomic<bool> stop_{false};
   std::atomic<int> in_flight_{0};
   internal::PendingGets pending_gets_{&in_flight_};  // this agent's gets over active messages
-  internal::AmServer am_server_{&opt_.name, &mu_, &regions_, &in_flight_};  // peers' (am_transfer.h)
+  internal::AmServer am_server_{&opt_.name, &mu_, &regions_, &in_flight_,
+                                opt_.max_get_reply_bytes_in_flight, opt_.max_queued_gets};  // peers' (am_transfer.h)
   std::atomic<uint64_t> remote_handles_{0};
   std::atomic<int64_t> note_count_{0};  // notes_.size(), readable without mu_
   bool tcp_segments_set_ = false;          // Init gave UCX kTcpSegmentBytes segments
@@ -198,6 +200,7 @@ AgentImpl::~AgentImpl() {
     conns.swap(conns_);
     regions.swap(regions_);
   }
+  am_server_.DropQueues();  // before the endpoints their replies go to
   internal::CloseEndpoints(worker_, conns);
   pending_gets_.FailAll(nullptr, absl::CancelledError("the agent was destroyed"));
   for (auto& [id, reg] : regions)

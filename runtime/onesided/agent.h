@@ -55,6 +55,8 @@
 // region (checked before anything reaches UCX); FAILED_PRECONDITION for a deregistered or unknown
 // local region; NOT_FOUND / PERMISSION_DENIED for a get the target's agent refused (a region
 // deregistered since or a forged token / a range outside the token's region; put_over_am);
+// RESOURCE_EXHAUSTED for a get refused because too many of this agent's gets waited there
+// (AgentOptions::max_queued_gets);
 // UNAVAILABLE when the peer failed (connection reset, process gone); DEADLINE_EXCEEDED
 // when a wait times out (the transfer's outcome is then unknown, never reported as success).
 #ifndef EMBER_RUNTIME_ONESIDED_AGENT_H_
@@ -111,6 +113,14 @@ struct AgentOptions {
   // so it would let a peer read any address of this process. Only while the agent sets UCX's TCP
   // segments (agent.h, above). false: always ucp_put_nbx / ucp_get_nbx (no such check over TCP).
   bool put_over_am = true;
+  // Gets over active messages, per peer: at most this many bytes of replies are posted and not yet
+  // sent (raised to kAmPutChunkBytes); requests beyond wait, served in order as replies complete,
+  // at most max_queued_gets of them (a request is 40 bytes there). One arriving when that many
+  // wait is refused: its getter's Work fails with RESOURCE_EXHAUSTED (refused_gets()). Waiting
+  // requests are dropped when a reply to their peer fails or the agent is destroyed, and are
+  // refused (NOT_FOUND) if their region was deregistered meanwhile.
+  uint64_t max_get_reply_bytes_in_flight = 64 << 20;
+  int max_queued_gets = 1024;
 };
 
 // The TCP segment size the agent gives UCX (UCX_TCP_TX_SEG_SIZE/RX_SEG_SIZE, when neither is set):
@@ -195,8 +205,13 @@ class Agent {
   // Get requests from peers this agent refused so far (gets over active messages, as puts above):
   // a token that names no registered host region, or a range outside the region it names. Each is
   // answered with an error and logged (rate-limited); its getter's Work fails with NOT_FOUND or
-  // PERMISSION_DENIED, nothing written into its buffer. For monitoring and tests.
+  // PERMISSION_DENIED, nothing written into its buffer; also one refused because too many of its
+  // peer's gets were waiting (AgentOptions::max_queued_gets; RESOURCE_EXHAUSTED there). For
+  // monitoring and tests.
   virtual uint64_t refused_gets() const = 0;
+  // The most get reply bytes this agent ever had in flight to one peer at once (at most
+  // AgentOptions::max_get_reply_bytes_in_flight). For monitoring and tests.
+  virtual uint64_t peak_get_reply_bytes() const = 0;
 
   // Connects to `peer` through the store: publishes this worker's address under
   // <prefix>addr/<name>/<peer>/<n> and reads <prefix>addr/<peer>/<name>/<n>, where n counts this

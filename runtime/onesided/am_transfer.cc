@@ -204,6 +204,11 @@ void PendingGets::Reply(const void* header, size_t header_length, const void* da
                                                   "; import a current descriptor of the region"));
       } else if (r == GetRefusal::kOutside) {
         status = absl::PermissionDeniedError(absl::StrCat(why, RegionCheckReason(RegionCheck::kOutside)));
+      } else if (r == GetRefusal::kQueueFull) {
+        status = absl::ResourceExhaustedError(absl::StrCat(
+            why, "its queue of gets waiting for reply bytes from this peer is full (", offset,
+            " requests, AgentOptions.max_queued_gets, behind AgentOptions.max_get_reply_bytes_in_flight); "
+            "wait for earlier gets before posting more"));
       } else {
         status = absl::FailedPreconditionError(absl::StrCat(
             why, "it could not read the request (an agent of another version?)"));
@@ -277,34 +282,10 @@ const char* ServePutAm(const std::map<uint64_t, LocalRegion>& regions, const voi
   return WriteIntoRegion(regions, token, *address, data, length);
 }
 
-// Serves a peer's get request from `regions` (lock held): replies on the request's reply endpoint
-// with the bytes, or with the refusal. Returns null when it sent the bytes, else why it refused;
-// the requested range in `address` and `length` (0 when malformed).
-const char* ServeGetRequest(const std::map<uint64_t, LocalRegion>& regions, const void* header,
-                            size_t header_length, const ucp_am_recv_param_t* param, std::atomic<int>* in_flight,
-                            uint64_t* address_out, uint64_t* length_out) {
-  uint64_t token = 0, address = 0, length = 0, id = 0;
-  const bool parsed = UnpackU64s(header, header_length, {&token, &address, &length, &id});
-  *address_out = address;
-  *length_out = length;
-  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
-    return "sent without a reply endpoint (an agent of another version?); not answered";
-  }
-  const RegionCheck check = parsed ? CheckRegionRange(regions, token, address, length) : RegionCheck::kOk;
-  const GetRefusal refusal = parsed ? ToRefusal(check) : GetRefusal::kMalformed;
-  if (refusal != GetRefusal::kNone) {
-    auto* sent = new Sent{PackU64s({id, 0, static_cast<uint64_t>(refusal)}), in_flight};
-    Send(param->reply_ep, kGetReplyAmId, sent, nullptr, 0, 0, &OnSent);
-    return parsed ? RegionCheckReason(check) : "a malformed request (an agent of another version?)";
-  }
-  // The bytes go straight from the region (UCX reads them while sending). A send that fails ends
-  // the connection too, which the getter sees (UNAVAILABLE).
-  for (uint64_t off = 0; off < length; off += kAmPutChunkBytes) {
-    auto* sent = new Sent{PackU64s({id, off, 0}), in_flight};
-    Send(param->reply_ep, kGetReplyAmId, sent, reinterpret_cast<const char*>(address) + off,
-         std::min(kAmPutChunkBytes, length - off), 0, &OnSent);
-  }
-  return nullptr;
+// Answers get request `id` on `ep` with `refusal` and no data; `detail` in the offset field.
+void SendRefusal(ucp_ep_h ep, uint64_t id, GetRefusal refusal, uint64_t detail, std::atomic<int>* in_flight) {
+  auto* sent = new Sent{PackU64s({id, detail, static_cast<uint64_t>(refusal)}), in_flight};
+  Send(ep, kGetReplyAmId, sent, nullptr, 0, 0, &OnSent);
 }
 
 }  // namespace
@@ -322,17 +303,152 @@ ucs_status_t AmServer::OnPut(void* arg, const void* header, size_t header_length
   return UCS_OK;
 }
 
+struct AmServer::ReplyChunk : Sent {
+  AmServer* self;
+  ucp_ep_h ep;
+  uint64_t bytes;
+};
+
 ucs_status_t AmServer::OnGetRequest(void* arg, const void* header, size_t header_length, void*, size_t,
                                     const ucp_am_recv_param_t* param) {
   auto* self = static_cast<AmServer*>(arg);
-  uint64_t address = 0, length = 0;
-  const char* refused;
+  uint64_t token = 0, address = 0, length = 0, id = 0;
+  const bool parsed = UnpackU64s(header, header_length, {&token, &address, &length, &id});
+  if (!(param->recv_attr & UCP_AM_RECV_ATTR_FIELD_REPLY_EP)) {
+    self->Refused(self->refused_gets_, "get", length, address,
+                  "sent without a reply endpoint (an agent of another version?); not answered");
+    return UCS_OK;
+  }
+  ucp_ep_h ep = param->reply_ep;
+  if (!parsed) {
+    SendRefusal(ep, id, GetRefusal::kMalformed, 0, self->in_flight_);
+    self->Refused(self->refused_gets_, "get", length, address, "a malformed request (an agent of another version?)");
+    return UCS_OK;
+  }
+  RegionCheck check;
   {
     absl::ReaderMutexLock l(self->mu_);
-    refused = ServeGetRequest(*self->regions_, header, header_length, param, self->in_flight_, &address, &length);
+    check = CheckRegionRange(*self->regions_, token, address, length);
   }
-  if (refused != nullptr) self->Refused(self->refused_gets_, "get", length, address, refused);
+  if (check != RegionCheck::kOk) {  // checked again when served
+    SendRefusal(ep, id, ToRefusal(check), 0, self->in_flight_);
+    self->Refused(self->refused_gets_, "get", length, address, RegionCheckReason(check));
+    return UCS_OK;
+  }
+  bool full;
+  {
+    absl::MutexLock l(&self->queue_mu_);
+    Peer& peer = self->peers_[ep];
+    full = peer.waiting.size() >= self->max_queued_;
+    if (!full) peer.waiting.push_back(Waiting{token, address, length, id, 0});
+  }
+  if (!full) {
+    self->Serve(ep);
+    return UCS_OK;
+  }
+  SendRefusal(ep, id, GetRefusal::kQueueFull, self->max_queued_, self->in_flight_);
+  self->queue_full_gets_.fetch_add(1);
+  self->Refused(self->refused_gets_, "get", length, address,
+                "that peer's queue of gets waiting for reply bytes is full (AgentOptions.max_queued_gets)");
   return UCS_OK;
+}
+
+void AmServer::Serve(ucp_ep_h ep) {
+  struct Post {  // a reply to send: a chunk of data, or a refusal (`why`)
+    uint64_t id, address, offset, length;
+    GetRefusal refusal;
+    const char* why;
+  };
+  std::vector<Post> posts;
+  for (bool again = true; again;) {
+    again = false;
+    posts.clear();
+    // Held shared until the chunks are posted, so Deregister waits (as for puts).
+    absl::ReaderMutexLock regions_lock(mu_);
+    {
+      absl::MutexLock l(&queue_mu_);
+      auto it = peers_.find(ep);
+      if (it == peers_.end()) return;
+      Peer& peer = it->second;
+      while (!peer.waiting.empty()) {
+        Waiting& w = peer.waiting.front();
+        const RegionCheck check = CheckRegionRange(*regions_, w.token, w.address, w.length);
+        if (check != RegionCheck::kOk) {  // deregistered while it waited
+          posts.push_back(Post{w.id, w.address, 0, w.length, ToRefusal(check), RegionCheckReason(check)});
+          peer.waiting.pop_front();
+          continue;
+        }
+        while (w.sent < w.length) {
+          const uint64_t n = std::min(kAmPutChunkBytes, w.length - w.sent);
+          if (peer.reply_bytes + n > max_reply_bytes_) break;
+          posts.push_back(Post{w.id, w.address, w.sent, n, GetRefusal::kNone, nullptr});
+          peer.reply_bytes += n;
+          w.sent += n;
+        }
+        if (w.sent < w.length) break;  // the rest as replies complete
+        peer.waiting.pop_front();
+      }
+      uint64_t peak = peak_reply_bytes_.load();
+      while (peer.reply_bytes > peak && !peak_reply_bytes_.compare_exchange_weak(peak, peer.reply_bytes)) {
+      }
+      if (peer.waiting.empty() && peer.reply_bytes == 0) peers_.erase(it);
+    }
+    uint64_t ended_at_once = 0;
+    bool failed = false;
+    for (const Post& p : posts) {
+      if (p.refusal != GetRefusal::kNone) {
+        SendRefusal(ep, p.id, p.refusal, 0, in_flight_);
+        Refused(refused_gets_, "get", p.length, p.address, p.why);
+        continue;
+      }
+      // The bytes go straight from the region (UCX reads them while sending). A send that fails
+      // ends the connection too, which the getter sees (UNAVAILABLE).
+      auto* chunk = new ReplyChunk{{PackU64s({p.id, p.offset, 0}), in_flight_}, this, ep, p.length};
+      const ucs_status_t st = Send(ep, kGetReplyAmId, chunk, reinterpret_cast<const char*>(p.address) + p.offset,
+                                   p.length, 0, &OnReplySent);
+      if (st == UCS_INPROGRESS) continue;
+      ended_at_once += p.length;
+      failed = failed || st != UCS_OK;
+    }
+    if (ended_at_once > 0) again = Release(ep, ended_at_once, failed ? UCS_ERR_IO_ERROR : UCS_OK);
+  }
+}
+
+void AmServer::OnReplySent(void* request, ucs_status_t st, void* user_data) {
+  auto* chunk = static_cast<ReplyChunk*>(user_data);
+  AmServer* self = chunk->self;
+  const ucp_ep_h ep = chunk->ep;
+  const uint64_t bytes = chunk->bytes;
+  OnSent(request, st, chunk);
+  if (self->Release(ep, bytes, st)) self->Serve(ep);
+}
+
+bool AmServer::Release(ucp_ep_h ep, uint64_t bytes, ucs_status_t st) {
+  size_t dropped = 0;
+  {
+    absl::MutexLock l(&queue_mu_);
+    auto it = peers_.find(ep);
+    if (it == peers_.end()) return false;
+    Peer& peer = it->second;
+    peer.reply_bytes -= std::min(bytes, peer.reply_bytes);
+    if (st != UCS_OK) {
+      dropped = peer.waiting.size();
+      peer.waiting.clear();
+    }
+    if (peer.waiting.empty()) {
+      if (peer.reply_bytes == 0) peers_.erase(it);
+    }
+  }
+  if (dropped > 0) {
+    spdlog::warn("onesided agent {}: a get reply to a peer failed ({}); dropped its {} waiting get requests",
+                 *name_, ucs_status_string(st), dropped);
+  }
+  return st == UCS_OK;
+}
+
+void AmServer::DropQueues() {
+  absl::MutexLock l(&queue_mu_);
+  peers_.clear();
 }
 
 void AmServer::Refused(std::atomic<uint64_t>& counter, const char* op, uint64_t length, uint64_t address,

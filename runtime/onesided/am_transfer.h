@@ -16,6 +16,11 @@
 // reply carrying the refusal and no data. So a peer can make the target send only bytes of regions
 // it was given, at most the region's length per request, and the target allocates nothing per
 // request beyond UCX's send requests. The getter writes a reply only inside the request it answers.
+// Per reply endpoint (peer), at most `max_reply_bytes` of reply data are posted and not yet
+// completed; requests beyond it wait in that peer's FIFO (at most `max_queued` entries of 40
+// bytes, re-checked against the regions when served, dropped when a reply to the peer fails or
+// the agent goes) and one arriving when it is full is refused (kQueueFull, the limit in the
+// reply's offset field).
 //
 // Thread safety: PendingGets is thread-safe; the Serve functions run in the target's AM handlers.
 #ifndef EMBER_RUNTIME_ONESIDED_AM_TRANSFER_H_
@@ -23,8 +28,10 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <initializer_list>
 #include <map>
 #include <memory>
@@ -73,7 +80,7 @@ void PostAmPut(ConnectionImpl* conn, const std::shared_ptr<WorkState>& state, co
                uint64_t token, uint64_t address, uint64_t length, std::atomic<int>* in_flight);
 
 // Why a target refused a get (the reply's third field).
-enum class GetRefusal : uint64_t { kNone = 0, kNoSuchToken = 1, kOutside = 2, kMalformed = 3 };
+enum class GetRefusal : uint64_t { kNone = 0, kNoSuchToken = 1, kOutside = 2, kMalformed = 3, kQueueFull = 4 };
 
 // The gets this agent has in flight, by request id: where each reply's bytes go and which part of
 // which Work the last one completes. Outlives every UCX request it posts (the agent owns it and
@@ -121,21 +128,45 @@ class PendingGets {
 // their `arg`. Everything it points to outlives it. Thread-safe.
 class AmServer {
  public:
+  // `max_reply_bytes` (raised to kAmPutChunkBytes) and `max_queued` (raised to 1): the limits of
+  // get replies per peer (header comment).
   AmServer(const std::string* agent_name, absl::Mutex* mu, const std::map<uint64_t, LocalRegion>* regions,
-           std::atomic<int>* in_flight)
-      : name_(agent_name), mu_(mu), regions_(regions), in_flight_(in_flight) {}
+           std::atomic<int>* in_flight, uint64_t max_reply_bytes, int max_queued)
+      : name_(agent_name), mu_(mu), regions_(regions), in_flight_(in_flight),
+        max_reply_bytes_(std::max(max_reply_bytes, kAmPutChunkBytes)),
+        max_queued_(static_cast<size_t>(std::max(max_queued, 1))) {}
   // kPutAmId: written into the region whose token the header carries if it holds the range, else
   // dropped and counted (the sender checked the range against its descriptor, so this is a region
   // deregistered since, a forged token or a malformed message).
   static ucs_status_t OnPut(void* arg, const void* header, size_t header_length, void* data, size_t length,
                             const ucp_am_recv_param_t* param);
-  // kGetRequestAmId: replies with the bytes or with the refusal (counted).
+  // kGetRequestAmId: queued and served in order with the bytes as the peer's limit allows, or
+  // answered with the refusal (counted).
   static ucs_status_t OnGetRequest(void* arg, const void* header, size_t header_length, void* data,
                                    size_t length, const ucp_am_recv_param_t* param);
+  // Drops every waiting request (the agent is going; its worker is no longer progressed).
+  void DropQueues();
   uint64_t refused_puts() const { return refused_puts_.load(); }
   uint64_t refused_gets() const { return refused_gets_.load(); }
+  uint64_t queue_full_gets() const { return queue_full_gets_.load(); }  // also in refused_gets()
+  // The most reply bytes ever in flight to one peer at once (at most max_reply_bytes).
+  uint64_t peak_reply_bytes() const { return peak_reply_bytes_.load(); }
 
  private:
+  struct Waiting {  // a get request not yet sent whole
+    uint64_t token, address, length, id, sent;
+  };
+  struct Peer {
+    uint64_t reply_bytes = 0;  // posted, not completed
+    std::deque<Waiting> waiting;
+  };
+  struct ReplyChunk;
+  static void OnReplySent(void* request, ucs_status_t st, void* user_data);
+  // Reply chunks of `bytes` to `ep` ended with `st`: frees their bytes and drops `ep`'s queue on an
+  // error. Returns whether to Serve `ep` again (st is UCS_OK).
+  bool Release(ucp_ep_h ep, uint64_t bytes, ucs_status_t st);
+  // Sends `ep`'s waiting requests in order while its reply bytes stay within the limit.
+  void Serve(ucp_ep_h ep);
   void Refused(std::atomic<uint64_t>& counter, const char* op, uint64_t length, uint64_t address,
                const char* why);
 
@@ -143,7 +174,11 @@ class AmServer {
   absl::Mutex* const mu_;
   const std::map<uint64_t, LocalRegion>* const regions_;  // guarded by *mu_
   std::atomic<int>* const in_flight_;
-  std::atomic<uint64_t> refused_puts_{0}, refused_gets_{0};
+  const uint64_t max_reply_bytes_;
+  const size_t max_queued_;
+  std::atomic<uint64_t> refused_puts_{0}, refused_gets_{0}, queue_full_gets_{0}, peak_reply_bytes_{0};
+  absl::Mutex queue_mu_;  // after *mu_; not held while sending
+  std::map<ucp_ep_h, Peer> peers_ ABSL_GUARDED_BY(queue_mu_);
 };
 
 }  // namespace ember::onesided::internal
