@@ -53,13 +53,12 @@ absl::Status Sync(fsdp::FsdpGpt& host, model::GptCuda& gpu, bool to_gpu) {
   ASSIGN_OR_RETURN(std::vector<FlatShard> flat, FlatLayout(host));
   const int64_t n = gpu.num_params();
   std::vector<float> p(n), m(n), v(n);
-  for (const FlatShard& f : flat) {
-    if (!to_gpu) continue;
-    std::copy(f.param, f.param + f.numel, p.data() + f.offset);
-    std::copy(f.exp_avg, f.exp_avg + f.numel, m.data() + f.offset);
-    std::copy(f.exp_avg_sq, f.exp_avg_sq + f.numel, v.data() + f.offset);
-  }
   if (to_gpu) {
+    for (const FlatShard& f : flat) {
+      std::copy(f.param, f.param + f.numel, p.data() + f.offset);
+      std::copy(f.exp_avg, f.exp_avg + f.numel, m.data() + f.offset);
+      std::copy(f.exp_avg_sq, f.exp_avg_sq + f.numel, v.data() + f.offset);
+    }
     RETURN_IF_ERROR(gpu.UploadParams(p.data(), n));
     return gpu.UploadOptimizerState(m.data(), v.data(), n, host.optimizer_step());
   }
@@ -141,8 +140,9 @@ absl::Status CudaTrainLoop(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoa
   ASSIGN_OR_RETURN(int device, CudaDeviceIndex(plan.env.device));
   absl::StatusOr<std::unique_ptr<cu::CudaContext>> ctx = cu::CudaContext::Create(device);
   if (!ctx.ok()) {
-    return absl::UnavailableError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": no usable GPU (",
-                                               ctx.status().message(), "); run the job with device cpu"));
+    // Not UNAVAILABLE: that reads as a peer's death (Train would wait for a stop decision).
+    return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": cannot use the GPU (",
+                                                      ctx.status().message(), "); run the job with device cpu"));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<model::GptCuda> gpu, model::GptCuda::Create(plan.model, **ctx));
   RETURN_IF_ERROR(Sync(host, *gpu, /*to_gpu=*/true));

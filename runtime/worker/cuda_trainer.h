@@ -39,8 +39,8 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device);
 absl::Status CheckCudaPlan(const Plan& p);
 
 // Trains steps (step, plan.spec.steps()] on GPU plan.env.device, starting from `host`'s state
-// (world 1, already initialised or resumed at `step`). UNAVAILABLE (the message names
-// EMBER_DEVICE) when the GPU cannot be used. Saves through `checkpoints`, whose snapshot reads
+// (world 1, already initialised or resumed at `step`). FAILED_PRECONDITION (the message names
+// EMBER_DEVICE and the CUDA error) when the GPU cannot be used. Saves through `checkpoints`, whose snapshot reads
 // `host`: this loop downloads the GPU state into `host` before each save.
 absl::Status CudaTrainLoop(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoader& loader,
                            int64_t step, Reporter& report, Checkpointer& checkpoints);

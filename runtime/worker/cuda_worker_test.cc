@@ -1,6 +1,6 @@
 // The real ember-worker with EMBER_DEVICE cuda:0 on a machine without a usable GPU (this test's
 // machines): it must exit cleanly, not crash. A CUDA build gets through Prepare and fails in Train
-// (exit 1) with the "no usable GPU" error in its exit record; a build without CUDA exits 2 at
+// (exit 1) with the "cannot use the GPU" error in its exit record; a build without CUDA exits 2 at
 // Prepare. On a machine with a GPU the job trains instead (tests/gpu; this test then checks that).
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -49,7 +49,7 @@ TEST_CASE("ember-worker on cuda:0 without a usable GPU exits with a message sayi
   CHECK(codes == std::vector<int>{1});
   CHECK(exit.exit_code() == 1);
   INFO(exit.error());
-  CHECK(absl::StrContains(exit.error(), "EMBER_DEVICE=cuda:0: no usable GPU ("));
+  CHECK(absl::StrContains(exit.error(), "EMBER_DEVICE=cuda:0: cannot use the GPU ("));
   CHECK(absl::StrContains(exit.error(), "run the job with device cpu"));
 }
 
