@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "runtime/base/devices.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/env.h"
 #include "runtime/jobspec/pipeline_layout.h"
@@ -75,14 +76,6 @@ absl::Status Sync(fsdp::FsdpGpt& host, model::GptCuda& gpu, bool to_gpu) {
 
 }  // namespace
 
-bool BuiltWithCuda() {
-#ifdef EMBER_WITH_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 absl::StatusOr<int> CudaDeviceIndex(const std::string& device) {
   if (device == "cuda") return 0;
   if (!absl::StartsWith(device, "cuda:")) return -1;
@@ -96,7 +89,7 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device) {
 absl::Status CheckCudaPlan(const Plan& p) {
   const spec::JobSpec& s = p.spec;
   const std::string dev = p.env.device;
-  if (!BuiltWithCuda()) {
+  if (!base::BuiltWithCuda()) {
     return Bad(job::kEnvDevice, absl::StrCat("'", dev, "': this ember-worker was built without CUDA (no toolkit at "
                                              "configure time); use cpu, or a build with CUDA"));
   }

@@ -24,9 +24,6 @@
 
 namespace ember::worker {
 
-// True when this ember-worker was built with CUDA (EMBER_WITH_CUDA).
-bool BuiltWithCuda();
-
 // Whether `device` (EMBER_DEVICE) names a GPU: "cuda" or "cuda:N" (index N >= 0, else
 // INVALID_ARGUMENT naming EMBER_DEVICE). Returns -1 for anything else ("cpu" and other names are
 // Prepare's to judge).

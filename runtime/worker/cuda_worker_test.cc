@@ -6,12 +6,13 @@
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "proto/jobs.pb.h"
 #include "runtime/job/env.h"
 #include "runtime/job/keys.h"
 #include "runtime/store/client.h"
 #include "runtime/store/server.h"
-#include "runtime/worker/cuda_trainer.h"
+#include "runtime/base/devices.h"
 #include "runtime/worker/worker_harness.h"
 
 namespace ember::worker {
@@ -32,7 +33,7 @@ TEST_CASE("ember-worker on cuda:0 without a usable GPU exits with a message sayi
   e.device = "cuda:0";
   const auto vars = e.ToEnv();
   const std::vector<int> codes = WaitAll({Spawn({vars.begin(), vars.end()})}, absl::Seconds(60));
-  if (!BuiltWithCuda()) {
+  if (!base::BuiltWithCuda()) {
     CHECK(codes == std::vector<int>{2});  // Prepare: "built without CUDA"
     return;
   }
@@ -49,7 +50,7 @@ TEST_CASE("ember-worker on cuda:0 without a usable GPU exits with a message sayi
   CHECK(codes == std::vector<int>{1});
   CHECK(exit.exit_code() == 1);
   INFO(exit.error());
-  CHECK(absl::StrContains(exit.error(), "EMBER_DEVICE=cuda:0: cannot use the GPU ("));
+  CHECK(absl::StrContains(exit.error(), absl::StrCat(job::kEnvDevice, "=cuda:0: cannot use the GPU (")));
   CHECK(absl::StrContains(exit.error(), "run the job with device cpu"));
 }
 

@@ -7,7 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "runtime/worker/cuda_trainer.h"
+#include "runtime/base/devices.h"
+#include "runtime/job/env.h"
 
 namespace ember::worker {
 namespace {
@@ -143,9 +144,9 @@ TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU ste
   auto prep = [&](const std::string& name, const std::string& model, const std::string& top,
                   job::WorkerEnv env) { return PrepareWith(name, nullptr, "", 384, model, top, env); };
   absl::Status s = prep("cuda_ok", ok_model, "", gpu);
-  if (!BuiltWithCuda()) {
+  if (!base::BuiltWithCuda()) {
     CHECK(absl::IsInvalidArgument(s));
-    CHECK(absl::StrContains(s.message(), "EMBER_DEVICE: 'cuda:0': this ember-worker was built without CUDA"));
+    CHECK(absl::StrContains(s.message(), absl::StrCat(job::kEnvDevice, ": 'cuda:0': this ember-worker was built without CUDA")));
     return;
   }
   CHECK(s.ok());
@@ -157,7 +158,7 @@ TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU ste
   job::WorkerEnv two = gpu;
   two.world_size = two.local_world_size = 2;
   s = prep("cuda_w2", ok_model, "parallelism: {strategy: fsdp}\n", two);
-  CHECK(absl::StrContains(s.message(), "parallelism.world_size: EMBER_WORLD_SIZE=2 on cuda:0: GPU training runs on one rank only"));
+  CHECK(absl::StrContains(s.message(), "parallelism.world_size: " + std::string(job::kEnvWorldSize) + "=2 on cuda:0: GPU training runs on one rank only"));
   s = prep("cuda_h16", ", d_model: 32, n_heads: 2", "", gpu);
   CHECK(absl::StrContains(s.message(), "model.n_heads: head size d_model / n_heads = 32 / 2 = 16 on cuda:0"));
   CHECK(absl::StrContains(s.message(), "supports head sizes 32 and 64"));
@@ -172,7 +173,7 @@ TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU ste
   job::WorkerEnv bad = gpu;
   bad.device = "cuda:x";
   s = prep("cuda_bad", ok_model, "", bad);
-  CHECK(absl::StrContains(s.message(), "EMBER_DEVICE: 'cuda:x': want cpu or cuda:N"));
+  CHECK(absl::StrContains(s.message(), absl::StrCat(job::kEnvDevice, ": 'cuda:x': want cpu or cuda:N")));
 }
 
 }  // namespace
