@@ -155,6 +155,7 @@ absl::Status CudaTrainLoop(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoa
     kernels::AdamWOptions opt = plan.fsdp.adamw;
     opt.lr = r.lr;
     ASSIGN_OR_RETURN(r.grad_norm, gpu->AdamWStep(opt, plan.fsdp.clip_norm));
+    if (plan.fsdp.clip_norm <= 0) r.grad_norm = std::nan("");  // GptCuda computes it only to clip
     r.loss = r.local_loss = loss;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
