@@ -35,6 +35,10 @@ absl::Status GptCuda::UploadParams(const float*, int64_t) { return NoCuda(); }
 absl::Status GptCuda::UploadParams(Gpt&) { return NoCuda(); }
 absl::Status GptCuda::DownloadParams(float*, int64_t) { return NoCuda(); }
 absl::Status GptCuda::DownloadGrads(float*, int64_t) { return NoCuda(); }
+absl::Status GptCuda::DownloadOptimizerState(float*, float*, int64_t) { return NoCuda(); }
+absl::Status GptCuda::UploadOptimizerState(const float*, const float*, int64_t, int64_t) {
+  return NoCuda();
+}
 absl::Status GptCuda::ZeroGrad() { return NoCuda(); }
 absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t*, const int32_t*, int64_t, int64_t) {
   return NoCuda();
@@ -130,17 +134,30 @@ absl::StatusOr<std::unique_ptr<GptCuda>> GptCuda::Create(const GptConfig& cfg,
   return m;
 }
 
-absl::Status GptCuda::UploadParams(const float* host, int64_t n) {
+absl::Status GptCuda::Upload(const float* host, int64_t n, float* arena, const char* what) {
   if (n != layout_.host_total) {
-    return absl::InvalidArgumentError(absl::StrCat("GptCuda::UploadParams: ", n,
+    return absl::InvalidArgumentError(absl::StrCat("GptCuda: ", what, " of ", n,
                                                    " floats, the model has ", layout_.host_total));
   }
   for (size_t i = 0; i < layout_.offset.size(); ++i) {
-    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(params_ + layout_.offset[i], host + layout_.host_offset[i],
+    RETURN_IF_ERROR(Cuda(cudaMemcpyAsync(arena + layout_.offset[i], host + layout_.host_offset[i],
                                          layout_.numel[i] * sizeof(float), cudaMemcpyHostToDevice,
-                                         S(ctx_)), "parameter upload"));
+                                         S(ctx_)), what));
   }
   return ctx_.Synchronize();
+}
+
+absl::Status GptCuda::UploadParams(const float* host, int64_t n) {
+  return Upload(host, n, params_, "parameter upload");
+}
+
+absl::Status GptCuda::UploadOptimizerState(const float* exp_avg, const float* exp_avg_sq,
+                                           int64_t n, int64_t step) {
+  if (step < 0) return absl::InvalidArgumentError(absl::StrCat("GptCuda: optimizer step ", step, " < 0"));
+  RETURN_IF_ERROR(Upload(exp_avg, n, m_, "exp_avg upload"));
+  RETURN_IF_ERROR(Upload(exp_avg_sq, n, v_, "exp_avg_sq upload"));
+  step_ = step;
+  return absl::OkStatus();
 }
 
 absl::Status GptCuda::UploadParams(Gpt& model) {
@@ -166,6 +183,10 @@ absl::Status GptCuda::Copy(float* host, int64_t n, const float* arena) {
 }
 absl::Status GptCuda::DownloadParams(float* host, int64_t n) { return Copy(host, n, params_); }
 absl::Status GptCuda::DownloadGrads(float* host, int64_t n) { return Copy(host, n, grads_); }
+absl::Status GptCuda::DownloadOptimizerState(float* exp_avg, float* exp_avg_sq, int64_t n) {
+  RETURN_IF_ERROR(Copy(exp_avg, n, m_));
+  return Copy(exp_avg_sq, n, v_);
+}
 
 absl::Status GptCuda::ZeroGrad() {
   RETURN_IF_ERROR(Cuda(cudaMemsetAsync(grads_, 0, layout_.total * sizeof(float), S(ctx_)),

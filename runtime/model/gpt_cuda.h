@@ -64,6 +64,14 @@ class GptCuda {
   absl::Status UploadParams(Gpt& model);
   absl::Status DownloadParams(float* host, int64_t n);
   absl::Status DownloadGrads(float* host, int64_t n);
+  // The AdamW state, for checkpoints: exp_avg and exp_avg_sq in Gpt's flat layout (num_params()
+  // floats each; InvalidArgument for another size) and optimizer_step(), the AdamWStep calls so
+  // far. After UploadOptimizerState(m, v, n, k) the next AdamWStep is step k + 1 with those
+  // moments, exactly as if the k steps had run here.
+  absl::Status DownloadOptimizerState(float* exp_avg, float* exp_avg_sq, int64_t n);
+  absl::Status UploadOptimizerState(const float* exp_avg, const float* exp_avg_sq, int64_t n,
+                                    int64_t step);
+  int64_t optimizer_step() const { return step_; }
 
   absl::Status ZeroGrad();
   // Gpt::ForwardBackward on the GPU: tokens and targets are host int32 [B,T] (checked on the host:
@@ -79,6 +87,7 @@ class GptCuda {
   GptCuda(const GptConfig& cfg, kernels::cuda::CudaContext& ctx);
   absl::Status EnsureActivations(int64_t B, int64_t T);
   absl::Status Copy(float* host, int64_t n, const float* arena);
+  absl::Status Upload(const float* host, int64_t n, float* arena, const char* what);
   absl::Status BlockForward(int64_t l, int64_t B, int64_t T);
   absl::Status BlockBackward(int64_t l, int64_t B, int64_t T);
 

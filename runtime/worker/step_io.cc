@@ -81,10 +81,12 @@ absl::Status Reporter::Report(const StepResult& r) {
   const auto& b = r.bytes;
   const int64_t rss = PeakRssBytes();
   spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {} peak_rss {:.1f}MB "
-               "comm_wait {:.0f}% ag[{}] rs[{}]",
+               "comm_wait {:.0f}% ag[{}] rs[{}]{}",
                r.step, s.steps(), r.loss, r.lr, r.grad_norm, tps,
                absl::FormatDuration(absl::Seconds(std::round(eta))), rss / 1e6,
-               100 * r.comm_wait_s / r.seconds, BytesHuman(b.all_gather), BytesHuman(b.reduce_scatter));
+               100 * r.comm_wait_s / r.seconds, BytesHuman(b.all_gather), BytesHuman(b.reduce_scatter),
+               r.device_memory_bytes < 0 ? "" : absl::StrCat(" device_mem ", r.device_memory_bytes / 1000000, "MB (peak ",
+                                                             r.device_peak_memory_bytes / 1000000, "MB)"));
   jobs::v1::Progress p;
   p.set_step(r.step);
   p.set_steps(s.steps());
@@ -115,6 +117,8 @@ absl::Status Reporter::Report(const StepResult& r) {
                   ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}",
                   r.checkpoint_save_s >= 0 ? absl::StrCat(",\"checkpoint_save_s\":", Num(r.checkpoint_save_s)) : "",
                   r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "",
+                  r.device_memory_bytes >= 0 ? absl::StrCat(",\"device_memory_bytes\":", r.device_memory_bytes,
+                                                            ",\"device_peak_memory_bytes\":", r.device_peak_memory_bytes) : "",
                   ",\"attempt\":", plan_.env.attempt, ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
            << "\n"
            << std::flush;

@@ -39,6 +39,8 @@ struct StepResult {
   int64_t comm_memory_bytes = 0;  // held by the communicators outside any allocator
   double checkpoint_save_s = -1;  // the last checkpoint save before this step (-1: none yet)
   int64_t flight_entries = -1;    // entries in the flight recorder (-1: not known)
+  int64_t device_memory_bytes = -1;       // GPU runs: the device allocator's allocated bytes (-1: cpu)
+  int64_t device_peak_memory_bytes = -1;  // and its high-water mark
   std::optional<PublishCounts> publish;  // set when the job publishes its weights
 };
 

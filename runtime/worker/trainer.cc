@@ -26,6 +26,7 @@
 #include "runtime/pipeline/schedule.h"
 #include "runtime/pipeline/stage.h"
 #include "runtime/store/client.h"
+#include "runtime/worker/cuda_trainer.h"
 #include "runtime/worker/model_state.h"
 #include "runtime/worker/publisher.h"
 #include "runtime/worker/step_io.h"
@@ -187,8 +188,9 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
                                              : absl::StrCat(env.job_dir, "/job.yaml");
   ASSIGN_OR_RETURN(p.spec, spec::LoadJobSpec(path));
   const spec::JobSpec& s = p.spec;
-  if (env.device != "cpu") {
-    return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker build has CPU kernels only; use cpu"));
+  ASSIGN_OR_RETURN(const int gpu, CudaDeviceIndex(env.device));  // cuda:N; -1 for another name
+  if (env.device != "cpu" && gpu < 0) {
+    return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker trains on cpu or cuda:N; use one of those"));
   }
   const auto& par = s.parallelism();
   if (const spec::PipelineLayout pl = spec::PipelineLayoutOf(s); pl.enabled()) {
@@ -218,7 +220,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   if (par.world_size() != 0 && par.world_size() != env.world_size) {
     return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match ", job::kEnvWorldSize, "=", env.world_size));
   }
-  if (!par.backend().empty() && par.backend() != "cpu") {
+  if (gpu < 0 && !par.backend().empty() && par.backend() != "cpu") {
     return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
   ASSIGN_OR_RETURN(p.model, ModelConfig(s));
@@ -243,6 +245,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   p.fsdp.adamw = AdamWOptionsFor(s);
   p.fsdp.clip_norm = s.optimizer().grad_clip();
   p.fsdp.seed = static_cast<uint64_t>(s.seed());
+  if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
 
   const auto& d = s.data();
   if (d.path().empty() && d.text_path().empty()) {
@@ -485,6 +488,7 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     return Snapshot(*model, loader, at, plan.fsdp.seed);
   });
   Reporter report(plan, attempt, model->state_bytes(), step);
+  if (plan.env.device != "cpu") return CudaTrainLoop(plan, *model, loader, step, report, checkpoints);
   Stepper stepper(plan, *model, loader);
   ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, *model));
   const int64_t hang_at = HangStep(plan.env);

@@ -7,6 +7,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "runtime/base/devices.h"
+#include "runtime/job/env.h"
 
 namespace ember::worker {
 namespace {
@@ -93,8 +95,10 @@ TEST_CASE("learning-rate schedule: warmup, constant, cosine floor", "[worker]") 
 }
 
 // Prepare() on a job directory holding tokens.bin (ids 0..299, made with `tok`) and a spec.
+// `top` adds top-level spec lines, `model` model fields; `base` is the environment (job dirs set here).
 absl::Status PrepareWith(const std::string& name, const data::TokenizerInfo* tok, const std::string& yaml,
-                         int vocab = 384) {
+                         int vocab = 384, const std::string& model = "", const std::string& top = "",
+                         job::WorkerEnv base = {}) {
   const char* t = getenv("TEST_TMPDIR");
   const std::string dir = absl::StrCat(t ? t : "/tmp", "/", name);
   REQUIRE(system(("mkdir -p " + dir).c_str()) == 0);
@@ -106,8 +110,9 @@ absl::Status PrepareWith(const std::string& name, const data::TokenizerInfo* tok
   }
   f.close();
   std::ofstream(dir + "/job.yaml") << "name: t\ndata: {path: tokens.bin" << yaml << "}\n"
-                                   << "model: {vocab_size: " << vocab << ", context_length: 16}\n";
-  job::WorkerEnv env;
+                                   << "model: {vocab_size: " << vocab << ", context_length: 16" << model << "}\n"
+                                   << top;
+  job::WorkerEnv env = base;
   env.job_dir = env.upload_dir = dir;
   return Prepare(env, "").status();
 }
@@ -128,6 +133,47 @@ TEST_CASE("the worker refuses a vocab_size below the tokenizer's and another tok
   s = PrepareWith("old", nullptr, ", tokenizer: {kind: sentencepiece}");
   CHECK(absl::StrContains(s.message(), "records no tokenizer"));
   CHECK(PrepareWith("old_unchecked", nullptr, "").ok());  // headerless files train as before
+}
+
+// EMBER_DEVICE cuda:N (cuda_trainer.h): one rank, fp32, no MoE, head size 32 or 64; else exit 2
+// naming the field. A build without CUDA refuses every cuda job, naming EMBER_DEVICE.
+TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU step lacks", "[worker][cuda]") {
+  job::WorkerEnv gpu;
+  gpu.device = "cuda:0";
+  const std::string ok_model = ", d_model: 64, n_heads: 2";  // head size 32
+  auto prep = [&](const std::string& name, const std::string& model, const std::string& top,
+                  job::WorkerEnv env) { return PrepareWith(name, nullptr, "", 384, model, top, env); };
+  absl::Status s = prep("cuda_ok", ok_model, "", gpu);
+  if (!base::BuiltWithCuda()) {
+    CHECK(absl::IsInvalidArgument(s));
+    CHECK(absl::StrContains(s.message(), absl::StrCat(job::kEnvDevice, ": 'cuda:0': this ember-worker was built without CUDA")));
+    return;
+  }
+  CHECK(s.ok());
+  CHECK(prep("cuda_fsdp1", ok_model, "parallelism: {strategy: fsdp, backend: nccl}\n", gpu).ok());
+  CHECK(prep("cuda_llama", ", arch: llama, d_model: 128, n_heads: 2, n_kv_heads: 1, mlp: swiglu", "", gpu).ok());
+  CHECK(prep("cuda_clip", ok_model, "optimizer: {grad_clip: 1.0, schedule: cosine, warmup_steps: 2}\n", gpu).ok());
+  // The same spec on cpu: still accepted, and a head size the GPU lacks is fine there.
+  CHECK(prep("cpu_h16", ", d_model: 32, n_heads: 2", "", {}).ok());
+  job::WorkerEnv two = gpu;
+  two.world_size = two.local_world_size = 2;
+  s = prep("cuda_w2", ok_model, "parallelism: {strategy: fsdp}\n", two);
+  CHECK(absl::StrContains(s.message(), "parallelism.world_size: " + std::string(job::kEnvWorldSize) + "=2 on cuda:0: GPU training runs on one rank only"));
+  s = prep("cuda_h16", ", d_model: 32, n_heads: 2", "", gpu);
+  CHECK(absl::StrContains(s.message(), "model.n_heads: head size d_model / n_heads = 32 / 2 = 16 on cuda:0"));
+  CHECK(absl::StrContains(s.message(), "supports head sizes 32 and 64"));
+  s = prep("cuda_moe", ok_model + ", mlp: moe, moe_experts: 4, moe_top_k: 2", "", gpu);
+  CHECK(absl::StrContains(s.message(), "model.mlp: 'moe' on cuda:0: the GPU step has no MoE"));
+  s = prep("cuda_bf16", ok_model, "precision: {param_dtype: bf16}\n", gpu);
+  CHECK(absl::StrContains(s.message(), "precision: on cuda:0 GPU training is fp32 only"));
+  s = prep("cuda_mb", ok_model, "parallelism: {micro_batches: 2}\n", gpu);
+  CHECK(absl::StrContains(s.message(), "parallelism.micro_batches: 2 on cuda:0: GPU training supports 1 micro-batch"));
+  s = prep("cuda_pub", ok_model, "publish: {every_steps: 2}\n", gpu);
+  CHECK(absl::StrContains(s.message(), "publish.every_steps: 2 on cuda:0"));
+  job::WorkerEnv bad = gpu;
+  bad.device = "cuda:x";
+  s = prep("cuda_bad", ok_model, "", bad);
+  CHECK(absl::StrContains(s.message(), absl::StrCat(job::kEnvDevice, ": 'cuda:x': want cpu or cuda:N")));
 }
 
 }  // namespace
