@@ -22,13 +22,17 @@ cd "$(dirname "$0")/.."
 if [ "$BUILD" = 1 ]; then
   deploy/install-deps.sh
   bazel build -c opt //runtime/daemon:emberd //launcher:emberctl //runtime/store:ember-store \
-    //runtime/worker:ember-worker
+    //runtime/worker:ember-worker //runtime/worker:ember-worker-cuda
 fi
 BIN="${EMBER_BAZEL_BIN:-bazel-bin}"  # where the built binaries are
 install -d "$DESTDIR$PREFIX/bin" "$DESTDIR$PREFIX/lib/ember" "$DESTDIR$PREFIX/share/doc/ember" \
   "$DESTDIR/etc/ember" "$DESTDIR/etc/systemd/system"
 install -m 0755 "$BIN/runtime/daemon/emberd" "$BIN/launcher/emberctl" \
   "$BIN/runtime/store/ember-store" "$BIN/runtime/worker/ember-worker" "$DESTDIR$PREFIX/bin/"
+# The GPU worker (ember-worker execs it for cuda ranks), where it was built.
+if [ -x "$BIN/runtime/worker/ember-worker-cuda" ]; then
+  install -m 0755 "$BIN/runtime/worker/ember-worker-cuda" "$DESTDIR$PREFIX/bin/"
+fi
 install -m 0644 docs/operations.md "$DESTDIR$PREFIX/share/doc/ember/"
 for u in emberd.service ember-store.service; do
   sed "s|/usr/local|$PREFIX|g" "deploy/systemd/$u" > "$DESTDIR/etc/systemd/system/$u"

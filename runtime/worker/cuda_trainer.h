@@ -37,10 +37,15 @@ absl::Status CheckCudaPlan(const Plan& p);
 
 // Trains steps (step, plan.spec.steps()] on GPU plan.env.device, starting from `host`'s state
 // (world 1, already initialised or resumed at `step`). FAILED_PRECONDITION (the message names
-// EMBER_DEVICE and the CUDA error) when the GPU cannot be used. Saves through `checkpoints`, whose snapshot reads
-// `host`: this loop downloads the GPU state into `host` before each save.
-absl::Status CudaTrainLoop(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoader& loader,
-                           int64_t step, Reporter& report, Checkpointer& checkpoints);
+// EMBER_DEVICE and the CUDA error) when the GPU cannot be used. Saves through `checkpoints`, whose
+// snapshot reads `host`: the loop downloads the GPU state into `host` before each save.
+// The loop lives in :cuda_loop (cuda_loop.cc), linked only into ember-worker-cuda; linking it
+// registers it. GetCudaTrainLoop() is null in the CPU ember-worker, which hands a cuda rank to
+// ember-worker-cuda beside it (worker_main.cc).
+using CudaTrainLoopFn = absl::Status (*)(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoader& loader,
+                                         int64_t step, Reporter& report, Checkpointer& checkpoints);
+void SetCudaTrainLoop(CudaTrainLoopFn fn);
+CudaTrainLoopFn GetCudaTrainLoop();
 
 }  // namespace ember::worker
 

@@ -488,7 +488,13 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     return Snapshot(*model, loader, at, plan.fsdp.seed);
   });
   Reporter report(plan, attempt, model->state_bytes(), step);
-  if (plan.env.device != "cpu") return CudaTrainLoop(plan, *model, loader, step, report, checkpoints);
+  if (plan.env.device != "cpu") {
+    const CudaTrainLoopFn cuda_loop = GetCudaTrainLoop();
+    if (cuda_loop == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training loop; run ember-worker-cuda (built and installed beside ember-worker)"));
+    }
+    return cuda_loop(plan, *model, loader, step, report, checkpoints);
+  }
   Stepper stepper(plan, *model, loader);
   ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, *model));
   const int64_t hang_at = HangStep(plan.env);

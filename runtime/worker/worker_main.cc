@@ -4,24 +4,63 @@
 //
 // Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
 // 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h).
+//
+// Two binaries share this main: ember-worker (CPU kernels only) and ember-worker-cuda (also the
+// GPU training loop, :cuda_loop, with the CUDA kernels and cuBLAS, which cost each process ~95 MiB
+// at start). ember-worker given EMBER_DEVICE=cuda:N execs ember-worker-cuda from its own directory.
 #include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "runtime/base/flags.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/job/env.h"
+#include "runtime/worker/cuda_trainer.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/trainer.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, spec, "", "job spec (YAML/JSON); default $EMBER_JOB_SPEC or $EMBER_JOB_DIR/job.yaml");
 
+namespace {
+
+// A cuda rank started as the CPU ember-worker: exec ember-worker-cuda from the same directory
+// (same arguments and environment). Where it is missing or fails to start, this binary goes on and
+// Train reports that it has no GPU loop.
+void HandOverCudaRank(char** argv) {
+  const char* device = std::getenv(ember::job::kEnvDevice);
+  if (device == nullptr || !absl::StartsWith(device, "cuda") ||
+      ember::worker::GetCudaTrainLoop() != nullptr) {
+    return;
+  }
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return;
+  std::string cuda_worker = (self.parent_path() / "ember-worker-cuda").string();
+  if (access(cuda_worker.c_str(), X_OK) != 0) {
+    spdlog::warn("{}={}: no {} beside this ember-worker", ember::job::kEnvDevice, device, cuda_worker);
+    return;
+  }
+  spdlog::info("{}={}: handing over to {}", ember::job::kEnvDevice, device, cuda_worker);
+  std::fflush(nullptr);
+  argv[0] = cuda_worker.data();
+  execv(cuda_worker.c_str(), argv);
+  spdlog::error("starting {} failed: {}", cuda_worker, std::strerror(errno));
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-worker");
+  HandOverCudaRank(argv);
   ember::worker::InstallStopSignalHandler();  // SIGTERM: dump the flight recorder, exit 75
   // SIGUSR1: dump the flight recorder and keep training (the process groups' watchdogs poll the
   // counter the handler bumps; docs/flight-recorder.md). Without it SIGUSR1 would kill the rank.
