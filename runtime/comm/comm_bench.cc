@@ -21,6 +21,13 @@
 // gives each side's CPU time per op (user + system of all its rank processes, summed over ranks):
 // with every rank on one small machine, CPU, not the link, is what bounds busbw.
 //
+// One GPU (issue 17): --backend=nccl measures world size 1 on cuda:0 instead (comm_bench_nccl.h):
+// all_reduce and all_gather up to 1 GiB (--quick: 64 MiB; --max_bytes overrides) beside
+// device-to-device copy bandwidth from the same run, eager vs lazy communicator creation and each
+// communicator's memory; report "comm_nccl_bench". Without a usable GPU it says SKIP on stderr and
+// every target is not measured with the reason (exit 0; with --json 3 unless --allow-missing-peers;
+// 1 when EMBER_EXPECT_GPUS is set and not 0, as in tests/gpu/run.sh check).
+//
 // Like for like (issue 11): shm targets are against Open MPI (shared memory, vader); TCP targets
 // against Gloo (TCP). torch's Gloo has no reduce_scatter: its column there is an all_reduce of the
 // full buffer (about twice the traffic), shown as a labelled reference and never a target.
@@ -33,6 +40,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -47,14 +55,17 @@
 #include "absl/strings/str_split.h"
 #include "bench/report.h"
 #include "runtime/base/flags.h"
+#include "runtime/comm/comm_bench_nccl.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/comm/process_group.h"
 
+ABSL_FLAG(std::string, backend, "cpu",
+          "cpu (ranks as processes, with Gloo and Open MPI) or nccl (world size 1 on cuda:0)");
 ABSL_FLAG(std::string, ranks, "2,4", "rank counts");
 ABSL_FLAG(std::string, transports, "shm,tcp", "shm and/or tcp");
 ABSL_FLAG(std::string, ops, "all_reduce,all_gather,reduce_scatter", "");
 ABSL_FLAG(int64_t, min_bytes, 4096, "");
-ABSL_FLAG(int64_t, max_bytes, 64 << 20, "");
+ABSL_FLAG(int64_t, max_bytes, 0, "largest size; 0: 64 MiB (cpu), 1 GiB (nccl; --quick 64 MiB)");
 ABSL_FLAG(std::string, peers, "gloo,mpi", "peers to measure: gloo (torch), mpi (Open MPI)");
 ABSL_FLAG(double, loop_seconds, 0.15, "target length of one timed loop; --quick: 0.02");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds of the whole sweep (median per cell); --quick: 1");
@@ -534,11 +545,37 @@ int Orchestrate(int argc, char** argv, const char* self) {
   return report.Finish();
 }
 
+int NcclMain(int argc, char** argv) {
+  bench::Report report("comm_nccl_bench", argc, argv);
+  if (absl::GetFlag(FLAGS_max_bytes) <= 0) {
+    absl::SetFlag(&FLAGS_max_bytes, bench::Quick() ? int64_t{64} << 20 : int64_t{1} << 30);
+  }
+  NcclBenchOptions o;
+  o.sizes = Sizes();
+  o.loop_seconds = bench::Quick() ? 0.02 : absl::GetFlag(FLAGS_loop_seconds);
+  if (const std::string why = NcclBenchUnavailableReason(); !why.empty()) {
+    const char* expect = std::getenv("EMBER_EXPECT_GPUS");
+    if (expect != nullptr && std::string(expect) != "0") {
+      return report.Fail(absl::FailedPreconditionError("EMBER_EXPECT_GPUS is set, but " + why));
+    }
+    std::fprintf(stderr, "SKIP comm_bench --backend=nccl: %s\n", why.c_str());
+  }
+  if (absl::Status s = RunNcclBench(o, report); !s.ok()) return report.Fail(s);
+  return report.Finish();
+}
+
 }  // namespace
 }  // namespace ember::comm
 
 int main(int argc, char** argv) {
   ember::base::ParseFlagsAndInitLogging(argc, argv, "comm_bench");
   if (absl::GetFlag(FLAGS_worker_rank) >= 0) return ember::comm::Worker();
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend == "nccl") return ember::comm::NcclMain(argc, argv);
+  if (backend != "cpu") {
+    std::fprintf(stderr, "comm_bench: --backend=%s: use cpu or nccl\n", backend.c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_max_bytes) <= 0) absl::SetFlag(&FLAGS_max_bytes, int64_t{64} << 20);
   return ember::comm::Orchestrate(argc, argv, "/proc/self/exe");
 }
