@@ -7,8 +7,8 @@
 //   3. CUDA graph capture of [memset, all_reduce] and three replays
 //   4. an op held on the device past its timeout: the watchdog aborts, the process reports
 //   5. several groups on one device, with per-communicator memory
-//   6. BENCH lines (not pass/fail): world-size-1 algbw of all_reduce and all_gather from 1 MiB to
-//      1 GiB as a fraction of device-to-device copy bandwidth measured in the same run
+// The benchmark figures (algbw vs device-to-device copy up to 1 GiB, creation times, memory) are
+// comm_bench --backend=nccl's (runtime/comm/comm_bench_nccl.h), run next by tests/gpu/run.sh.
 #include <unistd.h>
 
 #include <cstdio>
@@ -222,56 +222,6 @@ void SeveralGroups() {
   Report(ok, "3 groups on cuda:0; communicator memory:" + mem);
 }
 
-// Median-free, simple timing: `iters` back-to-back runs after one warm-up, timed by events.
-double TimeMs(cudaStream_t s, int iters, const std::function<void()>& f) {
-  f();
-  cudaStreamSynchronize(s);
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  cudaEventRecord(a, s);
-  for (int i = 0; i < iters; ++i) f();
-  cudaEventRecord(b, s);
-  cudaEventSynchronize(b);
-  float ms = 0;
-  cudaEventElapsedTime(&ms, a, b);
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return ms / iters;
-}
-
-void Bench() {
-  auto pg = ProcessGroup::Create(Rdzv(), 0, 1, Opts("bench", "nccl"));
-  if (!pg.ok()) return Report(false, "bench: " + pg.status().ToString());
-  cudaStream_t s;
-  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
-  SetCurrentStream(s);
-  const size_t max_bytes = size_t{1} << 30;
-  void *a = nullptr, *b = nullptr;
-  if (cudaMalloc(&a, max_bytes) != cudaSuccess || cudaMalloc(&b, max_bytes) != cudaSuccess) {
-    return Report(false, "bench: cudaMalloc of 2 x 1 GiB");
-  }
-  std::printf("BENCH bytes op algbw_GBps copy_GBps fraction\n");
-  for (size_t bytes = size_t{1} << 20; bytes <= max_bytes; bytes <<= 2) {
-    const int iters = bytes >= (size_t{256} << 20) ? 5 : 20;
-    const size_t n = bytes / 4;
-    double copy = TimeMs(s, iters, [&] { cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, s); });
-    double ar = TimeMs(s, iters, [&] {
-      (*pg)->AllReduce(a, n, DataType::kF32, ReduceOp::kSum)->Wait();
-    });
-    double ag = TimeMs(s, iters, [&] { (*pg)->AllGatherSingle(a, b, n, DataType::kF32)->Wait(); });
-    const double copy_gbps = bytes / copy / 1e6;
-    for (auto [name, ms] : {std::pair<const char*, double>{"all_reduce", ar}, {"all_gather", ag}}) {
-      const double gbps = bytes / ms / 1e6;
-      std::printf("BENCH %zu %s %.1f %.1f %.2f\n", bytes, name, gbps, copy_gbps, gbps / copy_gbps);
-    }
-  }
-  std::printf("BENCH comm_memory_MiB %zu\n", (*pg)->CommMemoryBytes() >> 20);
-  std::fflush(stdout);
-  SetCurrentStream(nullptr);
-  cudaFree(a);
-  cudaFree(b);
-}
 #endif
 
 }  // namespace
@@ -287,7 +237,6 @@ int main() {
   CreationTime();
   GraphCapture();
   SeveralGroups();
-  Bench();
   InjectedTimeout();  // last: it aborts every communicator of this process
   std::printf("nccl_gpu_check: %d failed\n", g_failed);
   std::fflush(stdout);
