@@ -10,9 +10,14 @@
 #include "kernels/cuda/cuda_ops.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/env.h"
+#include "runtime/model/flops.h"
 #include "runtime/model/gpt_cuda.h"
 #include "runtime/worker/cuda_trainer.h"
 #include "spdlog/spdlog.h"
+
+#ifdef EMBER_WITH_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace ember::worker {
 namespace {
@@ -70,6 +75,18 @@ absl::Status Sync(fsdp::FsdpGpt& host, model::GptCuda& gpu, bool to_gpu) {
   return absl::OkStatus();
 }
 
+// The device's dense bf16 peak (runtime/model/flops.h), or NOT_FOUND saying why MFU is left out.
+absl::StatusOr<model::DevicePeak> PeakOf(const kernels::cuda::CudaContext& ctx) {
+  int major = -1, minor = -1;
+#ifdef EMBER_WITH_CUDA
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ctx.device()) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ctx.device()) != cudaSuccess) {
+    major = minor = -1;
+  }
+#endif
+  return model::DenseBf16Peak(ctx.DeviceName(), major, minor);
+}
+
 }  // namespace
 
 absl::Status CudaTrainLoopImpl(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoader& loader,
@@ -87,6 +104,18 @@ absl::Status CudaTrainLoopImpl(const Plan& plan, fsdp::FsdpGpt& host, data::Toke
   const int64_t B = plan.spec.batch_size(), T = plan.model.context;
   std::vector<int32_t> tok(B * T), tgt(B * T);
   spdlog::info("training on {} (GptCuda, fp32) from step {}", plan.env.device, step);
+  // MFU in the progress line: model FLOPs per token x tokens/s over the dense bf16 peak (the issue's
+  // yardstick, although this loop still computes in fp32).
+  const double flops_per_token = model::TrainingFlopsPerToken(plan.model, T);
+  const double tokens_per_step = TokensPerStep(plan);
+  const absl::StatusOr<model::DevicePeak> peak = PeakOf(**ctx);
+  if (peak.ok()) {
+    spdlog::info("mfu: {:.4g} model FLOPs per token (6N + 12LHQS, docs/model.md) over the {}'s dense "
+                 "bf16 peak {:.1f} TFLOP/s ({}); the step computes in fp32",
+                 flops_per_token, peak->model, peak->flops / 1e12, peak->source);
+  } else {
+    spdlog::info("mfu left out of the progress line: {}", std::string(peak.status().message()));
+  }
   report.Start();
   while (step < plan.spec.steps()) {
     ++step;
@@ -107,6 +136,7 @@ absl::Status CudaTrainLoopImpl(const Plan& plan, fsdp::FsdpGpt& host, data::Toke
     const cu::AllocatorStats mem = (*ctx)->allocator().stats();
     r.device_memory_bytes = mem.allocated_bytes;
     r.device_peak_memory_bytes = mem.peak_allocated_bytes;
+    if (peak.ok()) r.mfu = flops_per_token * tokens_per_step / r.seconds / peak->flops;
     r.checkpoint_save_s = checkpoints.last_save_seconds();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) {

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "proto/jobs.pb.h"
@@ -80,9 +81,10 @@ absl::Status Reporter::Report(const StepResult& r) {
   const double eta = avg * static_cast<double>(s.steps() - r.step);
   const auto& b = r.bytes;
   const int64_t rss = PeakRssBytes();
-  spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f} eta {} peak_rss {:.1f}MB "
+  spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f}{} eta {} peak_rss {:.1f}MB "
                "comm_wait {:.0f}% ag[{}] rs[{}]{}",
                r.step, s.steps(), r.loss, r.lr, r.grad_norm, tps,
+               r.mfu < 0 ? "" : absl::StrFormat(" mfu %.2f%%", 100 * r.mfu),
                absl::FormatDuration(absl::Seconds(std::round(eta))), rss / 1e6,
                100 * r.comm_wait_s / r.seconds, BytesHuman(b.all_gather), BytesHuman(b.reduce_scatter),
                r.device_memory_bytes < 0 ? "" : absl::StrCat(" device_mem ", r.device_memory_bytes / 1000000, "MB (peak ",
@@ -119,6 +121,7 @@ absl::Status Reporter::Report(const StepResult& r) {
                   r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "",
                   r.device_memory_bytes >= 0 ? absl::StrCat(",\"device_memory_bytes\":", r.device_memory_bytes,
                                                             ",\"device_peak_memory_bytes\":", r.device_peak_memory_bytes) : "",
+                  r.mfu >= 0 ? absl::StrCat(",\"mfu\":", Num(r.mfu)) : "",
                   ",\"attempt\":", plan_.env.attempt, ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
            << "\n"
            << std::flush;

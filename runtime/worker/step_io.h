@@ -41,6 +41,8 @@ struct StepResult {
   int64_t flight_entries = -1;    // entries in the flight recorder (-1: not known)
   int64_t device_memory_bytes = -1;       // GPU runs: the device allocator's allocated bytes (-1: cpu)
   int64_t device_peak_memory_bytes = -1;  // and its high-water mark
+  double mfu = -1;  // GPU runs: model FLOPs utilisation vs the device's dense bf16 peak, 0..1
+                    // (runtime/model/flops.h); -1: not computed (cpu, or a device not in the table)
   std::optional<PublishCounts> publish;  // set when the job publishes its weights
 };
 
