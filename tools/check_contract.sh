@@ -26,6 +26,7 @@ launcher/standalone.cc	"EMBER_WORKER	which ember-worker binary `run --standalone
 runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how many GPUs the host has
 kernels/cuda/gpu_test_util.h	"EMBER_EXPECT_GPUS	the GPU script makes the CUDA op tests fail instead of skip without a GPU
 tests/gpu/gpt_cuda_check.cc	"EMBER_EXPECT_GPUS	the GPU script makes the GPU training-step check fail instead of skip without a GPU
+runtime/comm/comm_bench.cc	"EMBER_EXPECT_GPUS	the GPU script makes comm_bench --backend=nccl fail instead of skip without a GPU
 LIST
 )
 
