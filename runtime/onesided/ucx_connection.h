@@ -153,9 +153,14 @@ absl::StatusOr<PeerAddress> ExchangeAddresses(store::Client& store, ucp_worker_h
 class WorkerProgressor : public Progressor {
  public:
   explicit WorkerProgressor(ucp_worker_h w) : worker_(w) {}
-  bool Progress() override {
-    absl::ReaderMutexLock l(&mu_);
-    return worker_ != nullptr && ucp_worker_progress(worker_) != 0;
+  bool ProgressUntil(absl::FunctionRef<bool()> done, int max_passes) override {
+    absl::ReaderMutexLock l(&mu_);  // once per batch; Clear() waits for it
+    if (worker_ == nullptr) return false;
+    for (int i = 0; i < max_passes; ++i) {
+      ucp_worker_progress(worker_);
+      if (done()) return true;
+    }
+    return false;
   }
   void Clear() {
     absl::MutexLock l(&mu_);
