@@ -81,9 +81,11 @@ inline constexpr absl::Duration kSpinBudget = absl::Milliseconds(20);
 inline constexpr absl::Duration kParkSlice = absl::Milliseconds(1);
 inline constexpr absl::Duration kWaiterGrace = absl::Milliseconds(1);
 
-// Runs `done` checks while driving `p` for at most min(kSpinBudget, until deadline); true when
-// `done` turned true.
-bool SpinUntil(Progressor* p, absl::FunctionRef<bool()> done, absl::Time deadline);
+// Runs `done` checks while driving `p` for at most min(kSpinBudget, timeout); true when `done`
+// turned true. `*start`: when the spin began, read only after a first batch of passes did not end
+// it (a ping-pong's reply usually comes within one, and the clock reads were a tenth of its
+// time); absl::InfinitePast() when it never read the clock (the caller reads it if it needs it).
+bool SpinUntil(Progressor* p, absl::FunctionRef<bool()> done, absl::Duration timeout, absl::Time* start);
 
 // Shared by a Work and the UCX requests of its transfer (each request holds a reference).
 class WorkState {
@@ -126,13 +128,14 @@ class Work {
  public:
   // A finished Work carrying `status` (argument errors, empty transfers).
   static Work Finished(absl::Status status);
+  // `state` null: finished OK.
   explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
   absl::Status Wait(absl::Duration timeout, WaitStyle style = WaitStyle::kSpin) const;
   bool Done() const;
 
  private:
-  std::shared_ptr<internal::WorkState> state_;
+  std::shared_ptr<internal::WorkState> state_;  // null: finished OK (Finished)
 };
 
 }  // namespace ember::onesided
