@@ -9,7 +9,6 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <optional>
 #include <thread>
 #include <utility>
 
@@ -105,9 +104,6 @@ class AgentImpl : public Agent {
   // it completed at once, else Wake()s the progress thread (`wake`; Transfer wakes it once instead).
   void Finish(Part* part, ucs_status_ptr_t req, const internal::WorkState& state, bool wake = true);
   void SendNotify(Part* part);
-  // Notify's fast path: sends `message` if UCX completes the send at once and returns its finished
-  // Work; nullopt when it would have to queue it (nothing sent).
-  std::optional<Work> SendNotifyNow(ConnectionImpl* conn, absl::string_view message);
   uint64_t Record(const char* op, ConnectionImpl* conn, uint64_t bytes, absl::string_view tag);
   // Requests were left in flight: wakes the progress thread from the worker's event fd. A parked
   // one (a waiter was active within kWaiterGrace, ucx_connection.h) drives them when its grace
@@ -502,7 +498,12 @@ Work AgentImpl::Notify(Connection* c, absl::string_view message) {
   // own).
   if (opt_.recorder == nullptr && conn->unflushed_puts.load(std::memory_order_acquire) == 0 &&
       !conn->notifies_behind_flush()) {
-    if (std::optional<Work> sent = SendNotifyNow(conn, message)) return *std::move(sent);
+    const ucs_status_t st = conn->SendNow(kNotifyAmId, opt_.name, message, *progressor_);
+    if (st == UCS_OK) return Work::Finished(absl::OkStatus());
+    if (st != UCS_ERR_NO_RESOURCE) {  // else it would have had to queue: the general path below
+      if (PeerFailure(st)) conn->Fail(st);
+      return Work::Finished(FromUcs(st, absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer())));
+    }
   }
   auto state = NewState("notification", "onesided_notify", conn, message.size(), -1, "to", 1);
   auto* part = new Part{state, this, conn, opt_.name, std::string(message)};
@@ -522,26 +523,6 @@ Work AgentImpl::Notify(Connection* c, absl::string_view message) {
     delete part;
   });
   return Work(state);
-}
-
-std::optional<Work> AgentImpl::SendNotifyNow(ConnectionImpl* conn, absl::string_view message) {
-  ucp_request_param_t rp = {};
-  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
-  rp.flags = UCP_AM_SEND_FLAG_EAGER;
-  ucs_status_ptr_t req = ucp_am_send_nbx(conn->ep, kNotifyAmId, opt_.name.data(), opt_.name.size(),
-                                         message.data(), message.size(), &rp);
-  if (UCS_PTR_IS_PTR(req)) {
-    // Not expected (FORCE_IMM_CMPL); the request reads this frame's buffers until it completes.
-    while (ucp_request_check_status(req) == UCS_INPROGRESS) progressor_->ProgressUntil([] { return false; }, 1);
-    const ucs_status_t st = ucp_request_check_status(req);
-    ucp_request_free(req);
-    req = UCS_STATUS_PTR(st);
-  }
-  const ucs_status_t st = UCS_PTR_STATUS(req);
-  if (st == UCS_ERR_NO_RESOURCE) return std::nullopt;  // not at once: the general path queues it
-  if (st == UCS_OK) return Work::Finished(absl::OkStatus());
-  if (PeerFailure(st)) conn->Fail(st);
-  return Work::Finished(FromUcs(st, absl::StrCat("notification of ", message.size(), " bytes to ", conn->peer())));
 }
 
 void AgentImpl::SendNotify(Part* part) {

@@ -67,6 +67,20 @@ absl::Status ConnectionImpl::Open(ucp_worker_h worker, const std::string& addres
   return absl::OkStatus();
 }
 
+ucs_status_t ConnectionImpl::SendNow(unsigned id, absl::string_view header, absl::string_view data,
+                                     Progressor& progressor) {
+  ucp_request_param_t rp = {};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+  rp.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, header.data(), header.size(), data.data(), data.size(), &rp);
+  if (!UCS_PTR_IS_PTR(req)) return UCS_PTR_STATUS(req);
+  // Not expected (FORCE_IMM_CMPL); the request reads the caller's buffers until it completes.
+  while (ucp_request_check_status(req) == UCS_INPROGRESS) progressor.ProgressUntil([] { return false; }, 1);
+  const ucs_status_t st = ucp_request_check_status(req);
+  ucp_request_free(req);
+  return st;
+}
+
 void ConnectionImpl::SendAfterFlush(std::function<void(ucs_status_t)> send) {
   behind_flush_.fetch_add(1, std::memory_order_acq_rel);
   bool start;

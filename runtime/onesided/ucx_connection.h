@@ -102,6 +102,9 @@ class ConnectionImpl : public Connection {
   // rest of the queue gets it too). One flush at a time; `in_flight` counts it, `wake` is called
   // when it is left to the progress thread (both set before the first call).
   void SendAfterFlush(std::function<void(ucs_status_t)> send);
+  // Sends active message `id` with `header` and `data` only if UCX completes the send at once
+  // (returns its status); UCS_ERR_NO_RESOURCE when it would have had to queue it (nothing sent).
+  ucs_status_t SendNow(unsigned id, absl::string_view header, absl::string_view data, Progressor& progressor);
   // Whether a notification waits behind a flush or is being sent from one: a later one must queue.
   bool notifies_behind_flush() const { return behind_flush_.load(std::memory_order_acquire) > 0; }
   void DestroyRkeys() {
