@@ -1,7 +1,7 @@
 // The copies of large transfers (parallel_copy.h): StreamingCopy against memcpy at every alignment;
-// ParallelCopier against memcpy for segment sizes around its chunk size, with concurrent callers; and Put/Get between two agents
-// whose peer regions are mapped (detect_peer_failure = false, AllocateMemory), at unaligned
-// offsets and in descriptor lists, with the copy on two threads and on UCX's one, byte for byte.
+// ParallelCopier against memcpy for segment sizes around its chunk size, with concurrent callers;
+// and Put/Get between two agents whose peer regions are mapped (detect_peer_failure = false,
+// AllocateMemory), at unaligned offsets and in descriptor lists, with the copy on two threads and on UCX's one, byte for byte.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
