@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,7 +23,8 @@ std::string Message(size_t n, int seed) {
   return m;
 }
 
-void RoundTrips(const char* tls) {
+// Two connected agents with UCX_TLS set to `tls` (null: unset, UCX's choice).
+std::unique_ptr<testing::AgentPair> PairOver(const char* tls) {
   if (tls == nullptr) {
     unsetenv("UCX_TLS");
   } else {
@@ -30,9 +32,14 @@ void RoundTrips(const char* tls) {
   }
   auto pair = testing::AgentPair::Create();
   REQUIRE(pair.ok());
-  Agent* a = (*pair)->a.get();
-  Agent* b = (*pair)->b.get();
-  Connection* cb = (*pair)->b_to_a;
+  return std::move(*pair);
+}
+
+void RoundTrips(const char* tls) {
+  auto pair = PairOver(tls);
+  Agent* a = pair->a.get();
+  Agent* b = pair->b.get();
+  Connection* cb = pair->b_to_a;
   const std::vector<size_t> sizes = {0, 1, 8, 4096, 4097, 65536 + 3, 1 << 20, kMaxNotificationBytes};
   std::vector<Work> sent;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -60,29 +67,23 @@ void RoundTrips(const char* tls) {
 // the data is in place, and the second never passes the first; rounds alternate quickly, as a
 // ping-pong does.
 void PutThenNotify(const char* tls) {
-  if (tls == nullptr) {
-    unsetenv("UCX_TLS");
-  } else {
-    setenv("UCX_TLS", tls, 1);
-  }
-  auto pair = testing::AgentPair::Create();
-  REQUIRE(pair.ok());
-  Agent* a = (*pair)->a.get();
-  Agent* b = (*pair)->b.get();
+  auto pair = PairOver(tls);
+  Agent* a = pair->a.get();
+  Agent* b = pair->b.get();
   constexpr uint64_t kBytes = 3 << 20;
   auto ra = a->AllocateMemory(kBytes);
   auto rb = b->AllocateMemory(kBytes);
   REQUIRE(ra.ok());
   REQUIRE(rb.ok());
-  auto remote = (*pair)->b_to_a->ImportRegion(ra->descriptor);
+  auto remote = pair->b_to_a->ImportRegion(ra->descriptor);
   REQUIRE(remote.ok());
   for (int round = 0; round < 20; ++round) {
     const uint64_t n = round % 2 == 0 ? kBytes : 4096 + round;
     const std::string data = Message(n, round);
     memcpy(rb->base, data.data(), n);
-    Work put = b->Put((*pair)->b_to_a, {{rb->id, 0, n}}, {{*remote, 0, n}});
-    Work first = b->Notify((*pair)->b_to_a, absl::StrCat("data ", round));
-    Work second = b->Notify((*pair)->b_to_a, absl::StrCat("after ", round));
+    Work put = b->Put(pair->b_to_a, {{rb->id, 0, n}}, {{*remote, 0, n}});
+    Work first = b->Notify(pair->b_to_a, absl::StrCat("data ", round));
+    Work second = b->Notify(pair->b_to_a, absl::StrCat("after ", round));
     for (const Work* w : {&put, &first, &second}) REQUIRE(w->Wait(absl::Seconds(20)).ok());
     auto n1 = a->WaitNotification(absl::Seconds(20));
     REQUIRE(n1.ok());
