@@ -11,6 +11,7 @@
 #include "runtime/base/little_endian.h"
 #include "runtime/onesided/agent.h"
 #include "runtime/onesided/descriptor.h"
+#include "runtime/onesided/parallel_copy.h"
 
 namespace ember::onesided::internal {
 namespace {
@@ -123,7 +124,7 @@ const char* RegionCheckReason(RegionCheck check) {
 const char* WriteIntoRegion(const std::map<uint64_t, LocalRegion>& regions, uint64_t token, uint64_t address,
                             const void* data, uint64_t length) {
   const RegionCheck check = CheckRegionRange(regions, token, address, length);
-  if (check == RegionCheck::kOk && length > 0) memcpy(reinterpret_cast<void*>(address), data, length);
+  if (check == RegionCheck::kOk && length > 0) StreamingCopy(reinterpret_cast<void*>(address), data, length);
   return RegionCheckReason(check);
 }
 
@@ -218,7 +219,8 @@ void PendingGets::Reply(const void* header, size_t header_length, const void* da
                                                 rndv ? " came by rendezvous" : " lies outside the request",
                                                 " (an agent of another version?); nothing more is written"));
     } else {
-      if (length > 0) memcpy(get.local + offset, data, length);  // under mu_: FailAll cannot end it meanwhile
+      // Under mu_: FailAll cannot end it meanwhile. Streamed: the region is usually not in cache.
+      if (length > 0) StreamingCopy(get.local + offset, data, length);
       get.received += length;
       done = get.received == get.length;
     }

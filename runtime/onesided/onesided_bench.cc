@@ -71,6 +71,7 @@ ABSL_FLAG(int64_t, parallel_copy_min_bytes, 4 << 20,
 ABSL_FLAG(bool, put_over_am, true,
           "AgentOptions.put_over_am (puts and gets as the agent's own messages where UCX has no RMA lane)");
 ABSL_FLAG(bool, gets, true, "measure gets too (false: puts only, e.g. to profile the put path)");
+ABSL_FLAG(bool, puts, true, "measure puts too (false: gets only, e.g. to profile the get path)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");
 ABSL_FLAG(std::string, store, "", "internal");
@@ -369,6 +370,7 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
                                         : std::clamp<int64_t>(cfg.per_sample / 8 / sizes[i], 4, 256);
       for (int kind = 0; kind < 5; ++kind) {
         if (!absl::GetFlag(FLAGS_gets) && (kind == 2 || kind == 3)) continue;
+        if (!absl::GetFlag(FLAGS_puts) && (kind == 0 || kind == 1)) continue;
         absl::StatusOr<double> v;
         if (kind == 0 || kind == 2) {
           ASSIGN_OR_RETURN(Bandwidth bw, OursBandwidth(o, kind == 0, sizes[i], iters));
@@ -422,7 +424,8 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
             "time to post), robust to a process descheduled mid-sample on a loaded machine");
   for (size_t i = 0; i < P; ++i) {
     if (sizes[i] < (1 << 20)) continue;
-    for (int put = 1; put >= (absl::GetFlag(FLAGS_gets) ? 0 : 1); --put) {
+    for (int put = 1; put >= 0; --put) {
+      if (!absl::GetFlag(put ? FLAGS_puts : FLAGS_gets)) continue;
       const int ours = put ? 0 : 2, peer = put ? 1 : 3;
       const std::string name = absl::StrCat(put ? "put" : "get", "_bw_", SizeName(sizes[i]), suffix);
       const std::string note =

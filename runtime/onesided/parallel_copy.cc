@@ -1,9 +1,43 @@
 #include "runtime/onesided/parallel_copy.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
 namespace ember::onesided::internal {
+
+void StreamingCopy(void* dst, const void* src, uint64_t bytes) {
+#if defined(__x86_64__)
+  if (bytes >= kStreamingCopyMinBytes) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    const uint64_t head = (16 - (reinterpret_cast<uintptr_t>(d) & 15)) & 15;  // to a 16-byte boundary
+    memcpy(d, s, head);
+    d += head;
+    s += head;
+    bytes -= head;
+    uint64_t i = 0;
+    for (; i + 64 <= bytes; i += 64) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+      const __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+    }
+    _mm_sfence();  // the streamed stores are ordered before whatever announces the bytes
+    memcpy(d + i, s + i, bytes - i);
+    return;
+  }
+#endif
+  memcpy(dst, src, bytes);
+}
 
 ParallelCopier::~ParallelCopier() {
   std::thread helper;

@@ -22,6 +22,15 @@
 
 namespace ember::onesided::internal {
 
+// Copies `bytes` from `src` to `dst` (not overlapping) like memcpy, but from kStreamingCopyMinBytes
+// on with non-temporal stores (x86-64; memcpy elsewhere): the destination's cache lines are
+// written without being read first. For a message just received into a transport buffer (hot in
+// cache) and written into a registered region (usually not): the active-message puts and get
+// replies over TCP. A 1 MiB chunk into a 64 MiB region: 8-9 GB/s by memcpy, 18 GB/s so (16 MiB:
+// 16 vs 18). The bytes are in place when it returns (it fences).
+void StreamingCopy(void* dst, const void* src, uint64_t bytes);
+inline constexpr uint64_t kStreamingCopyMinBytes = 256 << 10;
+
 class ParallelCopier {
  public:
   struct Segment {

@@ -1,7 +1,7 @@
-// The two-thread copy of large transfers (parallel_copy.h): ParallelCopier against memcpy for
-// segment sizes around its chunk size, with concurrent callers; and Put/Get between two agents
-// whose peer regions are mapped (detect_peer_failure = false, AllocateMemory), at unaligned
-// offsets and in descriptor lists, with the copy on two threads and on UCX's one, byte for byte.
+// The copies of large transfers (parallel_copy.h): StreamingCopy against memcpy at every alignment;
+// ParallelCopier against memcpy for segment sizes around its chunk size, with concurrent callers;
+// and Put/Get between two agents whose peer regions are mapped (detect_peer_failure = false,
+// AllocateMemory), at unaligned offsets and in descriptor lists, with the copy on two threads and on UCX's one, byte for byte.
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <cstring>
@@ -50,6 +50,25 @@ TEST_CASE("ParallelCopier copies every segment exactly, also with concurrent cal
   for (int t = 0; t < 3; ++t) ts.emplace_back([&, t] { for (int k = 0; k < 4 && why[t].empty(); ++k) why[t] = run(10 + t); });
   for (auto& t : ts) t.join();
   for (const auto& w : why) CHECK(w == "");
+}
+
+TEST_CASE("StreamingCopy equals memcpy at every alignment, length and around its threshold") {
+  constexpr uint64_t kMin = internal::kStreamingCopyMinBytes;
+  const std::vector<uint64_t> lengths = {0, 1, 15, 63, 64, 65, kMin - 1, kMin, kMin + 1, kMin + 63, 3 * kMin + 17};
+  std::vector<uint8_t> src(4 * kMin + 64);
+  FillPattern(src.data(), src.size(), 3, 4);
+  for (uint64_t n : lengths) {
+    for (uint64_t dst_off : {0, 1, 8, 15}) {
+      for (uint64_t src_off : {0, 3, 16}) {
+        std::vector<uint8_t> dst(n + 32, 0xEE);
+        internal::StreamingCopy(dst.data() + dst_off, src.data() + src_off, n);
+        INFO("length " << n << ", destination offset " << dst_off << ", source offset " << src_off);
+        REQUIRE(memcmp(dst.data() + dst_off, src.data() + src_off, n) == 0);
+        for (uint64_t i = 0; i < dst_off; ++i) REQUIRE(dst[i] == 0xEE);
+        for (uint64_t i = dst_off + n; i < dst.size(); ++i) REQUIRE(dst[i] == 0xEE);
+      }
+    }
+  }
 }
 
 // Rank a puts a pattern into b's mapped region and gets b's pattern back, at odd offsets.

@@ -67,6 +67,74 @@ absl::Status ConnectionImpl::Open(ucp_worker_h worker, const std::string& addres
   return absl::OkStatus();
 }
 
+ucs_status_t ConnectionImpl::SendNow(unsigned id, absl::string_view header, absl::string_view data,
+                                     Progressor& progressor) {
+  ucp_request_param_t rp = {};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS | UCP_OP_ATTR_FLAG_FORCE_IMM_CMPL;
+  rp.flags = UCP_AM_SEND_FLAG_EAGER;
+  ucs_status_ptr_t req = ucp_am_send_nbx(ep, id, header.data(), header.size(), data.data(), data.size(), &rp);
+  if (!UCS_PTR_IS_PTR(req)) return UCS_PTR_STATUS(req);
+  // Not expected (FORCE_IMM_CMPL); the request reads the caller's buffers until it completes.
+  while (ucp_request_check_status(req) == UCS_INPROGRESS) progressor.ProgressUntil([] { return false; }, 1);
+  const ucs_status_t st = ucp_request_check_status(req);
+  ucp_request_free(req);
+  return st;
+}
+
+void ConnectionImpl::SendAfterFlush(std::function<void(ucs_status_t)> send) {
+  behind_flush_.fetch_add(1, std::memory_order_acq_rel);
+  bool start;
+  {
+    absl::MutexLock l(&flush_mu_);
+    flush_waiters_.push_back(std::move(send));
+    start = flush_covers_ == 0;
+    if (start) flush_covers_ = flush_waiters_.size();
+  }
+  if (start) StartFlush();
+}
+
+void ConnectionImpl::StartFlush() {
+  ucp_request_param_t rp = {};
+  rp.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  rp.cb.send = &ConnectionImpl::OnFlushed;
+  rp.user_data = this;
+  in_flight->fetch_add(1, std::memory_order_acq_rel);
+  ucs_status_ptr_t req = ucp_ep_flush_nbx(ep, &rp);
+  if (UCS_PTR_IS_PTR(req)) {
+    wake();
+    return;
+  }
+  in_flight->fetch_sub(1, std::memory_order_acq_rel);
+  Flushed(UCS_PTR_STATUS(req));
+}
+
+void ConnectionImpl::OnFlushed(void* request, ucs_status_t st, void* user_data) {
+  auto* self = static_cast<ConnectionImpl*>(user_data);
+  self->in_flight->fetch_sub(1, std::memory_order_acq_rel);
+  ucp_request_free(request);
+  self->Flushed(st);
+}
+
+void ConnectionImpl::Flushed(ucs_status_t st) {
+  std::vector<std::function<void(ucs_status_t)>> ready;
+  bool again;
+  {
+    absl::MutexLock l(&flush_mu_);
+    // After an error the endpoint is not flushed again: every waiter gets the error.
+    const size_t n = st == UCS_OK ? flush_covers_ : flush_waiters_.size();
+    for (size_t i = 0; i < n; ++i) {
+      ready.push_back(std::move(flush_waiters_.front()));
+      flush_waiters_.pop_front();
+    }
+    flush_covers_ = flush_waiters_.size();
+    again = flush_covers_ > 0;
+  }
+  // Only here are waiters sent, one flush at a time, so they go out in queue order.
+  for (auto& send : ready) send(st);
+  behind_flush_.fetch_sub(static_cast<int>(ready.size()), std::memory_order_acq_rel);
+  if (again) StartFlush();  // for those queued meanwhile (after puts this flush may not cover)
+}
+
 absl::StatusOr<ucp_mem_h> AllocateUcxMemory(ucp_context_h ctx, uint64_t bytes, void** address) {
   ucp_mem_map_params_t mp = {};
   mp.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |

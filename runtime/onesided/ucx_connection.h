@@ -96,6 +96,17 @@ class ConnectionImpl : public Connection {
     return it->second;
   }
   uint64_t NextSeq() { return ++seq_; }
+  // Notifications that must wait for an endpoint flush (a Notify after puts), and every later one
+  // while any waits, so that none passes an earlier one: `send(status)` runs, in queue order, from
+  // the completion of a flush posted after it was queued (`status`: the flush's; on an error the
+  // rest of the queue gets it too). One flush at a time; `in_flight` counts it, `wake` is called
+  // when it is left to the progress thread (both set before the first call).
+  void SendAfterFlush(std::function<void(ucs_status_t)> send);
+  // Sends active message `id` with `header` and `data` only if UCX completes the send at once
+  // (returns its status); UCS_ERR_NO_RESOURCE when it would have had to queue it (nothing sent).
+  ucs_status_t SendNow(unsigned id, absl::string_view header, absl::string_view data, Progressor& progressor);
+  // Whether a notification waits behind a flush or is being sent from one: a later one must queue.
+  bool notifies_behind_flush() const { return behind_flush_.load(std::memory_order_acquire) > 0; }
   void DestroyRkeys() {
     absl::MutexLock l(&mu_);
     for (auto& [h, r] : remotes_)
@@ -109,6 +120,8 @@ class ConnectionImpl : public Connection {
   // on TCP) and sends its message at once.
   std::atomic<uint64_t> unflushed_puts{0};
   std::function<void()> on_failure;  // set before the endpoint exists
+  std::atomic<int>* in_flight = nullptr;  // the agent's count of requests in flight (SendAfterFlush)
+  std::function<void()> wake;             // wakes the agent's progress thread (SendAfterFlush)
   // Set before any import: the endpoint has no peer-failure handling, so UCX itself would move
   // bytes of shared-memory regions with plain loads and stores (its mm transports); the agent may
   // then copy large transfers itself through Remote::mapped (agent.cc).
@@ -125,6 +138,14 @@ class ConnectionImpl : public Connection {
   mutable absl::Mutex mu_;
   absl::Status health_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, Remote> remotes_ ABSL_GUARDED_BY(mu_);
+
+  void StartFlush();  // for the first flush_covers_ waiters
+  static void OnFlushed(void* request, ucs_status_t st, void* user_data);
+  void Flushed(ucs_status_t st);
+  absl::Mutex flush_mu_;  // not held while sending or flushing
+  std::deque<std::function<void(ucs_status_t)>> flush_waiters_ ABSL_GUARDED_BY(flush_mu_);
+  size_t flush_covers_ ABSL_GUARDED_BY(flush_mu_) = 0;  // waiters the flush in flight serves; 0: none
+  std::atomic<int> behind_flush_{0};  // waiters, until their send was posted
 };
 
 // Whether UCX moves puts on `ep` over an RMA lane (shared memory, CMA, RDMA): true when
@@ -153,9 +174,14 @@ absl::StatusOr<PeerAddress> ExchangeAddresses(store::Client& store, ucp_worker_h
 class WorkerProgressor : public Progressor {
  public:
   explicit WorkerProgressor(ucp_worker_h w) : worker_(w) {}
-  bool Progress() override {
-    absl::ReaderMutexLock l(&mu_);
-    return worker_ != nullptr && ucp_worker_progress(worker_) != 0;
+  bool ProgressUntil(absl::FunctionRef<bool()> done, int max_passes) override {
+    absl::ReaderMutexLock l(&mu_);  // once per batch; Clear() waits for it
+    if (worker_ == nullptr) return false;
+    for (int i = 0; i < max_passes; ++i) {
+      ucp_worker_progress(worker_);
+      if (done()) return true;
+    }
+    return false;
   }
   void Clear() {
     absl::MutexLock l(&mu_);

@@ -69,14 +69,19 @@ bool Progressor::Park(absl::Duration max) {
   return kicked_.exchange(false, std::memory_order_acq_rel);
 }
 
-bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline) {
+bool SpinUntil(Progressor* p, absl::FunctionRef<bool()> done, absl::Duration timeout, absl::Time* start) {
+  *start = absl::InfinitePast();
   if (p == nullptr) return done();
-  const absl::Time until = std::min(deadline, absl::Now() + kSpinBudget);
+  // Passes per batch: the clock is read once per batch (a pass over shared memory takes ~50 ns).
+  constexpr int kPassesPerBatch = 64;
   p->EnterSpin();
-  bool ok = done();
-  for (int i = 0; !ok; ++i) {
-    if (!p->Progress() && (i & 63) == 63 && absl::Now() >= until) break;
-    ok = done();
+  bool ok = done() || p->ProgressUntil(done, kPassesPerBatch);
+  if (!ok) {
+    *start = absl::Now();
+    const absl::Time until = *start + std::min(timeout, kSpinBudget);
+    do {
+      ok = p->ProgressUntil(done, kPassesPerBatch);
+    } while (!ok && absl::Now() < until);
   }
   p->LeaveSpin(/*wake=*/!ok);
   return ok;
@@ -88,12 +93,14 @@ absl::Status WorkState::Wait(absl::Duration timeout, WaitStyle style) {
     if (pending_ <= 0) return status_;  // finished already (an eager notify, an argument error)
   }
   const absl::Duration asked = timeout;
-  const absl::Time deadline = absl::Now() + timeout;
+  absl::Time start = absl::InfinitePast();
   if (style == WaitStyle::kSpin) {
-    SpinUntil(progressor_.get(), [this] { return done(); }, deadline);
+    SpinUntil(progressor_.get(), [this] { return done(); }, timeout, &start);
   } else if (progressor_ != nullptr) {
     progressor_->Kick();  // nobody drives this transfer but the progress thread: now, not after its grace
   }
+  if (start == absl::InfinitePast()) start = absl::Now();
+  const absl::Time deadline = start + timeout;
   absl::MutexLock l(&mu_);
   timeout = std::max(absl::ZeroDuration(), deadline - absl::Now());
   auto finished = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return pending_ <= 0; };
@@ -110,14 +117,15 @@ absl::Status WorkState::Wait(absl::Duration timeout, WaitStyle style) {
 }  // namespace internal
 
 Work Work::Finished(absl::Status status) {
+  if (status.ok()) return Work(nullptr);  // no state to allocate or share (a notify's fast path)
   auto s = std::make_shared<internal::WorkState>(internal::WorkState::Desc{}, 1);
   s->PartDone(std::move(status));
   return Work(std::move(s));
 }
 
 absl::Status Work::Wait(absl::Duration timeout, WaitStyle style) const {
-  return state_->Wait(timeout, style);
+  return state_ == nullptr ? absl::OkStatus() : state_->Wait(timeout, style);
 }
-bool Work::Done() const { return state_->done(); }
+bool Work::Done() const { return state_ == nullptr || state_->done(); }
 
 }  // namespace ember::onesided

@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -40,12 +41,15 @@ enum class WaitStyle {
 namespace internal {
 // Lets a waiting thread drive the agent's UCX worker itself (what the agent's progress thread
 // does otherwise): the waiter then needs no thread hand-off, and the progress thread stays out of
-// its way. Implemented by the agent; outlives it (Progress() returns false once it is gone).
+// its way. Implemented by the agent; outlives it (ProgressUntil() returns false once it is gone).
 class Progressor {
  public:
   virtual ~Progressor() = default;
-  // One progress pass; true when something happened.
-  virtual bool Progress() = 0;
+  // Progress passes until `done()` holds after one (true) or `max_passes` passed or the worker is
+  // gone (false). One call per batch: a spinning waiter pays the implementation's locking once per
+  // batch, not once per pass (the lock and unlock of every pass were a third of a waiter's samples
+  // in a notify ping-pong, most of the time it took to see the message).
+  virtual bool ProgressUntil(absl::FunctionRef<bool()> done, int max_passes) = 0;
   // A waiter enters/leaves its spin phase. `wake`: the waiter is about to block (its spin budget
   // ran out), so the last one to leave wakes a parked progress thread at once (Kick); a waiter
   // whose spin succeeded leaves it parked (no system call on the fast path).
@@ -77,9 +81,11 @@ inline constexpr absl::Duration kSpinBudget = absl::Milliseconds(20);
 inline constexpr absl::Duration kParkSlice = absl::Milliseconds(1);
 inline constexpr absl::Duration kWaiterGrace = absl::Milliseconds(1);
 
-// Runs `done` checks while driving `p` for at most min(kSpinBudget, until deadline); true when
-// `done` turned true.
-bool SpinUntil(Progressor* p, const std::function<bool()>& done, absl::Time deadline);
+// Runs `done` checks while driving `p` for at most min(kSpinBudget, timeout); true when `done`
+// turned true. `*start`: when the spin began, read only after a first batch of passes did not end
+// it (a ping-pong's reply usually comes within one, and the clock reads were a tenth of its
+// time); absl::InfinitePast() when it never read the clock (the caller reads it if it needs it).
+bool SpinUntil(Progressor* p, absl::FunctionRef<bool()> done, absl::Duration timeout, absl::Time* start);
 
 // Shared by a Work and the UCX requests of its transfer (each request holds a reference).
 class WorkState {
@@ -122,13 +128,14 @@ class Work {
  public:
   // A finished Work carrying `status` (argument errors, empty transfers).
   static Work Finished(absl::Status status);
+  // `state` null: finished OK.
   explicit Work(std::shared_ptr<internal::WorkState> state) : state_(std::move(state)) {}
 
   absl::Status Wait(absl::Duration timeout, WaitStyle style = WaitStyle::kSpin) const;
   bool Done() const;
 
  private:
-  std::shared_ptr<internal::WorkState> state_;
+  std::shared_ptr<internal::WorkState> state_;  // null: finished OK (Finished)
 };
 
 }  // namespace ember::onesided
