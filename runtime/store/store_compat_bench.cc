@@ -2,6 +2,7 @@
 //
 //   bazel run -c opt //runtime/store:store_compat_bench -- [--json [--allow-missing-peers]]
 //       [--quick] [--seconds=1] [--rounds=3] [--etcd_endpoints=host:port] [--parts=etcd,barrier,tcpstore]
+//       [--etcd_ops=get,set,add] [--etcd_clients=1,16]
 //
 // Parts (each point runs --rounds times interleaved, medians reported):
 //  etcd:     get/set/add ops/s and p50/p99 at 1 and 16 client processes (one op in flight each).
@@ -35,6 +36,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -54,6 +56,8 @@ ABSL_FLAG(std::vector<std::string>, parts, std::vector<std::string>({"etcd", "ba
           "parts to run: etcd, barrier, tcpstore");
 ABSL_FLAG(std::vector<std::string>, etcd_ops, std::vector<std::string>({"get", "set", "add"}),
           "ops of the etcd part");
+ABSL_FLAG(std::vector<std::string>, etcd_clients, std::vector<std::string>({"1", "16"}),
+          "client process counts of the etcd part (--quick: 1,4)");
 ABSL_FLAG(int, barrier_ranks, 256, "client processes in the barrier part (--quick: 16)");
 ABSL_FLAG(int, tcpstore_barrier_ranks, 64, "TCPStore client processes in the tcpstore barrier");
 // Internal: the plain etcd client's child role.
@@ -537,7 +541,19 @@ int Parent(int argc, char** argv) {
     if (!st.ok()) return report.Fail(st.status());
     in_memory = std::move(*st);
   }
-  if (Wanted("etcd")) s = EtcdPart(report, on_etcd->address(), etcd, clients, rounds, tmp);
+  std::vector<int> etcd_clients = clients;
+  if (!quick) {
+    etcd_clients.clear();
+    for (const std::string& n : absl::GetFlag(FLAGS_etcd_clients)) {
+      int v = 0;
+      if (!absl::SimpleAtoi(n, &v) || v < 1) {
+        return report.Fail(absl::InvalidArgumentError(
+            absl::StrCat("--etcd_clients: '", n, "' is not a positive count")));
+      }
+      etcd_clients.push_back(v);
+    }
+  }
+  if (Wanted("etcd")) s = EtcdPart(report, on_etcd->address(), etcd, etcd_clients, rounds, tmp);
   if (s.ok() && Wanted("barrier")) {
     s = BarrierPart(report, on_etcd->address(), in_memory->address(),
                     quick ? 16 : absl::GetFlag(FLAGS_barrier_ranks), rounds, tmp);
