@@ -184,13 +184,21 @@ std::optional<double> Target::compared() const {
 
 bool Target::met() const {
   std::optional<double> c = compared();
-  if (!c) return false;
+  if (!c || failed_measurement()) return false;
   return higher_is_better ? *c >= goal : *c <= goal;
+}
+
+bool Target::failed_measurement() const {
+  // A lower-is-better time, size or ratio of 0 (or below) is a measurement that did not happen
+  // (a timer that never started, a peer that did nothing), never a win.
+  std::optional<double> c = compared();
+  return c && !higher_is_better && (value <= 0 || *c <= 0);
 }
 
 std::string Target::Status() const {
   std::optional<double> c = compared();
   if (!c) return absl::StrCat("not measured: ", reason.empty() ? "no value" : reason);
+  if (failed_measurement()) return "not measured: a lower-is-better value of 0 or less is a failed measurement";
   if (met()) return "met";
   // How far from the goal, relative to the goal: 1.6x vs >= 2x is "20% short".
   double off = goal != 0 ? std::fabs(*c - goal) / std::fabs(goal) * 100 : std::fabs(*c);

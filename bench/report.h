@@ -115,8 +115,10 @@ struct Target {
   bool measured() const { return !vs_peer || peer.has_value(); }
   // value/peer for a peer target, else value; nullopt when not measured.
   std::optional<double> compared() const;
-  // Met when measured and compared() is on the right side of goal.
+  // Met when measured, not a failed measurement, and compared() is on the right side of goal.
   bool met() const;
+  // True for a lower-is-better target whose value (or ratio) is <= 0: nothing was measured.
+  bool failed_measurement() const;
   // "met", "missed by 12.3%" (relative to the goal), or "not measured: <reason>".
   std::string Status() const;
   json::Value Json() const;

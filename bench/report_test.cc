@@ -67,6 +67,18 @@ TEST_CASE("an absolute goal applies to the value") {
             .as_string() == "value");
 }
 
+TEST_CASE("a lower-is-better value of 0 is a failed measurement, never met") {
+  Target zero = Target::Absolute("restart_s", 0.0, 1.0, kLowerIsBetter, "s");
+  CHECK(zero.failed_measurement());
+  CHECK_FALSE(zero.met());
+  CHECK(zero.Status().rfind("not measured: ", 0) == 0);
+  Target neg = Target::VsPeer("barrier", -0.1, 0.5, 0.5, kLowerIsBetter, "s", "");
+  CHECK_FALSE(neg.met());
+  // Higher-is-better zero is a plain miss, and a positive lower-is-better value is unaffected.
+  CHECK(Target::Absolute("tps", 0.0, 5, kHigherIsBetter, "t/s").Status() == "missed by 100.0%");
+  CHECK_FALSE(Target::Absolute("restart_s", 0.5, 1.0, kLowerIsBetter, "s").failed_measurement());
+}
+
 TEST_CASE("median and table cells") {
   CHECK(Median({3, 1, 2}) == 2);
   CHECK(Median({4, 1, 3, 2}) == 3);

@@ -76,6 +76,11 @@ def check_targets(doc, errs):
         c, g = t.get("compared"), t.get("goal")
         if c is None or t.get("value") is None:
             continue
+        if not t["higher_is_better"] and (t["value"] <= 0 or c <= 0):
+            # A lower-is-better value of 0 or less is a failed measurement (bench/report.h).
+            if t.get("met") is not False or not str(t.get("status", "")).startswith("not measured"):
+                errs.append(f"{p}: lower-is-better value {t['value']} counted as measured")
+            continue
         want = t["value"] / t["peer"] if vs_peer else t["value"]
         if abs(want - c) > 1e-4 * max(1.0, abs(c)):
             errs.append(f"{p}: compared {c} != {want}")

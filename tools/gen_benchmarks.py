@@ -1,13 +1,14 @@
 #!/usr/bin/python3
-"""Writes docs/benchmarks.md from one JSON run per benchmark (bench/report.h format).
+"""Writes docs/benchmarks.md and bench/results/RUNS.md from the committed protocol runs.
 
   /usr/bin/python3 tools/gen_benchmarks.py [--results bench/results] [--notes docs/benchmarks-notes.md]
-                                           [--out docs/benchmarks.md]
+                                           [--out docs/benchmarks.md] [--runs-out bench/results/RUNS.md]
 
-Every figure in the generated file comes from the JSON files (tables, ratios, load averages, the
-exact command, each target's status), so text and numbers cannot drift apart. Hand-written prose
-(what was tried, why a target misses) lives in the notes file, which is appended unchanged.
-Regenerate after re-running a benchmark with --json > bench/results/<name>.json.
+Inputs: bench/results/NAME.json, one per benchmark, each written by `bench/run.sh NAME` (the run
+protocol of bench/protocol.py: >= 3 runs on a quiet machine, every run kept, `met` = the median
+run's verdict). Older single-run results live in bench/results/unverified/ and are listed, never
+counted. Every figure in the outputs comes from those files, so text and numbers cannot drift
+apart; hand-written prose lives in the notes file, appended unchanged.
 """
 import argparse
 import glob
@@ -15,25 +16,25 @@ import json
 import os
 
 ORDER = [
-    ("store_bench", "Rendezvous store (issues 2, 11)", "//runtime/store:store_bench"),
-    ("store_compat_bench", "Store on etcd, TCPStore clients (issue 19)",
-     "//runtime/store:store_compat_bench"),
-    ("comm_bench", "Communication (issues 3, 11)", "//runtime/comm:comm_bench"),
-    ("comm_veth_bench", "Communication across hosts over veth (issue 20)", "//tests/multihost:veth_bench"),
-    ("partition_bench", "Partition of a host: time to running again (issue 20)", "//bench:partition_bench"),
-    ("kernel_bench", "Kernels and training step (issue 4)", "//bench:kernel_bench"),
-    ("fsdp_bench", "FSDP worker (issue 5)", "//runtime/fsdp:fsdp_bench"),
-    ("ckpt_bench", "Checkpoints (issue 6)", "//checkpoint:ckpt_bench"),
-    ("launch_bench", "Launcher (issue 7)", "//bench:launch_bench"),
-    ("recovery_bench", "Recovery (issue 8)", "//bench:recovery_bench"),
-    ("recorder_bench", "Flight recorder (issue 9)", "//runtime/flight:recorder_bench"),
-    ("pipeline_bench", "Pipeline parallelism (issue 15)", "//bench:pipeline_bench"),
-    ("onesided_bench", "One-sided transfers (issue 16)", "//runtime/onesided:onesided_bench"),
-    ("onesided_bench_tcp", "One-sided transfers over TCP (issue 16)", "//runtime/onesided:onesided_bench"),
-    ("script_bench", "PyTorch scripts under Ember vs torchrun (issue 23)", "//bench:script_bench"),
-    ("kernel_bench_llama", "Llama kernels and training step (issue 22)", "//bench:kernel_bench"),
-    ("metrics_bench", "Metrics endpoint (issue 21)", "//bench:metrics_bench"),
-    ("publish_bench", "Live weight publishing (issue 16)", "//bench:publish_bench"),
+    ("store_bench", "Rendezvous store", "//runtime/store:store_bench"),
+    ("store_compat_bench", "Store on etcd, TCPStore clients", "//runtime/store:store_compat_bench"),
+    ("comm_bench", "Communication", "//runtime/comm:comm_bench"),
+    ("comm_veth_bench", "Communication across hosts over veth", "//tests/multihost:veth_bench"),
+    ("partition_bench", "Partition of a host: time to running again", "//bench:partition_bench"),
+    ("kernel_bench", "Kernels and training step", "//bench:kernel_bench"),
+    ("kernel_bench_llama", "Llama kernels and training step", "//bench:kernel_bench"),
+    ("fsdp_bench", "FSDP worker", "//runtime/fsdp:fsdp_bench"),
+    ("ckpt_bench", "Checkpoints", "//checkpoint:ckpt_bench"),
+    ("launch_bench", "Launcher", "//bench:launch_bench"),
+    ("recovery_bench", "Recovery", "//bench:recovery_bench"),
+    ("recorder_bench", "Flight recorder", "//runtime/flight:recorder_bench"),
+    ("pipeline_bench", "Pipeline parallelism", "//bench:pipeline_bench"),
+    ("onesided_bench", "One-sided transfers", "//runtime/onesided:onesided_bench"),
+    ("onesided_bench_tcp", "One-sided transfers over TCP", "//runtime/onesided:onesided_bench"),
+    ("script_bench", "PyTorch scripts under Ember vs torchrun", "//bench:script_bench"),
+    ("metrics_bench", "Metrics endpoint", "//bench:metrics_bench"),
+    ("page_bench", "Job page", "//bench:page_bench"),
+    ("publish_bench", "Live weight publishing", "//bench:publish_bench"),
 ]
 
 
@@ -55,7 +56,7 @@ def num(v):
         if a == 0:
             return "0"
         return "%.3g" % v
-    return str(v).replace("|", "\\|")
+    return str(v).replace("|", "\\|").replace("\n", " ")
 
 
 def load(l):
@@ -67,26 +68,21 @@ def goal_text(t):
     return "%s %s%s" % (op, num(t["goal"]), " x peer" if t["goal_applies_to"] == "value/peer" else " " + t["unit"])
 
 
-def status(t):
+def verdict(t):
+    if t.get("informational"):
+        return "informational (%s)" % num(t["informational"])
     s = t["status"]
     if s == "met":
         return "**met**"
     if s.startswith("missed"):
         return "**%s**" % s
-    return "not measured: %s" % (t.get("reason") or s[len("not measured: "):]).replace("\n", " ").replace("|", "\\|")
+    return "not measured: %s" % num(t.get("reason") or s[len("not measured: "):])
 
 
-def target_row(t, bench=None):
-    cells = ([bench] if bench else []) + [
-        "`%s`" % t["name"], "%s %s" % (num(t["value"]), t["unit"]),
-        num(t["peer"]), num(t["compared"]), goal_text(t), status(t)]
-    return "| " + " | ".join(cells) + " |"
-
-
-def md_table(tab):
-    out = ["**%s**" % tab["title"], "",
-           "Load average (1 / 5 / 15 min): %s at start, %s at end." % (load(tab["load_begin"]), load(tab["load_end"])),
-           ""]
+def md_table(tab, load_line=True):
+    out = ["**%s**" % tab["title"], ""]
+    if load_line:
+        out += ["Load average (1 / 5 / 15 min): %s at start, %s at end." % (load(tab["load_begin"]), load(tab["load_end"])), ""]
     out.append("| " + " | ".join(c.replace("|", "\\|") for c in tab["columns"]) + " |")
     out.append("|" + "---|" * len(tab["columns"]))
     for r in tab["rows"]:
@@ -99,82 +95,149 @@ def md_table(tab):
     return out
 
 
+def run_loads(d):
+    vals = [r["load_before"].get("1m") for r in d["runs"] if r["load_before"].get("1m") is not None]
+    return "%s-%s" % (num(min(vals)), num(max(vals))) if vals else "-"
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", default="bench/results")
     ap.add_argument("--notes", default="docs/benchmarks-notes.md")
     ap.add_argument("--out", default="docs/benchmarks.md")
+    ap.add_argument("--runs-out", default=None, help="default: RESULTS/RUNS.md")
     a = ap.parse_args()
-    runs = {}
+    runs_out = a.runs_out or os.path.join(a.results, "RUNS.md")
+    done = {}
     for path in sorted(glob.glob(os.path.join(a.results, "*.json"))):
         with open(path) as f:
-            d = json.load(f)
-        # Keyed by file name: one benchmark binary may have several committed runs (kernel_bench
-        # and kernel_bench_llama, its `--only=llama` figures).
-        runs[os.path.splitext(os.path.basename(path))[0]] = (d, os.path.basename(path))
-    run_meta = {}
-    meta_path = os.path.join(a.results, "RUNS.md")
+            done[os.path.splitext(os.path.basename(path))[0]] = json.load(f)
+    old = {}
+    for path in sorted(glob.glob(os.path.join(a.results, "unverified", "*.json"))):
+        with open(path) as f:
+            old[os.path.splitext(os.path.basename(path))[0]] = json.load(f)
+    names = [n for n, _, _ in ORDER]
+    for n in list(done) + list(old):
+        if n not in names:
+            names.append(n)
+            ORDER.append((n, n, "?"))
+    titles = {n: (t, l) for n, t, l in ORDER}
+
     out = ["# Benchmarks", "",
            "<!-- Generated by tools/gen_benchmarks.py from bench/results/*.json; edit "
-           "docs/benchmarks-notes.md for prose, re-run the benchmark for numbers. -->", "",
-           "Every `*_bench` binary prints tables and targets through one library (bench/report.h). "
-           "With `--json` it prints exactly one JSON object on stdout (bench/bench_schema.json): "
-           "tables with the load average beside each, and `targets` "
-           "`{name, value, peer, goal, goal_applies_to, higher_is_better, unit, compared, met, status, reason}`. "
-           "A target with a peer applies its goal to value/peer. A peer that failed, timed out or was "
-           "skipped leaves `peer: null`, `met: false` and a reason, and the run exits non-zero "
-           "unless `--allow-missing-peers`. Peers run interleaved with ours (A/B/A/B, median of the "
-           "rounds) so both see the same load.", "",
-           "All figures come from this project's 2-core Debian 12 VM, shared with other work "
-           "(builds of up to 8 engineers): the load averages beside each table matter.", ""]
-    if os.path.exists(meta_path):
-        with open(meta_path) as f:
-            out += ["## How these runs were made", "", f.read().strip(), ""]
-    # Summary of every target.
-    out += ["## Targets", "",
-            "| benchmark | target | value | peer | value/peer (or value) | goal | status |",
-            "|---|---|---|---|---|---|---|"]
-    counts = {"met": 0, "missed": 0, "not measured": 0}
-    for name, _, _ in ORDER:
-        if name not in runs:
+           "docs/benchmarks-notes.md for prose, re-run `bench/run.sh NAME` for numbers. -->", "",
+           "Every figure below is the median of at least 3 runs made by the run protocol "
+           "(`bench/run.sh NAME`, bench/protocol.py): each run waits for a quiet machine (1-minute "
+           "load below 1.0), peers run interleaved with ours inside each run, every run is committed "
+           "(bench/results/NAME.json; their times and loads in bench/results/RUNS.md), and a target "
+           "is met only when the median run meets it. Informational rows (oversubscribed peers, "
+           "self-set goals, rows that cannot fail) are shown and never counted.", ""]
+    out += ["## Summary", "",
+            "| benchmark | target | ours | peer | ratio (or value) | goal | met in k of N runs | verdict | date | load (1 min, at each run's start) |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    counts = {"met": 0, "missed": 0, "not measured": 0, "informational": 0}
+    for name in names:
+        if name not in done:
             continue
-        for t in runs[name][0]["targets"]:
-            out.append(target_row(t, name))
-            key = "met" if t["status"] == "met" else "missed" if t["status"].startswith("missed") else "not measured"
-            counts[key] += 1
-    missing = [n for n, _, _ in ORDER if n not in runs]
-    out += ["", "%d met, %d missed, %d not measured%s." % (
-        counts["met"], counts["missed"], counts["not measured"],
-        ("; no run committed for " + ", ".join(missing)) if missing else ""), ""]
-    for name, title, label in ORDER:
-        out += ["## %s" % title, ""]
-        if name not in runs:
-            out += ["No run committed (bench/results/%s.json is missing)." % name, ""]
+        d = done[name]
+        date = d["protocol"]["started"][:16].replace("T", " ")
+        for t in d["targets"]:
+            out.append("| %s | `%s` | %s %s | %s | %s | %s | %d of %d | %s | %s | %s |" % (
+                name, t["name"], num(t["value"]), t["unit"], num(t["peer"]), num(t["compared"]),
+                goal_text(t), t["met_runs"], t["runs"], verdict(t), date, run_loads(d)))
+            if t.get("informational"):
+                counts["informational"] += 1
+            elif t["status"] == "met":
+                counts["met"] += 1
+            elif t["status"].startswith("missed"):
+                counts["missed"] += 1
+            else:
+                counts["not measured"] += 1
+    missing = [n for n in names if n not in done]
+    out += ["", "**%d met, %d missed, %d not measured** (counted targets of the benchmarks run under the "
+            "protocol); %d informational rows not counted.%s" % (
+                counts["met"], counts["missed"], counts["not measured"], counts["informational"],
+                (" Not yet run under the protocol (no figure claimed): " + ", ".join(missing) + ".") if missing else ""),
+            ""]
+    out += ["## Commands", "", "```sh",
+            "bench/run.sh --list            # the benchmarks and their exact commands (bench/protocol.json)",
+            "bench/run.sh NAME              # >= 3 quiet runs -> bench/results/NAME.json",
+            "/usr/bin/python3 tools/gen_benchmarks.py   # this file and bench/results/RUNS.md",
+            "```", ""]
+    for name in names:
+        if name not in done:
             continue
-        d, fname = runs[name]
-        out += ["Command (`%s`, JSON in bench/results/%s%s):" % (label, fname,
-                ", **quick mode: reduced sizes**" if d.get("quick") else ""), "",
-                "```sh", d["command"], "```", "",
-                "Load average (1 / 5 / 15 min): %s at start, %s at end." % (load(d["load_begin"]), load(d["load_end"])), ""]
-        if d.get("meta"):
-            out += ["Parameters: " + ", ".join("%s = %s" % (k, json.dumps(v)) for k, v in d["meta"].items()), ""]
-        for tab in d["tables"]:
-            out += md_table(tab)
-        if d["targets"]:
-            out += ["Targets:", "",
-                    "| target | value | peer | value/peer (or value) | goal | status |",
-                    "|---|---|---|---|---|---|"]
-            out += [target_row(t) for t in d["targets"]]
-            notes = [(t["name"], t["note"]) for t in d["targets"] if t.get("note")]
-            out.append("")
-            for n, note in notes:
-                out.append("- `%s`: %s" % (n, note))
-            out.append("")
+        d = done[name]
+        p = d["protocol"]
+        title, label = titles[name]
+        out += ["## %s (`%s`)" % (title, name), "",
+                "Command (`%s`, %d runs from %s UTC, %s): `%s`%s" % (
+                    label, p["runs"], p["started"].replace("T", " ").rstrip("Z"), p["cpu"], p["command"],
+                    (" with " + " ".join("%s=%s" % kv for kv in sorted(p["env"].items()))) if p.get("env") else ""), ""]
+        if p.get("like_for_like"):
+            out += ["Like-for-like: %s" % p["like_for_like"], ""]
+        out += ["| target | ours (median run) | peer | ratio (or value) | goal | per run | met in | verdict |",
+                "|---|---|---|---|---|---|---|---|"]
+        for t in d["targets"]:
+            out.append("| `%s` | %s %s | %s | %s | %s | %s | %d of %d | %s |" % (
+                t["name"], num(t["value"]), t["unit"], num(t["peer"]), num(t["compared"]), goal_text(t),
+                " / ".join(num(c) for c in t["per_run_compared"]), t["met_runs"], t["runs"], verdict(t)))
+        out.append("")
+        for t in d["targets"]:
+            if t.get("note"):
+                out.append("- `%s`: %s" % (t["name"], num(t["note"])))
+        out.append("")
+        mid = d["runs"][d["targets"][0]["median_run"]] if d["targets"] else d["runs"][0]
+        if mid.get("report"):
+            out += ["Tables of run %d of %d (every run's tables are in the JSON):" % (
+                d["runs"].index(mid) + 1, len(d["runs"])), ""]
+            for tab in mid["report"]["tables"]:
+                out += md_table(tab)
+    if old:
+        out += ["## Not re-measured under the protocol", "",
+                "Single runs from before the protocol (bench/results/unverified/, most on a loaded, "
+                "shared machine; some with peers on unequal terms, listed in issue 30). Their "
+                "figures are kept for the record and **claim nothing**: none is counted above.", "",
+                "| benchmark | target | ours | peer | ratio (or value) | goal | single-run status (not counted) | load at start |",
+                "|---|---|---|---|---|---|---|---|"]
+        for name in names:
+            if name not in old or name in done:
+                continue
+            d = old[name]
+            for t in d["targets"]:
+                out.append("| %s | `%s` | %s %s | %s | %s | %s | %s | %s |" % (
+                    name, t["name"], num(t["value"]), t["unit"], num(t["peer"]), num(t["compared"]),
+                    goal_text(t), t["status"], num(d["load_begin"].get("1m"))))
+        out.append("")
     if os.path.exists(a.notes):
         with open(a.notes) as f:
             out += ["---", "", f.read().rstrip(), ""]
     with open(a.out, "w") as f:
         f.write("\n".join(out))
+
+    runs_md = ["# Benchmark runs", "",
+               "<!-- Generated by tools/gen_benchmarks.py from bench/results/*.json. -->", "",
+               "Every run of the protocol, none left out. `waited` is how long the run waited for a "
+               "1-minute load below the threshold; `met` counts the run's own verdicts.", ""]
+    for name in names:
+        if name not in done:
+            continue
+        d = done[name]
+        p = d["protocol"]
+        runs_md += ["## %s" % name, "", "`%s` on %s; quiet threshold %s; quiet: %s." % (
+            p["command"], p["cpu"], num(p["quiet_threshold_1m"]), str(p["quiet"]).lower()), "",
+            "| run | started (UTC) | wall s | waited s | load before (1/5/15) | load after | exit | targets met |",
+            "|---|---|---|---|---|---|---|---|"]
+        for i, r in enumerate(d["runs"]):
+            tg = (r.get("report") or {}).get("targets", [])
+            runs_md.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
+                i + 1, r["started"].replace("T", " ").rstrip("Z"), num(r["wall_s"]), num(r["waited_for_quiet_s"]),
+                load(r["load_before"]), load(r["load_after"]),
+                r["exit_code"] if not r.get("error") else "%s (%s)" % (r["exit_code"], num(r["error"])),
+                "%d of %d" % (sum(1 for t in tg if t["met"]), len(tg))))
+        runs_md.append("")
+    with open(runs_out, "w") as f:
+        f.write("\n".join(runs_md))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@
 
 namespace ember::model {
 
-// Defaults are the job spec's defaults (runtime/jobspec ApplyDefaults; runtime/worker:env_test
+// Defaults are the job spec's defaults (runtime/jobspec ApplyDefaults; runtime/worker:trainer_test
 // checks that they agree), listed once in docs/model.md.
 struct GptConfig {
   enum class Mlp { kGelu, kSwiGlu, kMoe };
