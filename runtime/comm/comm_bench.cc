@@ -31,6 +31,12 @@
 // Like for like (issue 11): shm targets are against Open MPI (shared memory, vader); TCP targets
 // against Gloo (TCP). torch's Gloo has no reduce_scatter: its column there is an all_reduce of the
 // full buffer (about twice the traffic), shown as a labelled reference and never a target.
+// Loop lengths are the same rule on every side (ours, gloo_peer.py, mpi_peer.c): 2 warm-up calls,
+// one probe call after a barrier, iterations = clamp(--loop_seconds / probe, 3, 5000), the MAX
+// over ranks, 3 timed loops. TCP congestion control: our ranks run with
+// EMBER_COMM_TCP_CONGESTION=system, so both TCP sides use the (namespace's) kernel default; the
+// notes name it. Cells with more ranks than cores are oversubscribed on every side: their targets
+// are marked informational.
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -48,6 +54,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -154,6 +161,9 @@ int Worker() {
                      static_cast<long long>(size), s.ToString().c_str());
         std::_Exit(1);
       };
+      // Loop lengths as gloo_peer.py and mpi_peer.c: 2 warm-ups, a probe, iterations from it
+      // (the MAX over ranks: every rank must run the same count).
+      must(run(), "warm-up");
       must(run(), "warm-up");
       must(pg.Barrier()->Wait(), "barrier");
       auto t0 = Clock::now();
@@ -162,7 +172,7 @@ int Worker() {
       double it_d =
           std::clamp(absl::GetFlag(FLAGS_loop_seconds) / std::max(one, 1e-7), 3.0, 5000.0);
       int64_t iters = static_cast<int64_t>(it_d);
-      must(pg.Broadcast(&iters, 1, DataType::kI64, 0)->Wait(), "broadcast");
+      must(pg.AllReduce(&iters, 1, DataType::kI64, ReduceOp::kMax)->Wait(), "all_reduce of iters");
       std::vector<double> reps;
       double cpu_us = -CpuMicros();
       for (int k = 0; k < 3; ++k) {
@@ -242,6 +252,9 @@ absl::Status RunEmber(const char* self, int n, absl::string_view tr,
     pid_t pid = fork();
     if (pid == 0) {
       if (tr == "tcp") setenv(ember::comm::kEnvDisableShm, "1", 1);
+      // Like for like with Gloo: the kernel's congestion control (the namespace's), not CUBIC
+      // set per socket (tcp.cc), so both TCP sides run the same one.
+      setenv(ember::comm::kEnvTcpCongestion, "system", 1);
       std::vector<std::string> a;
       if (AcrossHosts()) {  // rank r in namespace r, as host r (validated by Orchestrate)
         setenv(ember::comm::kEnvHost, NetnsList(FLAGS_netns_hosts)[r].c_str(), 1);
@@ -317,6 +330,31 @@ std::string SizeName(int64_t b) {
   return b >= (1 << 20) ? absl::StrCat(b >> 20, "MiB") : absl::StrCat(b >> 10, "KiB");
 }
 
+// The kernel's TCP congestion control where the ranks run: this namespace's, or (--netns) each
+// rank namespace's, comma-joined when they differ; "unknown" where it cannot be read.
+std::string CongestionControl() {
+  const std::string path = "/proc/sys/net/ipv4/tcp_congestion_control";
+  std::vector<std::string> seen;
+  auto add = [&](std::string v) {
+    v = std::string(absl::StripAsciiWhitespace(v));
+    if (v.empty()) v = "unknown";
+    if (std::find(seen.begin(), seen.end(), v) == seen.end()) seen.push_back(v);
+  };
+  if (AcrossHosts()) {
+    for (const std::string& ns : NetnsList(FLAGS_netns)) {
+      std::string out;
+      Run(absl::StrCat("ip netns exec ", ns, " cat ", path, " 2>/dev/null"), &out);
+      add(out);
+    }
+  } else {
+    std::ifstream f(path);
+    std::string v;
+    std::getline(f, v);
+    add(v);
+  }
+  return absl::StrJoin(seen, ",");
+}
+
 int Orchestrate(int argc, char** argv, const char* self) {
   bench::Report report(AcrossHosts() ? "comm_veth_bench" : "comm_bench", argc, argv);
   if (AcrossHosts()) {
@@ -377,7 +415,9 @@ int Orchestrate(int argc, char** argv, const char* self) {
       }
       if (peers.find("gloo") != std::string::npos) {
         std::string out;
-        const std::string peer = absl::StrCat(absl::GetFlag(FLAGS_python), " ",
+        const std::string peer = absl::StrCat("env COMM_BENCH_LOOP_SECONDS=",
+                                              absl::GetFlag(FLAGS_loop_seconds), " ",
+                                              absl::GetFlag(FLAGS_python), " ",
                                               absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n,
                                               " ", sizes_csv, " ", absl::GetFlag(FLAGS_ops));
         int st = Run(AcrossHosts() ? GlooAcrossHosts(peer, n, 29600 + 10 * round, err)
@@ -398,7 +438,8 @@ int Orchestrate(int argc, char** argv, const char* self) {
         int st = Run(absl::StrCat("timeout 300 mpirun --allow-run-as-root --oversubscribe -np ", n,
                                   " --mca btl self,vader ", mpi_bin, " ",
                                   absl::GetFlag(FLAGS_max_bytes), " ",
-                                  absl::GetFlag(FLAGS_min_bytes), " 2>", err),
+                                  absl::GetFlag(FLAGS_min_bytes), " ",
+                                  absl::GetFlag(FLAGS_loop_seconds), " 2>", err),
                      &out);
         std::string tail = ReadTail(err);
         if (st != 0) {
@@ -433,6 +474,12 @@ int Orchestrate(int argc, char** argv, const char* self) {
   };
   report.SetMeta("rounds", json::Value::Int(rounds));
   report.SetMeta("dtype", json::Value::Str("f32"));
+  const std::string cc = CongestionControl();
+  report.SetMeta("tcp_congestion_control", json::Value::Str(cc));
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  const std::string loops = absl::StrCat(
+      "loop lengths on both: 2 warm-up calls, iterations = clamp(", absl::GetFlag(FLAGS_loop_seconds),
+      " s / one probe call, 3, 5000), the MAX over ranks, median of 3 timed loops");
   const std::vector<std::string> impls =
       AcrossHosts() ? std::vector<std::string>{"ember-tcp", "gloo"}
                     : std::vector<std::string>{"ember-shm", "ember-tcp", "mpi", "gloo"};
@@ -465,6 +512,13 @@ int Orchestrate(int argc, char** argv, const char* self) {
                                    "side's busbw is at most about size x cores / cpu"
                                  : "; ember-shm and mpi (vader) use shared memory, ember-tcp and "
                                    "gloo TCP loopback"));
+      t.AddNote(absl::StrCat("every side: ", loops, "; TCP congestion control ", cc, " (the "
+                             "kernel's default; ember's ranks run with "
+                             "EMBER_COMM_TCP_CONGESTION=system, so they do not set CUBIC)",
+                             n > cores ? absl::StrCat("; ", n, " ranks on ", cores, " cores: "
+                                                      "oversubscribed on every side, targets "
+                                                      "informational")
+                                       : ""));
       if (op == "reduce_scatter") {
         t.AddNote("torch's Gloo has no reduce_scatter: its columns are an all_reduce of the full "
                   "buffer (about twice the traffic), a reference only, never a target");
@@ -508,7 +562,27 @@ int Orchestrate(int argc, char** argv, const char* self) {
   }
 
   // Targets (issues 3 and 11), like for like: shm vs Open MPI (shared memory both), TCP vs Gloo
-  // (TCP both, no reduce_scatter: Gloo has none).
+  // (TCP both, no reduce_scatter: Gloo has none). What both sides ran is in each note.
+  // Cells with more ranks than cores: every side is oversubscribed, the peer too.
+  auto informational = [&](int n) -> std::string {
+    if (n <= cores) return "";
+    return absl::StrCat("informational: ", n, " ranks on ", cores, " cores, every side "
+                        "oversubscribed (the peer too: mpirun --oversubscribe, gloo ranks as "
+                        "processes), so it measures the scheduler as much as the transport; ");
+  };
+  auto tcp_note = [&](int n) {
+    return absl::StrCat(informational(n), "compared: ",
+                        AcrossHosts() ? "TCP over veth (one rank per network namespace)"
+                                      : "TCP loopback",
+                        " on both; ", n, " rank processes on both; congestion control ", cc,
+                        " on both (the kernel's default", AcrossHosts() ? " in each namespace" : "",
+                        "; ember's ranks run with EMBER_COMM_TCP_CONGESTION=system); gloo 1 "
+                        "OpenMP thread per rank; ", loops);
+  };
+  auto shm_note = [&](int n) {
+    return absl::StrCat(informational(n), "compared: shared memory on both (ember shm, Open MPI "
+                        "vader); ", n, " rank processes on both; ", loops);
+  };
   auto reason = [&](const char* peer, int n) {
     auto e = peer_error.find({peer, n});
     return e != peer_error.end() ? e->second
@@ -522,16 +596,14 @@ int Orchestrate(int argc, char** argv, const char* self) {
         if (auto shm = bus("ember-shm", op, n, b)) {
           report.AddTarget(bench::Target::VsPeer(cell + " shm vs mpi", *shm, bus("mpi", op, n, b),
                                                  1.0, bench::kHigherIsBetter, "GB/s",
-                                                 reason("mpi", n), "shared memory on both"));
+                                                 reason("mpi", n), shm_note(n)));
         }
         if (op == "reduce_scatter") continue;
         if (auto tcp = bus("ember-tcp", op, n, b)) {
           report.AddTarget(bench::Target::VsPeer(cell + " tcp vs gloo", *tcp,
                                                  bus("gloo", op, n, b), 2.0,
                                                  bench::kHigherIsBetter, "GB/s",
-                                                 reason("gloo", n),
-                                                 AcrossHosts() ? "TCP over veth on both"
-                                                               : "TCP loopback on both"));
+                                                 reason("gloo", n), tcp_note(n)));
         }
       }
     }
@@ -539,7 +611,7 @@ int Orchestrate(int argc, char** argv, const char* self) {
       report.AddTarget(bench::Target::VsPeer(
           absl::StrCat("all_reduce 4KiB latency ", n, "r shm vs mpi"), *lat,
           us("mpi", "all_reduce", n, 4096), 3.0, bench::kLowerIsBetter, "us", reason("mpi", n),
-          "shared memory on both"));
+          shm_note(n)));
     }
   }
   return report.Finish();

@@ -4,7 +4,9 @@
 // attempt n+1 is placed on the same ranks and devices here, SpawnAttempt hands each its final
 // environment and argv through a "go" file instead of forking: a restart skips the interpreter
 // start and the imports (seconds per rank on a busy machine). A standby that is not used (the job
-// ended, or attempt n+1 went elsewhere) is killed. Control thread only (daemon_impl.h).
+// ended, or attempt n+1 went elsewhere) is killed. Once its imports are done a standby creates
+// the empty file <job dir>/.ember/standby-ready-<attempt>-rank-<rank> (ReadyPath), so a benchmark
+// or an operator can see that a restart now finds it warm. Control thread only (daemon_impl.h).
 #include <signal.h>
 #include <unistd.h>
 
@@ -27,11 +29,17 @@ constexpr absl::Duration kStandbyDelay = absl::Seconds(3);
 constexpr char kShim[] = R"PY(# Written by emberd (runtime/daemon/standby.cc): a warm standby rank.
 import json, os, sys, time
 go, preload = sys.argv[1], sys.argv[2]
+ready = sys.argv[3] if len(sys.argv) > 3 else ""
 for m in filter(None, preload.split(",")):
     try:
         __import__(m)
     except Exception as e:
         print(f"ember standby: preloading {m} failed: {e}", file=sys.stderr, flush=True)
+if ready:
+    try:
+        open(ready, "w").close()
+    except OSError as e:
+        print(f"ember standby: cannot write {ready}: {e}", file=sys.stderr, flush=True)
 while not os.path.exists(go):
     time.sleep(0.005)
 with open(go) as f:
@@ -40,13 +48,18 @@ os.environ.update(d["env"])
 print(d["header"], flush=True)
 sys.argv = d["argv"]
 sys.path[0] = os.path.dirname(os.path.abspath(sys.argv[0]))
-del go, preload, d, f, m, json, time
+del go, preload, ready, d, f, m, json, time
 import runpy
 runpy.run_path(sys.argv[0], run_name="__main__")
 )PY";
 
 std::string GoPath(const std::string& dir, int attempt, int rank) {
   return absl::StrCat(dir, "/.ember/go-", attempt, "-rank-", rank, ".json");
+}
+
+// Created (empty) by the standby once its preloads are imported.
+std::string ReadyPath(const std::string& dir, int attempt, int rank) {
+  return absl::StrCat(dir, "/.ember/standby-ready-", attempt, "-rank-", rank);
 }
 
 }  // namespace
@@ -109,7 +122,7 @@ void Daemon::Impl::MaybeStartStandby(const Job& job, const LocalAttempt& a) {
                              " (preloading ", absl::StrJoin(preload, ","), ") ===");
     ScriptSpawnOptions(job, *mine, launch, we, &so);
     so.argv = {job.spec().worker().python(), "-u", shim, GoPath(dir, sb.attempt, lw.rank),
-               absl::StrJoin(preload, ",")};
+               absl::StrJoin(preload, ","), ReadyPath(dir, sb.attempt, lw.rank)};
     auto pid = SpawnWorker(so);
     if (!pid.ok()) {
       spdlog::warn("job {}: no warm standby for rank {}: {}", a.job, lw.rank,

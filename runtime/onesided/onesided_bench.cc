@@ -10,6 +10,14 @@
 // of one size back to back and waits for all (puts end with a Notify, whose flush makes them
 // remotely complete, as ucx_perftest's flush does). Latency: half the round trip of a Notify answered
 // by a Notify. ucx_perftest reports MB/s with MB = 2^20 bytes: MiB/s here too.
+//
+// Threads per side (like for like): ucx_perftest runs one thread per process (-T 1). Our agent
+// copies a transfer of at least --parallel_copy_min_bytes to mapped peer memory with two threads
+// (the caller and a helper). So where that applies (a transport without tcp in UCX_TLS) rank 0
+// also runs a second agent ("rank0_1t", parallel_copy_min_bytes = 0: UCX's own copy, one thread)
+// against the same target, and the bandwidth targets compare that one-thread figure with
+// ucx_perftest's; the two-thread figures appear in the table only. Over TCP our copies are one
+// thread anyway.
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -21,6 +29,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -74,6 +83,7 @@ ABSL_FLAG(bool, gets, true, "measure gets too (false: puts only, e.g. to profile
 ABSL_FLAG(bool, puts, true, "measure puts too (false: gets only, e.g. to profile the get path)");
 ABSL_FLAG(std::string, perftest, "/usr/bin/ucx_perftest", "ucx_perftest binary");
 ABSL_FLAG(std::string, role, "", "internal: target");
+ABSL_FLAG(bool, one_thread_agent, false, "internal: the target also serves rank0_1t");
 ABSL_FLAG(std::string, store, "", "internal");
 ABSL_FLAG(std::string, prefix, "bench/", "internal");
 
@@ -119,6 +129,8 @@ int RunTarget() {
   auto reg = Buffer(agent->get(), absl::GetFlag(FLAGS_max_bytes), &heap);
   auto conn = (*agent)->Connect("rank0");
   if (!reg.ok() || !conn.ok() || !s.Set("desc/1", reg->descriptor).ok()) return 1;
+  // Rank 0's one-thread agent (threads like ucx_perftest's): it only puts, gets and flushes.
+  if (absl::GetFlag(FLAGS_one_thread_agent) && !(*agent)->Connect("rank0_1t").ok()) return 1;
   std::unique_ptr<comm::ProcessGroup> pg;
   if (absl::GetFlag(FLAGS_vs_comm)) {
     auto g = CommGroup(s, 1);
@@ -306,6 +318,12 @@ struct Settings {
   int rounds = 1, lat_iters = 1;
 };
 
+// Where our agent would copy with two threads (parallel_copy_min_bytes, mapped peer memory: a
+// transport without tcp), the bandwidth targets use a second, one-thread agent.
+bool OneThreadAgentApplies(const std::string& tls) {
+  return absl::GetFlag(FLAGS_parallel_copy_min_bytes) > 0 && tls.find("tcp") == std::string::npos;
+}
+
 // Measures one transport configuration (`tls`, "" = UCX's choice): a fresh target process and
 // agent (UCX reads UCX_TLS when it starts), then tables and targets named after the transport.
 absl::Status MeasureTransport(bench::Report& report, const std::string& store_addr,
@@ -326,7 +344,8 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
         absl::StrCat("--max_bytes=", cfg.max_bytes),
         absl::StrCat("--detect_peer_failure=", absl::GetFlag(FLAGS_detect_peer_failure)),
         absl::StrCat("--vs_comm=", absl::GetFlag(FLAGS_vs_comm)), "--tls=" + tls,
-        absl::StrCat("--ucx_memory=", absl::GetFlag(FLAGS_ucx_memory))};
+        absl::StrCat("--ucx_memory=", absl::GetFlag(FLAGS_ucx_memory)),
+        absl::StrCat("--one_thread_agent=", OneThreadAgentApplies(tls))};
     std::vector<char*> av;
     for (auto& x : a) av.push_back(x.data());
     av.push_back(nullptr);
@@ -347,6 +366,22 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   ASSIGN_OR_RETURN(std::string desc, s.Get("desc/1", {.wait = true, .timeout = kTimeout}));
   ASSIGN_OR_RETURN(RemoteRegion remote, conn->ImportRegion(desc));
   Ours o{agent.get(), conn, remote, reg};
+  // The one-thread agent (see the file comment): UCX copies on one core, as in ucx_perftest.
+  std::unique_ptr<Agent> agent1;
+  std::vector<char> heap1;
+  std::optional<Ours> o1;
+  if (OneThreadAgentApplies(tls)) {
+    ASSIGN_OR_RETURN(agent1, Agent::Create({.store = &s, .name = "rank0_1t", .rank = 0,
+                                            .detect_peer_failure =
+                                                absl::GetFlag(FLAGS_detect_peer_failure),
+                                            .parallel_copy_min_bytes = 0,
+                                            .put_over_am = absl::GetFlag(FLAGS_put_over_am)}));
+    ASSIGN_OR_RETURN(Registration reg1, Buffer(agent1.get(), cfg.max_bytes, &heap1));
+    ASSIGN_OR_RETURN(Connection* conn1, agent1->Connect("rank1"));
+    ASSIGN_OR_RETURN(RemoteRegion remote1, conn1->ImportRegion(desc));
+    o1 = Ours{agent1.get(), conn1, remote1, reg1};
+  }
+  const int64_t two_threads_from = absl::GetFlag(FLAGS_parallel_copy_min_bytes);
   std::unique_ptr<comm::ProcessGroup> pg;
   if (absl::GetFlag(FLAGS_vs_comm)) {
     ASSIGN_OR_RETURN(pg, CommGroup(s, 0));
@@ -359,8 +394,11 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   const size_t P = sizes.size();
   // samples[kind][size]: kind 0 ours put, 1 perftest put, 2 ours get, 3 perftest get (overall
   // bandwidth), 4 memcpy; kind + 5 for kinds 0-3: the typical bandwidth (median transfer).
-  constexpr int kTypical = 5;
-  std::vector<std::vector<std::vector<double>>> samples(9, std::vector<std::vector<double>>(P));
+  // Kinds 9-12: the one-thread agent's put, get (overall), put, get (typical), measured where the
+  // default agent copies with two threads (size >= two_threads_from).
+  constexpr int kTypical = 5, kOne = 9;
+  std::vector<std::vector<std::vector<double>>> samples(13, std::vector<std::vector<double>>(P));
+  auto two_threads = [&](size_t i) { return o1.has_value() && sizes[i] >= two_threads_from; };
   std::string peer_error;
   if (absl::GetFlag(FLAGS_no_peer)) peer_error = "skipped (--no_peer)";
   bench::LoadAverage load0 = bench::ReadLoadAverage();
@@ -376,6 +414,11 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
           ASSIGN_OR_RETURN(Bandwidth bw, OursBandwidth(o, kind == 0, sizes[i], iters));
           v = bw.overall;
           samples[kind + kTypical][i].push_back(bw.typical);
+          if (two_threads(i)) {
+            ASSIGN_OR_RETURN(Bandwidth b1, OursBandwidth(*o1, kind == 0, sizes[i], iters));
+            samples[kOne + kind / 2][i].push_back(b1.overall);
+            samples[kOne + 2 + kind / 2][i].push_back(b1.typical);
+          }
         } else if (kind == 4) {
           v = Memcpy(sizes[i], iters, a, b);
         } else {
@@ -408,13 +451,35 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   bench::Table& t = report.AddTable(
       absl::StrCat("bandwidth, 2 processes, UCX_TLS=", tls_name, " (MiB/s, median of ", cfg.rounds, ")"),
       {"bytes", "ember put", "perftest ucp_put_bw", "ember get", "perftest ucp_get", "memcpy 1 thread",
-       "ember put typ", "perftest put typ", "ember get typ", "perftest get typ"});
+       "ember put typ", "perftest put typ", "ember get typ", "perftest get typ",
+       "ember put 2 threads", "ember get 2 threads", "ember put typ 2 threads",
+       "ember get typ 2 threads"});
+  // Ours with one copying thread (ucx_perftest's count): kinds 0, 2 (overall), 5, 7 (typical);
+  // from the one-thread agent where the default one copies with two.
+  auto one = [&](int kind, size_t i) {
+    if (!two_threads(i)) return med(kind, i);
+    return med(kind == 0 ? kOne : kind == 2 ? kOne + 1 : kind == 5 ? kOne + 2 : kOne + 3, i);
+  };
+  auto two = [&](int kind, size_t i) -> std::optional<double> {
+    return two_threads(i) ? med(kind, i) : std::nullopt;
+  };
   for (size_t i = 0; i < P; ++i) {
-    t.AddRow({sizes[i], bench::Cell(med(0, i)), bench::Cell(med(1, i)), bench::Cell(med(2, i)),
-              bench::Cell(med(3, i)), bench::Cell(med(4, i)), bench::Cell(med(5, i)),
-              bench::Cell(med(6, i)), bench::Cell(med(7, i)), bench::Cell(med(8, i))});
+    t.AddRow({sizes[i], bench::Cell(one(0, i)), bench::Cell(med(1, i)), bench::Cell(one(2, i)),
+              bench::Cell(med(3, i)), bench::Cell(med(4, i)), bench::Cell(one(5, i)),
+              bench::Cell(med(6, i)), bench::Cell(one(7, i)), bench::Cell(med(8, i)),
+              bench::Cell(two(0, i)), bench::Cell(two(2, i)), bench::Cell(two(5, i)),
+              bench::Cell(two(7, i))});
   }
   t.SetLoad(load0, load1);
+  const std::string threads =
+      o1.has_value()
+          ? absl::StrCat("threads per side: 1 on both (ucx_perftest -T 1; ours: an agent with "
+                         "parallel copy off, UCX copying on the calling thread); the default agent "
+                         "copies transfers of at least ", two_threads_from, " bytes with 2 threads "
+                         "(caller + helper): its figures are the '2 threads' columns, no target")
+          : "threads per side: 1 on both (ucx_perftest -T 1; ours: UCX's copy on the calling "
+            "thread, parallel copy does not apply here)";
+  t.AddNote(threads);
   t.AddNote("overall: ember: back-to-back Put/Get Works of one size, then Wait on all (puts end with "
             "a Notify, whose endpoint flush makes them remotely complete); perftest: its overall "
             "bandwidth (its own window of 32 and flush; ucp_put_bw's figure x (n+1)/n: it moves "
@@ -428,16 +493,20 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
       if (!absl::GetFlag(put ? FLAGS_puts : FLAGS_gets)) continue;
       const int ours = put ? 0 : 2, peer = put ? 1 : 3;
       const std::string name = absl::StrCat(put ? "put" : "get", "_bw_", SizeName(sizes[i]), suffix);
-      const std::string note =
-          absl::StrCat("UCX_TLS=", tls_name, "; memcpy ", static_cast<int64_t>(*med(4, i)), " MiB/s");
+      const std::string note = absl::StrCat(
+          "compared: UCX_TLS=", tls_name, " on both; 2 processes on one host; 1 thread per side "
+          "(ucx_perftest -T 1; ours ",
+          two_threads(i) ? "from an agent with parallel copy off" : "copying on the calling thread",
+          "); the same transfer size and count (", sizes[i], " bytes) on both; memcpy ",
+          static_cast<int64_t>(*med(4, i)), " MiB/s");
       if (tls.empty()) {
         report.AddTarget(bench::Target::VsPeer(
-            absl::StrCat(name, "_vs_ucx_perftest"), *med(ours + kTypical, i), med(peer + kTypical, i),
+            absl::StrCat(name, "_vs_ucx_perftest"), *one(ours + kTypical, i), med(peer + kTypical, i),
             0.9, bench::kHigherIsBetter, "MiB/s", peer_error,
             absl::StrCat(note, "; typical: bytes / median transfer time")));
       }
       report.AddTarget(bench::Target::VsPeer(
-          absl::StrCat(name, "_overall_vs_ucx_perftest"), *med(ours, i), med(peer, i), 0.9,
+          absl::StrCat(name, "_overall_vs_ucx_perftest"), *one(ours, i), med(peer, i), 0.9,
           bench::kHigherIsBetter, "MiB/s", peer_error,
           absl::StrCat(note, "; overall: total bytes / total time")));
     }
@@ -480,11 +549,16 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
   report.AddTarget(bench::Target::VsPeer(absl::StrCat("notify_latency_8B", suffix, "_vs_ucp_am_lat"),
                                          bench::Median(ours_p50), med_or_none(peer_p50), 2.0,
                                          bench::kLowerIsBetter, "us", lat_error,
-                                         absl::StrCat("UCX_TLS=", tls_name, "; medians")));
+                                         absl::StrCat("compared: UCX_TLS=", tls_name, " on both; ",
+                                                      cfg.lat_iters * 10, " round trips per sample "
+                                                      "on both; one waiting thread per side; "
+                                                      "medians")));
   report.AddTarget(bench::Target::VsPeer(
       absl::StrCat("notify_latency_8B_mean", suffix, "_vs_ucp_am_lat"), bench::Median(ours_mean),
       med_or_none(peer_mean), 2.0, bench::kLowerIsBetter, "us", lat_error,
-      absl::StrCat("UCX_TLS=", tls_name, "; means (total time / iterations)")));
+      absl::StrCat("compared: UCX_TLS=", tls_name, " on both; ", cfg.lat_iters * 10,
+                   " round trips per sample on both; one waiting thread per side; means (total "
+                   "time / iterations)")));
   if (pg != nullptr) {
     RETURN_IF_ERROR(bench_comm::Measure(
         report, {agent.get(), conn, remote, reg, pg.get()},
@@ -492,6 +566,7 @@ absl::Status MeasureTransport(bench::Report& report, const std::string& store_ad
          .bytes_per_sample = tls.empty() ? cfg.per_sample : cfg.per_sample / 8,
          .lat_iters = cfg.lat_iters}));
   }
+  agent1.reset();
   agent->Notify(conn, "done").Wait(kTimeout).IgnoreError();
   agent.reset();
   Reap(target, absl::Seconds(10));

@@ -63,10 +63,10 @@ def child_barrier(port, world, ready_w, go_r, out_path, key):
     t0 = ns()
     store = dist.TCPStore("127.0.0.1", port, None, False, timedelta(seconds=120))
     t1 = ns()
-    store.add(f"{key}/arrived", 1)
-    store.wait([f"{key}/arrived"])
-    # TCPStore-style barrier: the last arrival sets the done key, everyone waits for it.
-    if int(store.add(f"{key}/arrived", 0)) == world:
+    # The same barrier as Ember's Client::Barrier, in 2 round trips: add (its answer is the
+    # arrival count), then wait on the done key, which the last arrival sets first (TCPStore's set
+    # awaits no reply).
+    if int(store.add(f"{key}/arrived", 1)) == world:
         store.set(f"{key}/done", "1")
     store.wait([f"{key}/done"])
     t2 = ns()

@@ -8,6 +8,10 @@ processes on loopback (Debian's torch 1.13, gloo). Run by script_*_test.sh under
     restart  kill -9 of rank 2 mid-run: attempt 1 runs with TORCHELASTIC_RESTART_COUNT=1, resumes
              from the script's own checkpoint, ends SUCCEEDED, and its losses equal a one-process
              simulation of the same DDP run; attempt 0's store is unreachable and invisible
+    standby  while attempt 0 trains, each rank's warm standby for attempt 1 reports ready (the
+             file <job dir>/.ember/standby-ready-1-rank-<r>, once torch is imported; what
+             script_bench waits for before its kill); after a kill -9 of rank 2 attempt 1 runs in
+             those standbys (their log header) and trains on
     hang     rank 1 stops in step 3 (never joins the all-reduce): the job FAILS after the
              script's gloo timeout, naming the first rank that timed out and its last log lines
     root     (as root only) a script job without --allow-root-scripts is refused naming it
@@ -161,6 +165,62 @@ def mode_restart():
           f"{iso['socket_connect']}, torch's client: {iso['stale_connect'][:60]}")
 
 
+def mode_standby():
+    out = f"{TMP}/ember"
+    # Long enough that attempt 0 is still training when the standbys (started 3 s into it, then
+    # importing torch) are ready; the test stops the job once attempt 1 has trained a step.
+    p = ember(out, ["--steps", "1000", "--step-sleep", "0.1"], extra=["--max-restarts", "1"],
+              wait=False)
+    deadline = time.time() + 150
+    job = None
+    while time.time() < deadline:
+        if p.poll() is not None:
+            fail(f"emberctl ended early (rc {p.returncode}): {p.stdout.read()[-3000:]}")
+        if job is None and os.path.exists(f"{out}/env-rank-0-attempt-0.json"):
+            job = json.load(open(f"{out}/env-rank-0-attempt-0.json"))["TORCHELASTIC_RUN_ID"]
+        ready = sorted(os.listdir(f"{TMP}/jobs/{job}/.ember")) if job and \
+            os.path.isdir(f"{TMP}/jobs/{job}/.ember") else []
+        ready = [n for n in ready if n.startswith("standby-ready-1-rank-")]
+        if len(ready) == 4:
+            break
+        time.sleep(0.05)
+    else:
+        fail(f"the 4 warm standbys for attempt 1 did not report ready within 150 s (job {job}; "
+             f"markers {ready})")
+    if sorted(ready) != [f"standby-ready-1-rank-{r}" for r in range(4)]:
+        fail(f"ready markers {ready}")
+    if any(a != 0 for a, _ in losses(out).values()):
+        fail("attempt 0 ended before the standbys were ready")
+    shim = f"{TMP}/jobs/{job}/.ember/standby.py"
+    standby_pids = set()
+    for d in os.listdir("/proc"):
+        try:
+            if d.isdigit() and shim in open(f"/proc/{d}/cmdline", "rb").read().decode(errors="replace"):
+                standby_pids.add(int(d))
+        except OSError:
+            pass
+    print(f"standbys ready: {ready}, pids {sorted(standby_pids)}")
+    pid = json.load(open(f"{out}/env-rank-2-attempt-0.json"))["pid"]
+    os.kill(pid, signal.SIGKILL)
+    t_kill = time.time()
+    while time.time() < t_kill + 90:
+        if any(a == 1 for a, _ in losses(out).values()):
+            break
+        if p.poll() is not None:
+            fail(f"emberctl ended (rc {p.returncode}) before attempt 1 trained: "
+                 f"{p.stdout.read()[-3000:]}")
+        time.sleep(0.05)
+    else:
+        fail("attempt 1 trained no step within 90 s of the kill")
+    took = time.time() - t_kill
+    pids1 = {json.load(open(f"{out}/env-rank-{r}-attempt-1.json"))["pid"] for r in range(4)}
+    if not pids1 <= standby_pids:
+        fail(f"attempt 1's ranks {sorted(pids1)} are not the ready standbys {sorted(standby_pids)}")
+    p.kill()
+    print(f"PASS: 4 standbys ready before the kill; attempt 1 ran in them (pids) and trained "
+          f"{took:.1f} s after it")
+
+
 def mode_hang():
     out = f"{TMP}/ember"
     t0 = time.time()
@@ -221,7 +281,8 @@ def mode_root():
 
 
 try:
-    {"ddp": mode_ddp, "restart": mode_restart, "hang": mode_hang, "root": mode_root}[MODE]()
+    {"ddp": mode_ddp, "restart": mode_restart, "standby": mode_standby, "hang": mode_hang,
+     "root": mode_root}[MODE]()
 finally:
     for p in procs:
         if p.poll() is None:

@@ -13,6 +13,10 @@
 # timing of one call, so ranks ran different numbers of collectives and deadlocked (one rank in
 # all_reduce, the other in barrier) from the first size where their timings differed. The
 # iteration count is now agreed on (MAX over ranks) before each timed loop.
+#
+# Loop lengths, the same rule as comm_bench's own ranks and mpi_peer.c: 2 warm-up calls, one probe
+# call after a barrier, iterations = clamp(COMM_BENCH_LOOP_SECONDS (comm_bench's --loop_seconds,
+# default 0.15) / probe, 3, 5000), the MAX over ranks, then 3 timed loops.
 import os, sys, time, tempfile, datetime
 # Before importing torch: one OpenMP thread per rank (2 shared cores), loopback only.
 os.environ["OMP_NUM_THREADS"] = "1"
@@ -21,6 +25,8 @@ os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+LOOP_SECONDS = float(os.environ.get("COMM_BENCH_LOOP_SECONDS", "0.15"))
 
 
 def worker(rank, n, init, sizes, ops, out):
@@ -48,7 +54,8 @@ def worker(rank, n, init, sizes, ops, out):
                 fn()
             dist.barrier()
             t = time.perf_counter(); fn(); one = time.perf_counter() - t
-            it = torch.tensor([max(3, min(200, int(0.15 / max(one, 1e-6))))], dtype=torch.int64)
+            it = torch.tensor([max(3, min(5000, int(LOOP_SECONDS / max(one, 1e-7))))],
+                              dtype=torch.int64)
             dist.all_reduce(it, op=dist.ReduceOp.MAX)  # every rank must run the same count
             iters = int(it.item())
             reps = []

@@ -1,5 +1,8 @@
 /* Open MPI peer for comm_bench (compiled at bench time with mpicc; run with mpirun).
- * Prints lines "mpi <op> <nranks> <bytes> <time_us>" (median of 3 timed loops, max over ranks). */
+ *   mpi_peer MAX_BYTES MIN_BYTES [LOOP_SECONDS]
+ * Prints lines "mpi <op> <nranks> <bytes> <time_us>" (median of 3 timed loops, max over ranks).
+ * Loop lengths as comm_bench's own ranks and gloo_peer.py: 2 warm-up calls, one probe call after a
+ * barrier, iterations = clamp(LOOP_SECONDS (default 0.15) / probe, 3, 5000), the MAX over ranks. */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,31 +20,32 @@ int main(int argc, char** argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &n);
   const char* ops[] = {"all_reduce", "all_gather", "reduce_scatter"};
   long max = atol(argv[1]);
+  const double loop_seconds = argc > 3 ? atof(argv[3]) : 0.15;
   float* a = malloc(max);
   float* b = malloc(max);
   for (long i = 0; i < max / 4; ++i) a[i] = 1.0f;
   for (int o = 0; o < 3; ++o) {
     for (long size = atol(argv[2]); size <= max; size *= 4) {
       int count = (int)(size / 4);
-      for (int rep = -3; rep < 4; ++rep) {}
       double reps[3];
       int iters = 3;
-      for (int k = -1; k < 3; ++k) {
+      /* k = -2: 2 warm-up calls; k = -1: the probe (1 call); k = 0..2: the timed loops. */
+      for (int k = -2; k < 3; ++k) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t = MPI_Wtime();
-        int it = k < 0 ? 2 : iters;
+        int it = k == -2 ? 2 : k == -1 ? 1 : iters;
         for (int i = 0; i < it; ++i) {
           if (o == 0) MPI_Allreduce(a, b, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
           else if (o == 1) MPI_Allgather(a, count / n, MPI_FLOAT, b, count / n, MPI_FLOAT, MPI_COMM_WORLD);
           else MPI_Reduce_scatter_block(a, b, count / n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
         }
         double dt = (MPI_Wtime() - t) / it;
-        if (k < 0) {
-          iters = (int)(0.15 / (dt > 1e-7 ? dt : 1e-7));
-          if (iters < 3) iters = 3;
-          if (iters > 5000) iters = 5000;
-          MPI_Bcast(&iters, 1, MPI_INT, 0, MPI_COMM_WORLD);
-        } else {
+        if (k == -1) {
+          int mine = (int)(loop_seconds / (dt > 1e-7 ? dt : 1e-7));
+          if (mine < 3) mine = 3;
+          if (mine > 5000) mine = 5000;
+          MPI_Allreduce(&mine, &iters, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        } else if (k >= 0) {
           reps[k] = dt;
         }
       }
