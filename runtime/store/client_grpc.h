@@ -30,7 +30,8 @@ std::unique_ptr<v1::Store::Stub> NewStub(const ClientOptions& options,
 grpc::Status QueryInfo(v1::Store::Stub* stub, const ClientOptions& options,
                        grpc::ClientContext* ctx, v1::InfoResponse* info);
 
-// One Session stream. Created started (a read posted); deletes itself after OnStreamDone.
+// One Session stream. Created started (a read posted); deletes itself after OnStreamDone, then
+// tells the owner (OnStreamReleased).
 class SessionStream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::ResponseBatch> {
  public:
   // What the stream reports, on gRPC threads, to its owner.
