@@ -63,6 +63,8 @@ class AgentImpl : public Agent {
   uint64_t refused_puts() const override { return am_server_.refused_puts(); }
   uint64_t refused_gets() const override { return am_server_.refused_gets(); }
   uint64_t peak_get_reply_bytes() const override { return am_server_.peak_reply_bytes(); }
+  void HoldGetRepliesForTest(bool hold) override { am_server_.HoldReplies(hold); }
+  size_t WaitingGetsForTest() const override { return am_server_.waiting_gets(); }
   absl::StatusOr<Connection*> Connect(absl::string_view peer) override;
   Work Put(Connection* c, const std::vector<LocalDesc>& l, const std::vector<RemoteDesc>& r,
            const TransferOptions& o) override {

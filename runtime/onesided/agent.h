@@ -212,6 +212,12 @@ class Agent {
   // The most get reply bytes this agent ever had in flight to one peer at once (at most
   // AgentOptions::max_get_reply_bytes_in_flight). For monitoring and tests.
   virtual uint64_t peak_get_reply_bytes() const = 0;
+  // Testing only (orders a race in get_flood_test): while held, peers' get requests that pass the
+  // first check wait in this agent's queues and nothing is sent for them; releasing serves them
+  // in order, each one's region checked again first (a region deregistered meanwhile is refused).
+  // WaitingGetsForTest(): the requests waiting now, over all peers.
+  virtual void HoldGetRepliesForTest(bool hold) = 0;
+  virtual size_t WaitingGetsForTest() const = 0;
 
   // Connects to `peer` through the store: publishes this worker's address under
   // <prefix>addr/<name>/<peer>/<n> and reads <prefix>addr/<peer>/<name>/<n>, where n counts this

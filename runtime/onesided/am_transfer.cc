@@ -369,6 +369,7 @@ void AmServer::Serve(ucp_ep_h ep) {
     absl::ReaderMutexLock regions_lock(mu_);
     {
       absl::MutexLock l(&queue_mu_);
+      if (hold_) return;  // HoldReplies: served when released
       auto it = peers_.find(ep);
       if (it == peers_.end()) return;
       Peer& peer = it->second;
@@ -446,6 +447,24 @@ bool AmServer::Release(ucp_ep_h ep, uint64_t bytes, ucs_status_t st) {
                  *name_, ucs_status_string(st), dropped);
   }
   return st == UCS_OK;
+}
+
+void AmServer::HoldReplies(bool hold) {
+  std::vector<ucp_ep_h> eps;
+  {
+    absl::MutexLock l(&queue_mu_);
+    hold_ = hold;
+    if (hold) return;
+    for (const auto& [ep, peer] : peers_) eps.push_back(ep);
+  }
+  for (ucp_ep_h ep : eps) Serve(ep);  // (the worker is thread-safe: UCS_THREAD_MODE_MULTI)
+}
+
+size_t AmServer::waiting_gets() const {
+  absl::MutexLock l(&queue_mu_);
+  size_t n = 0;
+  for (const auto& [ep, peer] : peers_) n += peer.waiting.size();
+  return n;
 }
 
 void AmServer::DropQueues() {

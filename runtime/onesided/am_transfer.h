@@ -151,6 +151,11 @@ class AmServer {
   uint64_t queue_full_gets() const { return queue_full_gets_.load(); }  // also in refused_gets()
   // The most reply bytes ever in flight to one peer at once (at most max_reply_bytes).
   uint64_t peak_reply_bytes() const { return peak_reply_bytes_.load(); }
+  // Testing: while held, admitted get requests wait in their queues and nothing is sent for them;
+  // releasing serves every queue, each request's region checked again first (Agent's
+  // HoldGetRepliesForTest). waiting_gets(): requests waiting now, over all peers.
+  void HoldReplies(bool hold);
+  size_t waiting_gets() const;
 
  private:
   struct Waiting {  // a get request not yet sent whole
@@ -177,7 +182,8 @@ class AmServer {
   const uint64_t max_reply_bytes_;
   const size_t max_queued_;
   std::atomic<uint64_t> refused_puts_{0}, refused_gets_{0}, queue_full_gets_{0}, peak_reply_bytes_{0};
-  absl::Mutex queue_mu_;  // after *mu_; not held while sending
+  mutable absl::Mutex queue_mu_;  // after *mu_; not held while sending
+  bool hold_ ABSL_GUARDED_BY(queue_mu_) = false;  // HoldReplies
   std::map<ucp_ep_h, Peer> peers_ ABSL_GUARDED_BY(queue_mu_);
 };
 

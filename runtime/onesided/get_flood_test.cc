@@ -5,7 +5,8 @@
 // (nothing written into their part of the getter's buffer; counted in refused_gets()), and the
 // target never had more than the limit of reply bytes in flight to the peer. The connection keeps
 // working afterwards. A get waiting there whose region is deregistered meanwhile is refused
-// (NOT_FOUND), not read. (The target serves its FIFO in order, but UCX may deliver replies of
+// (NOT_FOUND), not read: the target holds its replies (HoldGetRepliesForTest) until the region is
+// gone, so that order is forced, not hoped for. (The target serves its FIFO in order, but UCX may deliver replies of
 // consecutive gets out of order over TCP, seen here: a 1 MiB reply posted first arrived after the
 // next get's, so the getter's completion order is not checked.)
 #include <catch2/catch.hpp>
@@ -86,46 +87,54 @@ TEST_CASE("a get waiting in the target's queue is refused if its region is dereg
   unsetenv("UCX_TLS");
   REQUIRE(pair.ok());
   auto& p = *pair;
-  // Get 0 reads 64 MiB of `big`, one 1 MiB reply at a time; gets 1-4 of `small` wait behind it
-  // (or arrive after the deregistration: refused either way, never read from the region).
-  constexpr uint64_t kBig = 64 << 20, kSmall = 8192;
-  std::vector<char> big(kBig, 'b'), small(kSmall, 's'), dst(kBig + 4 * kSmall, 'z');
-  auto rb = p->b->RegisterMemory(big.data(), big.size());
+  // b holds its replies back (HoldGetRepliesForTest), so the order is forced: 4 gets of `small` and
+  // one of `kept` pass b's first check and wait in its queue; then `small` is deregistered; then b
+  // serves the queue. Its re-check must refuse the 4 (the bytes are still in memory, so a server
+  // without the re-check would send them and they would succeed), and serve `kept` byte for byte.
+  constexpr uint64_t kSmall = 8192, kKept = 3 << 20;  // kept: 3 reply chunks
+  constexpr int kRefusedGets = 4;
+  std::vector<char> small(kSmall), kept(kKept), dst(kKept + kRefusedGets * kSmall, 'z');
+  for (size_t i = 0; i < small.size(); ++i) small[i] = static_cast<char>(i * 7 + 1);
+  for (size_t i = 0; i < kept.size(); ++i) kept[i] = static_cast<char>(i * 13 + (i >> 11) + 5);
   auto rs = p->b->RegisterMemory(small.data(), small.size());
+  auto rk = p->b->RegisterMemory(kept.data(), kept.size());
   auto rd = p->a->RegisterMemory(dst.data(), dst.size());
-  REQUIRE(rb.ok());
   REQUIRE(rs.ok());
+  REQUIRE(rk.ok());
   REQUIRE(rd.ok());
-  auto remote_big = p->a_to_b->ImportRegion(rb->descriptor);
   auto remote_small = p->a_to_b->ImportRegion(rs->descriptor);
-  REQUIRE(remote_big.ok());
+  auto remote_kept = p->a_to_b->ImportRegion(rk->descriptor);
   REQUIRE(remote_small.ok());
-  Work first = p->a->Get(p->a_to_b, {{rd->id, 0, kBig}}, {{*remote_big, 0, kBig}});
+  REQUIRE(remote_kept.ok());
+  const uint64_t refused_before = p->b->refused_gets();
+
+  p->b->HoldGetRepliesForTest(true);
   std::vector<Work> waiting;
-  for (uint64_t i = 0; i < 4; ++i) {
-    waiting.push_back(p->a->Get(p->a_to_b, {{rd->id, kBig + i * kSmall, kSmall}}, {{*remote_small, 0, kSmall}}));
+  for (int i = 0; i < kRefusedGets; ++i) {
+    waiting.push_back(p->a->Get(p->a_to_b, {{rd->id, kKept + i * kSmall, kSmall}}, {{*remote_small, 0, kSmall}}));
   }
-  absl::SleepFor(absl::Milliseconds(20));  // the requests reach b's queue (64 MiB take longer)
+  Work kept_get = p->a->Get(p->a_to_b, {{rd->id, 0, kKept}}, {{*remote_kept, 0, kKept}});
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (p->b->WaitingGetsForTest() < kRefusedGets + 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  REQUIRE(p->b->WaitingGetsForTest() == kRefusedGets + 1);  // all passed the first check
+  for (const Work& w : waiting) CHECK_FALSE(w.Done());       // held: nothing answered yet
   REQUIRE(p->b->Deregister(rs->id).ok());
-  if (first.Done()) WARN("get 0 ended before the deregistration: the queue's re-check was not exercised");
-  REQUIRE(first.Wait(kTimeout).ok());
-  CHECK(std::all_of(dst.begin(), dst.begin() + kBig, [](char c) { return c == 'b'; }));
-  // A loaded machine can wake this thread late, after b already served the small gets: each one is
-  // either refused (NOT_FOUND, its slice untouched) or complete (its slice exact), never partial.
-  int refused = 0;
-  for (uint64_t i = 0; i < waiting.size(); ++i) {
+  p->b->HoldGetRepliesForTest(false);
+
+  for (int i = 0; i < kRefusedGets; ++i) {
     const absl::Status st = waiting[i].Wait(kTimeout);
-    INFO("get " << i + 1 << ": " << st.ToString());
-    const auto slice = dst.begin() + kBig + i * kSmall;
-    if (st.ok()) {
-      CHECK(std::all_of(slice, slice + kSmall, [](char c) { return c == 's'; }));
-    } else {
-      CHECK(st.code() == absl::StatusCode::kNotFound);
-      CHECK(std::all_of(slice, slice + kSmall, [](char c) { return c == 'z'; }));
-      ++refused;
-    }
+    INFO("get " << i << " of the deregistered region: " << st.ToString());
+    CHECK(st.code() == absl::StatusCode::kNotFound);
+    CHECK(absl::StrContains(st.message(), "deregistered since"));
+    const auto slice = dst.begin() + kKept + i * kSmall;
+    CHECK(std::all_of(slice, slice + kSmall, [](char c) { return c == 'z'; }));
   }
-  if (refused == 0) WARN("every small get was served before the deregistration: the re-check was not exercised");
+  REQUIRE(kept_get.Wait(kTimeout).ok());
+  CHECK(std::equal(dst.begin(), dst.begin() + kKept, kept.begin()));
+  CHECK(p->b->refused_gets() == refused_before + kRefusedGets);
+  CHECK(p->b->WaitingGetsForTest() == 0);
   CHECK(p->b->peak_get_reply_bytes() <= (1 << 20));
 }
 

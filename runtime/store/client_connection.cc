@@ -213,13 +213,17 @@ void Connection::OnStreamDone(client_internal::SessionStream* s, const grpc::Sta
   Fired fail;
   {
     absl::MutexLock l(&mu_);
-    --live_streams_;
     if (stream_ == s) {  // else DropSilent already replaced it
       stream_ = nullptr;
       Broken(static_cast<absl::StatusCode>(status.error_code()), status.error_message(), &fail);
     }
   }
   Run(&fail);
+}
+
+void Connection::OnStreamReleased() {
+  absl::MutexLock l(&mu_);
+  --live_streams_;  // ~Connection (and with it the channel) waits for this
 }
 
 // --- fast-path socket ----------------------------------------------------------------------------

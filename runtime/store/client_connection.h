@@ -97,6 +97,7 @@ class Connection : private client_internal::SessionStream::Owner {
   bool OnReadEnded(client_internal::SessionStream* s) override;
   void OnWriteDone(client_internal::SessionStream* s, bool ok) override;
   void OnStreamDone(client_internal::SessionStream* s, const grpc::Status& status) override;
+  void OnStreamReleased() override;
 
   // --- fast-path socket --------------------------------------------------------------------------
   // Sends everything queued over the fast socket. Returns false if the fast path is not connected.
@@ -149,6 +150,7 @@ class Connection : private client_internal::SessionStream::Owner {
   absl::Mutex mu_;
   client_internal::RequestQueue queue_ ABSL_GUARDED_BY(mu_);
   client_internal::SessionStream* stream_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // Streams not yet deleted (OnStreamReleased): ~Connection waits for them before the channel goes.
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   int failures_ ABSL_GUARDED_BY(mu_) = 0;
   std::string last_error_ ABSL_GUARDED_BY(mu_);

@@ -1,12 +1,14 @@
 // The store client's gRPC transport (see client_grpc.h).
 #include "runtime/store/client_grpc.h"
 
+#include <atomic>
 #include <chrono>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 namespace ember::store::client_internal {
 namespace {
@@ -134,9 +136,30 @@ void SessionStream::OnReadDone(bool ok) {
   StartRead(&in_);
 }
 
+namespace {
+std::atomic<int64_t> g_delete_delay_us{0};  // SetStreamDeleteDelayForTest
+}  // namespace
+
+void SetStreamDeleteDelayForTest(absl::Duration delay) {
+  g_delete_delay_us.store(absl::ToInt64Microseconds(delay));
+}
+
+// Runs on a gRPC callback thread: one of the "nexting" threads of gRPC 1.51's process-wide
+// callback completion queue, which exists while some channel or server uses it. Deleting the
+// stream destroys its ClientContext, and with it a std::shared_ptr<grpc::Channel>. Were that the
+// channel's last reference (the owner already gone, the servers shut down), ~Channel would release
+// the queue's last user here, and the queue's teardown joins its nexting threads, this one
+// included: the self-join fails silently (EDEADLK), the queue is freed, and this thread then polls
+// the freed queue and aborts (ref_counted.h "prior > 0" in grpc_cq_internal_unref). So the owner
+// learns the stream is gone (OnStreamReleased) only after the delete, and keeps the channel until
+// then: its last reference goes on the owner's thread.
 void SessionStream::OnDone(const grpc::Status& s) {
-  owner_->OnStreamDone(this, s);
+  Owner* const owner = owner_;
+  owner->OnStreamDone(this, s);
+  const int64_t delay_us = g_delete_delay_us.load();
+  if (delay_us > 0) absl::SleepFor(absl::Microseconds(delay_us));
   delete this;
+  owner->OnStreamReleased();
 }
 
 absl::StatusOr<std::unique_ptr<Watch>> StartWatch(

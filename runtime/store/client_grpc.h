@@ -30,7 +30,8 @@ std::unique_ptr<v1::Store::Stub> NewStub(const ClientOptions& options,
 grpc::Status QueryInfo(v1::Store::Stub* stub, const ClientOptions& options,
                        grpc::ClientContext* ctx, v1::InfoResponse* info);
 
-// One Session stream. Created started (a read posted); deletes itself after OnStreamDone.
+// One Session stream. Created started (a read posted); deletes itself after OnStreamDone, then
+// tells the owner (OnStreamReleased).
 class SessionStream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::ResponseBatch> {
  public:
   // What the stream reports, on gRPC threads, to its owner.
@@ -42,8 +43,12 @@ class SessionStream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::Respo
     // being started or in flight); otherwise the owner releases it from OnWriteDone.
     virtual bool OnReadEnded(SessionStream* s) = 0;
     virtual void OnWriteDone(SessionStream* s, bool ok) = 0;
-    // Last call; the stream is deleted when it returns.
+    // The stream ended with `status`; it is deleted when this returns.
     virtual void OnStreamDone(SessionStream* s, const grpc::Status& status) = 0;
+    // Last call, after the stream was deleted. Until then the owner must keep its channel: the
+    // stream's ClientContext holds a reference to it, and the channel's last reference must not
+    // go on a gRPC thread (see SessionStream::OnDone).
+    virtual void OnStreamReleased() = 0;
   };
 
   SessionStream(Owner* owner, v1::Store::Stub* stub, const std::string& auth_token);
@@ -66,6 +71,10 @@ class SessionStream : public grpc::ClientBidiReactor<v1::RequestBatch, v1::Respo
   grpc::ClientContext ctx_;
   v1::ResponseBatch in_;
 };
+
+// Testing only: SessionStream::OnDone sleeps `delay` between reporting the end and deleting the
+// stream (widens the window in which an owner could drop the channel before the stream does).
+void SetStreamDeleteDelayForTest(absl::Duration delay);
 
 // Starts a watch of `req` on `stub` and waits (up to `timeout`) until the server confirmed it.
 // Events go to on_event (on a gRPC thread, in order); on_end (optional) once if the stream ends

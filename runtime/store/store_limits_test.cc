@@ -95,12 +95,6 @@ bool FastHandshake(int fd, const std::string& token) {
 }
 
 std::unique_ptr<StoreServer> StartServer(StoreServerOptions o) {
-  // gRPC 1.51's shared callback completion queue (its "nexting" threads) is shut down whenever the
-  // last callback-API server or stub goes away and re-created by the next; starting a server right
-  // after that in this churn-heavy binary aborted about one run in eight (grpc_cq_internal_unref:
-  // "prior > 0"). A server kept for the life of the process keeps that queue up.
-  static StoreServer* keep_cq_alive = StoreServer::Start({.fast_path = false})->release();
-  (void)keep_cq_alive;
   o.auth_token = kToken;
   auto s = StoreServer::Start(std::move(o));
   REQUIRE(s.ok());

@@ -22,6 +22,7 @@
 #include "absl/synchronization/notification.h"
 #include "runtime/base/clock.h"
 #include "runtime/store/client.h"
+#include "runtime/store/client_grpc.h"
 #include "runtime/store/server.h"
 #include "runtime/store/store_test_backend.h"
 
@@ -441,6 +442,34 @@ TEST_CASE("Add past INT64_MAX or below INT64_MIN is OUT_OF_RANGE and leaves the 
     REQUIRE(r.status().message().find("-9223372036854775808 + -1") != std::string::npos);
     REQUIRE(*f.client->Add("d", max) == -1);  // in range: fine
   }
+}
+
+// The gRPC stream's last callback (SessionStream::OnDone, on a "nexting" thread of gRPC 1.51's
+// process-wide callback queue) deletes the stream, whose ClientContext holds a reference to the
+// channel. If the client and then the server were torn down before that delete, the channel's last
+// reference went on that thread: ~Channel released the queue's last user, the queue's teardown
+// joined its own thread (a failed self-join) and freed the queue, and the thread went on polling
+// the freed queue: SIGABRT now and then ("ref_counted.h:183 assertion failed: prior > 0"), right
+// after a fixture's teardown. The hook holds the delete back; the client's teardown must wait for
+// it (so the channel's last reference goes on this thread), and a server and client started next
+// must work. (Without the wait, the teardown returns at once and this binary aborts in some runs.)
+TEST_CASE("a gRPC-stream client's teardown waits for its stream's last callback") {
+  constexpr absl::Duration kDelay = absl::Milliseconds(500);
+  client_internal::SetStreamDeleteDelayForTest(kDelay);
+  {
+    Fixture f({}, /*transport=*/2);
+    REQUIRE(f.client->Set("k", "v").ok());
+    const absl::Time start = absl::Now();
+    f.client.reset();  // cancels the stream; returns once the stream (and its context) is deleted
+    const absl::Duration took = absl::Now() - start;
+    INFO("the client's teardown took " << absl::FormatDuration(took));
+    CHECK(took >= kDelay - absl::Milliseconds(50));
+  }  // then the server
+  client_internal::SetStreamDeleteDelayForTest(absl::ZeroDuration());
+  absl::SleepFor(kDelay + absl::Milliseconds(300));  // (an early teardown's late delete runs by now)
+  Fixture g({}, /*transport=*/2);
+  REQUIRE(g.client->Set("k", "w").ok());
+  REQUIRE(*g.client->Get("k") == "w");
 }
 
 TEST_CASE("a wrong token is rejected with UNAUTHENTICATED and changes nothing") {
