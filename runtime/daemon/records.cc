@@ -1,12 +1,13 @@
 // Job records, nodes and device claims in the store (keys.h). Called from any thread (the control
 // thread, gRPC handlers), never with Impl::mu held.
+// The store is not trusted: ids and records are checked (ParseRecord) before they steer anything.
 #include <cstring>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
