@@ -244,9 +244,17 @@ class Daemon::Impl {
   void LoadState() ABSL_LOCKS_EXCLUDED(mu);
 
   // records.cc: job records and nodes in the store (any thread, never under mu). ReadRecord
-  // returns the job and the raw bytes for compare-and-set.
+  // returns the job and the raw bytes for compare-and-set. The store is not trusted (whoever can
+  // write a key could forge a record): an id that CheckJobId refuses is INVALID_ARGUMENT before it
+  // names a key, and a record naming another id than its key's is DATA_LOSS (ParseRecord).
   absl::StatusOr<std::pair<Job, std::string>> ReadRecord(const std::string& id)
       ABSL_LOCKS_EXCLUDED(mu);
+  // Logs, once per id (at most 1024 ids), a record that Schedule or Supervise skips because
+  // ReadRecord refused it (not for a record that is merely gone or a store that did not answer).
+  void WarnRefusedRecord(const std::string& id, const absl::Status& why)
+      ABSL_LOCKS_EXCLUDED(refused_mu);
+  absl::Mutex refused_mu;
+  std::set<std::string> refused_records ABSL_GUARDED_BY(refused_mu);
   // Applies `mutate` to the record with compare-and-set, retrying on races. `mutate` returns
   // false to leave the record unchanged.
   absl::StatusOr<Job> UpdateRecord(const std::string& id, const std::function<bool(Job*)>& mutate)
@@ -281,6 +289,11 @@ std::string CommHostOf(const std::string& advertise);
 // GLOO_SOCKET_IFNAME for a script job's ranks: the interface holding `comm_host` (CommHostOf), ""
 // for loopback, "" or an address no local interface has (script_job.cc).
 std::string GlooInterfaceOf(const std::string& comm_host);
+
+// records.cc: the job record `raw` read from under key id `id`: CheckJobId(id), a parsable Job,
+// and job.id() == id (else DATA_LOSS: a forged record must not steer the daemon to another job's
+// keys or directory).
+absl::StatusOr<Job> ParseRecord(const std::string& id, const std::string& raw);
 
 // service.cc
 std::unique_ptr<grpc::Service> MakeJobsService(Daemon::Impl* d);

@@ -12,6 +12,7 @@
 #include "catch2/catch.hpp"
 #include "runtime/base/auth.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/spec_policy.h"
@@ -73,6 +74,29 @@ TEST_CASE("spec paths and upload names stay inside the job directory") {
   REQUIRE_FALSE(CheckUploadName("/etc/passwd").ok());
   REQUIRE_FALSE(CheckUploadName(".token").ok());
   REQUIRE_FALSE(CheckUploadName("a b").ok());
+  REQUIRE_FALSE(CheckUploadName("../../../x/PWNED").ok());
+  REQUIRE_FALSE(CheckUploadName("a//b").ok());
+  REQUIRE_FALSE(CheckUploadName("a/./b").ok());
+  REQUIRE_FALSE(CheckUploadName("a/").ok());
+}
+
+TEST_CASE("job ids read from the store are checked before they name a key or a directory") {
+  CHECK(CheckJobId("tiny-gpt-3f9a2c").ok());
+  CHECK(CheckJobId("a.b_c-1").ok());
+  for (const char* bad : {"", ".", "..", "../x", "a/b", ".hidden", "-x", "a b", "x\n"}) {
+    INFO(bad);
+    CHECK(absl::IsInvalidArgument(CheckJobId(bad)));
+  }
+  CHECK_FALSE(CheckJobId(std::string(129, 'a')).ok());
+  // Every key of the daemon lies in one of the key spaces a TCPStore prefix may never reach.
+  for (const std::string& k : {keys::Node("n"), keys::Alloc("n", "cpu:0"), std::string(keys::kLeader),
+                               keys::Submission("s"), keys::JobList("j"), keys::Active("j"),
+                               keys::Record("j"), keys::SpecYaml("j"), keys::Fence("j"),
+                               keys::File("j", "f"), keys::Stop("j", 1)}) {
+    INFO(k);
+    CHECK(std::any_of(std::begin(job::keys::kEmberdKeySpaces), std::end(job::keys::kEmberdKeySpaces),
+                      [&](absl::string_view sp) { return absl::StartsWith(k, sp); }));
+  }
 }
 
 TEST_CASE("a spawned worker runs in its own process group and is killed with it") {

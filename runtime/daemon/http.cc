@@ -62,9 +62,14 @@ MetricsSnapshot Daemon::Impl::TakeSnapshot() {
   if (s.leader) {
     const absl::Time t0 = absl::Now();
     absl::StatusOr<std::vector<std::string>> names = store->ListKeys("joblist/");
-    std::vector<std::string> records;
+    std::vector<std::string> ids, records;
     if (names.ok()) {
-      for (const std::string& k : *names) records.push_back(keys::Record(k.substr(k.find('/') + 1)));
+      for (const std::string& k : *names) {
+        std::string id = k.substr(k.find('/') + 1);
+        if (!CheckJobId(id).ok()) continue;  // not one emberd wrote (spec_policy.h)
+        records.push_back(keys::Record(id));
+        ids.push_back(std::move(id));
+      }
     }
     absl::StatusOr<std::vector<std::optional<std::string>>> values =
         names.ok() ? store->MultiGet(records) : names.status();
@@ -72,9 +77,10 @@ MetricsSnapshot Daemon::Impl::TakeSnapshot() {
     if (!values.ok()) {
       s.snapshot_error = values.status().ToString();
     } else {
-      for (const auto& v : *values) {
-        Job j;
-        if (v && j.ParseFromString(*v)) s.jobs.push_back(std::move(j));
+      for (size_t i = 0; i < values->size() && i < ids.size(); ++i) {
+        if (!(*values)[i]) continue;
+        auto j = ParseRecord(ids[i], *(*values)[i]);  // its id is its key's (records.cc)
+        if (j.ok()) s.jobs.push_back(std::move(*j));
       }
     }
   }

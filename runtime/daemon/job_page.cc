@@ -120,13 +120,7 @@ std::string ValidUtf8(absl::string_view s) {
 Value Str(absl::string_view s) { return Value::Str(ValidUtf8(s)); }
 Value Num(double v) { return std::isfinite(v) ? Value::Double(v) : Value(); }
 
-bool ValidJobId(absl::string_view id) {
-  if (id.empty() || id.size() > 128) return false;
-  for (char c : id) {
-    if (!(absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.')) return false;
-  }
-  return id != "." && id != "..";
-}
+bool ValidJobId(absl::string_view id) { return CheckJobId(id).ok(); }  // spec_policy.h
 
 class JobPage {
  public:

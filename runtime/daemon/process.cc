@@ -36,7 +36,7 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
   std::string header = o.header.empty() ? "" : o.header + "\n";
   static const char kExecFailed[] = "ember: exec of the worker failed: ";
 
-  int log_fd = ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0640);
+  int log_fd = ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
   if (log_fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open log ", o.log_path, ": ", strerror(errno)));
   }

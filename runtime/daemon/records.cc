@@ -1,18 +1,42 @@
 // Job records, nodes and device claims in the store (keys.h). Called from any thread (the control
 // thread, gRPC handlers), never with Impl::mu held.
+// The store is not trusted: ids and records are checked (ParseRecord) before they steer anything.
 #include <cstring>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/daemon/keys.h"
+#include "spdlog/spdlog.h"
 
 namespace ember::daemon {
 
-absl::StatusOr<std::pair<Job, std::string>> Daemon::Impl::ReadRecord(const std::string& id) {
-  ASSIGN_OR_RETURN(std::string raw, store->Get(keys::Record(id)));
+absl::StatusOr<Job> ParseRecord(const std::string& id, const std::string& raw) {
+  RETURN_IF_ERROR(CheckJobId(id));
   Job job;
   if (!job.ParseFromString(raw)) return absl::DataLossError("job record " + id + " is corrupt");
+  if (job.id() != id) {
+    return absl::DataLossError(absl::StrCat(
+        "the record under ", keys::Record(id), " names job '", absl::CHexEscape(job.id().substr(0, 128)),
+        "', not ", id, "; refusing it (written by hand, or forged through the store)"));
+  }
+  return job;
+}
+
+absl::StatusOr<std::pair<Job, std::string>> Daemon::Impl::ReadRecord(const std::string& id) {
+  RETURN_IF_ERROR(CheckJobId(id));  // before the id names a key
+  ASSIGN_OR_RETURN(std::string raw, store->Get(keys::Record(id)));
+  ASSIGN_OR_RETURN(Job job, ParseRecord(id, raw));
   return std::make_pair(std::move(job), std::move(raw));
+}
+
+void Daemon::Impl::WarnRefusedRecord(const std::string& id, const absl::Status& why) {
+  if (absl::IsNotFound(why) || absl::IsUnavailable(why) || absl::IsDeadlineExceeded(why)) return;
+  absl::MutexLock l(&refused_mu);
+  if (refused_records.size() >= 1024 || !refused_records.insert(id).second) return;
+  spdlog::error("refusing the job under active/{} from the store: {}", absl::CHexEscape(id.substr(0, 128)),
+                why.ToString());
 }
 
 absl::StatusOr<Job> Daemon::Impl::UpdateRecord(const std::string& id,

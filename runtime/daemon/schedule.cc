@@ -21,8 +21,10 @@ void Daemon::Impl::Schedule() {
   if (!active.ok()) return;
   std::vector<Job> jobs;
   for (const std::string& k : *active) {
-    auto rec = ReadRecord(k.substr(strlen("active/")));
+    const std::string id = k.substr(strlen("active/"));
+    auto rec = ReadRecord(id);  // a forged id or record is refused (records.cc), never placed
     if (rec.ok()) jobs.push_back(rec->first);
+    else WarnRefusedRecord(id, rec.status());
   }
   std::sort(jobs.begin(), jobs.end(), [](const Job& a, const Job& b) {
     return a.submit_unix_ms() != b.submit_unix_ms() ? a.submit_unix_ms() < b.submit_unix_ms()
@@ -112,17 +114,21 @@ void Daemon::Impl::ForgetFinished() {
   if (!listed.ok() || !active.ok()) return;
   std::set<std::string> running;
   for (const std::string& k : *active) running.insert(k.substr(strlen("active/")));
-  std::vector<std::string> record_keys;
+  std::vector<std::string> ids, record_keys;
   for (const std::string& k : *listed) {
     std::string id = k.substr(strlen("joblist/"));
-    if (!running.count(id)) record_keys.push_back(keys::Record(id));
+    if (running.count(id) || !CheckJobId(id).ok()) continue;
+    record_keys.push_back(keys::Record(id));
+    ids.push_back(std::move(id));
   }
   auto records = store->MultiGet(record_keys);
   if (!records.ok()) return;
   std::vector<Job> finished;
-  for (const auto& v : *records) {
-    Job j;
-    if (v && j.ParseFromString(*v) && IsTerminal(j.state())) finished.push_back(std::move(j));
+  for (size_t i = 0; i < records->size() && i < ids.size(); ++i) {
+    // Only a record whose id is its key's (ParseRecord): a forged one naming another job must not
+    // make this pass delete that job's keys.
+    auto j = (*records)[i] ? ParseRecord(ids[i], *(*records)[i]) : absl::StatusOr<Job>(absl::NotFoundError(""));
+    if (j.ok() && IsTerminal(j->state())) finished.push_back(std::move(*j));
   }
   const std::vector<std::string> forget = scheduler.ToForget(finished);
   for (const std::string& id : forget) {

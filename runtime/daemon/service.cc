@@ -354,6 +354,9 @@ class JobsService final : public v1::Jobs::Service {
       world = std::max(world, 1);
     }
     job.set_world_size(world);
+    // What each rank would refuse at its start about the world it runs in (the spec's other
+    // checks ran in ParseJobSpec): refused here, naming the field, not by every rank.
+    if (!spec::IsScriptJob(spec)) RETURN_IF_ERROR(spec::CheckWorldSize(spec, world));
     // Refuse what no set of the registered nodes could ever hold: it would wait forever.
     {
       ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());

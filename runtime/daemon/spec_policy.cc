@@ -3,6 +3,8 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -129,9 +131,13 @@ absl::Status CheckScriptEnv(const spec::v1::JobSpec& spec) {
 }
 
 absl::Status CheckUploadName(const std::string& name) {
-  if (name.empty() || name[0] == '/' || name[0] == '.' || ClimbsOut(name) || name.size() > 200) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("files: '", name, "' must be a relative name inside the job directory"));
+  bool odd_part = false;  // "a//b", "a/./b", "a/": a part that names no file of its own
+  for (absl::string_view part : absl::StrSplit(name, '/')) odd_part = odd_part || part.empty() || part == ".";
+  if (name.empty() || name[0] == '/' || name[0] == '.' || ClimbsOut(name) || odd_part ||
+      name.size() > 200) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "files: '", absl::CHexEscape(name.substr(0, 200)),
+        "' must be a relative name inside the job directory (no \"..\", \".\" or empty parts)"));
   }
   for (char c : name) {
     if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
@@ -141,6 +147,15 @@ absl::Status CheckUploadName(const std::string& name) {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckJobId(absl::string_view id) {
+  bool ok = !id.empty() && id.size() <= 128 && absl::ascii_isalnum(id[0]);
+  for (char c : id) ok = ok && (absl::ascii_isalnum(c) || c == '-' || c == '_' || c == '.');
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "job id '", absl::CHexEscape(id.substr(0, 128)),
+      "' is not one emberd makes (1-128 characters of [A-Za-z0-9._-], the first a letter or digit)"));
 }
 
 absl::StatusOr<std::string> ScriptMasterAddr(const std::string& comm_host,

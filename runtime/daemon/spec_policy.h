@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "proto/job_spec.pb.h"
 
 namespace ember::daemon {
@@ -50,8 +51,16 @@ absl::Status CheckScriptEnv(const spec::v1::JobSpec& spec);
 absl::StatusOr<std::string> ScriptMasterAddr(const std::string& comm_host,
                                              const std::string& advertise, int nodes);
 
-// Names of uploaded files: relative, no "..", no leading '.', [A-Za-z0-9._/-] only.
+// Names of uploaded files: relative, no "..", "." or empty parts, no leading '.',
+// [A-Za-z0-9._/-] only. Submit checks them, and so does every node that writes them from the store
+// (the store is not trusted: anyone who can write a key could name "../../x").
 absl::Status CheckUploadName(const std::string& name);
+
+// A job id as emberd makes them (JobIdFor): 1-128 characters of [A-Za-z0-9._-], the first a letter
+// or digit (so never "." or ".."), INVALID_ARGUMENT otherwise. Checked for every id read from the
+// store (a key under active/ or joblist/, the id in a record) before the id names a directory or
+// a key, and for ids given to the API and the job page.
+absl::Status CheckJobId(absl::string_view id);
 
 }  // namespace ember::daemon
 

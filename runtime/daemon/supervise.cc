@@ -9,9 +9,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "runtime/base/auth.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/daemon/daemon_impl.h"
@@ -24,66 +27,154 @@
 
 namespace ember::daemon {
 
-namespace fs = std::filesystem;
 using jobs::v1::RankExit;
 
 namespace {
 
-// A job directory (0750 whatever the umask). Failures surface when the worker uses it.
-void MakeJobDir(const std::string& d) {
-  std::error_code ec;
-  fs::create_directories(d, ec);
-  ::chmod(d.c_str(), 0750);
+// A directory descriptor, closed with its owner.
+class DirFd {
+ public:
+  DirFd() = default;
+  explicit DirFd(int fd) : fd_(fd) {}
+  DirFd(DirFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  DirFd& operator=(DirFd&& o) noexcept {
+    if (this != &o) {
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  DirFd(const DirFd&) = delete;
+  DirFd& operator=(const DirFd&) = delete;
+  ~DirFd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+// Directory `name` (one path component, never "" "." or "..") under `parent`, created when
+// missing, 0750 whatever the umask. Never through a symlink: O_NOFOLLOW|O_DIRECTORY refuses a
+// symlink (or anything but a directory) at `name`, so nothing outside `parent` is created or
+// chmod'ed. `shown` names it in errors.
+absl::StatusOr<DirFd> OpenDirAt(int parent, const std::string& name, const std::string& shown) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("'", shown, "' is not a plain directory name"));
+  }
+  if (::mkdirat(parent, name.c_str(), 0750) != 0 && errno != EEXIST) {
+    return absl::InternalError(absl::StrCat("cannot create ", shown, ": ", strerror(errno)));
+  }
+  DirFd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) {
+    const bool link = errno == ELOOP || errno == ENOTDIR;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open ", shown, ": ", strerror(errno),
+        link ? " (it is a symlink or not a directory; emberd never follows one: remove it)" : ""));
+  }
+  ::fchmod(fd.get(), 0750);  // a directory inside the job directory (or the job directory itself)
+  return fd;
 }
 
-// A file of the job directory, 0640, written whole under a unique temporary name and renamed to
-// `path` (so never through a symlink at `path`): daemons sharing the work root may write the same
-// file while another's workers read it, and a reader sees the old file or the whole new one.
-absl::Status WriteJobFile(const std::string& path, const std::string& data) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
+// File `name` of directory `dir`, 0640, written whole under a unique temporary name
+// (O_CREAT|O_EXCL|O_NOFOLLOW) and renamed to `name` (which replaces a symlink there, never
+// follows it): daemons sharing the work root may write the same file while another's workers
+// read it, and a reader sees the old file or the whole new one. `shown` names it in errors.
+absl::Status WriteFileAt(int dir, const std::string& name, const std::string& data,
+                         const std::string& shown) {
+  std::string tmp;
+  int fd = -1;
+  for (int tries = 0; fd < 0 && tries < 8; ++tries) {
+    tmp = absl::StrCat(name, ".tmp.", base::GenerateToken().substr(0, 10));
+    fd = ::openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", shown, ": ", strerror(errno)));
   ::fchmod(fd, 0640);
   absl::Status st;
   for (size_t off = 0; off < data.size();) {
     ssize_t w = ::write(fd, data.data() + off, data.size() - off);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) {
-      st = absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
+      st = absl::InternalError(absl::StrCat("cannot write ", shown, ": ", strerror(errno)));
       break;
     }
     off += static_cast<size_t>(w);
   }
   ::close(fd);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", strerror(errno)));
+  if (st.ok() && ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
+    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", shown, ": ", strerror(errno)));
   }
-  if (!st.ok()) ::unlink(tmp.c_str());
+  if (!st.ok()) ::unlinkat(dir, tmp.c_str(), 0);
   return st;
 }
 
-// The job's files from the store: its uploads under `uploads`, then the spec as <dir>/job.yaml,
-// written only when every upload is in place (on a shared work root its presence tells other
-// daemons the files are complete, and they do not fetch them again). The first failure, with
-// job.yaml not written.
-absl::Status FetchJobFiles(store::Client& store, const std::string& job_id, const std::string& dir,
-                           const std::string& uploads) {
+// The job's files from the store: its uploads under `uploads`, then the spec as job.yaml in the
+// job directory `job`, written only when every upload is in place (on a shared work root its
+// presence tells other daemons the files are complete, and they do not fetch them again). The
+// first failure, with job.yaml not written. The store is not trusted: every upload name is
+// checked (CheckUploadName) before anything is written, and each is written by openat under the
+// uploads directory, one component at a time, never through a symlink or "..".
+absl::Status FetchJobFiles(store::Client& store, const std::string& job_id, int job, int uploads,
+                           const std::string& dir) {
   auto spec = store.Get(keys::SpecYaml(job_id));
   if (!spec.ok()) return base::Annotate(spec.status(), "reading the job's spec");
   const std::string prefix = keys::FilesPrefix(job_id);
   auto names = store.ListKeys(prefix);
   if (!names.ok()) return base::Annotate(names.status(), "listing the job's uploads");
   for (const std::string& k : *names) {
-    const std::string rel = k.substr(prefix.size());  // CheckUploadName: no "..", no leading "/"
+    RETURN_IF_ERROR(base::Annotate(CheckUploadName(k.substr(prefix.size())),
+                                   "an upload in the store (refused; nothing written)"));
+  }
+  for (const std::string& k : *names) {
+    const std::string rel = k.substr(prefix.size());
     auto v = store.Get(k);
     if (!v.ok()) return base::Annotate(v.status(), absl::StrCat("reading upload '", rel, "'"));
-    for (size_t i = rel.find('/'); i != std::string::npos; i = rel.find('/', i + 1)) {
-      MakeJobDir(absl::StrCat(uploads, "/", rel.substr(0, i)));
+    std::vector<std::string> parts = absl::StrSplit(rel, '/');
+    const std::string leaf = parts.back();
+    parts.pop_back();
+    DirFd owned;
+    int at = uploads;
+    std::string shown = dir + "/uploads";
+    for (const std::string& p : parts) {
+      shown = absl::StrCat(shown, "/", p);
+      auto sub = OpenDirAt(at, p, shown);
+      if (!sub.ok()) return base::Annotate(sub.status(), absl::StrCat("writing upload '", rel, "'"));
+      owned = std::move(*sub);
+      at = owned.get();
     }
-    RETURN_IF_ERROR(base::Annotate(WriteJobFile(absl::StrCat(uploads, "/", rel), *v),
+    RETURN_IF_ERROR(base::Annotate(WriteFileAt(at, leaf, *v, absl::StrCat(dir, "/uploads/", rel)),
                                    absl::StrCat("writing upload '", rel, "'")));
   }
-  return WriteJobFile(dir + "/job.yaml", *spec);
+  return WriteFileAt(job, "job.yaml", *spec, dir + "/job.yaml");
+}
+
+// The job directory <work_root>/<id> and its subdirectories (logs, checkpoints,
+// flight/attempt-<n>, uploads), each 0750,
+// created without following a symlink (OpenDirAt) and without touching the work root's mode.
+// Returns the job directory and its uploads/ directory.
+struct JobDirs {
+  DirFd job, uploads;
+};
+absl::StatusOr<JobDirs> MakeJobDirs(const std::string& work_root, const std::string& id,
+                                    int attempt) {
+  RETURN_IF_ERROR(CheckJobId(id));  // ReadRecord checked it; a directory name must never be ".."
+  const std::string dir = absl::StrCat(work_root, "/", id);
+  DirFd root(::open(work_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (root.get() < 0) {
+    return absl::InternalError(absl::StrCat("cannot open the work root ", work_root, ": ", strerror(errno)));
+  }
+  JobDirs out;
+  ASSIGN_OR_RETURN(out.job, OpenDirAt(root.get(), id, dir));
+  for (const char* sub : {"logs", "checkpoints"}) {
+    RETURN_IF_ERROR(OpenDirAt(out.job.get(), sub, absl::StrCat(dir, "/", sub)).status());
+  }
+  ASSIGN_OR_RETURN(DirFd flight, OpenDirAt(out.job.get(), "flight", dir + "/flight"));
+  const std::string fr = absl::StrCat("attempt-", attempt);
+  RETURN_IF_ERROR(OpenDirAt(flight.get(), fr, absl::StrCat(dir, "/flight/", fr)).status());
+  ASSIGN_OR_RETURN(out.uploads, OpenDirAt(out.job.get(), "uploads", dir + "/uploads"));
+  return out;
 }
 
 }  // namespace
@@ -116,11 +207,18 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   std::string dir = JobDir(job.id());
   // Files the daemon writes (job.yaml) and the user's uploads live apart: uploads go under
   // uploads/, so no upload can replace the validated spec. Directories 0750, files 0640
-  // (docs/operations.md, "File permissions").
+  // (docs/operations.md, "File permissions"). The record came from the store, which is not
+  // trusted: its id was checked (ReadRecord), the directories are created under the work root
+  // without following a symlink, and the spec's paths are checked against this node's policy.
   const std::string uploads = dir + "/uploads";
   std::string fr_dir = absl::StrCat(dir, "/flight/attempt-", at.number());
-  for (const std::string& d : {dir, dir + "/logs", dir + "/checkpoints", dir + "/flight", fr_dir, uploads}) {
-    MakeJobDir(d);
+  absl::Status start_error = CheckSpecPaths(job.spec(), opts.data_roots);
+  if (start_error.ok() && spec::IsScriptJob(job.spec())) start_error = CheckScriptEnv(job.spec());
+  start_error = base::Annotate(start_error, "the job's record in the store (refused by this node)");
+  absl::StatusOr<JobDirs> dirs = absl::FailedPreconditionError("not made");
+  if (start_error.ok()) {
+    dirs = MakeJobDirs(opts.work_root, job.id(), at.number());
+    start_error = dirs.status();
   }
   // job.yaml last: on a work root shared by several daemons its presence means the uploads are
   // all in place too (written first, it let another host start its workers while the uploads
@@ -128,9 +226,10 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   // A store that did not answer: the next pass tries again. Any other failure fails this node's
   // ranks with the reason, as a fork failure would (before, job.yaml was written anyway, and the
   // attempt ran without the upload; on a shared work root every later attempt did too).
-  absl::Status start_error;
-  if (!fs::exists(dir + "/job.yaml")) {
-    absl::Status files = FetchJobFiles(*store, job.id(), dir, uploads);
+  if (start_error.ok() &&
+      ::faccessat(dirs->job.get(), "job.yaml", F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
+    absl::Status files =
+        FetchJobFiles(*store, job.id(), dirs->job.get(), dirs->uploads.get(), dir);
     if (absl::IsUnavailable(files) || absl::IsDeadlineExceeded(files)) {
       spdlog::warn("job {} attempt {}: fetching its files failed ({}); trying again", job.id(),
                    at.number(), files.ToString());
@@ -268,8 +367,9 @@ void Daemon::Impl::Supervise() {
   if (active.ok()) {
     for (const std::string& k : *active) {
       std::string id = k.substr(strlen("active/"));
-      auto rec = ReadRecord(id);
+      auto rec = ReadRecord(id);  // a forged id or record is refused (records.cc), never started
       if (rec.ok()) records[id] = rec->first;
+      else WarnRefusedRecord(id, rec.status());
     }
   }
   std::vector<const Job*> placed;

@@ -64,6 +64,12 @@ inline std::string WeightsSubscriber(absl::string_view name) { return absl::StrC
 inline std::string WeightsStatsOf(int rank) { return absl::StrCat("weights/stats/", rank); }
 
 // --- absolute ---
+// Every top-level key space of emberd and its workers (this header's and runtime/daemon/keys.h's;
+// daemon_unit_test checks that each daemon key falls in one). A TCPStore listener, whose clients
+// never authenticate, may not reach any of them: ember-store refuses a --tcpstore-prefix inside or
+// above one (whoever could write jobs/<id>/... could forge a job or fence a running one).
+inline constexpr absl::string_view kEmberdKeySpaces[] = {
+    "jobs/", "nodes/", "alloc/", "scheduler/", "submissions/", "joblist/", "active/"};
 inline std::string JobPrefix(absl::string_view job) { return absl::StrCat("jobs/", job, "/"); }
 inline std::string FilesPrefix(absl::string_view job) { return absl::StrCat(JobPrefix(job), "files/"); }
 inline std::string File(absl::string_view job, absl::string_view name) {

@@ -304,6 +304,25 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("publish.every_steps", "live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
   }
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
+  // What ember-worker cannot train, refused here (at Submit and when a rank loads the spec) rather
+  // than by every rank at its start.
+  if (PipelineLayoutOf(s).enabled()) {
+    if (o.grad_clip() > 0) {
+      return Bad("optimizer.grad_clip", absl::StrCat(o.grad_clip(), ": pipeline jobs do not clip gradients yet; use 0"));
+    }
+    if (pr.param_dtype() != "f32" || pr.overrides_size() > 0 || !pr.reduce_dtype().empty()) {
+      return Bad("precision", "pipeline jobs train in f32 only; leave precision unset");
+    }
+    if (!c.init_from_safetensors().empty()) {
+      return Bad("checkpoint.init_from_safetensors", "not supported for pipeline jobs yet");
+    }
+    if (!c.init_from().empty()) return Bad("checkpoint.init_from", "not supported for pipeline jobs yet");
+  }
+  if (!c.init_from().empty() && (m.arch() != "llama" || m.mlp() != "swiglu")) {
+    return Bad("checkpoint.init_from", absl::StrCat(
+        "'", c.init_from(), "' is read as a Hugging Face Llama directory; the job's model must be "
+        "model.arch: llama with model.mlp: swiglu (it is arch '", m.arch(), "', mlp '", m.mlp(), "')"));
+  }
   const auto& r = s.resources();
   RETURN_IF_ERROR(OneOf("resources.device_type", r.device_type(), {"cpu", "cuda"}));
   RETURN_IF_ERROR(Range("resources.nodes", r.nodes(), 0, 1 << 16));
@@ -316,6 +335,23 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("collective_timeout_s", s.collective_timeout_s(), 1, 86400));
   RETURN_IF_ERROR(ValidateWorker(s.worker()));
   return ValidateJobName(s.name());
+}
+
+absl::Status CheckWorldSize(const JobSpec& s, int world) {
+  const auto& par = s.parallelism();
+  if (const PipelineLayout pl = PipelineLayoutOf(s); pl.enabled() && world % pl.ranks != 0) {
+    return Bad("parallelism.pipeline_stages", absl::StrCat(
+        pl.ranks, " stages on ", world, " ranks: the world must be pipeline_stages x FSDP size; "
+        "use a multiple of ", pl.ranks, " ranks"));
+  }
+  if (par.strategy() == "none" && world != 1) {
+    return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, the job has ", world));
+  }
+  if (par.world_size() != 0 && par.world_size() != world) {
+    return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match the ", world,
+                                                      " ranks the job runs on"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {

@@ -35,8 +35,18 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // fields whose default is not 0 (they are `optional` in the proto), so ValidateJobSpec sees it.
 void ApplyDefaults(JobSpec* spec);
 
-// Checks ranges and allowed values; assumes defaults were applied.
+// Checks ranges and allowed values, and refuses combinations that ember-worker cannot train
+// (a pipeline job with optimizer.grad_clip, precision other than f32, init_from or
+// init_from_safetensors; checkpoint.init_from on a model other than llama/swiglu), so that Submit
+// refuses them (INVALID_ARGUMENT naming the field) instead of every rank failing at its start.
+// Assumes defaults were applied.
 absl::Status ValidateJobSpec(const JobSpec& spec);
+
+// What a built-in job (not a script job) needs of the number of ranks it runs on: `world` a
+// multiple of parallelism.pipeline_stages, 1 for strategy "none", parallelism.world_size when set.
+// INVALID_ARGUMENT naming the field. The daemon checks it at Submit with the world it computed,
+// each worker at its start with EMBER_WORLD_SIZE.
+absl::Status CheckWorldSize(const JobSpec& spec, int world);
 
 // Job names: 1 to kMaxJobNameBytes characters of [A-Za-z0-9._-], the first a letter or digit
 // (regex [A-Za-z0-9][A-Za-z0-9._-]{0,62}). So a name, and the job id derived from it, is never

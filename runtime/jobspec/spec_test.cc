@@ -265,5 +265,32 @@ TEST_CASE("a script job: worker.script, args, env map, default interpreter") {
   CHECK(bad("worker: {args: [x]}").find("worker.script: is required") != std::string::npos);
   CHECK_FALSE(IsScriptJob(*ParseJobSpec("data: {text_path: x.txt}")));
 }
+// Issue 31: what every rank refused at its start is refused when the spec is parsed (at Submit).
+TEST_CASE("specs no rank can train are refused when parsed, naming the field") {
+  const std::string pp = "model: {n_layers: 2}\nparallelism: {strategy: pipeline, pipeline_stages: 2}\n";
+  auto field = [](const std::string& y) {
+    auto s = ParseJobSpec(y);
+    return s.ok() ? std::string("accepted") : std::string(s.status().message());
+  };
+  CHECK(absl::StartsWith(field(pp + "optimizer: {grad_clip: 1.0}"), "optimizer.grad_clip:"));
+  CHECK(absl::StartsWith(field(pp + "precision: {param_dtype: bf16}"), "precision:"));
+  CHECK(absl::StartsWith(field(pp + "checkpoint: {init_from_safetensors: w.st}"), "checkpoint.init_from_safetensors:"));
+  CHECK(absl::StartsWith(field(pp + "checkpoint: {init_from: hf}"), "checkpoint.init_from:"));
+  CHECK(field(pp) == "accepted");
+  CHECK(absl::StartsWith(field("checkpoint: {init_from: hf}"), "checkpoint.init_from:"));  // gpt
+  CHECK(field("model: {arch: llama, mlp: swiglu}\ncheckpoint: {init_from: hf}") == "accepted");
+  auto pipe = ParseJobSpec(pp);
+  REQUIRE(pipe.ok());
+  CHECK(CheckWorldSize(*pipe, 4).ok());
+  CHECK(absl::StartsWith(CheckWorldSize(*pipe, 3).message(), "parallelism.pipeline_stages:"));
+  auto none = ParseJobSpec("parallelism: {strategy: none}");
+  REQUIRE(none.ok());
+  CHECK(CheckWorldSize(*none, 1).ok());
+  CHECK(absl::StartsWith(CheckWorldSize(*none, 2).message(), "parallelism.strategy:"));
+  auto fixed = ParseJobSpec("parallelism: {world_size: 2}");
+  REQUIRE(fixed.ok());
+  CHECK(absl::StartsWith(CheckWorldSize(*fixed, 3).message(), "parallelism.world_size:"));
+}
+
 }  // namespace
 }  // namespace ember::spec

@@ -3,7 +3,8 @@
 //   ember-store --listen=127.0.0.1:29500 --auth-token-file=F [--data-dir=/var/lib/ember/store]
 //               [--tls-cert=C --tls-key=K [--tls-ca=CA]]
 //               [--backend=etcd --etcd-endpoints=a:2379,b:2379 [--etcd-prefix=/ember/] ...]
-//               [--tcpstore-port=P [--tcpstore-host=127.0.0.1] [--tcpstore-max-buffered-bytes=N]]
+//               [--tcpstore-port=P --tcpstore-prefix=torch/ [--tcpstore-host=127.0.0.1]
+//                [--tcpstore-max-buffered-bytes=N]]
 //
 // Authentication is on by default: without --auth-token-file it refuses to start (exit 2) unless
 // given --insecure-no-auth (tests only), as emberd does. TLS: --tls-cert/--tls-key serve TLS (the
@@ -24,6 +25,7 @@
 #include <cstdio>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
@@ -34,6 +36,7 @@
 #include "runtime/base/auth.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/job/keys.h"
 #include "runtime/store/backend_flags.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "runtime/store/server.h"
@@ -65,7 +68,11 @@ ABSL_FLAG(int, tcpstore_port, 0,
           "also serve PyTorch TCPStore clients (torch 1.13 protocol, NO authentication) on this "
           "port; 0 = off");
 ABSL_FLAG(std::string, tcpstore_host, "127.0.0.1",
-          "address for --tcpstore-port; anything but loopback lets every host reach all keys");
+          "address for --tcpstore-port; anything but loopback lets every host reach its keys");
+ABSL_FLAG(std::string, tcpstore_prefix, "",
+          "required with --tcpstore-port: the key prefix its (unauthenticated) clients may touch, "
+          "e.g. torch/; every key they name is stored under it, and emberd's records (jobs/, "
+          "nodes/, ...) stay out of their reach");
 ABSL_FLAG(int64_t, tcpstore_max_buffered_bytes, int64_t{256} << 20,
           "bytes the TCPStore listener buffers over all its connections (partial queries, unsent "
           "replies); above it large queries and answers wait their turn; 0 = no bound");
@@ -73,6 +80,29 @@ ABSL_FLAG(std::string, port_file, "", "write the bound port to this file once li
 
 namespace {
 volatile std::sig_atomic_t g_stop = 0;
+
+// --tcpstore-prefix: TCPStore clients never authenticate, so the listener is scoped to a prefix
+// that none of emberd's key spaces (job/keys.h kEmberdKeySpaces) lies in or under; the store cannot
+// tell whether an emberd uses it, so the prefix is required whenever the port is on.
+absl::Status CheckTcpStorePrefix(const std::string& prefix) {
+  std::string spaces;
+  for (absl::string_view sp : ember::job::keys::kEmberdKeySpaces) absl::StrAppend(&spaces, spaces.empty() ? "" : ", ", sp);
+  if (prefix.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tcpstore-port needs --tcpstore-prefix=PREFIX (e.g. --tcpstore-prefix=torch/): TCPStore "
+        "clients never authenticate, so they may only touch the keys under a prefix that holds "
+        "none of emberd's records (", spaces, "); without one, whoever reaches the port could read "
+        "every job and forge jobs, files and fences (docs/operations.md)"));
+  }
+  for (absl::string_view sp : ember::job::keys::kEmberdKeySpaces) {
+    if (absl::StartsWith(prefix, sp) || absl::StartsWith(sp, prefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--tcpstore-prefix='", prefix, "' reaches emberd's key space ", sp, " (its records: ",
+          spaces, "); name a prefix of its own, e.g. --tcpstore-prefix=torch/"));
+    }
+  }
+  return absl::OkStatus();
+}
 void OnSignal(int) { g_stop = 1; }
 
 // The probes below are deliberately minimal (no retries, no reconnects): one new connection, one
@@ -222,16 +252,21 @@ int main(int argc, char** argv) {
                     "(0 = no bound)", budget);
       return 2;
     }
+    const std::string prefix = absl::GetFlag(FLAGS_tcpstore_prefix);
+    if (absl::Status s = CheckTcpStorePrefix(prefix); !s.ok()) {
+      spdlog::error("ember-store: {}", std::string(s.message()));
+      return 2;
+    }
     auto t = ember::store::TcpStoreServer::Start(
         absl::GetFlag(FLAGS_tcpstore_host), p, (*server)->backend(),
-        {.max_buffered_bytes = static_cast<size_t>(budget)});
+        {.max_buffered_bytes = static_cast<size_t>(budget), .key_prefix = prefix});
     if (!t.ok()) {
       spdlog::error("ember-store: --tcpstore-port: {}", t.status().ToString());
       return 1;
     }
     tcpstore = std::move(*t);
-    spdlog::warn("ember-store: serving TCPStore clients on {}:{} WITHOUT authentication",
-                 absl::GetFlag(FLAGS_tcpstore_host), p);
+    spdlog::warn("ember-store: serving TCPStore clients on {}:{} WITHOUT authentication, on the "
+                 "keys under '{}' only", absl::GetFlag(FLAGS_tcpstore_host), p, prefix);
   }
   spdlog::info("ember-store listening on {} (backend: {}, auth: {}, tls: {}, open files: {})",
                (*server)->address(), *backend,

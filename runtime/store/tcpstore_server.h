@@ -12,8 +12,9 @@
 // see "k" (and torch sees Ember's "k" as "k"). With a key_prefix P every key is P + "k" and
 // num_keys counts the keys under P only: a listener per prefix is a private key space (emberd
 // starts one per script-job attempt on jobs/<job>/attempt/<n>/torch/).
-// TCPStore has no authentication: whoever reaches the port can read and write every key. It binds
-// loopback unless the caller chooses another host.
+// TCPStore has no authentication: whoever reaches the port can read and write every key under
+// key_prefix ("" = every key of the store). It binds loopback unless the caller chooses another
+// host; ember-store's --tcpstore-port requires a prefix outside emberd's key spaces.
 //
 // Serving: one epoll thread for all connections of a listener (nonblocking sockets). A blocking
 // WAIT or GET is parked in the backend, not on a thread: the backend's completion callback writes

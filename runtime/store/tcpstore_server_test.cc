@@ -11,8 +11,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <thread>
@@ -483,7 +485,7 @@ TEST_CASE("ember-store: a promised 64 MiB value with a few bytes sent allocates 
   const int port = testing::FreePort();
   const pid_t pid = testing::SpawnChild(
       {testing::StoreBinary(), "--listen=127.0.0.1:0", "--insecure-no-auth",
-       absl::StrCat("--tcpstore-port=", port), "--log_level=error"});
+       absl::StrCat("--tcpstore-port=", port), "--tcpstore-prefix=torch/", "--log_level=error"});
   std::unique_ptr<Wire> probe;
   for (int i = 0; i < 500; ++i) {
     probe = std::make_unique<Wire>(port);
@@ -518,6 +520,81 @@ TEST_CASE("ember-store: a promised 64 MiB value with a few bytes sent allocates 
   Wire way_over(port);
   REQUIRE(way_over.U8(0).Str("/huge").U64((uint64_t{1} << 30) + 1).Send());
   CHECK(way_over.ClosedByPeer());
+  kill(pid, SIGKILL);
+  waitpid(pid, nullptr, 0);
+}
+
+// Runs `args` until it exits, at most 10 s: its exit code (-1: still running, then killed), its
+// output in `out`.
+int RunToExit(const std::vector<std::string>& args, std::string* out) {
+  const std::string log = absl::StrCat(std::getenv("TEST_TMPDIR"), "/run-", getpid(), "-", rand(), ".log");
+  const pid_t pid = testing::SpawnChild(args, log);
+  int status = 0, code = -1;
+  for (int i = 0; i < 1000; ++i) {
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (code == -1) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+  std::ifstream f(log);
+  out->assign(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+  return code;
+}
+
+// Issue 31: with nothing but torch.distributed.TCPStore a client read a job record, forged a job
+// and fenced a running one through --tcpstore-port. The port is now scoped to a prefix that holds
+// none of emberd's records, and refused without one.
+TEST_CASE("ember-store: --tcpstore-port needs a prefix outside emberd's keys; its clients never "
+          "reach jobs/...") {
+  for (const std::string& prefix : {std::string(), std::string("jobs/"), std::string("j"),
+                                    std::string("nodes/x/")}) {
+    std::vector<std::string> args = {testing::StoreBinary(), "--listen=127.0.0.1:0", "--insecure-no-auth",
+                                     absl::StrCat("--tcpstore-port=", testing::FreePort())};
+    if (!prefix.empty()) args.push_back("--tcpstore-prefix=" + prefix);
+    std::string out;
+    const int code = RunToExit(args, &out);
+    INFO("prefix '" << prefix << "': exit " << code << ", output: " << out);
+    CHECK(code == 2);
+    CHECK(out.find("--tcpstore-prefix") != std::string::npos);
+    if (prefix.empty()) CHECK(out.find("--tcpstore-port needs --tcpstore-prefix=PREFIX") != std::string::npos);
+  }
+  const std::string port_file = absl::StrCat(std::getenv("TEST_TMPDIR"), "/scoped.port");
+  const int tport = testing::FreePort();
+  const pid_t pid = testing::SpawnChild(
+      {testing::StoreBinary(), "--listen=127.0.0.1:0", "--insecure-no-auth", "--port-file=" + port_file,
+       absl::StrCat("--tcpstore-port=", tport), "--tcpstore-prefix=torch/", "--log_level=error"});
+  const int sport = testing::WaitPort(port_file);
+  auto c = Client::Connect(ClientOptions{.address = absl::StrCat("127.0.0.1:", sport)});
+  REQUIRE(c.ok());
+  REQUIRE(c->Set("jobs/j-1/record", "the real record").ok());
+  std::unique_ptr<Wire> w;
+  for (int i = 0; i < 500; ++i) {
+    w = std::make_unique<Wire>(tport);
+    if (w->connected()) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE(w->connected());
+  // CHECK (1.13 type 4): emberd's record is not there for a TCPStore client.
+  REQUIRE(w->U8(4).U64(1).Str("/jobs/j-1/record").Send());
+  CHECK(w->ReadU8() == 1);  // not ready
+  // DELETE_KEY (8) of it deletes nothing of emberd's.
+  REQUIRE(w->U8(8).Str("/jobs/j-1/record").Send());
+  CHECK(w->ReadI64() == 0);
+  // SET (0, no reply) of a job's fence lands under the prefix; GET (2) reads it back.
+  REQUIRE(w->U8(0).Str("/jobs/j-1/fence").Str("999999").Send());
+  REQUIRE(w->U8(2).Str("/jobs/j-1/fence").Send());
+  CHECK(w->ReadStr() == "999999");
+  CHECK(absl::IsNotFound(c->Get("jobs/j-1/fence").status()));
+  CHECK(*c->Get("torch/jobs/j-1/fence") == "999999");
+  CHECK(*c->Get("jobs/j-1/record") == "the real record");
+  // NUM_KEYS (6) counts the prefix's keys only.
+  REQUIRE(w->U8(6).Send());
+  CHECK(w->ReadI64() == 1);
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
 }

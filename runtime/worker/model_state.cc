@@ -132,12 +132,9 @@ void RecordModel(const model::GptConfig& c, ckpt::RankState* st) {
 }
 
 absl::Status InitFromHf(const std::string& dir, fsdp::FsdpGpt& m) {
+  // The spec's checks (spec::ValidateJobSpec, at Submit and at load) refuse init_from on a model
+  // other than llama/swiglu.
   const model::GptConfig& c = m.config();
-  if (c.arch != model::GptConfig::Arch::kLlama || c.mlp != model::GptConfig::Mlp::kSwiGlu) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint.init_from: ", dir, " is a Hugging Face Llama directory; the job's model must be "
-        "model.arch: llama with mlp: swiglu"));
-  }
   ASSIGN_OR_RETURN(auto hf, ckpt::HfCheckpoint::Open(dir, HfConfigFor(c)));
   for (const fsdp::ShardView& v : m.Shards()) {
     if (v.rows == 0) continue;

@@ -193,33 +193,9 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker trains on cpu or cuda:N; use one of those"));
   }
   const auto& par = s.parallelism();
-  if (const spec::PipelineLayout pl = spec::PipelineLayoutOf(s); pl.enabled()) {
-    // world = pipeline_stages x FSDP size (each stage FSDP-sharded over its stage group).
-    if (env.world_size % pl.ranks != 0) {
-      return Bad("parallelism.pipeline_stages", absl::StrCat(
-          pl.ranks, " stages on ", job::kEnvWorldSize, "=", env.world_size, " ranks: the world "
-          "must be pipeline_stages x FSDP size; use a multiple of ", pl.ranks, " ranks"));
-    }
-    if (s.optimizer().grad_clip() > 0) {
-      return Bad("optimizer.grad_clip", absl::StrCat(s.optimizer().grad_clip(), ": pipeline jobs do not clip gradients yet; use 0"));
-    }
-    if (s.precision().param_dtype() != "f32" || s.precision().overrides_size() > 0 ||
-        !s.precision().reduce_dtype().empty()) {
-      return Bad("precision", "pipeline jobs train in f32 only; leave precision unset");
-    }
-    if (!s.checkpoint().init_from_safetensors().empty()) {
-      return Bad("checkpoint.init_from_safetensors", "not supported for pipeline jobs yet");
-    }
-    if (!s.checkpoint().init_from().empty()) {
-      return Bad("checkpoint.init_from", "not supported for pipeline jobs yet");
-    }
-  }
-  if (par.strategy() == "none" && env.world_size != 1) {
-    return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, ", job::kEnvWorldSize, " is ", env.world_size));
-  }
-  if (par.world_size() != 0 && par.world_size() != env.world_size) {
-    return Bad("parallelism.world_size", absl::StrCat(par.world_size(), " does not match ", job::kEnvWorldSize, "=", env.world_size));
-  }
+  // The spec's own checks (pipeline with grad_clip, ...) ran in LoadJobSpec, as at Submit; the
+  // world-size ones with the world this rank runs in (the daemon ran them with the same number).
+  RETURN_IF_ERROR(spec::CheckWorldSize(s, env.world_size));
   if (gpu < 0 && !par.backend().empty() && par.backend() != "cpu") {
     return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }

@@ -1,14 +1,24 @@
 // Files of a job directory through the real daemon (issue 12): an upload can never replace a file
 // the daemon writes (an upload named job.yaml once made the worker train another spec than the
 // one `emberctl status` shows), and job files are 0640 in 0750 directories whatever the umask.
+// Issue 31: the store is not trusted. A job record forged straight into the store (an invalid id,
+// an upload named ../../../x/PWNED, a symlink planted where an upload goes) writes nothing and
+// chmods nothing outside its job directory; Submit refuses what every rank would refuse.
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "proto/jobs.pb.h"
+#include "runtime/jobspec/spec.h"
+#include "runtime/store/client.h"
 #include "testing/cluster.h"
 
 namespace ember::e2e {
@@ -84,6 +94,175 @@ TEST_CASE("a job whose uploads cannot all be written fails with the reason; job.
   INFO("root cause: exit " << cause.exit_code() << ", " << lines);
   CHECK(lines.find("upload 'a") != std::string::npos);  // named, with the job directory's path
   CHECK(::access((done->job_dir() + "/job.yaml").c_str(), F_OK) != 0);
+}
+
+// --- Issue 31: nothing read from the store is trusted ---------------------------------------------
+
+store::Client StoreOf(TestCluster& cluster) {
+  store::ClientOptions so;
+  so.address = cluster.node(0)->store_address();
+  so.auth_token = cluster.token();
+  so.default_timeout = so.connect_timeout = absl::Seconds(5);
+  auto c = store::Client::Connect(so);
+  REQUIRE(c.ok());
+  return *c;
+}
+
+// What Submit would write, written straight into the store as anyone holding a store connection
+// (or, before issue 31, a TCPStore client) could: the record under key id `key_id` naming job
+// `record_id`, its spec, its uploads, and the index keys the scheduler reads.
+void Forge(store::Client& s, const std::string& key_id, const std::string& record_id,
+           const std::map<std::string, std::string>& files) {
+  const std::string yaml = Spec("forged", 1, 2) + "max_restarts: 0\n";
+  auto spec = spec::ParseJobSpec(yaml);
+  REQUIRE(spec.ok());
+  v1::Job j;
+  j.set_id(record_id);
+  j.set_name("forged");
+  j.set_submission_id("forged-" + key_id);
+  j.set_state(v1::PENDING);
+  *j.mutable_spec() = *spec;
+  j.mutable_spec()->mutable_parallelism()->set_backend("cpu");
+  j.set_device_type("cpu");
+  j.set_world_size(1);
+  j.set_submit_unix_ms(absl::ToUnixMillis(absl::Now()));
+  for (const auto& [name, data] : files) {
+    REQUIRE(s.Set(absl::StrCat("jobs/", key_id, "/files/", name), data).ok());
+  }
+  REQUIRE(s.Set(absl::StrCat("jobs/", key_id, "/spec_yaml"), yaml).ok());
+  REQUIRE(s.Set(absl::StrCat("jobs/", key_id, "/record"), j.SerializeAsString()).ok());
+  REQUIRE(s.Set("joblist/" + key_id, "").ok());
+  REQUIRE(s.Set("active/" + key_id, "").ok());
+}
+
+std::string RootCauseLines(const v1::Job& j) {
+  std::string lines;
+  for (const auto& a : j.attempts())
+    for (const auto& l : a.root_cause().last_log_lines()) lines += l + "\n";
+  return lines;
+}
+
+// The files under `dir`, recursively (symlinks not followed).
+std::vector<std::string> Tree(const std::string& dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (auto it = std::filesystem::recursive_directory_iterator(dir, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    out.push_back(it->path().string());
+  }
+  return out;
+}
+
+TEST_CASE("a job forged into the store with a bad id or upload name writes nothing outside its "
+          "job directory and chmods nothing above it") {
+  auto cluster = TestCluster::Start({.nodes = 1});
+  REQUIRE(cluster.ok());
+  const std::string root = (*cluster)->work_root();
+  const std::string parent = std::filesystem::path(root).parent_path().string();
+  // The probe's upload: work_root/<job>/uploads/../../../x/PWNED is <parent of the work root>/x.
+  REQUIRE(::mkdir((parent + "/x").c_str(), 0755) == 0);
+  REQUIRE(::chmod((parent + "/x").c_str(), 0755) == 0);
+  REQUIRE(::chmod(parent.c_str(), 0755) == 0);
+  REQUIRE(::chmod(root.c_str(), 0755) == 0);
+  store::Client s = StoreOf(**cluster);
+  Forge(s, "forged-upload", "forged-upload", {{"../../../x/PWNED", "pwned"}, {"ok.txt", "fine"}});
+  Forge(s, "../x-escape", "../x-escape", {});          // an id that names a directory outside
+  Forge(s, "forged-mismatch", "../y-escape", {});      // a record naming another id than its key
+
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  auto done = c->Wait("forged-upload", absl::Seconds(30));
+  REQUIRE(done.ok());
+  const std::string lines = RootCauseLines(*done);
+  INFO("state " << v1::JobState_Name(done->state()) << ", reason: " << done->reason()
+                << ", root cause: " << lines);
+  CHECK(done->state() == v1::FAILED);
+  CHECK(absl::StrContains(lines, "../../../x/PWNED"));  // refused, named
+  absl::SleepFor(absl::Seconds(1));  // passes enough for the other two to be placed and started
+  CHECK(::access((parent + "/x/PWNED").c_str(), F_OK) != 0);
+  CHECK(Tree(parent + "/x").empty());
+  CHECK(::access((parent + "/x-escape").c_str(), F_OK) != 0);
+  CHECK(::access((parent + "/y-escape").c_str(), F_OK) != 0);
+  CHECK(::access((root + "/forged-upload/uploads/ok.txt").c_str(), F_OK) != 0);  // nothing written
+  CHECK(::access((root + "/forged-upload/job.yaml").c_str(), F_OK) != 0);
+  // No directory above the job directory changed mode (it was chmod'ed 0750 through each "..").
+  CHECK(Mode(parent) == 0755);
+  CHECK(Mode(root) == 0755);
+  CHECK(Mode(parent + "/x") == 0755);
+  // The two forged ids were never placed: their records stay as forged, unstarted.
+  for (const char* key : {"../x-escape", "forged-mismatch"}) {
+    auto raw = s.Get(absl::StrCat("jobs/", key, "/record"));
+    REQUIRE(raw.ok());
+    v1::Job j;
+    REQUIRE(j.ParseFromString(*raw));
+    INFO(key);
+    CHECK(j.state() == v1::PENDING);
+    CHECK(j.attempts_size() == 0);
+  }
+  CHECK_FALSE(c->Get("../x-escape").ok());
+}
+
+TEST_CASE("a symlink planted where an upload goes is never followed") {
+  auto cluster = TestCluster::Start({.nodes = 1});
+  REQUIRE(cluster.ok());
+  const std::string root = (*cluster)->work_root();
+  const std::string parent = std::filesystem::path(root).parent_path().string();
+  const std::string outside_dir = parent + "/linked-dir", outside_file = parent + "/linked-file";
+  REQUIRE(::mkdir(outside_dir.c_str(), 0755) == 0);
+  REQUIRE(::chmod(outside_dir.c_str(), 0755) == 0);
+  { std::ofstream(outside_file) << "original"; }
+  const std::string uploads = root + "/forged-link/uploads";
+  std::filesystem::create_directories(uploads);
+  REQUIRE(::symlink(outside_dir.c_str(), (uploads + "/sub").c_str()) == 0);
+  REQUIRE(::symlink(outside_file.c_str(), (uploads + "/file.txt").c_str()) == 0);
+  store::Client s = StoreOf(**cluster);
+  Forge(s, "forged-link", "forged-link", {{"file.txt", "new"}, {"sub/inner.txt", "through"}});
+
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  auto done = c->Wait("forged-link", absl::Seconds(30));
+  REQUIRE(done.ok());
+  const std::string lines = RootCauseLines(*done);
+  INFO("state " << v1::JobState_Name(done->state()) << ", root cause: " << lines);
+  CHECK(done->state() == v1::FAILED);  // the upload under the symlinked directory: refused
+  CHECK(absl::StrContains(lines, "sub/inner.txt"));
+  CHECK(absl::StrContains(lines, "symlink"));
+  CHECK(Tree(outside_dir).empty());
+  CHECK(Mode(outside_dir) == 0755);
+  CHECK(Slurp(outside_file) == "original");
+  // The file symlink was replaced, not written through.
+  struct stat st;
+  REQUIRE(::lstat((uploads + "/file.txt").c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK(Slurp(uploads + "/file.txt") == "new");
+}
+
+TEST_CASE("Submit refuses, naming the field, the specs every rank would refuse at its start") {
+  auto cluster = TestCluster::Start({.nodes = 1});
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  const std::string model = "model: {n_layers: 2, d_model: 32, n_heads: 2, context_length: 16}\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {"name: pp-clip\n" + model +
+           "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
+           "optimizer: {grad_clip: 1.0}\nsteps: 2\n",
+       "optimizer.grad_clip"},
+      {"name: pp-init\n" + model +
+           "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
+           "checkpoint: {init_from_safetensors: w.safetensors}\nsteps: 2\n",
+       "checkpoint.init_from_safetensors"},
+      {"name: none-2\n" + model + "parallelism: {strategy: none, world_size: 2}\nsteps: 2\n",
+       "parallelism.strategy"},
+      {"name: gpt-hf\n" + model + "checkpoint: {init_from: hf}\nsteps: 2\n",
+       "checkpoint.init_from"},
+  };
+  for (const auto& [spec, field] : cases) {
+    auto r = c->Submit(spec, "", {});
+    INFO(spec << " -> " << (r.ok() ? std::string("accepted") : r.status().ToString()));
+    CHECK(absl::IsInvalidArgument(r.status()));
+    CHECK(absl::StrContains(r.status().message(), field + ":"));
+  }
 }
 
 }  // namespace
