@@ -229,7 +229,7 @@ class TcpStoreServer::Impl {
         return;  // EAGAIN: all accepted (after EMFILE: the next round takes the rest)
       }
       if (conns_.size() >= options_.max_connections) {  // no client authenticates: bounded
-        std::shared_ptr<Conn> victim = OldestIdle();
+        std::shared_ptr<Conn> victim = OldestSilent();
         if (victim == nullptr) {
           close(fd);
           refusals_.Refused(absl::StrCat("refused a connection: ", conns_.size(),
@@ -237,7 +237,8 @@ class TcpStoreServer::Impl {
           continue;
         }
         Close(victim, absl::StrCat("evicted for a new connection: ", conns_.size(),
-                                   " open (max_connections); it was the oldest idle one"),
+                                   " open (max_connections); it was the oldest that completed no "
+                                   "query"),
               "evicted");
       }
       int one = 1;
@@ -531,28 +532,14 @@ class TcpStoreServer::Impl {
     }
   }
 
-  // The connection a full table gives up for a new one: the oldest (by its last input) of those
-  // that completed no query yet, else of those between queries (nothing outstanding, nothing
-  // unsent, no partial query), else of those whose request is parked; null if none is idle.
-  std::shared_ptr<Conn> OldestIdle() {
+  // The connection a full table gives up for a new one: the oldest of those that completed no
+  // query yet (silent sockets; a client between queries, even one silent for hours, is a torch
+  // rank and keeps its slot); null if there is none.
+  std::shared_ptr<Conn> OldestSilent() {
     std::shared_ptr<Conn> best;
-    int best_tier = 3;
     for (const auto& [owner, c] : conns_) {
-      if (!c->open) continue;
-      int tier;
-      if (!c->completed_query) {
-        tier = 0;
-      } else if (c->idle_from_ns == 0 && !c->awaiting && WaitsForClient(c)) {
-        tier = 1;
-      } else if (c->awaiting && c->idle_from_ns == 0) {
-        tier = 2;
-      } else {
-        continue;  // mid-query or sending a reply: busy
-      }
-      if (tier < best_tier || (tier == best_tier && c->last_input_ns < best->last_input_ns)) {
-        best = c;
-        best_tier = tier;
-      }
+      if (!c->open || c->completed_query) continue;
+      if (best == nullptr || c->last_input_ns < best->last_input_ns) best = c;
     }
     return best;
   }

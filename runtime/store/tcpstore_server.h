@@ -38,8 +38,8 @@
 // client reading a byte a minute keeps the reply turn: larger answers wait for it).
 //
 // Silent and slow clients: a connection that completes no query within idle_timeout (from its
-// accept, or from the start of a query) is closed, and a full table evicts the oldest idle
-// connection for a new one (max_connections). Warnings (malformed queries, closes, evictions) are
+// accept, or from the start of a query) is closed, and a full table evicts the oldest connection
+// that completed no query for a new one (max_connections). Warnings (malformed queries, closes, evictions) are
 // logged at most once a second per kind, with the count of those not logged.
 //
 // Thread-safety: Start/port/Shutdown from any thread. Shutdown() (and the destructor) closes the
@@ -59,9 +59,9 @@ namespace ember::store {
 
 struct TcpStoreOptions {
   // Open connections at most (TCPStore clients never authenticate). When the table is full, a
-  // new connection evicts the oldest idle one: first a connection that has completed no query
-  // yet (a silent socket), then one between queries, then one whose WAIT or GET is parked; each
-  // eviction is a (rate-limited) warning.
+  // new connection evicts the oldest connection that has completed no query yet (a silent
+  // socket; a rate-limited warning); if every one has, the new connection is closed at once,
+  // with a warning at most once a second.
   size_t max_connections = 1024;
   // One query's bytes at most (its strings and their bookkeeping, tcpstore_protocol.h), checked at
   // each length prefix before the bytes arrive: the store's largest answer (BackendOptions::
