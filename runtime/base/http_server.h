@@ -11,8 +11,8 @@
 // Bounds: `threads` connections are served at once (each on its own thread; keep-alive is off, so
 // one request per connection); at most `queue` more wait, accepted, for a thread. Request headers
 // over `max_header_bytes` are refused by civetweb, a body over `max_body_bytes` gets 413 without
-// being read. Deadlines: the headers must arrive within `request_timeout_ms` of the accept
-// (civetweb's, for the whole header), the body within `request_timeout_ms` of the headers (408
+// being read. Deadlines: the headers must arrive within `request_timeout_ms` of a thread taking
+// the connection (civetweb's, for the whole header), the body within `request_timeout_ms` of the headers (408
 // otherwise), and each write of the answer within `request_timeout_ms`. Slow clients: a client
 // that trickles its headers holds a thread for at most `request_timeout_ms`, so `threads` (32)
 // must exceed what slow peers can hold for a /metrics scrape to get one: 20 slowloris sockets
