@@ -25,21 +25,23 @@
 // exceeds max_unsent_bytes unsent or the client reads none of it for write_stall_timeout.
 //
 // Listener-wide budget (max_buffered_bytes), over partial queries, unsent replies, the GET,
-// MULTI_GET and COMPARE_SET requests kept until answered and the WAITs parked in the backend (at
-// most max_wait_bytes each; one over 64 KiB that does not fit is refused, its connection closed): while it is exceeded a connection
-// growing a query past 64 KiB is not read, and an answer over 64 KiB that does not fit is not
-// written: the read (or the compare that swapped nothing) runs again later, which is the same as
-// receiving it later. Small queries and replies go on being served. No deadlock: the oldest
-// waiting grower holds a read turn until its query is whole, the oldest refused answer a reply
-// turn until it left (or parked a second), each exempt from the budget; so the listener holds at
-// most max_buffered_bytes + two queries (the read turn's, and the growth that crossed the budget)
-// + one reply + about 256 KiB per connection. A read-turn
-// holder that sends nothing for write_stall_timeout is closed, as is a reply nobody reads (a
-// client reading a byte a minute keeps the reply turn: larger answers wait for it).
+// MULTI_GET and COMPARE_SET requests kept until answered, and the WAITs parked in the backend (at
+// most max_wait_bytes each; one over 64 KiB that does not fit, counting its own query buffer, is
+// refused and its connection closed): while it is exceeded a connection growing a query past
+// 64 KiB is not read, and an answer over 64 KiB that does not fit is not written: the read (or
+// the compare that swapped nothing) runs again later, which is the same as receiving it later.
+// Small queries, replies and WAITs go on being served. No deadlock: the oldest waiting grower
+// holds a read turn until its query is whole, the oldest refused answer a reply turn until it
+// left (or parked a second), each exempt from the budget; so the listener holds at most
+// max_buffered_bytes + two queries (the read turn's, and the growth that crossed the budget) +
+// one reply + about 320 KiB per connection (a small parked WAIT included). A read-turn holder
+// that sends nothing for write_stall_timeout is closed, as is a reply nobody reads (a client
+// reading a byte a minute keeps the reply turn: larger answers wait for it).
 //
-// Silent and slow clients: a connection that completes no query within idle_timeout (from its
-// accept, or from the start of a query) is closed, and a full table evicts the oldest connection
-// that completed no query for a new one (max_connections). Warnings (malformed queries, closes, evictions) are
+// Silent and slow clients: a query begun and not completed within idle_timeout closes its
+// connection, and so does a connection that completed no query within idle_timeout of its accept
+// while the table is at least half full; a full table evicts the oldest connection that completed
+// no query for a new one (max_connections). Warnings (malformed queries, closes, evictions) are
 // logged at most once a second per kind, with the count of those not logged.
 //
 // Thread-safety: Start/port/Shutdown from any thread. Shutdown() (and the destructor) closes the
