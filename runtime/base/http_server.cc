@@ -85,12 +85,14 @@ std::string HttpRequest::Cookie(absl::string_view name) const {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(const HttpServerOptions& options) {
   if (options.threads < 1 || options.threads > 1024 || options.max_body_bytes < 0 ||
-      options.request_timeout_ms < 1 || options.max_header_bytes < 1024 || options.queue < 1) {
+      options.request_timeout_ms < 1 || options.max_header_bytes < 1024 || options.queue < 1 ||
+      options.max_bodies_per_client < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "http server bounds out of range: threads=", options.threads, " (1-1024), max_body_bytes=",
         options.max_body_bytes, " (>= 0), request_timeout_ms=", options.request_timeout_ms,
         " (>= 1), max_header_bytes=", options.max_header_bytes, " (>= 1024), queue=",
-        options.queue, " (>= 1)"));
+        options.queue, " (>= 1), max_bodies_per_client=", options.max_bodies_per_client,
+        " (>= 1)"));
   }
   std::string host;
   int port = 0;
@@ -196,19 +198,14 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
     return Plain(413, absl::StrCat("request body of ", info->content_length,
                                    " bytes is over the limit of ", options_.max_body_bytes, "\n"));
   }
-  if (info->content_length != 0) {
-    const int64_t cap = options_.max_body_bytes + 1;
-    char buf[4096];
-    while (static_cast<int64_t>(req.body.size()) < cap) {
-      size_t want = std::min<int64_t>(sizeof(buf), cap - req.body.size());
-      int got = mg_read(conn, buf, want);
-      if (got <= 0) break;
-      req.body.append(buf, got);
-    }
-    if (static_cast<int64_t>(req.body.size()) > options_.max_body_bytes) {
-      return Plain(413, absl::StrCat("request body is over the limit of ",
-                                     options_.max_body_bytes, " bytes\n"));
-    }
+  bool has_body = info->content_length > 0;
+  for (int i = 0; i < info->num_headers && !has_body; ++i) {
+    has_body = absl::EqualsIgnoreCase(info->http_headers[i].name, "transfer-encoding");
+  }
+  if (has_body) {
+    bool ok = false;
+    HttpResponse refused = ReadBody(conn, req.remote_addr, info->content_length, &req.body, &ok);
+    if (!ok) return refused;
   }
   if (stopping_) return Plain(503, "server stopping\n");
   std::shared_ptr<const HttpHandler> handler = Route(req.path);
@@ -222,6 +219,60 @@ HttpResponse HttpServer::Serve(mg_connection* conn) {
     spdlog::error("http server: handler for {} {} threw a non-std exception", req.method, req.path);
   }
   return resp;
+}
+
+HttpResponse HttpServer::ReadBody(mg_connection* conn, const std::string& client, int64_t length,
+                                  std::string* body, bool* ok) {
+  *ok = false;
+  {
+    absl::MutexLock lock(&mu_);
+    int& n = reading_bodies_[client];
+    if (n >= options_.max_bodies_per_client) {
+      HttpResponse r = Plain(503, absl::StrCat(n, " requests from ", client,
+                                               " are sending their bodies already (at most ",
+                                               options_.max_bodies_per_client, "); retry later\n"));
+      r.headers.push_back({"Retry-After", "1"});
+      return r;
+    }
+    ++n;
+  }
+  struct Release {
+    HttpServer* s;
+    const std::string& client;
+    ~Release() {
+      absl::MutexLock lock(&s->mu_);
+      auto it = s->reading_bodies_.find(client);
+      if (it != s->reading_bodies_.end() && --it->second <= 0) s->reading_bodies_.erase(it);
+    }
+  } release{this, client};
+  // The whole body within request_timeout_ms: a client trickling a byte per read timeout would
+  // otherwise hold the thread for as long as it likes.
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(options_.request_timeout_ms);
+  // civetweb's mg_read returns only when all it was asked for arrived (or a read timed out): the
+  // reads double from 1 byte, so that one started before the deadline ends by about twice the
+  // deadline (a trickling client needs as long for each read as for all before it).
+  const int64_t cap = options_.max_body_bytes + 1;
+  char buf[4096];
+  size_t chunk = 1;
+  while (static_cast<int64_t>(body->size()) < cap) {
+    if (absl::Now() > deadline) {
+      return Plain(408, absl::StrCat("request body not received within ",
+                                     options_.request_timeout_ms, " ms (", body->size(), " of ",
+                                     length < 0 ? std::string("?") : absl::StrCat(length),
+                                     " bytes)\n"));
+    }
+    size_t want = std::min<int64_t>(chunk, cap - body->size());
+    int got = mg_read(conn, buf, want);
+    if (got <= 0) break;
+    body->append(buf, got);
+    chunk = std::min(sizeof(buf), std::max<size_t>(chunk, body->size()));
+  }
+  if (static_cast<int64_t>(body->size()) > options_.max_body_bytes) {
+    return Plain(413, absl::StrCat("request body is over the limit of ", options_.max_body_bytes,
+                                   " bytes\n"));
+  }
+  *ok = true;
+  return HttpResponse{};
 }
 
 // civetweb's threads have 100 KiB stacks (a build-time setting), and glibc carves every loaded

@@ -11,8 +11,14 @@
 // Bounds: `threads` connections are served at once (each on its own thread; keep-alive is off, so
 // one request per connection); at most `queue` more wait, accepted, for a thread. Request headers
 // over `max_header_bytes` are refused by civetweb, a body over `max_body_bytes` gets 413 without
-// being read, and a peer that does not send its request (or read the response) within
-// `request_timeout_ms` is dropped. Plain HTTP only: bind it to loopback or a trusted network and
+// being read. Deadlines: the headers must arrive within `request_timeout_ms` of a thread taking
+// the connection (civetweb's, for the whole header), the body within `request_timeout_ms` of the headers (408
+// otherwise), and each write of the answer within `request_timeout_ms`. Slow clients: a client
+// that trickles its headers holds a thread for at most `request_timeout_ms`, so `threads` (32)
+// must exceed what slow peers can hold for a /metrics scrape to get one: 20 slowloris sockets
+// leave 12; and at most `max_bodies_per_client` requests from one client address may be reading
+// their bodies at once (the rest get 503 unread), so one address cannot hold every thread with
+// slow bodies. Requests without a body are never refused for it. Plain HTTP only: bind it to loopback or a trusted network and
 // put authentication in the handlers (see HttpRequest::Header, Cookie).
 //
 // Thread-safety: Handle() may be called from any thread, before or after Start. The destructor
@@ -60,11 +66,12 @@ using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 struct HttpServerOptions {
   std::string listen = "127.0.0.1:0";  // IPv4 host:port (Debian's civetweb has no IPv6); port 0 = any
-  int threads = 4;                       // connections served at once
+  int threads = 32;                      // connections served at once
   int64_t max_body_bytes = 64 << 10;     // larger request bodies get 413
   int request_timeout_ms = 10000;        // per request: receiving it and sending the answer
   int max_header_bytes = 16 << 10;       // request line + headers
   int queue = 16;                        // accepted connections waiting for a thread
+  int max_bodies_per_client = 8;         // requests of one address reading their bodies at once
 };
 
 class HttpServer {
@@ -90,6 +97,9 @@ class HttpServer {
   static int Dispatch(mg_connection* conn, void* self);
   int Respond(mg_connection* conn);  // Serve, then write the answer; returns the status
   HttpResponse Serve(mg_connection* conn);
+  // Reads the body into `body` (request_timeout_ms from now at most); a non-OK answer for errors.
+  HttpResponse ReadBody(mg_connection* conn, const std::string& client, int64_t length,
+                        std::string* body, bool* ok);
   std::shared_ptr<const HttpHandler> Route(absl::string_view path) const;
 
   const HttpServerOptions options_;
@@ -99,6 +109,7 @@ class HttpServer {
   std::string address_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::shared_ptr<const HttpHandler>> handlers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> reading_bodies_ ABSL_GUARDED_BY(mu_);  // by client address
 };
 
 }  // namespace ember::base

@@ -177,6 +177,93 @@ TEST_CASE("http server bounds headers, idle peers and concurrency") {
   }
 }
 
+// Slow peers (issue 31): 20 sockets trickling their headers do not starve /metrics; one address
+// may hold at most max_bodies_per_client threads with slow bodies; a body trickled a byte at a
+// time ends at the request deadline with 408.
+bool SendStr(int fd, const std::string& s) {
+  return send(fd, s.data(), s.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(s.size());
+}
+
+TEST_CASE("http server: 20 slowloris sockets do not starve /metrics scrapes") {
+  auto server = MustStart();  // the defaults emberd uses
+  server->Handle("/metrics", [](const HttpRequest&) { return HttpResponse{.body = "up 1\n"}; });
+  std::atomic<bool> stop{false};
+  std::vector<int> fds;
+  for (int i = 0; i < 20; ++i) {
+    fds.push_back(RawConnect(server->port()));
+    REQUIRE(SendStr(fds.back(), "GET /metrics HTTP/1.1\r\nHost: x\r\n"));
+  }
+  std::thread trickle([&] {  // a header byte per socket every 200 ms, never the blank line
+    while (!stop) {
+      for (int fd : fds) SendStr(fd, "X");
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // every slow socket has a thread
+  int ok = 0;
+  for (int i = 0; i < 5; ++i) {
+    auto r = HttpFetch(server->address(), {.path = "/metrics", .timeout = absl::Seconds(2)});
+    if (r.ok() && r->status == 200 && r->body == "up 1\n") ++ok;
+  }
+  stop = true;
+  trickle.join();
+  for (int fd : fds) close(fd);
+  CHECK(ok == 5);
+}
+
+TEST_CASE("http server: one address holds at most max_bodies_per_client slow bodies") {
+  auto server = MustStart({.max_bodies_per_client = 3});
+  server->Handle("/post", [](const HttpRequest& r) { return HttpResponse{.body = r.body}; });
+  server->Handle("/metrics", [](const HttpRequest&) { return HttpResponse{.body = "up 1\n"}; });
+  std::vector<int> fds;
+  for (int i = 0; i < 5; ++i) {
+    fds.push_back(RawConnect(server->port()));
+    REQUIRE(SendStr(fds.back(), "POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\na"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  // The fourth and fifth are refused at once, unread; the first three still wait for their bodies.
+  int refused = 0;
+  for (int fd : fds) {
+    auto [data, closed] = ReadUntilClose(fd, std::chrono::milliseconds(300));
+    if (data.find(" 503 ") != std::string::npos) ++refused;
+  }
+  CHECK(refused == 2);
+  // A scrape from the same address has no body: never refused for it.
+  auto r = HttpFetch(server->address(), {.path = "/metrics", .timeout = absl::Seconds(2)});
+  REQUIRE(r.ok());
+  CHECK(r->status == 200);
+  for (int fd : fds) close(fd);
+}
+
+TEST_CASE("http server: a body trickled a byte at a time ends at the request deadline with 408") {
+  auto server = MustStart({.request_timeout_ms = 600});
+  server->Handle("/post", [](const HttpRequest& r) { return HttpResponse{.body = r.body}; });
+  const int fd = RawConnect(server->port());
+  REQUIRE(SendStr(fd, "POST /post HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n"));
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    while (!stop && SendStr(fd, "b")) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  });
+  const auto start = std::chrono::steady_clock::now();
+  std::string data;  // until the answer's status line arrived
+  while (data.find("\r\n") == std::string::npos &&
+         std::chrono::steady_clock::now() - start < std::chrono::milliseconds(4000)) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 50) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) break;
+    data.append(buf, static_cast<size_t>(n));
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  stop = true;
+  trickle.join();
+  close(fd);
+  INFO(data);
+  CHECK(data.find(" 408 ") != std::string::npos);
+  CHECK(took < std::chrono::milliseconds(2500));
+}
+
 // civetweb's threads have 100 KiB stacks; a handler needing more (deep recursion, big buffers, a
 // gRPC call) must still work.
 int DeepStack(int depth) {

@@ -136,7 +136,8 @@ class JobPage {
     server->Handle("/jobs", [self](const HttpRequest& r) { return self->Page(r); });
     server->Handle("/api/jobs", [self](const HttpRequest& r) { return self->Api(r); });
     server->Handle("/login", [self](const HttpRequest& r) { return self->LoginPage(r); });
-    server->Handle("/logout", [self](const HttpRequest&) {
+    server->Handle("/logout", [self](const HttpRequest& r) {
+      self->auth_.Logout(r.Cookie(kSessionCookie));  // a copy of the cookie is refused from now
       HttpResponse resp = Redirect("/login");
       resp.headers.push_back({"Set-Cookie", absl::StrCat(kSessionCookie, "=; Path=/; HttpOnly; "
                                                          "SameSite=Strict; Max-Age=0")});
@@ -211,8 +212,10 @@ class JobPage {
       if (auth_.auth_off()) return Redirect(next);
       if (session.empty()) return Redirect("/login?failed=1&next=" + UrlEncode(next));
       HttpResponse resp = Redirect(next);
-      resp.headers.push_back({"Set-Cookie", absl::StrCat(kSessionCookie, "=", session,
-                                                         "; Path=/; HttpOnly; SameSite=Strict")});
+      resp.headers.push_back(
+          {"Set-Cookie", absl::StrCat(kSessionCookie, "=", session, "; Path=/; HttpOnly; "
+                                      "SameSite=Strict; Max-Age=",
+                                      absl::ToInt64Seconds(auth_.session_ttl()))});
       return resp;
     }
     HttpResponse resp;
@@ -456,7 +459,7 @@ class JobPage {
   }
 
   Daemon::Impl* const d_;
-  const PageAuth auth_;
+  PageAuth auth_;  // thread-safe
   std::string csp_;
 };
 

@@ -115,6 +115,9 @@ absl::StatusOr<Daemon::Impl::ScriptLaunch> Daemon::Impl::PrepareScript(
       std::unique_ptr<store::TcpStoreServer> server;
       store::TcpStoreOptions to;
       to.key_prefix = job::keys::TorchStore(job.id(), n);
+      // The attempt's own budget (parked WAITs included), far below the hosted store's: what a
+      // script (or anyone reaching its MASTER_PORT) can make this listener hold.
+      to.max_buffered_bytes = size_t{64} << 20;
       for (int tries = 0; tries < 8 && !server; ++tries) {
         ASSIGN_OR_RETURN(auto s, store::TcpStoreServer::Start(host, 0, backend, to));
         if (used.count(s->port())) unwanted.push_back(std::move(s));  // an earlier attempt's

@@ -146,7 +146,12 @@ absl::Status AgentImpl::Init() {
   ucp_config_t* config = nullptr;
   ucs_status_t st = ucp_config_read(nullptr, nullptr, &config);
   if (st != UCS_OK) return FromUcs(st, "reading the UCX configuration (check UCX_* variables)");
-  tcp_segments_set_ = internal::ApplyUcxDefaults(config);
+  const std::string net_devices = internal::ResolveNetDevices(opt_.net_devices);
+  tcp_segments_set_ = internal::ApplyUcxDefaults(config, net_devices);
+  if (!net_devices.empty()) {
+    spdlog::debug("onesided {}: UCX network devices: {} (AgentOptions::net_devices '{}')", opt_.name,
+                  net_devices, opt_.net_devices);
+  }
   ucp_params_t p = {};
   p.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED;
   p.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;

@@ -43,6 +43,13 @@
 // puts over TCP 2-4x and gets 2-2.5x faster (docs/onesided.md). Cost: TCP send/receive buffers of
 // 1 MiB each. With them, puts and gets over TCP are the agent's own messages (AgentOptions::put_over_am).
 //
+// Exposure: UCX's TCP transport has no authentication and its receive path writes a peer's put
+// (and its own emulated put/get) wherever the peer says, whatever this process' settings. The
+// agent therefore keeps UCX on the fewest devices (AgentOptions::net_devices: loopback only for a
+// one-host job) and turns UCX's TCP put off for its own traffic (UCX_TCP_PUT_ENABLE=n unless set;
+// the agent's puts over TCP are its own token-checked messages). A host that can reach a device
+// UCX listens on can still write into the process: keep jobs that span hosts on a trusted network.
+//
 // GPU memory (one node): RegisterMemory(ptr, bytes, kCuda) exports the region by CUDA IPC
 // (cuda_ipc.h) instead of UCX; a peer's ImportRegion opens it, and Put/Get between it and local
 // host or GPU memory are cudaMemcpyAsync on TransferOptions::cuda_stream, ordered with the caller's
@@ -113,6 +120,13 @@ struct AgentOptions {
   // so it would let a peer read any address of this process. Only while the agent sets UCX's TCP
   // segments (agent.h, above). false: always ucp_put_nbx / ucp_get_nbx (no such check over TCP).
   bool put_over_am = true;
+  // The network devices UCX may use (UCX_NET_DEVICES), unless UCX_NET_DEVICES is set: UCX's TCP
+  // interface listens on each, and any host that reaches one can write into this process (see
+  // "Exposure" above). "auto": "lo" in a job on one host (EMBER_WORLD_SIZE equal to
+  // EMBER_LOCAL_WORLD_SIZE), else the device whose address this host uses to reach the job's
+  // store (EMBER_STORE_ADDR), else (outside a job, or no such device) UCX's default: every device.
+  // "all": UCX's default. Anything else is passed on as is ("lo", "eth0", "mlx5_0:1,eth1").
+  std::string net_devices = "auto";
   // Gets over active messages, per peer: at most this many bytes of replies are posted and not yet
   // sent (raised to kAmPutChunkBytes); requests beyond wait, served in order as replies complete,
   // at most max_queued_gets of them (a request is 40 bytes there). One arriving when that many

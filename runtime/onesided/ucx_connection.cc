@@ -1,6 +1,11 @@
 #include "runtime/onesided/ucx_connection.h"
 
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,14 +34,62 @@ absl::Status FromUcs(ucs_status_t st, absl::string_view what) {
   return absl::InternalError(msg);
 }
 
-bool ApplyUcxDefaults(ucp_config_t* config) {
+std::string ResolveNetDevices(const std::string& option) {
+  if (getenv("UCX_NET_DEVICES") != nullptr || option.empty() || option == "all") return "";
+  if (option != "auto") return option;
+  const char* world = getenv("EMBER_WORLD_SIZE");
+  const char* local = getenv("EMBER_LOCAL_WORLD_SIZE");
+  if (world != nullptr && local != nullptr && std::string(world) == local) return "lo";
+  const char* store = getenv("EMBER_STORE_ADDR");
+  if (store == nullptr) return "";
+  // The device holding the address this host uses towards the store's host.
+  std::string host(store);
+  if (const size_t colon = host.rfind(':'); colon != std::string::npos) host.resize(colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* res = nullptr;
+  if (host.empty() || getaddrinfo(host.c_str(), "9", &hints, &res) != 0) return "";
+  std::string device;
+  const int fd = socket(res->ai_family, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+  sockaddr_storage local_addr{};
+  socklen_t len = sizeof(local_addr);
+  const bool routed = fd >= 0 && connect(fd, res->ai_addr, res->ai_addrlen) == 0 &&
+                      getsockname(fd, reinterpret_cast<sockaddr*>(&local_addr), &len) == 0;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(res);
+  ifaddrs* ifs = nullptr;
+  if (!routed || getifaddrs(&ifs) != 0) return "";
+  for (ifaddrs* i = ifs; i != nullptr && device.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != local_addr.ss_family) continue;
+    if (local_addr.ss_family == AF_INET) {
+      if (reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr ==
+          reinterpret_cast<sockaddr_in*>(&local_addr)->sin_addr.s_addr) {
+        device = i->ifa_name;
+      }
+    } else if (local_addr.ss_family == AF_INET6 &&
+               memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr,
+                      &reinterpret_cast<sockaddr_in6*>(&local_addr)->sin6_addr, 16) == 0) {
+      device = i->ifa_name;
+    }
+  }
+  freeifaddrs(ifs);
+  return device;
+}
+
+bool ApplyUcxDefaults(ucp_config_t* config, const std::string& net_devices) {
   // Transport keys go without their TCP_ prefix, and only where TCP may be used (UCX warns of
   // unused keys); RX >= TX or TCP fails.
   if (getenv("UCX_KEEPALIVE_INTERVAL") == nullptr) ucp_config_modify(config, "KEEPALIVE_INTERVAL", "1s");
+  if (!net_devices.empty() && getenv("UCX_NET_DEVICES") == nullptr) {
+    ucp_config_modify(config, "NET_DEVICES", net_devices.c_str());
+  }
   const std::string tls = getenv("UCX_TLS") == nullptr ? "all" : getenv("UCX_TLS");
   const bool tcp_named = tls.find("tcp") != std::string::npos;
-  if ((tls[0] == '^' ? !tcp_named : tcp_named || tls == "all") &&
-      getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
+  const bool tcp_may = tls[0] == '^' ? !tcp_named : tcp_named || tls == "all";
+  // This side never sends UCX's TCP puts (they bypass the region tokens); see agent.h, Exposure.
+  if (tcp_may && getenv("UCX_TCP_PUT_ENABLE") == nullptr) ucp_config_modify(config, "PUT_ENABLE", "n");
+  if (tcp_may && getenv("UCX_TCP_TX_SEG_SIZE") == nullptr && getenv("UCX_TCP_RX_SEG_SIZE") == nullptr) {
     const std::string bytes = absl::StrCat(kTcpSegmentBytes);
     for (const char* key : {"TX_SEG_SIZE", "RX_SEG_SIZE"}) ucp_config_modify(config, key, bytes.c_str());
     return true;

@@ -34,9 +34,15 @@ bool PeerFailure(ucs_status_t st);
 // OK for UCS_OK; UNAVAILABLE for a peer failure, CANCELLED for a shut-down agent, INTERNAL else.
 absl::Status FromUcs(ucs_status_t st, absl::string_view what);
 
-// Sets UCX defaults the user left unset on `config` (agent.h says which and why). Returns whether
-// it set the TCP segments (kTcpSegmentBytes), which AgentOptions::put_over_am relies on.
-bool ApplyUcxDefaults(ucp_config_t* config);
+// Sets UCX defaults the user left unset on `config` (agent.h says which and why): the keepalive,
+// the TCP segments, UCX_TCP_PUT_ENABLE=n, and UCX_NET_DEVICES=`net_devices` when that is not ""
+// (ResolveNetDevices' answer). Returns whether it set the TCP segments (kTcpSegmentBytes), which
+// AgentOptions::put_over_am relies on.
+bool ApplyUcxDefaults(ucp_config_t* config, const std::string& net_devices = "");
+
+// The UCX_NET_DEVICES value for AgentOptions::net_devices `option` ("" = leave UCX's default),
+// from the environment for "auto" (agent.h). "" also when UCX_NET_DEVICES is set (it wins).
+std::string ResolveNetDevices(const std::string& option);
 
 // Allocates and maps `bytes` through UCX (UCP_MEM_MAP_ALLOCATE); its address in `*address`.
 absl::StatusOr<ucp_mem_h> AllocateUcxMemory(ucp_context_h ctx, uint64_t bytes, void** address);

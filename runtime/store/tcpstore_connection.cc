@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 namespace ember::store::tcpstore {
 
@@ -16,6 +17,36 @@ int64_t MonoNs() {
   timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return int64_t{ts.tv_sec} * 1000000000 + ts.tv_nsec;
+}
+
+bool WarnLimiter::Warn(const std::string& kind, const std::string& message) {
+  const int64_t now = MonoNs();
+  Slot& s = slots_[kind];
+  if (s.logged && now - s.last_ns < interval_ns_) {
+    ++s.suppressed;
+    ++suppressed_total_;
+    return false;
+  }
+  if (s.suppressed > 0) {
+    spdlog::warn("store: TCPStore {} ({} more like it in the last {} ms not logged)", message,
+                 s.suppressed, (now - s.last_ns) / 1'000'000);
+  } else {
+    spdlog::warn("store: TCPStore {}", message);
+  }
+  s.logged = true;
+  s.last_ns = now;
+  s.suppressed = 0;
+  return true;
+}
+
+void WarnLimiter::Flush(int64_t now_ns) {
+  for (auto& [kind, s] : slots_) {
+    if (s.suppressed == 0 || now_ns - s.last_ns < interval_ns_) continue;
+    spdlog::warn("store: TCPStore: {} more warnings of kind '{}' in the last {} ms not logged",
+                 s.suppressed, kind, (now_ns - s.last_ns) / 1'000'000);
+    s.suppressed = 0;
+    s.last_ns = now_ns;
+  }
 }
 
 void Conn::WriteLocked(const char* p, size_t n) {

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,6 +43,8 @@ class Budget {
   explicit Budget(int64_t limit) : limit_(limit) {}
   int64_t held() const { return held_.load(std::memory_order_relaxed); }
   bool Over() const { return limit_ > 0 && held() > limit_; }
+  // Whether n more bytes stay within the limit (nothing added).
+  bool Fits(int64_t n) const { return limit_ <= 0 || held() + n <= limit_; }
   void Add(int64_t delta) { held_.fetch_add(delta, std::memory_order_relaxed); }
   // Adds n if the total stays within the limit; false (nothing added) otherwise.
   bool TryReserve(int64_t n) {
@@ -84,9 +87,17 @@ struct Conn {
   std::unique_ptr<v1::Request> kept;
   ReplyPlan kept_plan;
   int64_t kept_bytes = 0;
-  int64_t counted = 0;        // parser.held_bytes() + kept_bytes, as added to the budget
+  // A WAIT's request (its keys) while it is outstanding: the backend holds a copy for as long as
+  // it is parked, charged to the budget until it is answered or the connection closes.
+  int64_t parked_bytes = 0;
+  int64_t counted = 0;        // parser.held_bytes() + kept_bytes + parked_bytes, in the budget
   bool rerun = false;         // its answer was refused: runs `kept` again when the budget allows
   int64_t last_input_ns = 0;  // when bytes last arrived
+  // Idle deadline (TcpStoreOptions::idle_timeout): since when the listener waits for this client
+  // to complete a query (accepted and no query yet, or part of a query received); 0 = none (the
+  // client completed its queries and owes nothing).
+  int64_t idle_from_ns = 0;
+  bool completed_query = false;  // ran at least one query (a client, not a silent socket)
   int64_t run_ns = 0;         // when its request was last submitted
   bool read_queued = false, reply_queued = false;  // waiting in Turns' queues
 
@@ -95,7 +106,7 @@ struct Conn {
   bool Growing() const { return !parser.AtBoundary() && parser.held_bytes() >= kSmallQueryBytes; }
   // Adds the change of parser.held_bytes() + kept_bytes to the budget (loop thread).
   void SyncHeld() {
-    const int64_t now = static_cast<int64_t>(parser.held_bytes()) + kept_bytes;
+    const int64_t now = static_cast<int64_t>(parser.held_bytes()) + kept_bytes + parked_bytes;
     budget->Add(now - counted);
     counted = now;
   }
@@ -145,6 +156,31 @@ std::string FormatReply(const ReplyPlan& plan, const v1::Response& r);
 bool MayRunAgain(Op op, const v1::Response* r);
 // TCPStore's "/k" for a user key "k" is the store key key_prefix + "k".
 std::string StoreKey(const std::string& key_prefix, const std::string& k);
+
+// Warnings of the listener, at most one per `interval_ns` per kind (a flood of malformed
+// connections must not flood the log): the rest are counted, and the next warning of the kind (or
+// Flush, once the interval passed) says how many were suppressed. Loop thread only.
+class WarnLimiter {
+ public:
+  explicit WarnLimiter(int64_t interval_ns = 1'000'000'000) : interval_ns_(interval_ns) {}
+  // Logs "store: TCPStore <message>" at warning level unless `kind` was logged within the
+  // interval; returns whether it logged.
+  bool Warn(const std::string& kind, const std::string& message);
+  // Logs the suppressed counts of kinds whose interval passed.
+  void Flush(int64_t now_ns);
+  // Warnings suppressed so far, over all kinds (tests).
+  int64_t suppressed_total() const { return suppressed_total_; }
+
+ private:
+  struct Slot {
+    int64_t last_ns = 0;
+    bool logged = false;
+    int64_t suppressed = 0;
+  };
+  const int64_t interval_ns_;
+  std::map<std::string, Slot> slots_;
+  int64_t suppressed_total_ = 0;
+};
 
 // Connections whose request was answered, for the loop thread to resume. Shared with completion
 // callbacks, which may run after the server is gone (Stop() makes Push a no-op then).

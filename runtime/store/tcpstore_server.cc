@@ -17,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -110,7 +111,7 @@ class TcpStoreServer::Impl {
       loop_.join();
     }
     if (listen_fd_ >= 0) close(listen_fd_);
-    while (!conns_.empty()) Close(conns_.begin()->second, "", false);
+    while (!conns_.empty()) Close(conns_.begin()->second, "", nullptr);
     // A request still being evaluated when it was cancelled (etcd backend) parks afterwards: cancel
     // again until every one is answered, for at most a second.
     for (int i = 0; i < 100 && RecancelPending(/*force=*/true); ++i) {
@@ -131,8 +132,15 @@ class TcpStoreServer::Impl {
     ready_->MarkLoopThread();
     epoll_event events[256];
     int64_t last_stall_check = MonoNs();
+    // Idle deadlines are checked four times per idle_timeout (at most once a second).
+    const int64_t idle_ns = absl::ToInt64Nanoseconds(options_.idle_timeout);
+    const int64_t sweep_ns = std::max<int64_t>(std::min<int64_t>(idle_ns / 4, 1'000'000'000),
+                                               10'000'000);
+    const int idle_wait_ms = static_cast<int>(sweep_ns / 1'000'000);
     while (!stop_) {
-      const int timeout_ms = !backlog_.empty() ? 0 : cancelling_.empty() ? 1000 : 100;
+      const int timeout_ms = !backlog_.empty()      ? 0
+                             : !cancelling_.empty() ? std::min(100, idle_wait_ms)
+                                                    : idle_wait_ms;
       const int n = epoll_wait(epfd_, events, 256, timeout_ms);
       for (int i = 0; i < n; ++i) {
         const uint64_t tag = events[i].data.u64;
@@ -171,9 +179,11 @@ class TcpStoreServer::Impl {
       ResumeBacklog();
       Rebalance();
       if (!cancelling_.empty()) RecancelPending(/*force=*/false);
-      if (const int64_t now = MonoNs(); now - last_stall_check > 1'000'000'000) {
+      if (const int64_t now = MonoNs(); now - last_stall_check >= sweep_ns) {
         last_stall_check = now;
         CloseStalledWriters(now);
+        CloseIdle(now);
+        warnings_.Flush(now);
       }
     }
     DrainReady();
@@ -219,15 +229,23 @@ class TcpStoreServer::Impl {
         return;  // EAGAIN: all accepted (after EMFILE: the next round takes the rest)
       }
       if (conns_.size() >= options_.max_connections) {  // no client authenticates: bounded
-        close(fd);
-        refusals_.Refused(absl::StrCat("refused a connection: ", conns_.size(),
-                                       " open (max_connections)"));
-        continue;
+        std::shared_ptr<Conn> victim = OldestSilent();
+        if (victim == nullptr) {
+          close(fd);
+          refusals_.Refused(absl::StrCat("refused a connection: ", conns_.size(),
+                                         " open (max_connections)"));
+          continue;
+        }
+        Close(victim, absl::StrCat("evicted for a new connection: ", conns_.size(),
+                                   " open (max_connections); it was the oldest that completed no "
+                                   "query"),
+              "evicted");
       }
       int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       auto c = std::make_shared<Conn>(fd, g_next_owner.fetch_add(1), options_.max_unsent_bytes,
                                       options_.max_query_bytes, budget_);
+      c->idle_from_ns = c->last_input_ns = MonoNs();
       epoll_event ev{};
       ev.events = c->events = EPOLLIN;
       ev.data.u64 = c->owner;
@@ -262,6 +280,11 @@ class TcpStoreServer::Impl {
       const ssize_t k = recv(fd, buf, sizeof(buf), MSG_PEEK);
       if (k > 0) {
         c->last_input_ns = MonoNs();
+        // A query begins (the first one: its deadline runs from its first byte, see CloseIdle).
+        if (c->idle_from_ns == 0 || (!c->completed_query && c->in.size() == c->in_pos &&
+                                     c->parser.AtBoundary())) {
+          c->idle_from_ns = c->last_input_ns;
+        }
         c->in.append(buf, static_cast<size_t>(k));
         Pump(c);
         Consume(c, static_cast<size_t>(k));
@@ -308,6 +331,7 @@ class TcpStoreServer::Impl {
           fail = c->broken;
         } else if (c->awaiting && c->done) {
           c->awaiting = false;
+          c->parked_bytes = 0;
           if (c->refused) {  // a large answer over the budget: run it again later
             c->refused = false;
             c->rerun = true;
@@ -328,8 +352,8 @@ class TcpStoreServer::Impl {
         }
         stuck = c->awaiting || c->OutPendingLocked();
       }
-      if (!fail.empty()) return Close(c, fail, true);
-      if (gone) return Close(c, "its request was cancelled", false);
+      if (!fail.empty()) return Close(c, fail, "failed");
+      if (gone) return Close(c, "its request was cancelled", nullptr);
       if (stuck) {
         if (c->awaiting && MaybeCancelWait(c)) continue;
         break;
@@ -357,12 +381,15 @@ class TcpStoreServer::Impl {
       const auto r = c->parser.Feed(c->in.data() + c->in_pos, c->in.size() - c->in_pos,
                                     c->dialect == tcpstore::Dialect::kV2, &used, &why);
       c->in_pos += used;
-      if (r == tcpstore::QueryParser::Result::kError) return Close(c, why, true);
+      if (r == tcpstore::QueryParser::Result::kError) return Close(c, why, "malformed");
       if (r == tcpstore::QueryParser::Result::kNeedMore) break;
       why = Run(c, c->parser.query());
       ++ran;
       c->parser.Reset();
-      if (!why.empty()) return Close(c, why, true);
+      c->completed_query = true;
+      // The next query's deadline runs from now if its bytes are here already.
+      c->idle_from_ns = c->in_pos < c->in.size() ? MonoNs() : 0;
+      if (!why.empty()) return Close(c, why, "refused");
     }
     if (!c->open) return;
     c->SyncHeld();
@@ -384,7 +411,7 @@ class TcpStoreServer::Impl {
                             c->awaiting_op == Op::kMultiGet;
       const bool wait_for_answer = stuck && !(c->awaiting && may_park) && !c->rerun &&
                                    (c->in_pos < c->in.size() || c->awaiting);
-      if (!wait_for_answer && !c->backlogged) return Close(c, "", false);
+      if (!wait_for_answer && !c->backlogged) return Close(c, "", nullptr);
     }
     UpdateInterest(c);
   }
@@ -458,23 +485,73 @@ class TcpStoreServer::Impl {
     for (const auto& c : stalled) {
       Close(c, absl::StrCat("the client read none of its reply for ",
                             absl::FormatDuration(options_.write_stall_timeout),
-                            " (write_stall_timeout)"), true);
+                            " (write_stall_timeout)"), "stalled");
     }
     if (auto c = turns_.StalledReader(now, limit)) {
       Close(c, absl::StrCat("the client sent none of its query for ",
                             absl::FormatDuration(options_.write_stall_timeout),
                             " while it held the budget's read turn (write_stall_timeout; "
-                            "max_buffered_bytes is full)"), true);
+                            "max_buffered_bytes is full)"), "stalled");
     }
   }
 
+  // Whether the listener waits for `c` to send (so that an idle deadline may run): not while a
+  // request is outstanding, a reply waits to leave, a refused request waits to run again, its
+  // turn's queries wait for the next round, or the budget keeps it from being read.
+  bool WaitsForClient(const std::shared_ptr<Conn>& c) {
+    if (c->awaiting || c->rerun || c->backlogged || c->read_queued) return false;
+    absl::MutexLock l(&c->mu);
+    return !c->OutPendingLocked();
+  }
+
+  // Closes connections that completed no query within idle_timeout (TcpStoreOptions).
+  void CloseIdle(int64_t now) {
+    const int64_t limit = absl::ToInt64Nanoseconds(options_.idle_timeout);
+    if (limit <= 0) return;
+    // torch's TCPStore client opens a second connection at start (its watch_key callback
+    // client) that sends nothing until a watch_key, and its background thread ends the process
+    // when that connection is closed: a connection that sent nothing at all is closed only while
+    // the table is at least half full (silent sockets crowding clients out).
+    const bool pressure = conns_.size() * 2 >= options_.max_connections;
+    std::vector<std::shared_ptr<Conn>> idle;
+    for (const auto& [owner, c] : conns_) {
+      if (c->idle_from_ns == 0) continue;
+      if (!pressure && !c->completed_query && c->in.empty() && c->parser.AtBoundary()) continue;
+      if (!WaitsForClient(c)) {
+        c->idle_from_ns = now;  // not the client's time: the deadline restarts once it is
+        continue;
+      }
+      if (now - c->idle_from_ns > limit) idle.push_back(c);
+    }
+    for (const auto& c : idle) {
+      Close(c, absl::StrCat(c->completed_query ? "a client sent part of a query and"
+                                               : "a connection sent no query and",
+                            " completed none for ", absl::FormatDuration(options_.idle_timeout),
+                            " (idle_timeout)"),
+            "idle");
+    }
+  }
+
+  // The connection a full table gives up for a new one: the oldest of those that completed no
+  // query yet (silent sockets; a client between queries, even one silent for hours, is a torch
+  // rank and keeps its slot); null if there is none.
+  std::shared_ptr<Conn> OldestSilent() {
+    std::shared_ptr<Conn> best;
+    for (const auto& [owner, c] : conns_) {
+      if (!c->open || c->completed_query) continue;
+      if (best == nullptr || c->last_input_ns < best->last_input_ns) best = c;
+    }
+    return best;
+  }
+
   // Closes the connection: its outstanding request is cancelled (and cancelled again until it is
-  // answered). `why` empty = the client went away.
-  void Close(std::shared_ptr<Conn> c, const std::string& why, bool warn) {
+  // answered). `why` empty = the client went away. A `warn_kind` makes it a warning, logged at
+  // most once a second per kind (WarnLimiter); null = debug.
+  void Close(std::shared_ptr<Conn> c, const std::string& why, const char* warn_kind) {
     if (!c->open) return;
     c->open = false;
-    if (warn && !why.empty()) {
-      spdlog::warn("store: TCPStore connection closed: {}", why);
+    if (warn_kind != nullptr && !why.empty()) {
+      warnings_.Warn(warn_kind, absl::StrCat("connection closed: ", why));
     } else {
       spdlog::debug("store: TCPStore client went away{}{}", why.empty() ? "" : ": ", why);
     }
@@ -495,6 +572,7 @@ class TcpStoreServer::Impl {
     c->parser.Reset();
     c->kept.reset();
     c->kept_bytes = 0;
+    c->parked_bytes = 0;
     c->SyncHeld();
     backend_->CancelOwner(c->owner);
     if (outstanding) {
@@ -539,6 +617,20 @@ class TcpStoreServer::Impl {
     }
     if (!tcpstore::BuildRequest(q, options_.key_prefix, req, &plan)) {
       return "internal: unhandled TCPStore query";  // the parser refuses the others
+    }
+    if (plan.op == Op::kWait) {  // parks in the backend, keys and all: charged to the budget
+      const int64_t bytes = static_cast<int64_t>(req->ByteSizeLong());
+      if (bytes > static_cast<int64_t>(options_.max_wait_bytes)) {
+        return absl::StrCat("a WAIT for ", req->wait().keys_size(), " keys of ", bytes,
+                            " bytes, over max_wait_bytes=", options_.max_wait_bytes,
+                            " (wait on fewer or shorter keys)");
+      }
+      if (bytes > static_cast<int64_t>(tcpstore::kSmallQueryBytes) && !budget_->Fits(bytes)) {
+        return absl::StrCat("a WAIT of ", bytes, " bytes does not fit the listener's budget (",
+                            budget_->held(), " bytes held; max_buffered_bytes=",
+                            options_.max_buffered_bytes, ")");
+      }
+      c->parked_bytes = bytes;
     }
     Submit(c, *req, std::move(keep), std::move(plan), /*turn=*/false);
     return "";
@@ -589,6 +681,7 @@ class TcpStoreServer::Impl {
   // Cancelled requests not answered yet: the connection and its request_seq then.
   std::map<uint64_t, std::pair<std::shared_ptr<Conn>, uint64_t>> cancelling_;
   base::RefusalLog refusals_{"store: TCPStore listener"};
+  tcpstore::WarnLimiter warnings_;
   base::SpareDescriptor spare_;
   Turns turns_{budget_};
 };

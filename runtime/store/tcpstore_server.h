@@ -25,17 +25,25 @@
 // a connection runs its next query only once the previous reply left, and is closed when a reply
 // exceeds max_unsent_bytes unsent or the client reads none of it for write_stall_timeout.
 //
-// Listener-wide budget (max_buffered_bytes), over partial queries, unsent replies and the GET,
-// MULTI_GET and COMPARE_SET requests kept until answered: while it is exceeded a connection
-// growing a query past 64 KiB is not read, and an answer over 64 KiB that does not fit is not
-// written: the read (or the compare that swapped nothing) runs again later, which is the same as
-// receiving it later. Small queries and replies go on being served. No deadlock: the oldest
-// waiting grower holds a read turn until its query is whole, the oldest refused answer a reply
-// turn until it left (or parked a second), each exempt from the budget; so the listener holds at
-// most max_buffered_bytes + two queries (the read turn's, and the growth that crossed the budget)
-// + one reply + about 256 KiB per connection. A read-turn
-// holder that sends nothing for write_stall_timeout is closed, as is a reply nobody reads (a
-// client reading a byte a minute keeps the reply turn: larger answers wait for it).
+// Listener-wide budget (max_buffered_bytes), over partial queries, unsent replies, the GET,
+// MULTI_GET and COMPARE_SET requests kept until answered, and the WAITs parked in the backend (at
+// most max_wait_bytes each; one over 64 KiB that does not fit, counting its own query buffer, is
+// refused and its connection closed): while it is exceeded a connection growing a query past
+// 64 KiB is not read, and an answer over 64 KiB that does not fit is not written: the read (or
+// the compare that swapped nothing) runs again later, which is the same as receiving it later.
+// Small queries, replies and WAITs go on being served. No deadlock: the oldest waiting grower
+// holds a read turn until its query is whole, the oldest refused answer a reply turn until it
+// left (or parked a second), each exempt from the budget; so the listener holds at most
+// max_buffered_bytes + two queries (the read turn's, and the growth that crossed the budget) +
+// one reply + about 320 KiB per connection (a small parked WAIT included). A read-turn holder
+// that sends nothing for write_stall_timeout is closed, as is a reply nobody reads (a client
+// reading a byte a minute keeps the reply turn: larger answers wait for it).
+//
+// Silent and slow clients: a query begun and not completed within idle_timeout closes its
+// connection, and so does a connection that completed no query within idle_timeout of its accept
+// while the table is at least half full; a full table evicts the oldest connection that completed
+// no query for a new one (max_connections). Warnings (malformed queries, closes, evictions) are
+// logged at most once a second per kind, with the count of those not logged.
 //
 // Thread-safety: Start/port/Shutdown from any thread. Shutdown() (and the destructor) closes the
 // listener and every connection (their waiters are cancelled) and joins the loop thread.
@@ -53,8 +61,10 @@
 namespace ember::store {
 
 struct TcpStoreOptions {
-  // Open connections at most (TCPStore clients never authenticate). Further connections are
-  // accepted and closed at once, with a warning at most once a second.
+  // Open connections at most (TCPStore clients never authenticate). When the table is full, a
+  // new connection evicts the oldest connection that has completed no query yet (a silent
+  // socket; a rate-limited warning); if every one has, the new connection is closed at once,
+  // with a warning at most once a second.
   size_t max_connections = 1024;
   // One query's bytes at most (its strings and their bookkeeping, tcpstore_protocol.h), checked at
   // each length prefix before the bytes arrive: the store's largest answer (BackendOptions::
@@ -71,6 +81,18 @@ struct TcpStoreOptions {
   absl::Duration write_stall_timeout = absl::Seconds(60);
   // Every key is stored under this prefix ("" = the store's own key space).
   std::string key_prefix;
+  // One WAIT's request bytes at most (its keys and their bookkeeping). A parked WAIT's keys stay
+  // in the backend until it ends, charged to max_buffered_bytes meanwhile; a WAIT over this is
+  // refused and its connection closed. torch waits on a few short keys.
+  size_t max_wait_bytes = size_t{1} << 20;
+  // A connection that completes no query for this long is closed: from the first byte of a
+  // query until it is whole (time the listener itself does not read it, over the budget, is not
+  // counted), and, while the table is at least half full (max_connections), from its accept
+  // until its first query is whole. Between queries and while its WAIT or GET is parked a client
+  // may stay silent for ever, and so may a connection that sent nothing while the table is less
+  // than half full: torch's TCPStore opens such a connection (its watch_key callback client) and
+  // ends the process when it is closed.
+  absl::Duration idle_timeout = absl::Seconds(30);
 };
 
 class TcpStoreServer {

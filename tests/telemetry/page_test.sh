@@ -101,6 +101,12 @@ assert d["state"]=="SUCCEEDED", d["state"]
 assert [c["step"] for c in d["checkpoints"]]==[60,40,20], d["checkpoints"]
 assert d["checkpoints"][0]["latest"]
 assert len(d["attempts"])==1 and len(d["ranks"])==2' || fail "job JSON"
+# Issue 31: the cookie expires (Max-Age), and logout ends the session on the server: a copy of the
+# cookie kept after logout is refused.
+grep -i "^set-cookie: ember_session=" "$T/good.h" | grep -qi "Max-Age=" || fail "no Max-Age: $(cat "$T/good.h")"
+cp "$T/jar" "$T/jar.kept"
+curl -s -o /dev/null -b "$T/jar" "$U/logout"
+[ "$(code -b "$T/jar.kept" "$U/api/jobs/$JOB")" = 401 ] || fail "a session cookie must be refused after logout"
 
 ctl plot "$JOB" --out "$T/loss.svg" || fail "plot --out svg"
 /usr/bin/python3 "$CHECK" svg "$T/loss.svg" "$JD" --min-points 60 || fail "plot SVG"
