@@ -10,6 +10,7 @@
 #include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/jobspec/spec.h"
+#include "spdlog/spdlog.h"
 
 namespace ember {
 
@@ -58,6 +59,15 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   }
   o.allow_root_scripts = options.allow_root_scripts;
   o.script_user = options.script_user;
+  // emberd as root refuses script jobs unless allow_root_scripts: it runs other users' scripts.
+  // A standalone run is the invoking user's own script on their own machine, in this process:
+  // no boundary is crossed when it runs as root too (issue 30).
+  if (::geteuid() == 0 && spec::IsScriptJob(spec) && !o.allow_root_scripts) {
+    o.allow_root_scripts = true;
+    spdlog::warn("emberctl runs as root: the script runs as root too (a standalone run is your own "
+                 "script on this machine{})",
+                 o.script_user.empty() ? "; --script-user NAME runs it as NAME" : "");
+  }
   o.worker_binary = options.worker_binary;
   o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());

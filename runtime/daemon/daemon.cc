@@ -199,7 +199,18 @@ void Daemon::Impl::HeartbeatLoop() {
         }
       }
     }
-    for (const std::string& log : logs) RotateIfLarger(log, opts.log_max_bytes, opts.log_keep);
+    // Through the daemon's own logs/ directory, never by path (job_files.h).
+    for (const std::string& log : logs) {
+      const std::string rel = RelativeTo(opts.work_root, log);
+      const size_t slash = rel.rfind('/');
+      if (slash == std::string::npos) continue;
+      auto dir = OpenDirBelow(opts.work_root, rel.substr(0, slash), /*create=*/false, /*own=*/true);
+      if (!dir.ok()) {
+        spdlog::warn("not rotating {}: {}", log, std::string(dir.status().message()));
+        continue;
+      }
+      RotateLogIfLarger(dir->get(), rel.substr(slash + 1), opts.log_max_bytes, opts.log_keep);
+    }
   }
 }
 
@@ -272,6 +283,7 @@ void Daemon::Impl::DrainNow() {
     for (const auto& [k, a] : local) left.push_back(a);
   }
   for (LocalAttempt& a : left) {
+    bool killed = false;
     for (auto& w : a.workers) {
       if (w.exited) continue;
       SignalGroup(w.pid, SIGKILL);
@@ -279,7 +291,9 @@ void Daemon::Impl::DrainNow() {
         absl::SleepFor(absl::Milliseconds(5));
       }
       w.exited = true;
+      killed = true;
     }
+    if (killed) SweepAttempt(a);  // what the ranks left outside their groups (supervise.cc)
   }
   {
     absl::MutexLock l(&mu);

@@ -15,6 +15,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/job_files.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
@@ -29,61 +30,44 @@ using jobs::v1::RankExit;
 
 namespace {
 
-// A job directory (0750 whatever the umask). Failures surface when the worker uses it.
-void MakeJobDir(const std::string& d) {
-  std::error_code ec;
-  fs::create_directories(d, ec);
-  ::chmod(d.c_str(), 0750);
-}
-
-// A file of the job directory, 0640, written whole under a unique temporary name and renamed to
-// `path` (so never through a symlink at `path`): daemons sharing the work root may write the same
-// file while another's workers read it, and a reader sees the old file or the whole new one.
-absl::Status WriteJobFile(const std::string& path, const std::string& data) {
-  std::string tmp = path + ".tmp.XXXXXX";
-  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
-  ::fchmod(fd, 0640);
-  absl::Status st;
-  for (size_t off = 0; off < data.size();) {
-    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      st = absl::InternalError(absl::StrCat("cannot write ", tmp, ": ", strerror(errno)));
-      break;
-    }
-    off += static_cast<size_t>(w);
-  }
-  ::close(fd);
-  if (st.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", path, ": ", strerror(errno)));
-  }
-  if (!st.ok()) ::unlink(tmp.c_str());
-  return st;
-}
-
-// The job's files from the store: its uploads under `uploads`, then the spec as <dir>/job.yaml,
-// written only when every upload is in place (on a shared work root its presence tells other
-// daemons the files are complete, and they do not fetch them again). The first failure, with
-// job.yaml not written.
-absl::Status FetchJobFiles(store::Client& store, const std::string& job_id, const std::string& dir,
-                           const std::string& uploads) {
+// The job's files from the store: its uploads under <job>/uploads, then the spec as
+// <job>/job.yaml, written only when every upload is in place (on a shared work root its presence
+// tells other daemons the files are complete, and they do not fetch them again). The first
+// failure, with job.yaml not written. Each file is 0640 (group `group`: the script's user reads
+// them), written whole under a fresh O_EXCL name and renamed into place (never through a symlink
+// or a name the script planted: job_files.h), so a reader sees the old file or the whole new one.
+absl::Status FetchJobFiles(store::Client& store, const std::string& job_id,
+                           const std::string& work_root, gid_t group) {
   auto spec = store.Get(keys::SpecYaml(job_id));
   if (!spec.ok()) return base::Annotate(spec.status(), "reading the job's spec");
   const std::string prefix = keys::FilesPrefix(job_id);
   auto names = store.ListKeys(prefix);
   if (!names.ok()) return base::Annotate(names.status(), "listing the job's uploads");
+  const std::string uploads = job_id + "/uploads";
   for (const std::string& k : *names) {
     const std::string rel = k.substr(prefix.size());  // CheckUploadName: no "..", no leading "/"
     auto v = store.Get(k);
     if (!v.ok()) return base::Annotate(v.status(), absl::StrCat("reading upload '", rel, "'"));
-    for (size_t i = rel.find('/'); i != std::string::npos; i = rel.find('/', i + 1)) {
-      MakeJobDir(absl::StrCat(uploads, "/", rel.substr(0, i)));
+    const size_t slash = rel.rfind('/');
+    if (slash != std::string::npos) {
+      auto d = OpenDirBelow(work_root, absl::StrCat(uploads, "/", rel.substr(0, slash)),
+                            /*create=*/true, /*own=*/true, group);
+      if (!d.ok()) return base::Annotate(d.status(), absl::StrCat("writing upload '", rel, "'"));
     }
-    RETURN_IF_ERROR(base::Annotate(WriteJobFile(absl::StrCat(uploads, "/", rel), *v),
-                                   absl::StrCat("writing upload '", rel, "'")));
+    RETURN_IF_ERROR(base::Annotate(
+        WriteFileBelow(work_root, absl::StrCat(uploads, "/", rel), *v, 0640, group, true),
+        absl::StrCat("writing upload '", rel, "'")));
   }
-  return WriteJobFile(dir + "/job.yaml", *spec);
+  // The job directory itself may be the script's: job.yaml is renamed into it, never opened.
+  return WriteFileBelow(work_root, job_id + "/job.yaml", *spec, 0640, group, /*own_dir=*/false);
+}
+
+// True when <job>/job.yaml is a regular file (a symlink there is not: the files are fetched again).
+bool HasJobYaml(const std::string& work_root, const std::string& job_id) {
+  auto dir = OpenDirBelow(work_root, job_id, /*create=*/false, /*own=*/false);
+  struct stat st;
+  return dir.ok() && ::fstatat(dir->get(), "job.yaml", &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+         S_ISREG(st.st_mode);
 }
 
 }  // namespace
@@ -116,21 +100,26 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   std::string dir = JobDir(job.id());
   // Files the daemon writes (job.yaml) and the user's uploads live apart: uploads go under
   // uploads/, so no upload can replace the validated spec. Directories 0750, files 0640
-  // (docs/operations.md, "File permissions").
+  // (docs/operations.md, "File permissions"). A script job run as script_user owns the job
+  // directory, checkpoints/ and flight/; logs/ and uploads/ stay the daemon's (MakeJobDirs).
   const std::string uploads = dir + "/uploads";
   std::string fr_dir = absl::StrCat(dir, "/flight/attempt-", at.number());
-  for (const std::string& d : {dir, dir + "/logs", dir + "/checkpoints", dir + "/flight", fr_dir, uploads}) {
-    MakeJobDir(d);
+  std::optional<ScriptIdentity> runs_as;  // set when the ranks run as another user
+  if (spec::IsScriptJob(job.spec())) {
+    auto id = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
+    if (id.ok() && id->switch_user) runs_as = *id;
   }
+  const gid_t group = runs_as ? runs_as->gid : kNoGroup;
+  absl::Status dirs = MakeJobDirs(job.id(), at.number(), runs_as);
   // job.yaml last: on a work root shared by several daemons its presence means the uploads are
   // all in place too (written first, it let another host start its workers while the uploads
   // were still being fetched from the store: seen with 10 ms RTT between the hosts).
   // A store that did not answer: the next pass tries again. Any other failure fails this node's
   // ranks with the reason, as a fork failure would (before, job.yaml was written anyway, and the
   // attempt ran without the upload; on a shared work root every later attempt did too).
-  absl::Status start_error;
-  if (!fs::exists(dir + "/job.yaml")) {
-    absl::Status files = FetchJobFiles(*store, job.id(), dir, uploads);
+  absl::Status start_error = dirs;
+  if (start_error.ok() && !HasJobYaml(opts.work_root, job.id())) {
+    absl::Status files = FetchJobFiles(*store, job.id(), opts.work_root, group);
     if (absl::IsUnavailable(files) || absl::IsDeadlineExceeded(files)) {
       spdlog::warn("job {} attempt {}: fetching its files failed ({}); trying again", job.id(),
                    at.number(), files.ToString());
@@ -202,8 +191,21 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
       ScriptSpawnOptions(job, *mine, *script, we, &so);
       warm = TakeStandby(job.id(), at.number(), w, so, *script);
     }
-    auto pid = warm ? absl::StatusOr<pid_t>(*warm)
-               : start_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(start_error);
+    absl::StatusOr<pid_t> pid = absl::InternalError("not started");
+    if (warm) {
+      pid = *warm;
+    } else if (!start_error.ok()) {
+      pid = start_error;
+    } else {
+      // Opened here, never by path in the child's parent: logs/ is the daemon's own directory.
+      absl::StatusOr<Fd> log = OpenRankLog(w.log_path);
+      if (log.ok()) {
+        so.log_fd = log->get();
+        pid = SpawnWorker(so);
+      } else {
+        pid = log.status();
+      }
+    }
     if (!pid.ok()) {
       spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
       w.exited = true;
@@ -391,7 +393,10 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     e.set_oom_killed(w.signal == SIGKILL && !a.stopping && oom_recent);
     bool failed = w.exit_code != 0 || w.signal != 0;
     if (failed) {
-      for (auto& line : TailLines(w.log_path, opts.last_log_lines)) e.add_last_log_lines(line);
+      for (auto& line : TailOwnFile(opts.work_root, RelativeTo(opts.work_root, w.log_path),
+                                    opts.last_log_lines)) {
+        e.add_last_log_lines(line);
+      }
       if (!note.empty()) e.add_last_log_lines(note);
     }
     (void)store->Set(keys::Exit(a.job, a.attempt, w.rank), e.SerializeAsString());
@@ -424,8 +429,10 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     }
   }
   if (all_exited) {
-    // Sweep stragglers of the groups (a worker's own children), then give the devices back.
+    // Sweep stragglers of the groups (a worker's own children) and every other process of the
+    // attempt's ranks here (a daemonised one left the group), then give the devices back.
     for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
+    SweepAttempt(a);
     StopTorchStore(a.job, a.attempt);  // script jobs: the attempt's rendezvous ends with it
     {
       // With the lease keeper's claims serialized (ClaimHeldDevices): released in `local` before
@@ -441,6 +448,48 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);
   }
   return changed;
+}
+
+absl::Status Daemon::Impl::MakeJobDirs(const std::string& job, int attempt,
+                                       const std::optional<ScriptIdentity>& runs_as) {
+  const gid_t group = runs_as ? runs_as->gid : kNoGroup;
+  // The script's own directories: its working directory, checkpoints and flight dumps.
+  for (const std::string& rel : {job, job + "/checkpoints", job + "/flight",
+                                 absl::StrCat(job, "/flight/attempt-", attempt)}) {
+    ASSIGN_OR_RETURN(Fd d, OpenDirBelow(opts.work_root, rel, /*create=*/true, /*own=*/false));
+    ::fchmod(d.get(), 0750);
+    if (runs_as && ::fchown(d.get(), runs_as->uid, runs_as->gid) != 0) {
+      return absl::InternalError(absl::StrCat("cannot chown ", opts.work_root, "/", rel,
+                                              " to uid ", runs_as->uid, ": ", strerror(errno)));
+    }
+  }
+  // The daemon's: what it writes there must not be redirected by the script.
+  for (const std::string& rel : {job + "/logs", job + "/uploads"}) {
+    ASSIGN_OR_RETURN(Fd d, MakeOwnDir(opts.work_root, rel, group));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Fd> Daemon::Impl::OpenRankLog(const std::string& log_path) const {
+  const std::string rel = RelativeTo(opts.work_root, log_path);
+  if (rel.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log ", log_path, " is not under the work root ", opts.work_root));
+  }
+  return OpenFileBelow(opts.work_root, rel, O_WRONLY | O_CREAT | O_APPEND, 0640, /*own_dir=*/true);
+}
+
+void Daemon::Impl::SweepAttempt(const LocalAttempt& a) {
+  std::vector<int> ranks;
+  for (const auto& w : a.workers) ranks.push_back(w.rank);
+  std::vector<uid_t> uids = {::geteuid()};
+  auto id = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
+  if (id.ok() && id->switch_user) uids.push_back(id->uid);
+  const int n = KillAttemptProcesses(a.job, a.attempt, ranks, uids);
+  if (n > 0) {
+    spdlog::warn("job {} attempt {}: killed {} process(es) its ranks left behind (outside their "
+                 "process groups)", a.job, a.attempt, n);
+  }
 }
 
 void Daemon::Impl::MergeAttempt(const LocalAttempt& from) {
