@@ -264,6 +264,10 @@ int RunStandalone(Ctl& ctl) {
   if (!c.ok()) return ctl.Fail(c.status());
   auto r = c->Submit(yaml, "", files);
   if (!r.ok()) return ctl.Fail(r.status());
+  if ((*cluster)->root_script()) {  // one line, also with --json (on stderr)
+    std::cerr << "emberctl: the script runs as root, as emberctl does (a standalone run is your own "
+                 "script on this machine; --script-user NAME runs it as NAME)\n";
+  }
   if (!ctl.json()) {
     std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
               << " ranks, logs in " << r->job().job_dir() << "/logs)\n";

@@ -58,7 +58,7 @@ struct Node {
 };
 
 // One node hosting its store, two CPU slots; as root, scripts run as nobody.
-Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20) {
+Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20, int log_keep = 3) {
   daemon::DaemonOptions o;
   o.node_name = "files";
   o.host_store = true;
@@ -70,6 +70,7 @@ Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20) {
   o.auth_token = base::GenerateToken();
   o.heartbeat = absl::Milliseconds(100);  // log rotation runs on the heartbeat
   o.log_max_bytes = log_max_bytes;
+  o.log_keep = log_keep;
   o.restart_backoff = absl::Milliseconds(100);
   if (::geteuid() == 0) {
     o.allow_root_scripts = true;
@@ -191,7 +192,9 @@ TEST_CASE("log rotation never follows a planted rank-0.log.1; rotated logs are 0
   const mode_t old_umask = ::umask(022);  // the common default, under which rotated logs were 0644
   Scratch s;
   const std::string secret = Secret(s.dir);
-  Node n = Start(s.dir, /*log_max_bytes=*/4096);
+  // log_keep 1: rank-0.log.1 is the rotation's only target (with more, the shift moves a
+  // planted name up before the copy is written).
+  Node n = Start(s.dir, /*log_max_bytes=*/4096, /*log_keep=*/1);
   v1::Job done = RunToEnd(n, ScriptSpec("rotation-attack", 0, {secret}), kRotationAttack);
   INFO(done.DebugString());
   CheckSecretUnchanged(secret);
