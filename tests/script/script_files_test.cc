@@ -92,11 +92,13 @@ Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20, int log_ke
 }
 
 std::string ScriptSpec(const std::string& name, int max_restarts,
-                       const std::vector<std::string>& args) {
+                       const std::vector<std::string>& args, bool warm_standby = false) {
   std::string a;
   for (const auto& s : args) a += absl::StrCat(a.empty() ? "" : ", ", "\"", s, "\"");
   return absl::StrCat("name: ", name, "\nworker:\n  script: s.py\n  python: /usr/bin/python3\n",
-                      "  warm_standby: false\n  args: [", a, "]\n",
+                      warm_standby ? "  warm_standby: true\n  preload: [json]\n"
+                                   : "  warm_standby: false\n",
+                      "  args: [", a, "]\n",
                       "parallelism:\n  world_size: 1\nresources:\n  device_type: cpu\n",
                       "max_restarts: ", max_restarts, "\n");
 }
@@ -241,6 +243,32 @@ TEST_CASE("a daemonised descendant of a script (fork, setsid, fork) ends with it
   }
   if (!gone) ::kill(pid, SIGKILL);  // leave nothing behind
   CHECK(gone);
+}
+
+constexpr char kStandby[] = R"PY(import os, sys, time
+attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print(f"attempt {attempt} as uid {os.getuid()}", flush=True)
+if attempt == 0:
+    time.sleep(4)  # the warm standby for attempt 1 starts 3 s into attempt 0
+    sys.exit(1)
+)PY";
+
+// The warm standby's shim and go file live in .ember/, now the daemon's (group: the script's):
+// the script's user must still read them, and attempt 1 must take the standby over.
+TEST_CASE("a warm standby runs as the script user from the daemon's .ember directory") {
+  Scratch s;
+  Node n = Start(s.dir);
+  v1::Job done = RunToEnd(n, ScriptSpec("standby", 1, {}, /*warm_standby=*/true), kStandby);
+  INFO(done.DebugString());
+  CHECK(done.state() == v1::SUCCEEDED);
+  const std::string log = Slurp(done.job_dir() + "/logs/rank-0.log");
+  INFO(log);
+  CHECK(absl::StrContains(log, "(warm standby)"));
+  CHECK(absl::StrContains(log, "attempt 1 as uid"));
+  struct stat st;
+  REQUIRE(::lstat((done.job_dir() + "/.ember").c_str(), &st) == 0);
+  CHECK(st.st_uid == ::geteuid());
+  CHECK((st.st_mode & 0777) == 0750);
 }
 
 }  // namespace
