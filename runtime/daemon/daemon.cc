@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/files.h"
@@ -183,6 +184,7 @@ absl::Status Daemon::Impl::Register(store::Client* via) {
 }
 
 void Daemon::Impl::HeartbeatLoop() {
+  std::set<std::string> not_rotated;  // logs whose directory is not the daemon's (warned once)
   while (!stop.WaitForNotificationWithTimeout(opts.heartbeat)) {
     // A lost node: the lease thread registers it again (lease.cc).
     absl::Status s = lease_lost ? absl::OkStatus() : Register(&*store);
@@ -206,7 +208,9 @@ void Daemon::Impl::HeartbeatLoop() {
       if (slash == std::string::npos) continue;
       auto dir = OpenDirBelow(opts.work_root, rel.substr(0, slash), /*create=*/false, /*own=*/true);
       if (!dir.ok()) {
-        spdlog::warn("not rotating {}: {}", log, std::string(dir.status().message()));
+        if (not_rotated.insert(log).second) {  // once per log, not every heartbeat
+          spdlog::warn("not rotating {}: {}", log, std::string(dir.status().message()));
+        }
         continue;
       }
       RotateLogIfLarger(dir->get(), rel.substr(slash + 1), opts.log_max_bytes, opts.log_keep);

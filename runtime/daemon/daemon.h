@@ -74,7 +74,8 @@ struct DaemonOptions {
   std::vector<std::string> data_roots;   // absolute paths specs may read from
   // Script jobs (worker.script: the daemon runs `python -u script args` per rank with torchrun's
   // environment, runtime/job/torch_env.h). They run as script_user ("" = this daemon's user; only
-  // a root daemon can switch to another, which then owns the job directory). A daemon running as
+  // a root daemon can switch to another, which then owns the job directory, checkpoints/ and
+  // flight/, while logs/, uploads/ and .ember/ stay the daemon's: job_files.h). A daemon running as
   // root refuses them unless allow_root_scripts (spec_policy.h ScriptIdentityFor).
   std::string script_user;
   bool allow_root_scripts = false;
