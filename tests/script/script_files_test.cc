@@ -224,25 +224,49 @@ if os.fork() == 0:
 while not os.path.exists(pidfile):
     time.sleep(0.01)
 print("daemonised", open(pidfile).read(), flush=True)
+if sys.argv[1:] == ["wait"]:
+    time.sleep(600)  # until cancelled
 )PY";
+
+// True once `pid` has ended (gone, or a zombie nobody reaped yet), waiting up to 5 s; kills it
+// when it has not, so that nothing outlives the test.
+bool EndsSoon(pid_t pid) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  for (;;) {
+    auto info = daemon::ReadProcInfo(pid);
+    if (!info || info->state == 'Z' || info->state == 'X') return true;
+    if (absl::Now() > deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  ::kill(pid, SIGKILL);
+  return false;
+}
 
 TEST_CASE("a daemonised descendant of a script (fork, setsid, fork) ends with its job") {
   Scratch s;
   Node n = Start(s.dir);
+  // The job succeeds while its descendant sleeps on.
   v1::Job done = RunToEnd(n, ScriptSpec("daemonise", 0, {}), kDaemonise);
   INFO(done.DebugString());
   REQUIRE(done.state() == v1::SUCCEEDED);
   const pid_t pid = std::atoi(Slurp(done.job_dir() + "/daemon.pid").c_str());
   REQUIRE(pid > 1);
-  bool gone = false;
-  const absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (!gone && absl::Now() < deadline) {
-    auto info = daemon::ReadProcInfo(pid);
-    gone = !info || info->state == 'Z' || info->state == 'X';
-    if (!gone) absl::SleepFor(absl::Milliseconds(50));
-  }
-  if (!gone) ::kill(pid, SIGKILL);  // leave nothing behind
-  CHECK(gone);
+  CHECK(EndsSoon(pid));
+  // The job is cancelled while both run.
+  auto r = n.client->Submit(ScriptSpec("daemonise-cancel", 0, {"wait"}), "", {{"s.py", kDaemonise}});
+  REQUIRE(r.ok());
+  const std::string pidfile = absl::StrCat(n.work_root, "/", r->job().id(), "/daemon.pid");
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!fs::exists(pidfile) && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(20));
+  REQUIRE(fs::exists(pidfile));
+  absl::SleepFor(absl::Milliseconds(50));  // renamed into place whole; read it now
+  const pid_t pid2 = std::atoi(Slurp(pidfile).c_str());
+  REQUIRE(pid2 > 1);
+  REQUIRE(n.client->Cancel(r->job().id()).ok());
+  auto cancelled = n.client->Wait(r->job().id(), absl::Seconds(30));
+  REQUIRE(cancelled.ok());
+  CHECK(cancelled->state() == v1::CANCELLED);
+  CHECK(EndsSoon(pid2));
 }
 
 constexpr char kStandby[] = R"PY(import os, sys, time
