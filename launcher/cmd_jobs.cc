@@ -246,6 +246,7 @@ int RunStandalone(Ctl& ctl) {
   StandaloneOptions so;
   so.allow_root_scripts = a.Has("--allow-root-scripts");
   so.script_user = a.Get("--script-user");
+  so.reap_orphans = true;  // a rank's daemonised descendant ends with the run (issue 31)
   so.work_root = Ctl::UserPath(a.Get("--work-root", "ember-jobs"));
   so.worker_binary = a.Get("--worker");
   so.argv0 = ctl.argv0();

@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   }
   o.allow_root_scripts = options.allow_root_scripts;
   o.script_user = options.script_user;
+  o.reap_orphans = options.reap_orphans;
   // emberd as root refuses script jobs unless allow_root_scripts: it runs other users' scripts.
   // A standalone run is the invoking user's own script on their own machine, in this process:
   // no boundary is crossed when it runs as root too (issue 30).

@@ -33,6 +33,9 @@ struct StandaloneOptions {
   // for a standalone run, which is the invoking user's own script (root_script() below).
   bool allow_root_scripts = false;
   std::string script_user;  // DaemonOptions::script_user
+  // DaemonOptions::reap_orphans: this process becomes the ranks' subreaper (for emberctl, which
+  // forks nothing else; not for a caller with children of its own).
+  bool reap_orphans = false;
 };
 
 inline constexpr int kRanksPerCore = 4;

@@ -5,9 +5,11 @@
 #include "runtime/daemon/daemon.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <set>
 
@@ -52,6 +54,9 @@ std::string Daemon::Impl::JobDir(const std::string& job) const {
 // Start-up and registration
 
 absl::Status Daemon::Impl::Init() {
+  if (opts.reap_orphans && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    return absl::InternalError(absl::StrCat("prctl(PR_SET_CHILD_SUBREAPER): ", strerror(errno)));
+  }
   if (opts.node_name.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -280,6 +285,7 @@ void Daemon::Impl::DrainNow() {
   if (lease_thread.joinable()) lease_thread.join();
   Supervise();  // a last reap (SIGKILLs anything left) with the loops stopped
   SuperviseStandbys({}, {}, /*all=*/true);
+  ReapOrphans(/*kill=*/true);
   // Kill and reap whatever is left, on a copy: the waits happen without the lock.
   std::vector<LocalAttempt> left;
   {

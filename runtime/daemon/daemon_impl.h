@@ -214,6 +214,10 @@ class Daemon::Impl {
   // SIGKILLs every process left of the attempt's local ranks, found by their environment
   // (process.h KillAttemptProcesses): a rank's daemonised descendant does not outlive its job.
   void SweepAttempt(const LocalAttempt& a);
+  // With opts.reap_orphans: reaps this process's children that are no rank or standby it knows
+  // (orphans re-parented to it), SIGKILLing them first when `kill`. Control thread (or Drain after
+  // it ended).
+  void ReapOrphans(bool kill) ABSL_LOCKS_EXCLUDED(mu);
 
   // script_job.cc: script jobs (worker.script). Fills `so` (argv, environment, user) for one rank
   // of a script job; `master` is the attempt's TCPStore listener "host:port".

@@ -270,6 +270,22 @@ int KillAttemptProcesses(const std::string& job_id, int attempt, const std::vect
   return killed;
 }
 
+std::vector<pid_t> ChildrenOfSelf() {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(absl::StrCat("/proc/self/task/", e->d_name, "/children"));
+    pid_t pid = 0;
+    while (f >> pid) {
+      if (std::find(out.begin(), out.end(), pid) == out.end()) out.push_back(pid);
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
 int64_t ReadOomKillCount() {
   std::ifstream f("/proc/vmstat");
   std::string name;

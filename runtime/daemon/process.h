@@ -88,6 +88,10 @@ std::vector<pid_t> FindJobProcesses(const std::string& job_id);
 int KillAttemptProcesses(const std::string& job_id, int attempt, const std::vector<int>& ranks,
                          const std::vector<uid_t>& uids);
 
+// The children of this process, of every thread (/proc/self/task/*/children; empty where the
+// kernel lacks CONFIG_PROC_CHILDREN).
+std::vector<pid_t> ChildrenOfSelf();
+
 // The name of the local network interface that holds IPv4 address `ipv4` (getifaddrs), e.g. "lo"
 // for 127.0.0.1; "" when no interface has it or `ipv4` is not a dotted IPv4 literal. A script
 // job's ranks get it as GLOO_SOCKET_IFNAME (script_job.cc).

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -311,6 +312,7 @@ void Daemon::Impl::Supervise() {
     for (const LocalAttempt& a : pass) MergeAttempt(a);
     for (const auto& [key, a] : local) started.insert(key);
   }
+  ReapOrphans(/*kill=*/false);  // orphans re-parented here that ended (reap_orphans)
   // 3. Script jobs' warm standbys for their next attempts (standby.cc).
   SuperviseStandbys(records, started, /*all=*/false);
   for (const LocalAttempt& a : pass) {
@@ -486,10 +488,40 @@ void Daemon::Impl::SweepAttempt(const LocalAttempt& a) {
   auto id = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
   if (id.ok() && id->switch_user) uids.push_back(id->uid);
   const int n = KillAttemptProcesses(a.job, a.attempt, ranks, uids);
+  ReapOrphans(/*kill=*/true);
   if (n > 0) {
     spdlog::warn("job {} attempt {}: killed {} process(es) its ranks left behind (outside their "
                  "process groups)", a.job, a.attempt, n);
   }
+}
+
+void Daemon::Impl::ReapOrphans(bool kill) {
+  if (!opts.reap_orphans) return;
+  std::vector<pid_t> children = ChildrenOfSelf();
+  if (children.empty()) return;
+  std::set<pid_t> known;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [k, a] : local) {
+      for (const auto& w : a.workers) {
+        if (!w.exited) known.insert(w.pid);
+      }
+    }
+  }
+  for (const auto& [k, sb] : standbys) {
+    for (const auto& w : sb.workers) known.insert(w.pid);
+  }
+  int killed = 0;
+  for (pid_t c : children) {
+    if (known.count(c) || c <= 1) continue;
+    if (kill && ::kill(c, SIGKILL) == 0) ++killed;
+    int status = 0;
+    // A killed one is reaped once it has died (at most ~100 ms); a running one is left alone.
+    for (int i = 0; ::waitpid(c, &status, WNOHANG) == 0 && kill && i < 50; ++i) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+  if (killed > 0) spdlog::warn("killed {} orphaned process(es) of ended ranks", killed);
 }
 
 void Daemon::Impl::MergeAttempt(const LocalAttempt& from) {

@@ -5,7 +5,8 @@
 //     own, or plants a symlink where rotation writes, gets nothing written to (or read from) the
 //     root file, and rotated logs are 0640 regular files;
 //   * a daemonised descendant of a rank (fork, setsid, fork) is gone within seconds of the job's
-//     end (any user).
+//     end, success or cancel (any user); with reap_orphans also one that cleared its environment;
+//   * a warm standby still works with the daemon's .ember/.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -58,7 +59,8 @@ struct Node {
 };
 
 // One node hosting its store, two CPU slots; as root, scripts run as nobody.
-Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20, int log_keep = 3) {
+Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20, int log_keep = 3,
+           bool reap_orphans = false) {
   daemon::DaemonOptions o;
   o.node_name = "files";
   o.host_store = true;
@@ -71,6 +73,7 @@ Node Start(const std::string& root, int64_t log_max_bytes = 64 << 20, int log_ke
   o.heartbeat = absl::Milliseconds(100);  // log rotation runs on the heartbeat
   o.log_max_bytes = log_max_bytes;
   o.log_keep = log_keep;
+  o.reap_orphans = reap_orphans;
   o.restart_backoff = absl::Milliseconds(100);
   if (::geteuid() == 0) {
     o.allow_root_scripts = true;
@@ -267,6 +270,35 @@ TEST_CASE("a daemonised descendant of a script (fork, setsid, fork) ends with it
   REQUIRE(cancelled.ok());
   CHECK(cancelled->state() == v1::CANCELLED);
   CHECK(EndsSoon(pid2));
+}
+
+// The same, but the daemonised process clears its environment (exec with env {}): no
+// EMBER_JOB_ID to find it by. With reap_orphans (emberctl run --standalone) the daemon is its
+// subreaper and kills it when the ranks have all exited.
+constexpr char kDaemoniseNoEnv[] = R"PY(import os, sys, time
+pidfile = "daemon.pid"
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pidfile + ".tmp", pidfile)
+        os.execve("/bin/sleep", ["sleep", "600"], {})
+    os._exit(0)
+while not os.path.exists(pidfile):
+    time.sleep(0.01)
+time.sleep(0.2)  # exec'd by now
+)PY";
+
+TEST_CASE("with reap_orphans, a daemonised descendant that cleared its environment ends too") {
+  Scratch s;
+  Node n = Start(s.dir, 64 << 20, 3, /*reap_orphans=*/true);
+  v1::Job done = RunToEnd(n, ScriptSpec("daemonise-noenv", 0, {}), kDaemoniseNoEnv);
+  INFO(done.DebugString());
+  REQUIRE(done.state() == v1::SUCCEEDED);
+  const pid_t pid = std::atoi(Slurp(done.job_dir() + "/daemon.pid").c_str());
+  REQUIRE(pid > 1);
+  CHECK(EndsSoon(pid));
 }
 
 constexpr char kStandby[] = R"PY(import os, sys, time
