@@ -102,7 +102,9 @@ absl::StatusOr<Fd> OpenDirBelow(const std::string& root, absl::string_view rel, 
   return dir;
 }
 
-absl::StatusOr<Fd> MakeOwnDir(const std::string& root, absl::string_view rel, gid_t group) {
+absl::StatusOr<Fd> MakeOwnDir(const std::string& root, absl::string_view rel, gid_t group,
+                              bool* replaced) {
+  if (replaced != nullptr) *replaced = false;
   auto first = OpenDirBelow(root, rel, /*create=*/true, /*own=*/true, group);
   if (first.ok() || !absl::IsFailedPrecondition(first.status())) {
     if (first.ok() && group != kNoGroup) (void)!::fchown(first->get(), static_cast<uid_t>(-1), group);
@@ -121,6 +123,7 @@ absl::StatusOr<Fd> MakeOwnDir(const std::string& root, absl::string_view rel, gi
   }
   spdlog::warn("{}/{}: {}; moved it to {} and made a fresh one", root, std::string(rel),
                std::string(first.status().message()), aside);
+  if (replaced != nullptr) *replaced = true;
   return OpenDirBelow(root, rel, /*create=*/true, /*own=*/true, group);
 }
 

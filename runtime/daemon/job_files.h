@@ -60,8 +60,10 @@ absl::StatusOr<Fd> OpenDirBelow(const std::string& root, absl::string_view rel, 
 // The daemon's own directory root/rel for the files it writes there (logs/, .ember/, uploads/):
 // created 0750 (group `group`, so the script's user can read what it needs), and when a directory
 // that is not the daemon's sits at that name (a script replaced it), that one is renamed aside to
-// "<name>.untrusted-<unix ms>" (logged) and a fresh one made. Its parent must not be a symlink.
-absl::StatusOr<Fd> MakeOwnDir(const std::string& root, absl::string_view rel, gid_t group);
+// "<name>.untrusted-<unix ms>" (logged) and a fresh one made (then *replaced, when given, is set).
+// Its parent must not be a symlink.
+absl::StatusOr<Fd> MakeOwnDir(const std::string& root, absl::string_view rel, gid_t group,
+                              bool* replaced = nullptr);
 
 // Opens the file root/rel with `flags` (| O_NOFOLLOW | O_CLOEXEC; reads also O_NONBLOCK and must
 // find a regular file). `own_dir`: its directory must be the daemon's (OpenDirBelow's `own`).

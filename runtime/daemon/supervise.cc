@@ -466,8 +466,12 @@ absl::Status Daemon::Impl::MakeJobDirs(const std::string& job, int attempt,
     }
   }
   // The daemon's: what it writes there must not be redirected by the script.
-  for (const std::string& rel : {job + "/logs", job + "/uploads"}) {
-    ASSIGN_OR_RETURN(Fd d, MakeOwnDir(opts.work_root, rel, group));
+  ASSIGN_OR_RETURN(Fd logs, MakeOwnDir(opts.work_root, job + "/logs", group));
+  bool fresh_uploads = false;
+  ASSIGN_OR_RETURN(Fd uploads, MakeOwnDir(opts.work_root, job + "/uploads", group, &fresh_uploads));
+  if (fresh_uploads) {  // its files went aside with it: fetch them again (job.yaml marks them)
+    ASSIGN_OR_RETURN(Fd d, OpenDirBelow(opts.work_root, job, /*create=*/false, /*own=*/false));
+    ::unlinkat(d.get(), "job.yaml", 0);
   }
   return absl::OkStatus();
 }

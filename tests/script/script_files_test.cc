@@ -146,6 +146,9 @@ if attempt == 0:
     os.rename("logs", "logs.mine")
     os.mkdir("logs")
     os.symlink(secret, "logs/rank-0.log")
+    # uploads/ too (its own, empty): attempt 1 must get the daemon's, with this script, again
+    os.rename("uploads", "uploads.mine")
+    os.mkdir("uploads")
     sys.exit(3)  # a failure: the daemon reads the log's last lines, then restarts the job
 )PY";
 
