@@ -37,8 +37,8 @@ absl::Status FromErrno(int err, absl::string_view what, absl::string_view path) 
   std::string msg = absl::StrCat(what, " ", path, ": ", strerror(err));
   if (err == ELOOP || err == ENOTDIR) {
     return absl::FailedPreconditionError(absl::StrCat(
-        msg, " (a symlink or a non-directory where emberd expects its own directory: the job's "
-             "script replaced it; emberd does not follow it)"));
+        msg, " (a symlink, or not a directory, where emberd expects its own file or directory: "
+             "the job's script put it there; emberd does not follow it)"));
   }
   if (err == ENOENT) return absl::NotFoundError(msg);
   if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
