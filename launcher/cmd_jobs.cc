@@ -246,6 +246,7 @@ int RunStandalone(Ctl& ctl) {
   StandaloneOptions so;
   so.allow_root_scripts = a.Has("--allow-root-scripts");
   so.script_user = a.Get("--script-user");
+  so.reap_orphans = true;  // a rank's daemonised descendant ends with the run (issue 31)
   so.work_root = Ctl::UserPath(a.Get("--work-root", "ember-jobs"));
   so.worker_binary = a.Get("--worker");
   so.argv0 = ctl.argv0();
@@ -264,6 +265,10 @@ int RunStandalone(Ctl& ctl) {
   if (!c.ok()) return ctl.Fail(c.status());
   auto r = c->Submit(yaml, "", files);
   if (!r.ok()) return ctl.Fail(r.status());
+  if ((*cluster)->root_script()) {  // one line, also with --json (on stderr)
+    std::cerr << "emberctl: the script runs as root, as emberctl does (a standalone run is your own "
+                 "script on this machine; --script-user NAME runs it as NAME)\n";
+  }
   if (!ctl.json()) {
     std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
               << " ranks, logs in " << r->job().job_dir() << "/logs)\n";

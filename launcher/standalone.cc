@@ -10,6 +10,7 @@
 #include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/jobspec/spec.h"
+#include "spdlog/spdlog.h"
 
 namespace ember {
 
@@ -58,6 +59,15 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   }
   o.allow_root_scripts = options.allow_root_scripts;
   o.script_user = options.script_user;
+  o.reap_orphans = options.reap_orphans;
+  // emberd as root refuses script jobs unless allow_root_scripts: it runs other users' scripts.
+  // A standalone run is the invoking user's own script on their own machine, in this process:
+  // no boundary is crossed when it runs as root too (issue 30).
+  const bool implied_root = ::geteuid() == 0 && spec::IsScriptJob(spec) && !o.allow_root_scripts;
+  if (implied_root) {
+    o.allow_root_scripts = true;
+    spdlog::info("standalone as root: allow_root_scripts implied (the invoking user's own script)");
+  }
   o.worker_binary = options.worker_binary;
   o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());
@@ -83,6 +93,7 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.job_page_open = true;  // nobody outside this process knows the one-time token
   o.state_dir = absl::StrCat(options.work_root, "/.emberd/standalone-", getpid());
   auto cluster = std::unique_ptr<StandaloneCluster>(new StandaloneCluster());
+  cluster->root_script_ = implied_root && o.script_user.empty();
   cluster->token_ = base::GenerateToken();
   o.auth_token = cluster->token_;
   ASSIGN_OR_RETURN(cluster->daemon_, daemon::Daemon::Start(o));

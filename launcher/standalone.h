@@ -29,9 +29,13 @@ struct StandaloneOptions {
   // The job page (runtime/daemon/job_page.h) on this HOST:PORT ("" = none; port 0 = any). The
   // cluster's token is never shown, so the page is readable without a login: keep it on loopback.
   std::string http_listen;
-  // Script jobs when emberctl runs as root (daemon::DaemonOptions::allow_root_scripts).
+  // Script jobs when emberctl runs as root (daemon::DaemonOptions::allow_root_scripts): implied
+  // for a standalone run, which is the invoking user's own script (root_script() below).
   bool allow_root_scripts = false;
   std::string script_user;  // DaemonOptions::script_user
+  // DaemonOptions::reap_orphans: this process becomes the ranks' subreaper (for emberctl, which
+  // forks nothing else; not for a caller with children of its own).
+  bool reap_orphans = false;
 };
 
 inline constexpr int kRanksPerCore = 4;
@@ -53,10 +57,15 @@ class StandaloneCluster {
   daemon::Daemon* daemon() { return daemon_.get(); }
   const std::string& token() const { return token_; }
   std::string http_address() const { return daemon_->http_address(); }  // "" without http_listen
+  // A script job's ranks run as root because emberctl does (no --script-user): a standalone run
+  // is the invoking user's own script on their machine, so emberd's refusal of root scripts does
+  // not apply to it (issue 30). The caller says so once.
+  bool root_script() const { return root_script_; }
 
  private:
   StandaloneCluster() = default;
   std::string token_;
+  bool root_script_ = false;
   std::unique_ptr<daemon::Daemon> daemon_;
 };
 

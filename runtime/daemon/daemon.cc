@@ -5,10 +5,13 @@
 #include "runtime/daemon/daemon.h"
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/files.h"
@@ -51,6 +54,9 @@ std::string Daemon::Impl::JobDir(const std::string& job) const {
 // Start-up and registration
 
 absl::Status Daemon::Impl::Init() {
+  if (opts.reap_orphans && ::prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    return absl::InternalError(absl::StrCat("prctl(PR_SET_CHILD_SUBREAPER): ", strerror(errno)));
+  }
   if (opts.node_name.empty()) {
     char host[256] = {0};
     gethostname(host, sizeof(host) - 1);
@@ -183,6 +189,7 @@ absl::Status Daemon::Impl::Register(store::Client* via) {
 }
 
 void Daemon::Impl::HeartbeatLoop() {
+  std::set<std::string> not_rotated;  // logs whose directory is not the daemon's (warned once)
   while (!stop.WaitForNotificationWithTimeout(opts.heartbeat)) {
     // A lost node: the lease thread registers it again (lease.cc).
     absl::Status s = lease_lost ? absl::OkStatus() : Register(&*store);
@@ -199,7 +206,20 @@ void Daemon::Impl::HeartbeatLoop() {
         }
       }
     }
-    for (const std::string& log : logs) RotateIfLarger(log, opts.log_max_bytes, opts.log_keep);
+    // Through the daemon's own logs/ directory, never by path (job_files.h).
+    for (const std::string& log : logs) {
+      const std::string rel = RelativeTo(opts.work_root, log);
+      const size_t slash = rel.rfind('/');
+      if (slash == std::string::npos) continue;
+      auto dir = OpenDirBelow(opts.work_root, rel.substr(0, slash), /*create=*/false, /*own=*/true);
+      if (!dir.ok()) {
+        if (not_rotated.insert(log).second) {  // once per log, not every heartbeat
+          spdlog::warn("not rotating {}: {}", log, std::string(dir.status().message()));
+        }
+        continue;
+      }
+      RotateLogIfLarger(dir->get(), rel.substr(slash + 1), opts.log_max_bytes, opts.log_keep);
+    }
   }
 }
 
@@ -265,6 +285,7 @@ void Daemon::Impl::DrainNow() {
   if (lease_thread.joinable()) lease_thread.join();
   Supervise();  // a last reap (SIGKILLs anything left) with the loops stopped
   SuperviseStandbys({}, {}, /*all=*/true);
+  ReapOrphans(/*kill=*/true);
   // Kill and reap whatever is left, on a copy: the waits happen without the lock.
   std::vector<LocalAttempt> left;
   {
@@ -272,6 +293,7 @@ void Daemon::Impl::DrainNow() {
     for (const auto& [k, a] : local) left.push_back(a);
   }
   for (LocalAttempt& a : left) {
+    bool killed = false;
     for (auto& w : a.workers) {
       if (w.exited) continue;
       SignalGroup(w.pid, SIGKILL);
@@ -279,7 +301,9 @@ void Daemon::Impl::DrainNow() {
         absl::SleepFor(absl::Milliseconds(5));
       }
       w.exited = true;
+      killed = true;
     }
+    if (killed) SweepAttempt(a);  // what the ranks left outside their groups (supervise.cc)
   }
   {
     absl::MutexLock l(&mu);

@@ -74,7 +74,8 @@ struct DaemonOptions {
   std::vector<std::string> data_roots;   // absolute paths specs may read from
   // Script jobs (worker.script: the daemon runs `python -u script args` per rank with torchrun's
   // environment, runtime/job/torch_env.h). They run as script_user ("" = this daemon's user; only
-  // a root daemon can switch to another, which then owns the job directory). A daemon running as
+  // a root daemon can switch to another, which then owns the job directory, checkpoints/ and
+  // flight/, while logs/, uploads/ and .ember/ stay the daemon's: job_files.h). A daemon running as
   // root refuses them unless allow_root_scripts (spec_policy.h ScriptIdentityFor).
   std::string script_user;
   bool allow_root_scripts = false;
@@ -109,6 +110,13 @@ struct DaemonOptions {
   // the process is killed (PR_SET_PDEATHSIG). For `emberctl run --standalone`, where the launcher
   // is the daemon; never for emberd, whose workers outlive a restart (Detach).
   bool workers_die_with_daemon = false;
+  // This process becomes a child subreaper (prctl PR_SET_CHILD_SUBREAPER): a rank's descendant
+  // that daemonises is re-parented here instead of to init, even one that cleared its environment
+  // (which escapes the sweep by environment, process.h KillAttemptProcesses). The control thread
+  // reaps such orphans; when an attempt's ranks have all exited, and at Drain, every orphan still
+  // running gets SIGKILL. Only for a process that forks nothing else and runs one job at a time:
+  // `emberctl run --standalone`.
+  bool reap_orphans = false;
   // Retention of finished jobs (SUCCEEDED, FAILED, CANCELLED, devices released) in the store: the
   // scheduler forgets all but the newest keep_finished_jobs, and any that ended longer than
   // finished_job_ttl ago; forgetting deletes the record, the spec, the uploaded files and every

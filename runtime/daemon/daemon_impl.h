@@ -27,6 +27,7 @@
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/metrics.h"
 #include "runtime/daemon/placement.h"
+#include "runtime/daemon/job_files.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/scheduler.h"
 #include "runtime/daemon/series.h"
@@ -201,6 +202,22 @@ class Daemon::Impl {
   bool Reap(const LocalAttempt& a, LocalWorker* w, std::string* note) ABSL_LOCKS_EXCLUDED(mu);
   // Merges what a pass learned on a copy into `local` (exits, stopping, released).
   void MergeAttempt(const LocalAttempt& from) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The job's directories for `attempt` (0750), through job_files.h: the job directory,
+  // checkpoints/ and flight/attempt-<n>/ belong to `runs_as` when set (a script run as
+  // script_user); logs/ and uploads/ stay the daemon's (group runs_as->gid, so the script reads
+  // its uploads), and one a script replaced is moved aside and made afresh.
+  absl::Status MakeJobDirs(const std::string& job, int attempt,
+                           const std::optional<ScriptIdentity>& runs_as);
+  // A rank's log (a path under opts.work_root/<job>/logs), opened for appending without following
+  // any symlink, in a directory that must be the daemon's (job_files.h).
+  absl::StatusOr<Fd> OpenRankLog(const std::string& log_path) const;
+  // SIGKILLs every process left of the attempt's local ranks, found by their environment
+  // (process.h KillAttemptProcesses): a rank's daemonised descendant does not outlive its job.
+  void SweepAttempt(const LocalAttempt& a);
+  // With opts.reap_orphans: reaps this process's children that are no rank or standby it knows
+  // (orphans re-parented to it), SIGKILLing them first when `kill`. Control thread (or Drain after
+  // it ended).
+  void ReapOrphans(bool kill) ABSL_LOCKS_EXCLUDED(mu);
 
   // script_job.cc: script jobs (worker.script). Fills `so` (argv, environment, user) for one rank
   // of a script job; `master` is the attempt's TCPStore listener "host:port".

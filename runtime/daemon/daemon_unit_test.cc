@@ -1,9 +1,12 @@
 // Unit tests of the daemon's parts: placement, spec path policy, processes, tokens (config in
 // config_test.cc; the scheduler's restart, node-loss and retention decisions in scheduler_test.cc).
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 
@@ -12,6 +15,7 @@
 #include "catch2/catch.hpp"
 #include "runtime/base/auth.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/daemon/job_files.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
@@ -180,13 +184,68 @@ TEST_CASE("exit codes are reported and an exec failure is 127") {
   REQUIRE(absl::StrContains(TailLines(o.log_path, 1).at(0), "exec of the worker failed"));
 }
 
-TEST_CASE("logs rotate by copy-truncate") {
-  std::string log = Tmp("rot.log");
+TEST_CASE("logs rotate by copy-truncate, into a fresh 0640 file, never through a planted name") {
+  const mode_t old_umask = ::umask(022);  // under which the copy used to be 0644
+  const std::string dir = Tmp("rotdir");
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string log = dir + "/rot.log";
+  const std::string victim = Tmp("rot-victim");
+  { std::ofstream(victim) << "precious\n"; }
+  ::symlink(victim.c_str(), (log + ".1").c_str());  // planted: must be replaced, not written
   { std::ofstream(log) << std::string(2000, 'x') << "\n"; }
-  REQUIRE(RotateIfLarger(log, 1000, 2));
+  auto d = OpenDirBelow(dir, "", false, /*own=*/true);
+  REQUIRE(d.ok());
+  const int live = ::open(log.c_str(), O_WRONLY | O_APPEND);  // a rank's descriptor
+  REQUIRE(RotateLogIfLarger(d->get(), "rot.log", 1000, 2));
   REQUIRE(TailLines(log, 1).empty());
   REQUIRE(TailLines(log + ".1", 1).at(0).size() == 2000);
-  REQUIRE_FALSE(RotateIfLarger(log, 1000, 2));
+  struct stat st;
+  REQUIRE(::lstat((log + ".1").c_str(), &st) == 0);
+  CHECK(S_ISREG(st.st_mode));
+  CHECK((st.st_mode & 0777) == 0640);
+  CHECK(TailLines(victim, 5) == std::vector<std::string>{"precious"});
+  REQUIRE(::write(live, "after\n", 6) == 6);  // the rank keeps writing into the live log
+  CHECK(TailLines(log, 1) == std::vector<std::string>{"after"});
+  ::close(live);
+  REQUIRE_FALSE(RotateLogIfLarger(d->get(), "rot.log", 1000, 2));
+  ::umask(old_umask);
+}
+
+TEST_CASE("job files: no symlink below the root is followed; own directories are checked") {
+  const std::string root = Tmp("jf-root");
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/job/logs");
+  ::chmod((root + "/job/logs").c_str(), 0750);
+  const std::string victim = Tmp("jf-victim");
+  { std::ofstream(victim) << "precious\n"; }
+  // A symlinked directory component is refused, whatever it points at.
+  ::symlink((root + "/job/logs").c_str(), (root + "/job/link").c_str());
+  auto via_link = OpenFileBelow(root, "job/link/x.log", O_WRONLY | O_CREAT, 0640, false);
+  CHECK(absl::IsFailedPrecondition(via_link.status()));
+  // A symlinked file is refused, for reading and for writing.
+  ::symlink(victim.c_str(), (root + "/job/logs/rank-0.log").c_str());
+  CHECK_FALSE(OpenFileBelow(root, "job/logs/rank-0.log", O_WRONLY | O_APPEND, 0, true).ok());
+  CHECK_FALSE(OpenFileBelow(root, "job/logs/rank-0.log", O_RDONLY, 0, true).ok());
+  CHECK(TailOwnFile(root, "job/logs/rank-0.log", 5).empty());
+  // A FIFO is refused at once (never blocks the reader).
+  ::mkfifo((root + "/job/logs/fifo").c_str(), 0600);
+  CHECK_FALSE(OpenFileBelow(root, "job/logs/fifo", O_RDONLY, 0, true).ok());
+  // Writes replace a planted symlink instead of following it.
+  REQUIRE(WriteFileBelow(root, "job/logs/rank-0.log", "mine\n", 0640, kNoGroup, true).ok());
+  CHECK(TailLines(victim, 5) == std::vector<std::string>{"precious"});
+  CHECK(TailLines(root + "/job/logs/rank-0.log", 5) == std::vector<std::string>{"mine"});
+  // A group- or other-writable directory is not the daemon's own; MakeOwnDir moves it aside.
+  ::chmod((root + "/job/logs").c_str(), 0777);
+  CHECK(absl::IsFailedPrecondition(OpenDirBelow(root, "job/logs", false, true).status()));
+  auto fresh = MakeOwnDir(root, "job/logs", kNoGroup);
+  REQUIRE(fresh.ok());
+  struct stat st;
+  REQUIRE(::stat((root + "/job/logs").c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0750);
+  CHECK_FALSE(std::filesystem::exists(root + "/job/logs/rank-0.log"));
+  CHECK(RelativeTo(root, root + "/job/logs/rank-0.log") == "job/logs/rank-0.log");
+  CHECK(RelativeTo(root, "/elsewhere/x") == "");
 }
 
 TEST_CASE("process identity survives only with the same start time") {

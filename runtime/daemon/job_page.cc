@@ -2,6 +2,7 @@
 #include "runtime/daemon/job_page.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <openssl/evp.h>
 #include <sys/stat.h>
 
@@ -306,8 +307,19 @@ class JobPage {
     if (root.empty()) root = "checkpoints";
     if (root[0] != '/') root = absl::StrCat(d_->JobDir(job.id()), "/", root);
     std::string latest;
-    std::ifstream lf(root + "/latest");
-    std::getline(lf, latest);
+    // The checkpoint directory is the script's: "latest" is read without following a symlink or
+    // blocking on a FIFO (job_files.h), and only its first line.
+    const std::string rel = RelativeTo(d_->opts.work_root, root + "/latest");
+    auto lf = rel.empty()  // an absolute checkpoint.dir outside the work root (data_roots)
+                  ? absl::StatusOr<Fd>(Fd(::open((root + "/latest").c_str(),
+                                                 O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)))
+                  : OpenFileBelow(d_->opts.work_root, rel, O_RDONLY, 0, false);
+    if (lf.ok() && lf->get() >= 0) {
+      char buf[256];
+      const ssize_t got = ::pread(lf->get(), buf, sizeof(buf), 0);
+      latest.assign(buf, got > 0 ? got : 0);
+      latest = latest.substr(0, latest.find('\n'));
+    }
     std::vector<std::pair<int64_t, int64_t>> steps;  // step, mtime ms
     if (DIR* dir = ::opendir(root.c_str())) {
       while (dirent* e = ::readdir(dir)) {
@@ -315,7 +327,7 @@ class JobPage {
         absl::string_view n = e->d_name;
         if (!absl::ConsumePrefix(&n, "step-") || !absl::SimpleAtoi(n, &step)) continue;
         struct stat st;
-        if (::stat(absl::StrCat(root, "/", e->d_name).c_str(), &st) != 0) continue;
+        if (::lstat(absl::StrCat(root, "/", e->d_name).c_str(), &st) != 0) continue;
         steps.push_back({step, int64_t(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000});
       }
       ::closedir(dir);
@@ -434,17 +446,18 @@ class JobPage {
 
   Value LogsJson(const v1::Job& job, int rank, int tail) {
     tail = std::clamp(tail, 1, 500);
-    const std::string path = absl::StrCat(d_->JobDir(job.id()), "/logs/rank-", rank, ".log");
     Value lines = Value::MakeArray();
-    std::ifstream f(path, std::ios::binary);
-    bool here = static_cast<bool>(f);
+    // In the daemon's own logs/ directory, never through a symlink (job_files.h).
+    auto f = OpenFileBelow(d_->opts.work_root, absl::StrCat(job.id(), "/logs/rank-", rank, ".log"),
+                           O_RDONLY, 0, /*own_dir=*/true);
+    struct stat st;
+    bool here = f.ok() && ::fstat(f->get(), &st) == 0;
     if (here) {
-      f.seekg(0, std::ios::end);
-      const int64_t size = f.tellg();
+      const int64_t size = st.st_size;
       const int64_t from = std::max<int64_t>(0, size - (64 << 10));
-      f.seekg(from);
       std::string text(size - from, '\0');
-      f.read(text.data(), text.size());
+      const ssize_t got = ::pread(f->get(), text.data(), text.size(), from);
+      text.resize(got > 0 ? got : 0);
       std::vector<absl::string_view> all = absl::StrSplit(text, '\n');
       if (!all.empty() && all.back().empty()) all.pop_back();
       if (from > 0 && !all.empty()) all.erase(all.begin());  // cut by the 64 KiB window

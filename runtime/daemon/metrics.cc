@@ -251,7 +251,7 @@ absl::StatusOr<RankReport> ParseRankReport(absl::string_view line) {
 }
 
 absl::StatusOr<RankReport> ReadLastRankReport(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return absl::NotFoundError(absl::StrCat("no metrics file ", path));
   struct stat st {};
   std::string tail;

@@ -13,11 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "runtime/job/env.h"
@@ -36,7 +39,9 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
   std::string header = o.header.empty() ? "" : o.header + "\n";
   static const char kExecFailed[] = "ember: exec of the worker failed: ";
 
-  int log_fd = ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640);
+  const bool own_log = o.log_fd < 0;
+  int log_fd = own_log ? ::open(o.log_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0640)
+                       : o.log_fd;
   if (log_fd < 0) {
     return absl::InternalError(absl::StrCat("cannot open log ", o.log_path, ": ", strerror(errno)));
   }
@@ -45,7 +50,7 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
   pid_t pid = ::fork();
   if (pid < 0) {
     int err = errno;
-    ::close(log_fd);
+    if (own_log) ::close(log_fd);
     return absl::InternalError(absl::StrCat("fork for ", o.argv[0], ": ", strerror(err)));
   }
   if (pid == 0) {
@@ -82,7 +87,7 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
     (void)!::write(2, "\n", 1);
     _exit(127);
   }
-  ::close(log_fd);
+  if (own_log) ::close(log_fd);
   return pid;
 }
 
@@ -174,20 +179,6 @@ std::vector<std::string> TailLines(const std::string& path, int n) {
   return std::vector<std::string>(lines.begin() + from, lines.end());
 }
 
-bool RotateIfLarger(const std::string& path, int64_t max_bytes, int keep) {
-  struct stat st;
-  if (::stat(path.c_str(), &st) != 0 || st.st_size <= max_bytes || keep < 1) return false;
-  for (int i = keep - 1; i >= 1; --i) {
-    ::rename(absl::StrCat(path, ".", i).c_str(), absl::StrCat(path, ".", i + 1).c_str());
-  }
-  {
-    std::ifstream in(path, std::ios::binary);
-    std::ofstream out(path + ".1", std::ios::binary | std::ios::trunc);
-    out << in.rdbuf();
-  }
-  return ::truncate(path.c_str(), 0) == 0;
-}
-
 std::vector<pid_t> FindJobProcesses(const std::string& job_id) {
   std::vector<pid_t> out;
   std::string needle = absl::StrCat(job::kEnvJobId, "=", job_id);
@@ -211,6 +202,84 @@ std::vector<pid_t> FindJobProcesses(const std::string& job_id) {
         out.push_back(pid);
         break;
       }
+    }
+  }
+  ::closedir(d);
+  return out;
+}
+
+namespace {
+
+// The environment of `pid` as NUL-separated "K=V" strings ("" when unreadable), read without
+// following anything but /proc itself.
+std::string ReadEnviron(pid_t pid) {
+  int fd = ::open(absl::StrCat("/proc/", pid, "/environ").c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return "";
+  std::string out;
+  char buf[8192];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0 || out.size() > (1 << 20)) break;
+    out.append(buf, n);
+  }
+  ::close(fd);
+  return out;
+}
+
+}  // namespace
+
+int KillAttemptProcesses(const std::string& job_id, int attempt, const std::vector<int>& ranks,
+                         const std::vector<uid_t>& uids) {
+  const std::string want_job = absl::StrCat(job::kEnvJobId, "=", job_id);
+  const std::string want_attempt = absl::StrCat(job::kEnvAttempt, "=", attempt);
+  const std::string rank_prefix = absl::StrCat(job::kEnvRank, "=");
+  const pid_t self = ::getpid();
+  int killed = 0;
+  for (int round = 0; round < 50; ++round) {
+    int found = 0;
+    DIR* d = ::opendir("/proc");
+    if (d == nullptr) break;
+    while (dirent* e = ::readdir(d)) {
+      const pid_t pid = static_cast<pid_t>(atoi(e->d_name));
+      if (pid <= 1 || pid == self) continue;
+      struct stat st;
+      if (::stat(absl::StrCat("/proc/", pid).c_str(), &st) != 0) continue;
+      if (std::find(uids.begin(), uids.end(), st.st_uid) == uids.end()) continue;
+      auto info = ReadProcInfo(pid);
+      if (!info || info->state == 'Z' || info->state == 'X') continue;
+      bool job_ok = false, attempt_ok = false, rank_ok = false;
+      for (absl::string_view var : absl::StrSplit(ReadEnviron(pid), '\0')) {
+        if (var == want_job) job_ok = true;
+        else if (var == want_attempt) attempt_ok = true;
+        else if (absl::ConsumePrefix(&var, rank_prefix)) {
+          int r = -1;
+          rank_ok = absl::SimpleAtoi(var, &r) &&
+                    std::find(ranks.begin(), ranks.end(), r) != ranks.end();
+        }
+      }
+      if (job_ok && attempt_ok && rank_ok && ::kill(pid, SIGKILL) == 0) {
+        ++found;
+        ++killed;
+      }
+    }
+    ::closedir(d);
+    if (found == 0) break;
+    ::usleep(20000);  // let the killed ones die; a fork racing the scan is found next round
+  }
+  return killed;
+}
+
+std::vector<pid_t> ChildrenOfSelf() {
+  std::vector<pid_t> out;
+  DIR* d = ::opendir("/proc/self/task");
+  if (d == nullptr) return out;
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream f(absl::StrCat("/proc/self/task/", e->d_name, "/children"));
+    pid_t pid = 0;
+    while (f >> pid) {
+      if (std::find(out.begin(), out.end(), pid) == out.end()) out.push_back(pid);
     }
   }
   ::closedir(d);

@@ -1,9 +1,10 @@
 // Worker processes: spawn in a new session (its own process group), signal the whole group, reap,
-// and the rank's log file (tail, copy-truncate rotation).
+// find and kill every process of a job's attempt (daemonised ones too), and tail a log file.
 //
 // A worker writes stdout/stderr straight to its log file (O_APPEND), not through a pipe to the
 // daemon, so a daemon restart does not break its output (issue 8 re-attaches). Rotation is
-// copy-truncate for the same reason. Thread-compatible: callers serialize per worker.
+// copy-truncate for the same reason (job_files.h RotateLogIfLarger). Thread-compatible: callers
+// serialize per worker.
 #ifndef EMBER_RUNTIME_DAEMON_PROCESS_H_
 #define EMBER_RUNTIME_DAEMON_PROCESS_H_
 
@@ -22,7 +23,11 @@ struct SpawnOptions {
   std::vector<std::string> argv;                          // argv[0] is the executable path
   std::vector<std::pair<std::string, std::string>> env;   // the complete environment
   std::string cwd;
-  std::string log_path;      // stdout+stderr, appended
+  std::string log_path;      // stdout+stderr, appended (opened by path: only where no other
+                             // user can write; see log_fd)
+  // When >= 0: stdout+stderr go to this open file instead of log_path (borrowed: the caller
+  // closes it). emberd opens job logs through job_files.h (no symlink is ever followed).
+  int log_fd = -1;
   std::string header;        // written to the log before exec (one line)
   // The child gets SIGKILL when the forking *thread* ends (prctl PR_SET_PDEATHSIG), so a worker
   // never outlives a launcher killed by any signal. Fork from a thread that lives as long as the
@@ -67,16 +72,25 @@ int TryReapChild(pid_t pid, int* exit_code, int* signal);
 // The last `n` lines of a file (at most 64 KiB read from the end).
 std::vector<std::string> TailLines(const std::string& path, int n);
 
-// When the file exceeds max_bytes: copies it to path.1 (shifting .1 -> .2 ... up to keep) and
-// truncates it in place. Returns true when it rotated.
-bool RotateIfLarger(const std::string& path, int64_t max_bytes, int keep);
-
 // How many processes the kernel's OOM killer has killed since boot (/proc/vmstat oom_kill; every
 // memory cgroup's kills count too). -1 when unreadable (kernels before 4.13).
 int64_t ReadOomKillCount();
 
 // Processes whose environment has EMBER_JOB_ID=<job_id> (scans /proc; for tests and `nodes`).
 std::vector<pid_t> FindJobProcesses(const std::string& job_id);
+
+// Ends what is left of one job attempt's ranks on this node: every process (not this one) owned by
+// one of `uids` whose environment (/proc/<pid>/environ, inherited by every descendant, whatever
+// its session or parent: a double-forked, setsid'ed daemon too) has EMBER_JOB_ID=job_id,
+// EMBER_ATTEMPT=attempt and an EMBER_RANK in `ranks` gets SIGKILL, scanning again until none is
+// left (at most ~1 s). Returns how many it killed. A process that cleared its environment
+// escapes this (docs/operations.md "Script jobs").
+int KillAttemptProcesses(const std::string& job_id, int attempt, const std::vector<int>& ranks,
+                         const std::vector<uid_t>& uids);
+
+// The children of this process, of every thread (/proc/self/task/*/children; empty where the
+// kernel lacks CONFIG_PROC_CHILDREN).
+std::vector<pid_t> ChildrenOfSelf();
 
 // The name of the local network interface that holds IPv4 address `ipv4` (getifaddrs), e.g. "lo"
 // for 127.0.0.1; "" when no interface has it or `ipv4` is not a dotted IPv4 literal. A script

@@ -13,7 +13,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -32,8 +31,6 @@
 
 namespace ember::daemon {
 
-namespace fs = std::filesystem;
-
 namespace {
 
 // Replaces `name` in `env` (or appends it): the environment holds each name once, so that C's
@@ -47,19 +44,6 @@ void SetEnv(std::vector<std::pair<std::string, std::string>>* env, const std::st
     }
   }
   env->push_back({name, value});
-}
-
-// The job directory and everything in it belong to the script's user (it writes checkpoints,
-// dumps and its own files there). Never follows a symlink.
-void ChownTree(const std::string& dir, uid_t uid, gid_t gid) {
-  std::error_code ec;
-  ::lchown(dir.c_str(), uid, gid);
-  for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::end(it);
-       it.increment(ec)) {
-    if (::lchown(it->path().c_str(), uid, gid) != 0) {
-      spdlog::warn("cannot chown {} to uid {}: {}", it->path().string(), uid, strerror(errno));
-    }
-  }
 }
 
 }  // namespace
@@ -80,7 +64,8 @@ absl::StatusOr<Daemon::Impl::ScriptLaunch> Daemon::Impl::PrepareScript(
   ScriptLaunch launch;
   ASSIGN_OR_RETURN(launch.identity,
                    ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts));
-  if (launch.identity.switch_user) ChownTree(dir, launch.identity.uid, launch.identity.gid);
+  // The job directory, checkpoints/ and flight/ were made the script user's by MakeJobDirs
+  // (supervise.cc); logs/ and uploads/ stay the daemon's.
   const std::string key = absl::StrCat(job.id(), "#", n);
   if (mine.first_rank() != 0) {  // another node runs rank 0 and its listener
     auto master = store->Get(job::keys::TorchMaster(job.id(), n));

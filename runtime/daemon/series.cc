@@ -209,7 +209,7 @@ std::vector<Bucket> Downsampler::Buckets(int max_points) const {
 
 absl::StatusOr<RecentStats> TailStats(const std::string& path, int lines, int attempt) {
   constexpr int64_t kTail = 256 << 10;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return PosixError("open", path);
   struct stat st;
   if (::fstat(fd, &st) != 0) {
@@ -307,7 +307,7 @@ absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const st
   }
   absl::MutexLock l(&e->mu);
   Downsampled out;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) {
     if (errno == ENOENT) {
       out.missing = true;

@@ -1,5 +1,6 @@
 // The Jobs and Nodes RPC handlers (gRPC sync API: every handler is short except the two streams,
 // which poll files and the store and end when the client cancels or the job ends).
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -146,16 +147,17 @@ class JobsService final : public v1::Jobs::Service {
         ended = !j.ok() || IsTerminal(j->state());
       }
       for (int r : ranks) {
-        std::string path = absl::StrCat(dir, "/logs/rank-", r, ".log");
-        std::ifstream f(path, std::ios::binary);
-        if (!f) continue;
-        f.seekg(0, std::ios::end);
-        int64_t size = f.tellg();
+        // In the daemon's own logs/ directory, never through a symlink (job_files.h).
+        auto f = OpenFileBelow(d_->opts.work_root, absl::StrCat(req->id(), "/logs/rank-", r, ".log"),
+                               O_RDONLY, 0, /*own_dir=*/true);
+        struct stat st;
+        if (!f.ok() || ::fstat(f->get(), &st) != 0) continue;
+        const int64_t size = st.st_size;
         if (size < offset[r]) offset[r] = 0;  // rotated (copy-truncate)
-        f.seekg(offset[r]);
         std::string chunk(size - offset[r], '\0');
-        f.read(chunk.data(), chunk.size());
-        offset[r] = size;
+        const ssize_t got = ::pread(f->get(), chunk.data(), chunk.size(), offset[r]);
+        chunk.resize(got > 0 ? got : 0);
+        offset[r] += chunk.size();
         std::string text = partial[r] + chunk;
         std::vector<std::string> lines;
         size_t start = 0;

@@ -110,8 +110,7 @@ absl::StatusOr<ScriptIdentity> ScriptIdentityFor(uid_t daemon_euid, const std::s
     return absl::FailedPreconditionError(
         "emberd runs as root and refuses script jobs (worker.script): run emberd as an "
         "unprivileged user (the shipped unit's User=ember), or set allow_root_scripts: true in "
-        "its config (with script_user: NAME to run scripts as NAME; `emberctl run --standalone`: "
-        "--allow-root-scripts)");
+        "its config (with script_user: NAME to run scripts as NAME)");
   }
   if (script_user.empty()) return ScriptIdentity{false, 0, 0, "root"};
   ASSIGN_OR_RETURN(ScriptIdentity id, LookUp(&script_user, 0));

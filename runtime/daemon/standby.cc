@@ -12,7 +12,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "runtime/base/files.h"
 #include "runtime/base/json.h"
 #include "runtime/daemon/daemon_impl.h"
 #include "runtime/jobspec/spec.h"
@@ -87,12 +86,20 @@ void Daemon::Impl::MaybeStartStandby(const Job& job, const LocalAttempt& a) {
   auto identity = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
   if (!identity.ok()) return;
   const std::string dir = JobDir(a.job);
-  base::MakeDirs(dir + "/.ember", 0750).IgnoreError();
+  // .ember/ is the daemon's (group: the script's, which reads the shim and its go file): in the
+  // job directory the script can write, a name it planted is moved aside, never written through.
+  const gid_t group = identity->switch_user ? identity->gid : kNoGroup;
+  auto ember_dir = MakeOwnDir(opts.work_root, a.job + "/.ember", group);
+  if (!ember_dir.ok()) {
+    spdlog::warn("job {}: no warm standby: {}", a.job, ember_dir.status().ToString());
+    return;
+  }
   const std::string shim = dir + "/.ember/standby.py";
-  if (!base::WriteFileAtomic(shim, kShim).ok()) return;
-  if (identity->switch_user) {
-    ::lchown((dir + "/.ember").c_str(), identity->uid, identity->gid);
-    ::lchown(shim.c_str(), identity->uid, identity->gid);
+  if (absl::Status w = WriteFileBelow(opts.work_root, a.job + "/.ember/standby.py", kShim, 0640,
+                                      group, /*own_dir=*/true);
+      !w.ok()) {
+    spdlog::warn("job {}: no warm standby: {}", a.job, w.ToString());
+    return;
   }
   std::vector<std::string> preload(job.spec().worker().preload().begin(),
                                    job.spec().worker().preload().end());
@@ -123,7 +130,14 @@ void Daemon::Impl::MaybeStartStandby(const Job& job, const LocalAttempt& a) {
     ScriptSpawnOptions(job, *mine, launch, we, &so);
     so.argv = {job.spec().worker().python(), "-u", shim, GoPath(dir, sb.attempt, lw.rank),
                absl::StrJoin(preload, ","), ReadyPath(dir, sb.attempt, lw.rank)};
-    auto pid = SpawnWorker(so);
+    absl::StatusOr<Fd> log = OpenRankLog(lw.log_path);
+    absl::StatusOr<pid_t> pid = absl::InternalError("not started");
+    if (log.ok()) {
+      so.log_fd = log->get();
+      pid = SpawnWorker(so);
+    } else {
+      pid = log.status();
+    }
     if (!pid.ok()) {
       spdlog::warn("job {}: no warm standby for rank {}: {}", a.job, lw.rank,
                    pid.status().ToString());
@@ -162,8 +176,13 @@ std::optional<pid_t> Daemon::Impl::TakeStandby(const std::string& job, int attem
     go.Set("argv", std::move(argv));
     go.Set("header", json::Value::Str(so.header + " (warm standby)"));
     const std::string path = GoPath(JobDir(job), attempt, w.rank);
-    if (!base::WriteFileAtomic(path, json::Write(go)).ok()) return std::nullopt;
-    if (launch.identity.switch_user) ::lchown(path.c_str(), launch.identity.uid, launch.identity.gid);
+    const gid_t group = launch.identity.switch_user ? launch.identity.gid : kNoGroup;
+    if (absl::Status s = WriteFileBelow(opts.work_root, RelativeTo(opts.work_root, path),
+                                        json::Write(go), 0640, group, /*own_dir=*/true);
+        !s.ok()) {
+      spdlog::warn("job {} rank {}: not using its warm standby: {}", job, w.rank, s.ToString());
+      return std::nullopt;
+    }
     const pid_t pid = ws[i].pid;
     ws.erase(ws.begin() + i);
     if (ws.empty()) standbys.erase(it);

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/env_knobs.h"
 #include "runtime/daemon/daemon_impl.h"
+#include "runtime/daemon/job_files.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
 #include "runtime/daemon/process.h"
@@ -31,98 +33,20 @@ using jobs::v1::RankExit;
 
 namespace {
 
-// A directory descriptor, closed with its owner.
-class DirFd {
- public:
-  DirFd() = default;
-  explicit DirFd(int fd) : fd_(fd) {}
-  DirFd(DirFd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
-  DirFd& operator=(DirFd&& o) noexcept {
-    if (this != &o) {
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = std::exchange(o.fd_, -1);
-    }
-    return *this;
-  }
-  DirFd(const DirFd&) = delete;
-  DirFd& operator=(const DirFd&) = delete;
-  ~DirFd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_ = -1;
-};
-
-// Directory `name` (one path component, never "" "." or "..") under `parent`, created when
-// missing, 0750 whatever the umask. Never through a symlink: O_NOFOLLOW|O_DIRECTORY refuses a
-// symlink (or anything but a directory) at `name`, so nothing outside `parent` is created or
-// chmod'ed. `shown` names it in errors.
-absl::StatusOr<DirFd> OpenDirAt(int parent, const std::string& name, const std::string& shown) {
-  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(absl::StrCat("'", shown, "' is not a plain directory name"));
-  }
-  if (::mkdirat(parent, name.c_str(), 0750) != 0 && errno != EEXIST) {
-    return absl::InternalError(absl::StrCat("cannot create ", shown, ": ", strerror(errno)));
-  }
-  DirFd fd(::openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const bool link = errno == ELOOP || errno == ENOTDIR;
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot open ", shown, ": ", strerror(errno),
-        link ? " (it is a symlink or not a directory; emberd never follows one: remove it)" : ""));
-  }
-  ::fchmod(fd.get(), 0750);  // a directory inside the job directory (or the job directory itself)
-  return fd;
-}
-
-// File `name` of directory `dir`, 0640, written whole under a unique temporary name
-// (O_CREAT|O_EXCL|O_NOFOLLOW) and renamed to `name` (which replaces a symlink there, never
-// follows it): daemons sharing the work root may write the same file while another's workers
-// read it, and a reader sees the old file or the whole new one. `shown` names it in errors.
-absl::Status WriteFileAt(int dir, const std::string& name, const std::string& data,
-                         const std::string& shown) {
-  std::string tmp;
-  int fd = -1;
-  for (int tries = 0; fd < 0 && tries < 8; ++tries) {
-    tmp = absl::StrCat(name, ".tmp.", base::GenerateToken().substr(0, 10));
-    fd = ::openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0640);
-    if (fd < 0 && errno != EEXIST) break;
-  }
-  if (fd < 0) return absl::InternalError(absl::StrCat("cannot write ", shown, ": ", strerror(errno)));
-  ::fchmod(fd, 0640);
-  absl::Status st;
-  for (size_t off = 0; off < data.size();) {
-    ssize_t w = ::write(fd, data.data() + off, data.size() - off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) {
-      st = absl::InternalError(absl::StrCat("cannot write ", shown, ": ", strerror(errno)));
-      break;
-    }
-    off += static_cast<size_t>(w);
-  }
-  ::close(fd);
-  if (st.ok() && ::renameat(dir, tmp.c_str(), dir, name.c_str()) != 0) {
-    st = absl::InternalError(absl::StrCat("cannot rename ", tmp, " to ", shown, ": ", strerror(errno)));
-  }
-  if (!st.ok()) ::unlinkat(dir, tmp.c_str(), 0);
-  return st;
-}
-
-// The job's files from the store: its uploads under `uploads`, then the spec as job.yaml in the
-// job directory `job`, written only when every upload is in place (on a shared work root its
-// presence tells other daemons the files are complete, and they do not fetch them again). The
-// first failure, with job.yaml not written. The store is not trusted: every upload name is
-// checked (CheckUploadName) before anything is written, and each is written by openat under the
-// uploads directory, one component at a time, never through a symlink or "..".
-absl::Status FetchJobFiles(store::Client& store, const std::string& job_id, int job, int uploads,
-                           const std::string& dir) {
+// The job's files from the store: its uploads under <job>/uploads, then the spec as
+// <job>/job.yaml, written only when every upload is in place (on a shared work root its presence
+// tells other daemons the files are complete, and they do not fetch them again). The first
+// failure, with job.yaml not written. Each file is 0640 (group `group`: the script's user reads
+// them), written whole under a fresh O_EXCL name and renamed into place (never through a symlink
+// or a name the script planted: job_files.h), so a reader sees the old file or the whole new one.
+absl::Status FetchJobFiles(store::Client& store, const std::string& job_id,
+                           const std::string& work_root, gid_t group) {
   auto spec = store.Get(keys::SpecYaml(job_id));
   if (!spec.ok()) return base::Annotate(spec.status(), "reading the job's spec");
   const std::string prefix = keys::FilesPrefix(job_id);
   auto names = store.ListKeys(prefix);
   if (!names.ok()) return base::Annotate(names.status(), "listing the job's uploads");
+  const std::string uploads = job_id + "/uploads";
   for (const std::string& k : *names) {
     RETURN_IF_ERROR(base::Annotate(CheckUploadName(k.substr(prefix.size())),
                                    "an upload in the store (refused; nothing written)"));
@@ -131,50 +55,26 @@ absl::Status FetchJobFiles(store::Client& store, const std::string& job_id, int 
     const std::string rel = k.substr(prefix.size());
     auto v = store.Get(k);
     if (!v.ok()) return base::Annotate(v.status(), absl::StrCat("reading upload '", rel, "'"));
-    std::vector<std::string> parts = absl::StrSplit(rel, '/');
-    const std::string leaf = parts.back();
-    parts.pop_back();
-    DirFd owned;
-    int at = uploads;
-    std::string shown = dir + "/uploads";
-    for (const std::string& p : parts) {
-      shown = absl::StrCat(shown, "/", p);
-      auto sub = OpenDirAt(at, p, shown);
-      if (!sub.ok()) return base::Annotate(sub.status(), absl::StrCat("writing upload '", rel, "'"));
-      owned = std::move(*sub);
-      at = owned.get();
+    const size_t slash = rel.rfind('/');
+    if (slash != std::string::npos) {
+      auto d = OpenDirBelow(work_root, absl::StrCat(uploads, "/", rel.substr(0, slash)),
+                            /*create=*/true, /*own=*/true, group);
+      if (!d.ok()) return base::Annotate(d.status(), absl::StrCat("writing upload '", rel, "'"));
     }
-    RETURN_IF_ERROR(base::Annotate(WriteFileAt(at, leaf, *v, absl::StrCat(dir, "/uploads/", rel)),
-                                   absl::StrCat("writing upload '", rel, "'")));
+    RETURN_IF_ERROR(base::Annotate(
+        WriteFileBelow(work_root, absl::StrCat(uploads, "/", rel), *v, 0640, group, true),
+        absl::StrCat("writing upload '", rel, "'")));
   }
-  return WriteFileAt(job, "job.yaml", *spec, dir + "/job.yaml");
+  // The job directory itself may be the script's: job.yaml is renamed into it, never opened.
+  return WriteFileBelow(work_root, job_id + "/job.yaml", *spec, 0640, group, /*own_dir=*/false);
 }
 
-// The job directory <work_root>/<id> and its subdirectories (logs, checkpoints,
-// flight/attempt-<n>, uploads), each 0750,
-// created without following a symlink (OpenDirAt) and without touching the work root's mode.
-// Returns the job directory and its uploads/ directory.
-struct JobDirs {
-  DirFd job, uploads;
-};
-absl::StatusOr<JobDirs> MakeJobDirs(const std::string& work_root, const std::string& id,
-                                    int attempt) {
-  RETURN_IF_ERROR(CheckJobId(id));  // ReadRecord checked it; a directory name must never be ".."
-  const std::string dir = absl::StrCat(work_root, "/", id);
-  DirFd root(::open(work_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (root.get() < 0) {
-    return absl::InternalError(absl::StrCat("cannot open the work root ", work_root, ": ", strerror(errno)));
-  }
-  JobDirs out;
-  ASSIGN_OR_RETURN(out.job, OpenDirAt(root.get(), id, dir));
-  for (const char* sub : {"logs", "checkpoints"}) {
-    RETURN_IF_ERROR(OpenDirAt(out.job.get(), sub, absl::StrCat(dir, "/", sub)).status());
-  }
-  ASSIGN_OR_RETURN(DirFd flight, OpenDirAt(out.job.get(), "flight", dir + "/flight"));
-  const std::string fr = absl::StrCat("attempt-", attempt);
-  RETURN_IF_ERROR(OpenDirAt(flight.get(), fr, absl::StrCat(dir, "/flight/", fr)).status());
-  ASSIGN_OR_RETURN(out.uploads, OpenDirAt(out.job.get(), "uploads", dir + "/uploads"));
-  return out;
+// True when <job>/job.yaml is a regular file (a symlink there is not: the files are fetched again).
+bool HasJobYaml(const std::string& work_root, const std::string& job_id) {
+  auto dir = OpenDirBelow(work_root, job_id, /*create=*/false, /*own=*/false);
+  struct stat st;
+  return dir.ok() && ::fstatat(dir->get(), "job.yaml", &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+         S_ISREG(st.st_mode);
 }
 
 }  // namespace
@@ -207,29 +107,32 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
   std::string dir = JobDir(job.id());
   // Files the daemon writes (job.yaml) and the user's uploads live apart: uploads go under
   // uploads/, so no upload can replace the validated spec. Directories 0750, files 0640
-  // (docs/operations.md, "File permissions"). The record came from the store, which is not
-  // trusted: its id was checked (ReadRecord), the directories are created under the work root
-  // without following a symlink, and the spec's paths are checked against this node's policy.
+  // (docs/operations.md, "File permissions"). A script job run as script_user owns the job
+  // directory, checkpoints/ and flight/; logs/ and uploads/ stay the daemon's (MakeJobDirs).
   const std::string uploads = dir + "/uploads";
   std::string fr_dir = absl::StrCat(dir, "/flight/attempt-", at.number());
-  absl::Status start_error = CheckSpecPaths(job.spec(), opts.data_roots);
-  if (start_error.ok() && spec::IsScriptJob(job.spec())) start_error = CheckScriptEnv(job.spec());
-  start_error = base::Annotate(start_error, "the job's record in the store (refused by this node)");
-  absl::StatusOr<JobDirs> dirs = absl::FailedPreconditionError("not made");
-  if (start_error.ok()) {
-    dirs = MakeJobDirs(opts.work_root, job.id(), at.number());
-    start_error = dirs.status();
+  std::optional<ScriptIdentity> runs_as;  // set when the ranks run as another user
+  if (spec::IsScriptJob(job.spec())) {
+    auto id = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
+    if (id.ok() && id->switch_user) runs_as = *id;
   }
+  const gid_t group = runs_as ? runs_as->gid : kNoGroup;
+  // The record came from the store, which is not trusted: its id was checked (ReadRecord), the
+  // directories are made under the work root without following a symlink (MakeJobDirs), and the
+  // spec's paths and a script's environment are checked against this node's policy first.
+  absl::Status checked = CheckSpecPaths(job.spec(), opts.data_roots);
+  if (checked.ok() && spec::IsScriptJob(job.spec())) checked = CheckScriptEnv(job.spec());
+  checked = base::Annotate(checked, "the job's record in the store (refused by this node)");
+  absl::Status dirs = checked.ok() ? MakeJobDirs(job.id(), at.number(), runs_as) : checked;
   // job.yaml last: on a work root shared by several daemons its presence means the uploads are
   // all in place too (written first, it let another host start its workers while the uploads
   // were still being fetched from the store: seen with 10 ms RTT between the hosts).
   // A store that did not answer: the next pass tries again. Any other failure fails this node's
   // ranks with the reason, as a fork failure would (before, job.yaml was written anyway, and the
   // attempt ran without the upload; on a shared work root every later attempt did too).
-  if (start_error.ok() &&
-      ::faccessat(dirs->job.get(), "job.yaml", F_OK, AT_SYMLINK_NOFOLLOW) != 0) {
-    absl::Status files =
-        FetchJobFiles(*store, job.id(), dirs->job.get(), dirs->uploads.get(), dir);
+  absl::Status start_error = dirs;
+  if (start_error.ok() && !HasJobYaml(opts.work_root, job.id())) {
+    absl::Status files = FetchJobFiles(*store, job.id(), opts.work_root, group);
     if (absl::IsUnavailable(files) || absl::IsDeadlineExceeded(files)) {
       spdlog::warn("job {} attempt {}: fetching its files failed ({}); trying again", job.id(),
                    at.number(), files.ToString());
@@ -301,8 +204,21 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
       ScriptSpawnOptions(job, *mine, *script, we, &so);
       warm = TakeStandby(job.id(), at.number(), w, so, *script);
     }
-    auto pid = warm ? absl::StatusOr<pid_t>(*warm)
-               : start_error.ok() ? SpawnWorker(so) : absl::StatusOr<pid_t>(start_error);
+    absl::StatusOr<pid_t> pid = absl::InternalError("not started");
+    if (warm) {
+      pid = *warm;
+    } else if (!start_error.ok()) {
+      pid = start_error;
+    } else {
+      // Opened here, never by path in the child's parent: logs/ is the daemon's own directory.
+      absl::StatusOr<Fd> log = OpenRankLog(w.log_path);
+      if (log.ok()) {
+        so.log_fd = log->get();
+        pid = SpawnWorker(so);
+      } else {
+        pid = log.status();
+      }
+    }
     if (!pid.ok()) {
       spdlog::error("job {} rank {}: {}", job.id(), w.rank, pid.status().ToString());
       w.exited = true;
@@ -409,6 +325,7 @@ void Daemon::Impl::Supervise() {
     for (const LocalAttempt& a : pass) MergeAttempt(a);
     for (const auto& [key, a] : local) started.insert(key);
   }
+  ReapOrphans(/*kill=*/false);  // orphans re-parented here that ended (reap_orphans)
   // 3. Script jobs' warm standbys for their next attempts (standby.cc).
   SuperviseStandbys(records, started, /*all=*/false);
   for (const LocalAttempt& a : pass) {
@@ -491,7 +408,10 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     e.set_oom_killed(w.signal == SIGKILL && !a.stopping && oom_recent);
     bool failed = w.exit_code != 0 || w.signal != 0;
     if (failed) {
-      for (auto& line : TailLines(w.log_path, opts.last_log_lines)) e.add_last_log_lines(line);
+      for (auto& line : TailOwnFile(opts.work_root, RelativeTo(opts.work_root, w.log_path),
+                                    opts.last_log_lines)) {
+        e.add_last_log_lines(line);
+      }
       if (!note.empty()) e.add_last_log_lines(note);
     }
     (void)store->Set(keys::Exit(a.job, a.attempt, w.rank), e.SerializeAsString());
@@ -524,8 +444,10 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     }
   }
   if (all_exited) {
-    // Sweep stragglers of the groups (a worker's own children), then give the devices back.
+    // Sweep stragglers of the groups (a worker's own children) and every other process of the
+    // attempt's ranks here (a daemonised one left the group), then give the devices back.
     for (const auto& w : a.workers) SignalGroup(w.pid, SIGKILL);
+    SweepAttempt(a);
     StopTorchStore(a.job, a.attempt);  // script jobs: the attempt's rendezvous ends with it
     {
       // With the lease keeper's claims serialized (ClaimHeldDevices): released in `local` before
@@ -541,6 +463,83 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);
   }
   return changed;
+}
+
+absl::Status Daemon::Impl::MakeJobDirs(const std::string& job, int attempt,
+                                       const std::optional<ScriptIdentity>& runs_as) {
+  RETURN_IF_ERROR(CheckJobId(job));  // ReadRecord checked it; a directory name must never be ".."
+  const gid_t group = runs_as ? runs_as->gid : kNoGroup;
+  // The script's own directories: its working directory, checkpoints and flight dumps.
+  for (const std::string& rel : {job, job + "/checkpoints", job + "/flight",
+                                 absl::StrCat(job, "/flight/attempt-", attempt)}) {
+    ASSIGN_OR_RETURN(Fd d, OpenDirBelow(opts.work_root, rel, /*create=*/true, /*own=*/false));
+    ::fchmod(d.get(), 0750);
+    if (runs_as && ::fchown(d.get(), runs_as->uid, runs_as->gid) != 0) {
+      return absl::InternalError(absl::StrCat("cannot chown ", opts.work_root, "/", rel,
+                                              " to uid ", runs_as->uid, ": ", strerror(errno)));
+    }
+  }
+  // The daemon's: what it writes there must not be redirected by the script.
+  ASSIGN_OR_RETURN(Fd logs, MakeOwnDir(opts.work_root, job + "/logs", group));
+  bool fresh_uploads = false;
+  ASSIGN_OR_RETURN(Fd uploads, MakeOwnDir(opts.work_root, job + "/uploads", group, &fresh_uploads));
+  if (fresh_uploads) {  // its files went aside with it: fetch them again (job.yaml marks them)
+    ASSIGN_OR_RETURN(Fd d, OpenDirBelow(opts.work_root, job, /*create=*/false, /*own=*/false));
+    ::unlinkat(d.get(), "job.yaml", 0);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Fd> Daemon::Impl::OpenRankLog(const std::string& log_path) const {
+  const std::string rel = RelativeTo(opts.work_root, log_path);
+  if (rel.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("log ", log_path, " is not under the work root ", opts.work_root));
+  }
+  return OpenFileBelow(opts.work_root, rel, O_WRONLY | O_CREAT | O_APPEND, 0640, /*own_dir=*/true);
+}
+
+void Daemon::Impl::SweepAttempt(const LocalAttempt& a) {
+  std::vector<int> ranks;
+  for (const auto& w : a.workers) ranks.push_back(w.rank);
+  std::vector<uid_t> uids = {::geteuid()};
+  auto id = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
+  if (id.ok() && id->switch_user) uids.push_back(id->uid);
+  const int n = KillAttemptProcesses(a.job, a.attempt, ranks, uids);
+  ReapOrphans(/*kill=*/true);
+  if (n > 0) {
+    spdlog::warn("job {} attempt {}: killed {} process(es) its ranks left behind (outside their "
+                 "process groups)", a.job, a.attempt, n);
+  }
+}
+
+void Daemon::Impl::ReapOrphans(bool kill) {
+  if (!opts.reap_orphans) return;
+  std::vector<pid_t> children = ChildrenOfSelf();
+  if (children.empty()) return;
+  std::set<pid_t> known;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [k, a] : local) {
+      for (const auto& w : a.workers) {
+        if (!w.exited) known.insert(w.pid);
+      }
+    }
+  }
+  for (const auto& [k, sb] : standbys) {
+    for (const auto& w : sb.workers) known.insert(w.pid);
+  }
+  int killed = 0;
+  for (pid_t c : children) {
+    if (known.count(c) || c <= 1) continue;
+    if (kill && ::kill(c, SIGKILL) == 0) ++killed;
+    int status = 0;
+    // A killed one is reaped once it has died (at most ~100 ms); a running one is left alone.
+    for (int i = 0; ::waitpid(c, &status, WNOHANG) == 0 && kill && i < 50; ++i) {
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  }
+  if (killed > 0) spdlog::warn("killed {} orphaned process(es) of ended ranks", killed);
 }
 
 void Daemon::Impl::MergeAttempt(const LocalAttempt& from) {

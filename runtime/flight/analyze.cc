@@ -1,6 +1,9 @@
 #include "runtime/flight/analyze.h"
 
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <set>
@@ -309,15 +312,28 @@ absl::StatusOr<Report> AnalyzeTexts(const std::map<std::string, std::string>& fi
 
 absl::StatusOr<Report> AnalyzeDir(const std::string& dir) {
   constexpr uint64_t kMaxDumpBytes = 256 << 20;
-  DIR* d = opendir(dir.c_str());
-  if (!d) return absl::NotFoundError(absl::StrCat("cannot open directory ", dir));
+  // The directory may be written by a script job's user while a root daemon reads it: neither it
+  // nor a dump is reached through a symlink (issue 31: a rank-*.json linking to a root file).
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  DIR* d = dfd < 0 ? nullptr : fdopendir(dfd);
+  if (!d) {
+    if (dfd >= 0) ::close(dfd);
+    return absl::NotFoundError(absl::StrCat("cannot open directory ", dir, " (a symlink is not followed)"));
+  }
   std::map<std::string, std::string> files;
   std::vector<std::string> torch_dumps;  // PyTorch's own (script jobs): pickles, not read here
   while (dirent* e = readdir(d)) {
     std::string n = e->d_name;
     if (absl::StartsWith(n, "torch-rank-")) torch_dumps.push_back(n);
     if (!absl::StartsWith(n, "rank-") || !absl::EndsWith(n, ".json")) continue;
-    // Regular files only: a FIFO or device named rank-*.json must not hang or flood us.
+    // Regular files only: a FIFO or device named rank-*.json must not hang or flood us; a symlink
+    // is refused (ELOOP), not followed.
+    struct stat lst;
+    if (::fstatat(dfd, n.c_str(), &lst, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(lst.st_mode)) {
+      closedir(d);
+      return absl::FailedPreconditionError(
+          absl::StrCat(dir, "/", n, " is a symlink; flight-recorder dumps are not read through one"));
+    }
     absl::StatusOr<std::string> text = base::ReadRegularFile(dir + "/" + n, kMaxDumpBytes);
     if (!text.ok()) {
       closedir(d);

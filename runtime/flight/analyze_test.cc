@@ -89,6 +89,19 @@ TEST_CASE("a FIFO among the dumps is refused at once") {
   CHECK(r.status().message().find("rank-1.json is a FIFO") != std::string::npos);
 }
 
+// Issue 31: the directory is the script's; a root daemon analysing it must not read a root file
+// through a dump-named symlink (its text could surface in the verdict).
+TEST_CASE("a symlink among the dumps is refused, not followed") {
+  std::string dir = std::string(getenv("TEST_TMPDIR")) + "/fr_link";
+  mkdir(dir.c_str(), 0700);
+  { std::ofstream(dir + "/rank-0.json") << Dump(0, 2, 0); }
+  { std::ofstream(dir + "/elsewhere") << Dump(1, 2, 0); }
+  REQUIRE(symlink((dir + "/elsewhere").c_str(), (dir + "/rank-1.json").c_str()) == 0);
+  auto r = AnalyzeDir(dir);
+  REQUIRE_FALSE(r.ok());
+  CHECK(r.status().message().find("rank-1.json is a symlink") != std::string::npos);
+}
+
 // Script jobs point PyTorch's flight recorder at the attempt's directory (torch-rank-<r>); those
 // pickles are not read, and a directory holding only them says so instead of "no dumps".
 TEST_CASE("a directory of PyTorch's dumps only is named as such") {
