@@ -24,11 +24,11 @@ set -euo pipefail
 
 VENV="${EMBER_PEERS_VENV:-/opt/ember-peers/torch-2.15}"
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-LOCK="$HERE/peers-venv.lock"  # exact versions of everything, dependencies included
-# The top-level pins; peers-venv.lock constrains the rest.
+CONSTRAINTS="$HERE/peers-venv-constraints.txt"  # exact versions of everything, dependencies included
+# The top-level pins; peers-venv-constraints.txt holds the rest.
 PINS=(torch==2.15.0 transformers==5.25.0 safetensors==0.8.0 numpy==2.4.6)
 
-want="$(printf '%s\n' "${PINS[@]}"; cat "$LOCK" 2>/dev/null || true)"
+want="$(printf '%s\n' "${PINS[@]}"; cat "$CONSTRAINTS" 2>/dev/null || true)"
 want_sum="$(printf '%s' "$want" | sha256sum | cut -d' ' -f1)"
 STAMP="$VENV/.ember-peers-stamp"
 
@@ -72,9 +72,16 @@ else
 fi
 
 start=$(date +%s)
-log "creating $VENV with $PY (torch 2.15.0 and its CUDA wheels: ~5 GB, a few minutes)"
-rm -rf "$VENV"
-"$PY" -m venv "$VENV" || fail "$PY -m venv $VENV failed"
+rm -f "$STAMP"
+if [ -x "$VENV/bin/python" ] && "$VENV/bin/python" -m pip --version >/dev/null 2>&1; then
+  # A venv from older pins or an interrupted run: pip brings it to the pins (no download for what
+  # already matches).
+  log "updating $VENV to the pins"
+else
+  log "creating $VENV with $PY (torch 2.15.0 and its CUDA wheels: ~5 GB, a few minutes)"
+  rm -rf "$VENV"
+  "$PY" -m venv "$VENV" || fail "$PY -m venv $VENV failed"
+fi
 PIPLOG="$(mktemp /tmp/ember-peers-venv.XXXXXX.log)"
 pip_install() {
   if ! "$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --progress-bar off "$@" >>"$PIPLOG" 2>&1; then
@@ -83,8 +90,8 @@ pip_install() {
   fi
 }
 pip_install --upgrade pip==26.3
-if [ -f "$LOCK" ]; then
-  pip_install -c "$LOCK" "${PINS[@]}"
+if [ -f "$CONSTRAINTS" ]; then
+  pip_install -c "$CONSTRAINTS" "${PINS[@]}"
 else
   pip_install "${PINS[@]}"
 fi
