@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -346,19 +347,21 @@ std::string PeerScript(const std::string& name) {
 std::string PeerPython() { return deploy::PeerPython(); }
 
 std::string PeerTorchLabel() {
-  static const std::string* label = [] {
-    const std::string py = PeerPython();
-    std::string version;
-    if (FILE* p = popen(absl::StrCat(py, " -c 'import torch; print(torch.__version__)' 2>/dev/null").c_str(), "r")) {
-      char buf[128];
-      while (fgets(buf, sizeof(buf), p)) version += buf;
-      pclose(p);
-    }
-    while (!version.empty() && (version.back() == '\n' || version.back() == ' ')) version.pop_back();
-    if (version.empty() || version.size() > 64) version = "?";  // no torch there: the run says so
-    return new std::string(absl::StrCat("torch ", version, " (", py, ")"));
-  }();
-  return *label;
+  // Asked once per interpreter (EMBER_PEER_PYTHON may change between parts of one run).
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* labels = new std::map<std::string, std::string>;
+  const std::string py = PeerPython();
+  absl::MutexLock lock(&mu);
+  if (auto it = labels->find(py); it != labels->end()) return it->second;
+  std::string version;
+  if (FILE* p = popen(absl::StrCat(py, " -c 'import torch; print(torch.__version__)' 2>/dev/null").c_str(), "r")) {
+    char buf[128];
+    while (fgets(buf, sizeof(buf), p)) version += buf;
+    pclose(p);
+  }
+  while (!version.empty() && (version.back() == '\n' || version.back() == ' ')) version.pop_back();
+  if (version.empty() || version.size() > 64) version = "?";  // no torch there: the row says so
+  return (*labels)[py] = absl::StrCat("torch ", version, " (", py, ")");
 }
 
 // Runs the peer script; returns its JSON object, or why there is none.

@@ -72,8 +72,8 @@ absl::StatusOr<BarrierResult> RunEmberBarrier(const std::string& addr, int procs
 // deploy/peers-venv.sh when it is complete, else Debian's /usr/bin/python3 (torch 1.13). The one
 // place the benchmarks choose it (deploy::PeerPython; the shell side: deploy/peers-venv.sh --python).
 std::string PeerPython();
-// "torch 2.15.0 (/opt/ember-peers/torch-2.15/bin/python)": what a peer row names (asked once from
-// PeerPython(); "torch ?" when it has no torch).
+// "torch 2.15.0 (/opt/ember-peers/torch-2.15/bin/python)": what a peer row names (asked of
+// PeerPython() once per interpreter; "torch ?" when it has no torch). Thread-safe.
 std::string PeerTorchLabel();
 
 // Runs `PeerPython() <script name found in runfiles> <args>` (300 s limit); its stdout parsed
