@@ -1,7 +1,18 @@
 #!/usr/bin/env bash
-# Installs every Debian package Ember's build, tests, examples and benchmark peers need.
-# Idempotent: when everything is present it only runs dpkg-query and exits (well under 10 s).
+# Installs every Debian package Ember's build, tests, examples and benchmark peers need, then the
+# torch 2.15 / transformers peers venv (deploy/peers-venv.sh, /opt/ember-peers/torch-2.15; not the
+# system Python). Idempotent: when everything is present it only runs dpkg-query and checks the
+# venv's stamp (well under 10 s). EMBER_SKIP_PEERS_VENV=1 skips the venv (the tests that need it
+# then fail, naming deploy/peers-venv.sh).
 set -euo pipefail
+
+peers_venv() {
+  if [ "${EMBER_SKIP_PEERS_VENV:-0}" = 1 ]; then return 0; fi
+  if ! "$(dirname "${BASH_SOURCE[0]}")/peers-venv.sh" >/dev/null; then
+    echo "install-deps: ERROR: deploy/peers-venv.sh failed (see above)" >&2
+    exit 1
+  fi
+}
 
 PKGS=(
   # build
@@ -12,8 +23,9 @@ PKGS=(
   libxxhash-dev libssl-dev
   # one-sided transfers (runtime/onesided) and their benchmark peer (ucx_perftest)
   libucx-dev ucx-utils
-  # benchmark peers and test tools (openssl: the TLS tests make their certificates with it)
-  python3-torch procps openmpi-bin libopenmpi-dev openssl
+  # benchmark peers and test tools (openssl: the TLS tests make their certificates with it);
+  # python3-torch is torch 1.13 (the TCPStore 1.x wire protocol); python3-venv: peers-venv.sh
+  python3-torch python3-venv procps openmpi-bin libopenmpi-dev openssl
   # etcd backend tests (runtime/store/etcd_*_test start a real etcd on loopback)
   etcd-server etcd-client
   # telemetry: emberd's HTTP server (/metrics, job pages) and the tools its tests run
@@ -34,6 +46,7 @@ for p in "${PKGS[@]}"; do
 done
 
 if [ ${#missing[@]} -eq 0 ]; then
+  peers_venv
   exit 0
 fi
 
@@ -56,4 +69,5 @@ if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}" >/tmp/e
     exit 1
   fi
 fi
+peers_venv
 echo "install-deps: done" >&2

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "deploy/peers_venv.h"
 #include "runtime/base/json.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/store/client.h"
@@ -342,6 +344,26 @@ std::string PeerScript(const std::string& name) {
   return "";
 }
 
+std::string PeerPython() { return deploy::PeerPython(); }
+
+std::string PeerTorchLabel() {
+  // Asked once per interpreter (EMBER_PEER_PYTHON may change between parts of one run).
+  static absl::Mutex mu(absl::kConstInit);
+  static auto* labels = new std::map<std::string, std::string>;
+  const std::string py = PeerPython();
+  absl::MutexLock lock(&mu);
+  if (auto it = labels->find(py); it != labels->end()) return it->second;
+  std::string version;
+  if (FILE* p = popen(absl::StrCat(py, " -c 'import torch; print(torch.__version__)' 2>/dev/null").c_str(), "r")) {
+    char buf[128];
+    while (fgets(buf, sizeof(buf), p)) version += buf;
+    pclose(p);
+  }
+  while (!version.empty() && (version.back() == '\n' || version.back() == ' ')) version.pop_back();
+  if (version.empty() || version.size() > 64) version = "?";  // no torch there: the row says so
+  return (*labels)[py] = absl::StrCat("torch ", version, " (", py, ")");
+}
+
 // Runs the peer script; returns its JSON object, or why there is none.
 absl::StatusOr<json::Value> RunPeer(const std::string& args, const std::string& tmpdir,
                                     const std::string& name) {
@@ -349,7 +371,7 @@ absl::StatusOr<json::Value> RunPeer(const std::string& args, const std::string& 
   std::string script = PeerScript(name);
   if (script.empty()) return absl::NotFoundError(name + " not found (--peer_script)");
   std::string err = tmpdir + "/peer.err";
-  std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 timeout 300 /usr/bin/python3 ", script, " ",
+  std::string cmd = absl::StrCat("OMP_NUM_THREADS=1 timeout 300 ", PeerPython(), " ", script, " ",
                                  args, " 2>", err);
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return absl::InternalError("popen failed");

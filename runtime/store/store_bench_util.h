@@ -68,7 +68,15 @@ absl::StatusOr<OpsResult> RunEmberOps(const std::string& addr, const std::string
 absl::StatusOr<BarrierResult> RunEmberBarrier(const std::string& addr, int procs, int conns,
                                               const std::string& tmpdir);
 
-// Runs `/usr/bin/python3 <script name found in runfiles> <args>` (300 s limit); its stdout parsed
+// The interpreter of the PyTorch peers: $EMBER_PEER_PYTHON, else the torch 2.15 venv of
+// deploy/peers-venv.sh when it is complete, else Debian's /usr/bin/python3 (torch 1.13). The one
+// place the benchmarks choose it (deploy::PeerPython; the shell side: deploy/peers-venv.sh --python).
+std::string PeerPython();
+// "torch 2.15.0 (/opt/ember-peers/torch-2.15/bin/python)": what a peer row names (asked of
+// PeerPython() once per interpreter; "torch ?" when it has no torch). Thread-safe.
+std::string PeerTorchLabel();
+
+// Runs `PeerPython() <script name found in runfiles> <args>` (300 s limit); its stdout parsed
 // as JSON, or why there is none (--no_peer: UNAVAILABLE).
 absl::StatusOr<json::Value> RunPeer(const std::string& args, const std::string& tmpdir,
                                     const std::string& name = "tcpstore_peer.py");

@@ -1,5 +1,6 @@
 #!/usr/bin/python3
-"""PyTorch TCPStore peer for //runtime/store:store_bench (run with Debian's /usr/bin/python3).
+"""PyTorch TCPStore peer for //runtime/store:store_bench (run with PeerPython(): the torch 2.15
+venv of deploy/peers-venv.sh when present, else Debian's /usr/bin/python3 with torch 1.13).
 
   tcpstore_peer.py ops --op get --clients 4 --seconds 1.5
   tcpstore_peer.py barrier --clients 256
@@ -7,12 +8,14 @@
 Without --port the script starts torch's own TCPStore server (is_master=True) in this process;
 with it, the clients talk to whatever serves TCPStore's protocol there (ember-store --tcpstore-port).
 Ops: set, get, add, wait (wait on a key that exists), check.
-Prints one JSON object on stdout. Mirrors store_bench's own client loop: each client process
+Prints one JSON object on stdout; besides the figures, "torch" (torch.__version__) and "server"
+(the TCPStore server measured: "libuv" or "classic" for torch's own, "external" with --port). Mirrors store_bench's own client loop: each client process
 connects, reports ready, blocks on a shared pipe until the parent closes it, then runs.
 """
 import argparse, json, os, sys, time
 from datetime import timedelta
 
+import torch
 import torch.distributed as dist
 
 
@@ -76,11 +79,13 @@ def child_barrier(port, world, ready_w, go_r, out_path, key):
 
 
 def run(kind, args):
+    meta = {"torch": torch.__version__, "server": "external"}
     if args.port:
         port = args.port  # someone else's server (ember-store --tcpstore-port)
     else:
         server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120))
         port = server.port
+        meta["server"] = "libuv" if getattr(server, "libuvBackend", False) else "classic"
     # A fresh barrier key per run: the same server may serve several rounds.
     key = f"barrier/{os.getpid()}"
     ready_r, ready_w = os.pipe()
@@ -120,11 +125,11 @@ def run(kind, args):
         span = max(r["end"] for r in results) - min(r["start"] for r in results)
         lats = sorted(l for r in results for l in r["lats"])
         p = lambda q: lats[min(len(lats) - 1, int(q * len(lats)))] / 1e3
-        print(json.dumps({"ops_per_s": ops / (span / 1e9), "p50_us": p(0.5), "p99_us": p(0.99)}))
+        print(json.dumps({"ops_per_s": ops / (span / 1e9), "p50_us": p(0.5), "p99_us": p(0.99), **meta}))
     else:
         connect = (max(r["connect_end"] for r in results) - go) / 1e9
         barrier = (max(r["barrier_end"] for r in results) - max(r["connect_end"] for r in results)) / 1e9
-        print(json.dumps({"connect_s": connect, "barrier_s": barrier}))
+        print(json.dumps({"connect_s": connect, "barrier_s": barrier, **meta}))
 
 
 if __name__ == "__main__":

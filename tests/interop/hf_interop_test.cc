@@ -3,8 +3,10 @@
 // RoPE scaling) trains on it with 2 FSDP ranks, `emberctl ckpt export --format hf` writes the
 // Hugging Face directory, and an independent PyTorch LlamaForCausalLM (hf_llama_reference.py,
 // written from transformers' code) reading those files gives Ember's logits and loss within 1e-5
-// relative. Then a job at another world size starts from the export (checkpoint.init_from) with
-// lr 0, and its checkpoint exports to the same bytes. Test-only tool: //runtime/worker:llama_logits.
+// relative; so does Hugging Face transformers' own AutoModelForCausalLM.from_pretrained under torch
+// 2.15 (hf_transformers_forward.py, run by the peers venv of deploy/peers-venv.sh: a missing venv
+// fails the test, naming the script). Then a job at another world size starts from the export
+// (checkpoint.init_from) with lr 0, and its checkpoint exports to the same bytes. Test-only tool: //runtime/worker:llama_logits.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "deploy/peers_venv.h"
 #include "absl/strings/str_cat.h"
 #include "proto/jobs.pb.h"
 #include "runtime/data/token_file.h"
@@ -53,9 +56,17 @@ void WriteLlamaSpec(const std::string& dir, const std::string& sha, int steps, f
       << "steps: " << steps << "\nbatch_size: 4\nseed: 3\ndeterministic: true\nthreads: 1\n" << extra;
 }
 
-TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an independent PyTorch Llama; "
-          "init_from round trip is bitwise", "[worker][interop]") {
+// The peers venv's python, with transformers; REQUIREs the venv, naming deploy/peers-venv.sh.
+std::string Transformers() {
+  INFO(deploy::PeersVenvMissing());
+  REQUIRE(deploy::PeersVenvReady());
+  return deploy::PeersVenvPython();
+}
+
+TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an independent PyTorch Llama "
+          "and transformers' from_pretrained; init_from round trip is bitwise", "[worker][interop]") {
   REQUIRE(std::system("/usr/bin/python3 -c 'import torch' 2>/dev/null") == 0);
+  Transformers();  // before the training: a missing venv fails at once
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();
@@ -108,10 +119,17 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
                "--out=" + dir + "/ember_bf16.bin", "--log-level=warn"}) == 0);
   CHECK(Slurp(dir + "/ember.bin") != Slurp(dir + "/ember_bf16.bin"));
 
-  for (const auto& [export_dir, ember_out] : {std::pair{hf, dir + "/ember.bin"}, std::pair{sharded, dir + "/ember_bf16.bin"}}) {
-    INFO(export_dir);
-    REQUIRE(RunCommand({"/usr/bin/python3", Src() + "tests/interop/hf_llama_reference.py", export_dir, dir + "/batch.bin",
-                 dir + "/torch.bin"}) == 0);
+  // Two references read each export: the independent Llama under Debian's torch 1.13, and
+  // transformers' own from_pretrained + LlamaForCausalLM under the peers venv's torch 2.15.
+  struct Reference {
+    std::string python, script;
+  };
+  const Reference refs[] = {{deploy::kDebianPython, "hf_llama_reference.py"},
+                            {Transformers(), "hf_transformers_forward.py"}};
+  for (const auto& [export_dir, ember_out] : {std::pair{hf, dir + "/ember.bin"}, std::pair{sharded, dir + "/ember_bf16.bin"}})
+  for (const Reference& r : refs) {
+    INFO(export_dir << " read by " << r.python << " " << r.script);
+    REQUIRE(RunCommand({r.python, Src() + "tests/interop/" + r.script, export_dir, dir + "/batch.bin", dir + "/torch.bin"}) == 0);
     const std::vector<float> ember = Floats(ember_out), ref = Floats(dir + "/torch.bin");
     REQUIRE(ember.size() == static_cast<size_t>(1 + B * T * 384));
     REQUIRE(ref.size() == ember.size());
@@ -127,7 +145,7 @@ TEST_CASE("SentencePiece tokens -> tiny Llama -> Hugging Face export matches an 
     INFO("logits: max |diff| " << max_diff << ", max |logit| " << max_ref << ", worst elementwise rel (|logit| > 0.01) " << worst_rel);
     CHECK(max_diff <= 1e-5 * max_ref);
     CHECK(max_ref > 1);
-    WARN("interop: loss ember " << ember[0] << " torch " << ref[0] << "; logits max|diff|/max|logit| "
+    WARN("interop (" << r.script << "): loss ember " << ember[0] << " torch " << ref[0] << "; logits max|diff|/max|logit| "
                                 << max_diff / max_ref << ", worst elementwise rel " << worst_rel);
   }
 
