@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -166,6 +167,42 @@ void Fail(BlockRun& r, const std::string& msg) {
   }
 }
 
+// Completes the warp collectives of the warp starting at thread w whose lanes have all arrived
+// with the same mask; true when any did. Fails the run when a mask names an exited lane.
+bool ResolveWarp(BlockRun& r, size_t w, size_t n) {
+  bool released = false;
+  for (size_t l = w; l < n && l < w + 32; ++l) {
+    Fiber& f = r.fibers[l];
+    if (f.state != Fiber::kWarp) continue;
+    bool ready = true;
+    for (unsigned b = 0; b < 32; ++b) {
+      if (!(f.mask >> b & 1u)) continue;
+      if (w + b >= n || r.fibers[w + b].state == Fiber::kDone) {
+        char m[16];
+        std::snprintf(m, sizeof m, "%08x", f.mask);
+        Fail(r, Where(&f) + ": " + f.what + " with mask 0x" + m + " names lane " +
+                    std::to_string(b) + ", which has exited (or does not exist)");
+        return false;
+      }
+      const Fiber& o = r.fibers[w + b];
+      if (o.state != Fiber::kWarp || o.mask != f.mask) ready = false;
+    }
+    if (!ready) continue;
+    uint64_t vals[32] = {};
+    for (unsigned b = 0; b < 32; ++b)
+      if (f.mask >> b & 1u) vals[b] = r.fibers[w + b].value;
+    const unsigned mask = f.mask;
+    for (unsigned b = 0; b < 32; ++b) {
+      if (!(mask >> b & 1u)) continue;
+      Fiber& o = r.fibers[w + b];
+      std::memcpy(o.out, vals, sizeof vals);
+      o.state = Fiber::kRunnable;
+    }
+    released = true;
+  }
+  return released;
+}
+
 // Runs one block; `reverse` runs the threads in reverse order between synchronization points.
 void RunBlock(BlockRun& r, bool reverse) {
   const size_t n = static_cast<size_t>(g_block_dim.x) * g_block_dim.y * g_block_dim.z;
@@ -189,15 +226,26 @@ void RunBlock(BlockRun& r, bool reverse) {
     *--s = (uint64_t{0x037F} << 32) | 0x1F80;  // x87 control word, mxcsr (defaults)
     f.sp = s;
   }
+  // Warp-major: each warp runs (its lanes in order) until all its lanes wait at a barrier or
+  // have exited, completing its warp collectives as they fill, before the next warp runs; so one
+  // warp runs ahead of the others between barriers, as on a GPU. `reverse` reverses both orders.
+  const size_t warps = (n + 31) / 32;
   for (;;) {
-    bool ran = false;
-    for (size_t k = 0; k < n; ++k) {
-      Fiber& f = r.fibers[reverse ? n - 1 - k : k];
-      if (f.state != Fiber::kRunnable) continue;
-      ran = true;
-      g_current = &f;
-      ember_interp_switch(&r.sched_sp, f.sp);
-      g_current = nullptr;
+    for (size_t wk = 0; wk < warps; ++wk) {
+      const size_t w = (reverse ? warps - 1 - wk : wk) * 32;
+      const size_t lanes = std::min<size_t>(32, n - w);
+      for (;;) {
+        for (size_t k = 0; k < lanes; ++k) {
+          Fiber& f = r.fibers[w + (reverse ? lanes - 1 - k : k)];
+          if (f.state != Fiber::kRunnable) continue;
+          g_current = &f;
+          ember_interp_switch(&r.sched_sp, f.sp);
+          g_current = nullptr;
+          if (r.failed) return;
+        }
+        if (!ResolveWarp(r, w, n)) break;
+        if (r.failed) return;
+      }
       if (r.failed) return;
     }
     size_t done = 0, barrier = 0, warp = 0;
@@ -207,42 +255,6 @@ void RunBlock(BlockRun& r, bool reverse) {
       warp += f.state == Fiber::kWarp;
     }
     if (done == n) return;
-    (void)ran;
-    // Warp collectives whose lanes have all arrived complete.
-    bool released = false;
-    for (size_t w = 0; w < n; w += 32) {
-      for (size_t l = w; l < n && l < w + 32; ++l) {
-        Fiber& f = r.fibers[l];
-        if (f.state != Fiber::kWarp) continue;
-        bool ready = true;
-        for (unsigned b = 0; b < 32; ++b) {
-          if (!(f.mask >> b & 1u)) continue;
-          if (w + b >= n || r.fibers[w + b].state == Fiber::kDone) {
-            Fail(r, Where(&f) + ": " + f.what + " with mask 0x" + [&] {
-              char m[16];
-              std::snprintf(m, sizeof m, "%08x", f.mask);
-              return std::string(m);
-            }() + " names lane " + std::to_string(b) + ", which has exited (or does not exist)");
-            return;
-          }
-          const Fiber& o = r.fibers[w + b];
-          if (o.state != Fiber::kWarp || o.mask != f.mask) ready = false;
-        }
-        if (!ready) continue;
-        uint64_t vals[32] = {};
-        for (unsigned b = 0; b < 32; ++b)
-          if (f.mask >> b & 1u) vals[b] = r.fibers[w + b].value;
-        const unsigned mask = f.mask;
-        for (unsigned b = 0; b < 32; ++b) {
-          if (!(mask >> b & 1u)) continue;
-          Fiber& o = r.fibers[w + b];
-          std::memcpy(o.out, vals, sizeof vals);
-          o.state = Fiber::kRunnable;
-        }
-        released = true;
-      }
-    }
-    if (released) continue;
     if (barrier > 0 && warp == 0) {
       if (done > 0) {
         const Fiber* waiting = nullptr;
