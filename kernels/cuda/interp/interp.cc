@@ -569,59 +569,94 @@ const char* cudaGetErrorString(cudaError_t e) {
   }
 }
 
-// ---- cuBLASLt: not interpreted ----------------------------------------------------------------
-namespace {
-struct Opaque {};
-template <typename T>
-T NewOpaque() {
-  return reinterpret_cast<T>(new Opaque);
-}
-template <typename T>
-void DeleteOpaque(T p) {
-  delete reinterpret_cast<Opaque*>(p);
-}
-}  // namespace
+// ---- cuBLASLt: a plain host matmul ----------------------------------------------------------
+// Column-major, as cuBLASLt: D(m x n) = epilogue(alpha * op(A) * op(B) + beta * C + bias), op
+// from TRANSA/TRANSB, inputs f32 or bf16 (raw bits), fp32 accumulation in k order, C not read
+// when beta == 0, bias (f32, length m) added per row of D, GELU the tanh approximation. It checks
+// the wrapper's mapping (transposes, leading dimensions, epilogues), not cuBLASLt's numerics.
+struct cublasLtContext {};
+struct cublasLtMatmulDescOpaque_t {
+  cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const float* bias = nullptr;
+};
+struct cublasLtMatrixLayoutOpaque_t {
+  cudaDataType type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct cublasLtMatmulPreferenceOpaque_t {};
+
 cublasStatus_t cublasLtCreate(cublasLtHandle_t* h) {
-  *h = NewOpaque<cublasLtHandle_t>();
+  *h = new cublasLtContext;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
-  DeleteOpaque(h);
+  delete h;
   return CUBLAS_STATUS_SUCCESS;
 }
 const char* cublasLtGetStatusString(cublasStatus_t st) {
   return st == CUBLAS_STATUS_SUCCESS
              ? "CUBLAS_STATUS_SUCCESS"
-             : "CUBLAS_STATUS_NOT_SUPPORTED (the CUDA interpreter does not run cuBLASLt)";
+             : "CUBLAS_STATUS_NOT_SUPPORTED (a layout, type or epilogue the CUDA interpreter's "
+               "host matmul does not handle)";
 }
-cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t,
-                                        cudaDataType_t) {
-  *d = NewOpaque<cublasLtMatmulDesc_t>();
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* d, cublasComputeType_t c,
+                                        cudaDataType_t scale) {
+  if (c != CUBLAS_COMPUTE_32F || scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *d = new cublasLtMatmulDescOpaque_t;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
-  DeleteOpaque(d);
+  delete d;
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t, cublasLtMatmulDescAttributes_t,
-                                              const void*, size_t) {
-  return CUBLAS_STATUS_SUCCESS;
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d,
+                                              cublasLtMatmulDescAttributes_t a, const void* v,
+                                              size_t n) {
+  switch (a) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      if (n != sizeof(d->ta)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      std::memcpy(&d->ta, v, n);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      if (n != sizeof(d->tb)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      std::memcpy(&d->tb, v, n);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      if (n != sizeof(d->epilogue)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      std::memcpy(&d->epilogue, v, n);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      if (n != sizeof(d->bias)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      std::memcpy(&d->bias, v, n);
+      return CUBLAS_STATUS_SUCCESS;
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE: {
+      cudaDataType t;
+      if (n != sizeof(t)) return CUBLAS_STATUS_NOT_SUPPORTED;
+      std::memcpy(&t, v, n);
+      return t == CUDA_R_32F ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+  }
+  return CUBLAS_STATUS_NOT_SUPPORTED;
 }
-cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType, uint64_t,
-                                          uint64_t, int64_t) {
-  *l = NewOpaque<cublasLtMatrixLayout_t>();
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* l, cudaDataType t,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  if ((t != CUDA_R_32F && t != CUDA_R_16BF) || ld < static_cast<int64_t>(rows))
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  *l = new cublasLtMatrixLayoutOpaque_t{t, rows, cols, ld};
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
-  DeleteOpaque(l);
+  delete l;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* p) {
-  *p = NewOpaque<cublasLtMatmulPreference_t>();
+  *p = new cublasLtMatmulPreferenceOpaque_t;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
-  DeleteOpaque(p);
+  delete p;
   return CUBLAS_STATUS_SUCCESS;
 }
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
@@ -629,20 +664,69 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t,
                                                     const void*, size_t) {
   return CUBLAS_STATUS_SUCCESS;
 }
-cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t,
-                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                              cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,
-                                              cublasLtMatmulPreference_t, int,
-                                              cublasLtMatmulHeuristicResult_t*, int* found) {
-  *found = 0;
-  return CUBLAS_STATUS_NOT_SUPPORTED;
+namespace {
+// op(X)(i, j) of a column-major matrix with layout l, op = t.
+float At(const void* p, const cublasLtMatrixLayoutOpaque_t& l, cublasOperation_t t, uint64_t i,
+         uint64_t j) {
+  const uint64_t r = t == CUBLAS_OP_N ? i : j, c = t == CUBLAS_OP_N ? j : i;
+  const uint64_t off = r + c * static_cast<uint64_t>(l.ld);
+  if (l.type == CUDA_R_32F) return static_cast<const float*>(p)[off];
+  return __uint_as_float(static_cast<uint32_t>(static_cast<const uint16_t*>(p)[off]) << 16);
 }
-cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t, const void*, const void*,
-                              cublasLtMatrixLayout_t, const void*, cublasLtMatrixLayout_t,
-                              const void*, const void*, cublasLtMatrixLayout_t, void*,
-                              cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t*, void*, size_t,
-                              cudaStream_t) {
-  return CUBLAS_STATUS_NOT_SUPPORTED;
+bool Shape(const cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+           cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd, uint64_t* k) {
+  const uint64_t am = d->ta == CUBLAS_OP_N ? a->rows : a->cols;
+  *k = d->ta == CUBLAS_OP_N ? a->cols : a->rows;
+  const uint64_t bk = d->tb == CUBLAS_OP_N ? b->rows : b->cols;
+  const uint64_t bn = d->tb == CUBLAS_OP_N ? b->cols : b->rows;
+  const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS ||
+                    d->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  return am == dd->rows && bk == *k && bn == dd->cols && c->rows == dd->rows &&
+         c->cols == dd->cols && a->type == b->type && c->type == CUDA_R_32F &&
+         dd->type == CUDA_R_32F && (!bias || d->bias != nullptr);
+}
+}  // namespace
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t d,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dd,
+                                              cublasLtMatmulPreference_t, int requested,
+                                              cublasLtMatmulHeuristicResult_t* r, int* found) {
+  uint64_t k;
+  *found = 0;
+  if (requested < 1 || !Shape(d, a, b, c, dd, &k)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  *r = cublasLtMatmulHeuristicResult_t{};
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t d, const void* alpha,
+                              const void* A, cublasLtMatrixLayout_t a, const void* B,
+                              cublasLtMatrixLayout_t b, const void* beta, const void* C,
+                              cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t dd,
+                              const cublasLtMatmulAlgo_t*, void*, size_t, cudaStream_t) {
+  uint64_t k;
+  if (!Shape(d, a, b, c, dd, &k)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  const bool bias = d->epilogue == CUBLASLT_EPILOGUE_BIAS ||
+                    d->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const bool gelu = d->epilogue == CUBLASLT_EPILOGUE_GELU ||
+                    d->epilogue == CUBLASLT_EPILOGUE_GELU_BIAS;
+  std::vector<float> out(dd->rows * dd->cols);
+  for (uint64_t j = 0; j < dd->cols; ++j) {
+    for (uint64_t i = 0; i < dd->rows; ++i) {
+      float acc = 0;
+      for (uint64_t p = 0; p < k; ++p) acc += At(A, *a, d->ta, i, p) * At(B, *b, d->tb, p, j);
+      float v = al * acc;
+      if (be != 0) v += be * static_cast<const float*>(C)[i + j * c->ld];
+      if (bias) v += d->bias[i];
+      if (gelu) v = 0.5f * v * (1.0f + std::tanh(0.7978845608f * (v + 0.044715f * v * v * v)));
+      out[i + j * dd->rows] = v;
+    }
+  }
+  // Written after all reads: D may alias C.
+  for (uint64_t j = 0; j < dd->cols; ++j)
+    for (uint64_t i = 0; i < dd->rows; ++i)
+      static_cast<float*>(D)[i + j * dd->ld] = out[i + j * dd->rows];
+  return CUBLAS_STATUS_SUCCESS;
 }
 
 // A fiber's first frame (entered from ember_interp_trampoline): runs the kernel for this CUDA

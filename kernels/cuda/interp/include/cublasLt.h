@@ -1,7 +1,6 @@
-// The CUDA interpreter's stand-in for cuBLASLt: the declarations context.cc and ops.cc use.
-// Handles and descriptors are created (so a CudaContext can be made) but no matmul runs:
-// cublasLtMatmulAlgoGetHeuristic and cublasLtMatmul return CUBLAS_STATUS_NOT_SUPPORTED, so Gemm
-// fails with a message that says so. Not interpreted: gemm_test, the LCE path's GEMMs.
+// The CUDA interpreter's stand-in for cuBLASLt: the declarations context.cc and ops.cc use,
+// implemented by a plain host matmul in interp.cc (column-major, f32/bf16 inputs, fp32
+// accumulation, bias and tanh-GELU epilogues); anything else is CUBLAS_STATUS_NOT_SUPPORTED.
 #pragma once
 #include <cstddef>
 #include <cstdint>
