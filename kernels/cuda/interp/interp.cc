@@ -103,6 +103,9 @@ struct Allocation {
   char* map;
   size_t map_bytes;
   size_t bytes;
+  // The launch check's copies (before the launch, after the forward run), kept between launches
+  // so that each launch does not fault fresh pages in.
+  std::unique_ptr<char[]> snap, first;
 };
 std::map<char*, Allocation> g_allocs;  // by user pointer
 cudaError_t g_last_error = cudaSuccess;
@@ -361,29 +364,33 @@ void Launch(const char* name, dim3 grid, dim3 block, size_t smem, cudaStream_t,
   InstallSegvHandler();
   g_kernel = name;
   // Run 1 (forward order) on a snapshot of device memory; run 2 (reverse) on the same snapshot.
-  std::vector<std::pair<char*, std::vector<char>>> snap;
-  snap.reserve(g_allocs.size());
-  for (auto& [p, a] : g_allocs) snap.emplace_back(p, std::vector<char>(p, p + a.bytes));
+  for (auto& [p, a] : g_allocs) {
+    if (!a.snap) {
+      a.snap.reset(new char[a.bytes]);
+      a.first.reset(new char[a.bytes]);
+    }
+    std::memcpy(a.snap.get(), p, a.bytes);
+  }
   bool ok = RunGrid(body, grid, block, /*reverse=*/false);
   if (ok) {
-    std::vector<std::vector<char>> first;
-    first.reserve(snap.size());
-    for (auto& [p, bytes] : snap) {
-      first.emplace_back(p, p + bytes.size());
-      std::memcpy(p, bytes.data(), bytes.size());
+    for (auto& [p, a] : g_allocs) {
+      std::memcpy(a.first.get(), p, a.bytes);
+      std::memcpy(p, a.snap.get(), a.bytes);
     }
     ok = RunGrid(body, grid, block, /*reverse=*/true);
-    for (size_t i = 0; ok && i < snap.size(); ++i) {
-      char* p = snap[i].first;
-      if (std::memcmp(p, first[i].data(), first[i].size()) == 0) continue;
+    for (auto it = g_allocs.begin(); ok && it != g_allocs.end(); ++it) {
+      char* p = it->first;
+      const char* first = it->second.first.get();
+      const size_t bytes = it->second.bytes;
+      if (std::memcmp(p, first, bytes) == 0) continue;
       size_t off = 0;
-      while (p[off] == first[i][off]) ++off;
+      while (p[off] == first[off]) ++off;
       char buf[400];
       std::snprintf(buf, sizeof buf,
                     "kernel %s: result differs between forward and reverse thread order at "
                     "byte %zu of the %zu-byte allocation %p (a race: a missing __syncthreads or "
                     "__syncwarp, or threads writing the same address)",
-                    name, off, first[i].size(), static_cast<void*>(p));
+                    name, off, bytes, static_cast<void*>(p));
       g_last_kernel_error = buf;
       ok = false;
     }
@@ -466,7 +473,7 @@ cudaError_t cudaMalloc(void** out, size_t bytes) {
   mprotect(base + rounded, kPage, PROT_NONE);  // guard page right after the allocation
   char* p = base + rounded - (bytes + 15) / 16 * 16;  // 16-byte aligned (float4 loads)
   std::memset(p, 0xFF, bytes);
-  g_allocs[p] = Allocation{base, map_bytes, bytes};
+  g_allocs[p] = Allocation{base, map_bytes, bytes, nullptr, nullptr};
   *out = p;
   return cudaSuccess;
 }
