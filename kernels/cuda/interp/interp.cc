@@ -147,15 +147,16 @@ void SegvHandler(int sig, siginfo_t* info, void*) {
   raise(sig);
 }
 
+// Called by every launch: a test framework may have replaced the handler since the last one.
 void InstallSegvHandler() {
-  static thread_local bool done = false;
-  if (done) return;
-  done = true;
-  static thread_local std::unique_ptr<char[]> alt(new char[1 << 16]);
-  stack_t ss{};
-  ss.ss_sp = alt.get();
-  ss.ss_size = 1 << 16;
-  sigaltstack(&ss, nullptr);
+  static thread_local std::unique_ptr<char[]> alt;
+  if (!alt) {
+    alt.reset(new char[1 << 16]);
+    stack_t ss{};
+    ss.ss_sp = alt.get();
+    ss.ss_size = 1 << 16;
+    sigaltstack(&ss, nullptr);
+  }
   struct sigaction sa {};
   sa.sa_sigaction = SegvHandler;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;

@@ -151,18 +151,30 @@ TEST_CASE("interp: a barrier not reached by every thread is an error") {
 }
 
 TEST_CASE("interp: writing past the end of a cudaMalloc allocation faults, naming the kernel") {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
   pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
+    dup2(fds[1], 2);
+    close(fds[0]);
     float* p = nullptr;
     if (cudaMalloc(&p, 1000 * sizeof(float)) != cudaSuccess) _exit(3);
-    EMBER_LAUNCH(WriteKernel, 1, 256, 0, nullptr)(p, 1000 + 1024);
+    EMBER_LAUNCH(WriteKernel, 1, 256, 0, nullptr)(p, 1000 + 16);  // 64 bytes past the end
     _exit(0);  // not reached when the overrun faults
   }
+  close(fds[1]);
+  std::string err;
+  char buf[512];
+  for (ssize_t r; (r = read(fds[0], buf, sizeof buf)) > 0;) err.append(buf, static_cast<size_t>(r));
+  close(fds[0]);
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
+  INFO(err);
   REQUIRE(WIFSIGNALED(status));
   CHECK(WTERMSIG(status) == SIGSEGV);
+  CHECK(err.find("invalid memory access") != std::string::npos);
+  CHECK(err.find("kernel WriteKernel block (0,0,0) thread (") != std::string::npos);
 }
 
 TEST_CASE("interp: cudaMemcpy outside an allocation and device properties") {
