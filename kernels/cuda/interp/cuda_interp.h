@@ -1,26 +1,36 @@
 // A CUDA interpreter for CPU CI (issue 33): with this header the kernels in kernels/cuda/*.cu
 // compile as host C++ (g++ -x c++) and run on the CPU. Each CUDA thread is a fiber with its own
-// stack (mmap'ed, guard page below) switched by a hand-written x86-64 context switch
-// (interp.cc); the blocks of a grid run one after the other on the calling OS thread.
+// 64 KiB stack (mmap'ed, guard page below) switched by a hand-written x86-64 context switch
+// (interp.cc); the blocks of a grid run one after the other on the calling OS thread. Within a
+// block a warp runs (lane by lane, each lane up to its next synchronization point) until all its
+// lanes wait at __syncthreads or have exited, completing its warp intrinsics as they fill; then
+// the next warp runs. Kernels launch through EMBER_LAUNCH(kernel, grid, block, smem, stream)(...)
+// (device_util.cuh; <<<...>>> under nvcc).
 //
-// Semantics checked (each an error reported through cudaGetLastError / cudaDeviceSynchronize
-// as cudaErrorLaunchFailure, with a message on stderr and in ember_interp::LastKernelError()):
+// Checks (each an error reported through cudaGetLastError and the next synchronize as
+// cudaErrorLaunchFailure, not sticky, with a message naming kernel, block and thread on stderr and
+// in ember_interp::LastKernelError()):
+//   - every launch runs twice on the same snapshot of device memory, in forward and in reverse
+//     block / warp / lane order; the results must be bitwise equal (catches shared- and
+//     global-memory races that change a result, e.g. a missing __syncthreads). There is no
+//     per-access race detector: a race that writes the same bytes in both orders goes unseen.
 //   - __syncthreads completes when every thread of the block is there; a thread that exits while
 //     others wait is "barrier not reached by every thread" (CUDA UB).
 //   - warp intrinsics (__shfl_*_sync, __ballot_sync, __any_sync, __all_sync, __syncwarp) complete
 //     when every lane named in the mask has arrived with the same mask; a mask naming an exited
-//     lane is an error; a shuffle reading a lane outside the mask is an error.
-//   - every launch runs twice, under forward and reverse thread order between synchronization
-//     points, on the same snapshot of device memory; the results must be bitwise equal (catches
-//     shared- and global-memory races that change a result, e.g. a missing __syncthreads).
-//   - launch limits as the CUDA runtime reports them (cudaErrorInvalidConfiguration).
-//   - cudaMalloc returns exact-size host allocations ending 16-byte aligned at a PROT_NONE guard
-//     page (an overrun of more than the alignment slack faults; the SIGSEGV handler names the
-//     kernel, block and thread), poisoned with 0xFF bytes (NaN).
-// Streams and events execute synchronously, in call order. No cuBLASLt (its calls return
-// CUBLAS_STATUS_NOT_SUPPORTED). Thread-safety: launches and the runtime API are serialized by a
-// process-wide mutex; __shared__ arrays are function statics, valid because one block runs at a
-// time.
+//     lane, a caller outside its mask, or a shuffle reading a lane outside the mask is an error;
+//     lanes that can never meet are a deadlock error.
+//   - launch limits as the CUDA runtime reports them (cudaErrorInvalidConfiguration; dynamic
+//     shared memory above 48 KiB: cudaErrorInvalidValue).
+//   - cudaMalloc returns exact-size host allocations, poisoned with 0xFF bytes (NaN), 16-byte
+//     aligned and ending at a PROT_NONE guard page (an overrun of more than the alignment slack
+//     faults; the SIGSEGV handler names the kernel, block and thread); cudaMemcpy / cudaMemset
+//     outside an allocation are cudaErrorInvalidValue.
+// The device reports itself as an H100 (sm_90, 132 SMs, 48 KiB / 227 KiB opt-in shared memory).
+// Streams and events execute synchronously, in call order. cuBLASLt (include/cublasLt.h) is a
+// plain host matmul. Thread-safety: launches and the runtime API are serialized by a process-wide
+// mutex; __shared__ arrays are function statics (valid because one block runs at a time; not
+// poisoned between blocks).
 #ifndef EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
 #define EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
 
