@@ -262,7 +262,7 @@ void Backward(const AttentionDims& s, const float* q, const float* k, const floa
   const Geo g = MakeGeo(s);
   const int64_t rows = s.B * s.H * s.T;
   EMBER_LAUNCH(DeltaKernel<HD>, Min64((rows + 255) / 256, 65535), 256, 0, st)(o, dout, g,
-                                                                         s.B * s.H, delta);
+                                                                                s.B * s.H, delta);
   const dim3 grid((s.T + kRows - 1) / kRows, s.B * s.H);
   EMBER_LAUNCH(DqKernel<HD>, grid, kRows, 0, st)(q, k, v, dout, lse, delta, g, dq);
   const dim3 kv_grid((s.T + kRows - 1) / kRows, s.B * s.KV);

@@ -120,13 +120,15 @@ cudaError_t SwiGluBackward(const float* x, const float* dy, int64_t N, int64_t F
 }
 cudaError_t EmbeddingForward(const int32_t* ids, int64_t N, const float* table, int64_t C,
                              float* out, bool accumulate, int64_t grid, cudaStream_t s) {
-  if (grid > 0) EMBER_LAUNCH(EmbeddingForwardKernel, grid, kBlock, 0, s)(ids, N, table, C, out, accumulate);
+  if (grid > 0)
+    EMBER_LAUNCH(EmbeddingForwardKernel, grid, kBlock, 0, s)(ids, N, table, C, out, accumulate);
   return cudaGetLastError();
 }
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t N, const float* dout, int64_t C,
                               float* dtable, cudaStream_t s) {
   if (N > 0 && C > 0)
-    EMBER_LAUNCH(EmbeddingBackwardKernel, (C + kBlock - 1) / kBlock, kBlock, 0, s)(ids, N, dout, C, dtable);
+    EMBER_LAUNCH(EmbeddingBackwardKernel, (C + kBlock - 1) / kBlock, kBlock, 0, s)(ids, N, dout, C,
+                                                                                   dtable);
   return cudaGetLastError();
 }
 

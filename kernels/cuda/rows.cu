@@ -199,7 +199,8 @@ cudaError_t RmsNormBackward(const float* x, const float* w, const float* rstd, c
   else
     EMBER_LAUNCH(RmsNormBackwardDxKernel<1>, N, block, 0, s)(x, w, rstd, dy, C, dx);
   const dim3 grid((C + 255) / 256, segments);
-  EMBER_LAUNCH(RmsNormDwPartialKernel, grid, 256, 0, s)(x, rstd, dy, N, C, rows_per_segment, partial);
+  EMBER_LAUNCH(RmsNormDwPartialKernel, grid, 256, 0, s)(x, rstd, dy, N, C, rows_per_segment,
+                                                       partial);
   EMBER_LAUNCH(ColumnFinishKernel, (C + 255) / 256, 256, 0, s)(partial, segments, C, dw);
   return cudaGetLastError();
 }
