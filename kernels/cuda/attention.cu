@@ -252,7 +252,7 @@ template <int HD>
 void Forward(const AttentionDims& s, const float* q, const float* k, const float* v, float* o,
              float* lse, cudaStream_t st) {
   const dim3 grid((s.T + kRows - 1) / kRows, s.B * s.H);
-  ForwardKernel<HD><<<grid, kRows, 0, st>>>(q, k, v, MakeGeo(s), o, lse);
+  EMBER_LAUNCH(ForwardKernel<HD>, grid, kRows, 0, st)(q, k, v, MakeGeo(s), o, lse);
 }
 
 template <int HD>
@@ -261,12 +261,12 @@ void Backward(const AttentionDims& s, const float* q, const float* k, const floa
               float* dk, float* dv, cudaStream_t st) {
   const Geo g = MakeGeo(s);
   const int64_t rows = s.B * s.H * s.T;
-  DeltaKernel<HD><<<Min64((rows + 255) / 256, 65535), 256, 0, st>>>(o, dout, g,
-                                                                         s.B * s.H, delta);
+  EMBER_LAUNCH(DeltaKernel<HD>, Min64((rows + 255) / 256, 65535), 256, 0, st)(o, dout, g,
+                                                                                s.B * s.H, delta);
   const dim3 grid((s.T + kRows - 1) / kRows, s.B * s.H);
-  DqKernel<HD><<<grid, kRows, 0, st>>>(q, k, v, dout, lse, delta, g, dq);
+  EMBER_LAUNCH(DqKernel<HD>, grid, kRows, 0, st)(q, k, v, dout, lse, delta, g, dq);
   const dim3 kv_grid((s.T + kRows - 1) / kRows, s.B * s.KV);
-  DkDvKernel<HD><<<kv_grid, kRows, 0, st>>>(q, k, v, dout, lse, delta, g, dk, dv);
+  EMBER_LAUNCH(DkDvKernel<HD>, kv_grid, kRows, 0, st)(q, k, v, dout, lse, delta, g, dk, dv);
 }
 
 }  // namespace

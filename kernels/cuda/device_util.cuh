@@ -8,6 +8,13 @@
 
 #include <cstdint>
 
+// A kernel launch: EMBER_LAUNCH(kernel, grid, block, smem, stream)(args...). Under nvcc the
+// <<<...>>> launch; under the CPU interpreter (kernels/cuda/interp) its launcher, which
+// cuda_interp.h defines.
+#ifndef EMBER_LAUNCH
+#define EMBER_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
+#endif
+
 namespace ember::kernels::cuda::detail {
 
 #define EMBER_GRID_STRIDE(i, n)                                                         \

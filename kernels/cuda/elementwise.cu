@@ -85,48 +85,50 @@ constexpr int kBlock = 256;
 
 cudaError_t Add(const float* a, const float* b, float* out, int64_t n, int64_t grid,
                 cudaStream_t s) {
-  if (grid > 0) AddKernel<<<grid, kBlock, 0, s>>>(a, b, out, n);
+  if (grid > 0) EMBER_LAUNCH(AddKernel, grid, kBlock, 0, s)(a, b, out, n);
   return cudaGetLastError();
 }
 
 cudaError_t CastF32ToBf16(const float* in, uint16_t* out, int64_t n, int64_t grid,
                           cudaStream_t s) {
-  if (grid > 0) CastF32ToBf16Kernel<<<grid, kBlock, 0, s>>>(in, out, n);
+  if (grid > 0) EMBER_LAUNCH(CastF32ToBf16Kernel, grid, kBlock, 0, s)(in, out, n);
   return cudaGetLastError();
 }
 cudaError_t CastBf16ToF32(const uint16_t* in, float* out, int64_t n, int64_t grid,
                           cudaStream_t s) {
-  if (grid > 0) CastBf16ToF32Kernel<<<grid, kBlock, 0, s>>>(in, out, n);
+  if (grid > 0) EMBER_LAUNCH(CastBf16ToF32Kernel, grid, kBlock, 0, s)(in, out, n);
   return cudaGetLastError();
 }
 cudaError_t GeluForward(const float* x, float* y, int64_t n, int64_t grid, cudaStream_t s) {
-  if (grid > 0) GeluForwardKernel<<<grid, kBlock, 0, s>>>(x, y, n);
+  if (grid > 0) EMBER_LAUNCH(GeluForwardKernel, grid, kBlock, 0, s)(x, y, n);
   return cudaGetLastError();
 }
 cudaError_t GeluBackward(const float* x, const float* dy, float* dx, int64_t n, int64_t grid,
                          cudaStream_t s) {
-  if (grid > 0) GeluBackwardKernel<<<grid, kBlock, 0, s>>>(x, dy, dx, n);
+  if (grid > 0) EMBER_LAUNCH(GeluBackwardKernel, grid, kBlock, 0, s)(x, dy, dx, n);
   return cudaGetLastError();
 }
 cudaError_t SwiGluForward(const float* x, int64_t N, int64_t F, float* y, int64_t grid,
                           cudaStream_t s) {
-  if (grid > 0) SwiGluForwardKernel<<<grid, kBlock, 0, s>>>(x, N, F, y);
+  if (grid > 0) EMBER_LAUNCH(SwiGluForwardKernel, grid, kBlock, 0, s)(x, N, F, y);
   return cudaGetLastError();
 }
 cudaError_t SwiGluBackward(const float* x, const float* dy, int64_t N, int64_t F, float* dx,
                            int64_t grid, cudaStream_t s) {
-  if (grid > 0) SwiGluBackwardKernel<<<grid, kBlock, 0, s>>>(x, dy, N, F, dx);
+  if (grid > 0) EMBER_LAUNCH(SwiGluBackwardKernel, grid, kBlock, 0, s)(x, dy, N, F, dx);
   return cudaGetLastError();
 }
 cudaError_t EmbeddingForward(const int32_t* ids, int64_t N, const float* table, int64_t C,
                              float* out, bool accumulate, int64_t grid, cudaStream_t s) {
-  if (grid > 0) EmbeddingForwardKernel<<<grid, kBlock, 0, s>>>(ids, N, table, C, out, accumulate);
+  if (grid > 0)
+    EMBER_LAUNCH(EmbeddingForwardKernel, grid, kBlock, 0, s)(ids, N, table, C, out, accumulate);
   return cudaGetLastError();
 }
 cudaError_t EmbeddingBackward(const int32_t* ids, int64_t N, const float* dout, int64_t C,
                               float* dtable, cudaStream_t s) {
   if (N > 0 && C > 0)
-    EmbeddingBackwardKernel<<<(C + kBlock - 1) / kBlock, kBlock, 0, s>>>(ids, N, dout, C, dtable);
+    EMBER_LAUNCH(EmbeddingBackwardKernel, (C + kBlock - 1) / kBlock, kBlock, 0, s)(ids, N, dout, C,
+                                                                                   dtable);
   return cudaGetLastError();
 }
 

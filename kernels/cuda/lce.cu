@@ -113,27 +113,30 @@ __global__ void GradTileKernel(float* __restrict__ z, int64_t rows, int64_t cols
 }  // namespace
 
 cudaError_t LceInitRows(int64_t rows, float* state, cudaStream_t s) {
-  if (rows > 0) InitRowsKernel<<<(rows + kBlock - 1) / kBlock, kBlock, 0, s>>>(rows, state);
+  if (rows > 0)
+    EMBER_LAUNCH(InitRowsKernel, (rows + kBlock - 1) / kBlock, kBlock, 0, s)(rows, state);
   return cudaGetLastError();
 }
 cudaError_t LceUpdateRows(const float* z, int64_t rows, int64_t cols, int64_t v0,
                           const int32_t* targets, int64_t ignore_index, float* state,
                           cudaStream_t s) {
   if (rows > 0 && cols > 0)
-    UpdateRowsKernel<<<rows, kBlock, 0, s>>>(z, rows, cols, v0, targets, ignore_index, state);
+    EMBER_LAUNCH(UpdateRowsKernel, rows, kBlock, 0, s)(z, rows, cols, v0, targets, ignore_index,
+                                                       state);
   return cudaGetLastError();
 }
 cudaError_t LceFinishRows(int64_t rows, const int32_t* targets, int64_t V, int64_t ignore_index,
                           float label_smoothing, float z_loss, float* state, double* total,
                           int* bad_target, cudaStream_t s) {
   if (rows > 0)
-    FinishRowsKernel<<<1, 1024, 0, s>>>(rows, targets, V, ignore_index, label_smoothing, z_loss,
-                                        state, total, bad_target);
+    EMBER_LAUNCH(FinishRowsKernel, 1, 1024, 0, s)(rows, targets, V, ignore_index,
+                                                  label_smoothing, z_loss, state, total,
+                                                  bad_target);
   return cudaGetLastError();
 }
 cudaError_t LceCountValid(const int32_t* targets, int64_t N, int64_t ignore_index, double* valid,
                           cudaStream_t s) {
-  CountValidKernel<<<1, 1024, 0, s>>>(targets, N, ignore_index, valid);
+  EMBER_LAUNCH(CountValidKernel, 1, 1024, 0, s)(targets, N, ignore_index, valid);
   return cudaGetLastError();
 }
 cudaError_t LceGradTile(float* z, int64_t rows, int64_t cols, int64_t v0, int64_t V,
@@ -141,8 +144,9 @@ cudaError_t LceGradTile(float* z, int64_t rows, int64_t cols, int64_t v0, int64_
                         float z_loss, const float* state, const double* valid, bool mean,
                         float dloss, cudaStream_t s) {
   if (rows > 0 && cols > 0)
-    GradTileKernel<<<rows, kBlock, 0, s>>>(z, rows, cols, v0, V, targets, ignore_index,
-                                           label_smoothing, z_loss, state, valid, mean, dloss);
+    EMBER_LAUNCH(GradTileKernel, rows, kBlock, 0, s)(z, rows, cols, v0, V, targets, ignore_index,
+                                                     label_smoothing, z_loss, state, valid, mean,
+                                                     dloss);
   return cudaGetLastError();
 }
 

@@ -65,13 +65,13 @@ int MoeMaxK() { return kMaxK; }
 cudaError_t MoeRoute(const float* logits, int64_t N, int64_t E, int k, int32_t* expert,
                      float* weight, int64_t grid, cudaStream_t s) {
   if (k < 1 || k > kMaxK) return cudaErrorInvalidValue;
-  if (grid > 0) RouteKernel<<<grid, 256, 0, s>>>(logits, N, E, k, expert, weight);
+  if (grid > 0) EMBER_LAUNCH(RouteKernel, grid, 256, 0, s)(logits, N, E, k, expert, weight);
   return cudaGetLastError();
 }
 
 cudaError_t MoePermute(const int32_t* expert, int64_t S, int64_t E, int32_t* order,
                        int64_t* offsets, cudaStream_t s) {
-  PermuteKernel<<<1, 1024, 0, s>>>(expert, S, E, order, offsets);
+  EMBER_LAUNCH(PermuteKernel, 1, 1024, 0, s)(expert, S, E, order, offsets);
   return cudaGetLastError();
 }
 

@@ -75,20 +75,20 @@ __global__ void ScaleKernel(const __grid_constant__ TensorBatchArgs b,
 }  // namespace
 
 cudaError_t AdamW(const TensorBatchArgs& b, const AdamWArgs& a, cudaStream_t s) {
-  if (b.num_chunks > 0) AdamWKernel<<<b.num_chunks, kBlock, 0, s>>>(b, a);
+  if (b.num_chunks > 0) EMBER_LAUNCH(AdamWKernel, b.num_chunks, kBlock, 0, s)(b, a);
   return cudaGetLastError();
 }
 cudaError_t SumSquares(const TensorBatchArgs& b, double* partial, cudaStream_t s) {
-  if (b.num_chunks > 0) SumSquaresKernel<<<b.num_chunks, kBlock, 0, s>>>(b, partial);
+  if (b.num_chunks > 0) EMBER_LAUNCH(SumSquaresKernel, b.num_chunks, kBlock, 0, s)(b, partial);
   return cudaGetLastError();
 }
 cudaError_t FinishNorm(const double* partial, int64_t n, double max_norm, double* out_norm,
                        float* scale, cudaStream_t s) {
-  FinishNormKernel<<<1, 1024, 0, s>>>(partial, n, max_norm, out_norm, scale);
+  EMBER_LAUNCH(FinishNormKernel, 1, 1024, 0, s)(partial, n, max_norm, out_norm, scale);
   return cudaGetLastError();
 }
 cudaError_t ScaleBy(const TensorBatchArgs& b, const float* scale, cudaStream_t s) {
-  if (b.num_chunks > 0) ScaleKernel<<<b.num_chunks, kBlock, 0, s>>>(b, scale);
+  if (b.num_chunks > 0) EMBER_LAUNCH(ScaleKernel, b.num_chunks, kBlock, 0, s)(b, scale);
   return cudaGetLastError();
 }
 

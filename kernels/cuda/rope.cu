@@ -40,7 +40,7 @@ cudaError_t Rope(const float* cos_t, const float* sin_t, float* x, int64_t B, in
                  cudaStream_t s) {
   const int64_t half = hd / 2, n = B * T * heads * half;
   if (n <= 0) return cudaGetLastError();
-  RopeKernel<<<grid, 256, 0, s>>>(cos_t, sin_t, x, T, heads, half, stride, n, sign);
+  EMBER_LAUNCH(RopeKernel, grid, 256, 0, s)(cos_t, sin_t, x, T, heads, half, stride, n, sign);
   return cudaGetLastError();
 }
 

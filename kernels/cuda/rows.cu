@@ -183,9 +183,9 @@ cudaError_t RmsNormForward(const float* x, const float* w, int64_t N, int64_t C,
                            float* y, float* rstd, int block, cudaStream_t s) {
   if (N <= 0 || C <= 0) return cudaGetLastError();
   if (Aligned16(C, {x, w, y}))
-    RmsNormForwardKernel<4><<<N, block, 0, s>>>(x, w, C, eps, y, rstd);
+    EMBER_LAUNCH(RmsNormForwardKernel<4>, N, block, 0, s)(x, w, C, eps, y, rstd);
   else
-    RmsNormForwardKernel<1><<<N, block, 0, s>>>(x, w, C, eps, y, rstd);
+    EMBER_LAUNCH(RmsNormForwardKernel<1>, N, block, 0, s)(x, w, C, eps, y, rstd);
   return cudaGetLastError();
 }
 
@@ -195,12 +195,13 @@ cudaError_t RmsNormBackward(const float* x, const float* w, const float* rstd, c
                             cudaStream_t s) {
   if (N <= 0 || C <= 0) return cudaGetLastError();
   if (Aligned16(C, {x, w, dy, dx}))
-    RmsNormBackwardDxKernel<4><<<N, block, 0, s>>>(x, w, rstd, dy, C, dx);
+    EMBER_LAUNCH(RmsNormBackwardDxKernel<4>, N, block, 0, s)(x, w, rstd, dy, C, dx);
   else
-    RmsNormBackwardDxKernel<1><<<N, block, 0, s>>>(x, w, rstd, dy, C, dx);
+    EMBER_LAUNCH(RmsNormBackwardDxKernel<1>, N, block, 0, s)(x, w, rstd, dy, C, dx);
   const dim3 grid((C + 255) / 256, segments);
-  RmsNormDwPartialKernel<<<grid, 256, 0, s>>>(x, rstd, dy, N, C, rows_per_segment, partial);
-  ColumnFinishKernel<<<(C + 255) / 256, 256, 0, s>>>(partial, segments, C, dw);
+  EMBER_LAUNCH(RmsNormDwPartialKernel, grid, 256, 0, s)(x, rstd, dy, N, C, rows_per_segment,
+                                                       partial);
+  EMBER_LAUNCH(ColumnFinishKernel, (C + 255) / 256, 256, 0, s)(partial, segments, C, dw);
   return cudaGetLastError();
 }
 
@@ -208,9 +209,9 @@ cudaError_t SoftmaxForward(const float* x, int64_t N, int64_t C, float* y, int b
                            cudaStream_t s) {
   if (N <= 0 || C <= 0) return cudaGetLastError();
   if (Aligned16(C, {x, y}))
-    SoftmaxForwardKernel<4><<<N, block, 0, s>>>(x, C, y);
+    EMBER_LAUNCH(SoftmaxForwardKernel<4>, N, block, 0, s)(x, C, y);
   else
-    SoftmaxForwardKernel<1><<<N, block, 0, s>>>(x, C, y);
+    EMBER_LAUNCH(SoftmaxForwardKernel<1>, N, block, 0, s)(x, C, y);
   return cudaGetLastError();
 }
 
@@ -218,9 +219,9 @@ cudaError_t SoftmaxBackward(const float* y, const float* dy, int64_t N, int64_t 
                             int block, cudaStream_t s) {
   if (N <= 0 || C <= 0) return cudaGetLastError();
   if (Aligned16(C, {y, dy, dx}))
-    SoftmaxBackwardKernel<4><<<N, block, 0, s>>>(y, dy, C, dx);
+    EMBER_LAUNCH(SoftmaxBackwardKernel<4>, N, block, 0, s)(y, dy, C, dx);
   else
-    SoftmaxBackwardKernel<1><<<N, block, 0, s>>>(y, dy, C, dx);
+    EMBER_LAUNCH(SoftmaxBackwardKernel<1>, N, block, 0, s)(y, dy, C, dx);
   return cudaGetLastError();
 }
 

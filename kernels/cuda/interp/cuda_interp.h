@@ -1,0 +1,298 @@
+// A CUDA interpreter for CPU CI (issue 33): with this header the kernels in kernels/cuda/*.cu
+// compile as host C++ (g++ -x c++) and run on the CPU. Each CUDA thread is a fiber with its own
+// 64 KiB stack (mmap'ed, guard page below) switched by a hand-written x86-64 context switch
+// (interp.cc); the blocks of a grid run one after the other on the calling OS thread. Within a
+// block a warp runs (lane by lane, each lane up to its next synchronization point) until all its
+// lanes wait at __syncthreads or have exited, completing its warp intrinsics as they fill; then
+// the next warp runs. Kernels launch through EMBER_LAUNCH(kernel, grid, block, smem, stream)(...)
+// (device_util.cuh; <<<...>>> under nvcc).
+//
+// Checks (each an error reported through cudaGetLastError and the next synchronize as
+// cudaErrorLaunchFailure, not sticky, with a message naming kernel, block and thread on stderr and
+// in ember_interp::LastKernelError()):
+//   - every launch runs twice on the same snapshot of device memory, in forward and in reverse
+//     block / warp / lane order; the results must be bitwise equal (catches shared- and
+//     global-memory races that change a result, e.g. a missing __syncthreads). There is no
+//     per-access race detector: a race that writes the same bytes in both orders goes unseen.
+//   - __syncthreads completes when every thread of the block is there; a thread that exits while
+//     others wait is "barrier not reached by every thread" (CUDA UB).
+//   - warp intrinsics (__shfl_*_sync, __ballot_sync, __any_sync, __all_sync, __syncwarp) complete
+//     when every lane named in the mask has arrived with the same mask; a mask naming an exited
+//     lane, a caller outside its mask, or a shuffle reading a lane outside the mask is an error;
+//     lanes that can never meet are a deadlock error.
+//   - launch limits as the CUDA runtime reports them (cudaErrorInvalidConfiguration; dynamic
+//     shared memory above 48 KiB: cudaErrorInvalidValue).
+//   - cudaMalloc returns exact-size host allocations, poisoned with 0xFF bytes (NaN), 16-byte
+//     aligned and ending at a PROT_NONE guard page (an overrun of more than the alignment slack
+//     faults; the SIGSEGV handler names the kernel, block and thread); cudaMemcpy / cudaMemset
+//     outside an allocation are cudaErrorInvalidValue.
+// The device reports itself as an H100 (sm_90, 132 SMs, 48 KiB / 227 KiB opt-in shared memory).
+// Streams and events execute synchronously, in call order. cuBLASLt (include/cublasLt.h) is a
+// plain host matmul. Thread-safety: launches and the runtime API are serialized by a process-wide
+// mutex; __shared__ arrays are function statics (valid because one block runs at a time; not
+// poisoned between blocks).
+#ifndef EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
+#define EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
+
+#define EMBER_CUDA_INTERP 1
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <tuple>
+#include <utility>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __shared__ static
+#define __restrict__ __restrict
+#define __grid_constant__
+#define __launch_bounds__(...)
+
+// ---- types --------------------------------------------------------------------------------
+struct uint3 {
+  unsigned x, y, z;
+};
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+  constexpr operator uint3() const { return uint3{x, y, z}; }
+};
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) float2 {
+  float x, y;
+};
+inline float4 make_float4(float x, float y, float z, float w) { return float4{x, y, z, w}; }
+inline float2 make_float2(float x, float y) { return float2{x, y}; }
+
+enum cudaError_t {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevice = 101,
+  cudaErrorNoDevice = 100,
+  cudaErrorLaunchFailure = 719,
+};
+using cudaError = cudaError_t;
+enum cudaMemcpyKind {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+struct CUstream_st;
+using cudaStream_t = CUstream_st*;
+struct CUevent_st;
+using cudaEvent_t = CUevent_st*;
+constexpr unsigned cudaStreamDefault = 0, cudaStreamNonBlocking = 1;
+enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
+enum cudaDataType_t { CUDA_R_32F = 0, CUDA_R_16BF = 14 };
+using cudaDataType = cudaDataType_t;
+
+struct cudaDeviceProp {
+  char name[256];
+  size_t totalGlobalMem;
+  size_t sharedMemPerBlock;
+  size_t sharedMemPerBlockOptin;
+  int regsPerBlock;
+  int warpSize;
+  int maxThreadsPerBlock;
+  int maxThreadsDim[3];
+  int maxGridSize[3];
+  int major, minor;
+  int multiProcessorCount;
+  int maxThreadsPerMultiProcessor;
+  size_t sharedMemPerMultiprocessor;
+};
+
+cudaError_t cudaGetDeviceCount(int* count);
+cudaError_t cudaSetDevice(int device);
+cudaError_t cudaGetDevice(int* device);
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp* prop, int device);
+cudaError_t cudaMalloc(void** p, size_t bytes);
+template <typename T>
+cudaError_t cudaMalloc(T** p, size_t bytes) {
+  return cudaMalloc(reinterpret_cast<void**>(p), bytes);
+}
+cudaError_t cudaFree(void* p);
+cudaError_t cudaMemcpy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                            cudaStream_t s = nullptr);
+cudaError_t cudaMemset(void* p, int value, size_t bytes);
+cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t s = nullptr);
+cudaError_t cudaDeviceSynchronize();
+cudaError_t cudaStreamCreate(cudaStream_t* s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaEventCreate(cudaEvent_t* e);
+cudaError_t cudaEventDestroy(cudaEvent_t e);
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = nullptr);
+cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
+cudaError_t cudaGetLastError();
+cudaError_t cudaPeekAtLastError();
+const char* cudaGetErrorName(cudaError_t err);
+const char* cudaGetErrorString(cudaError_t err);
+
+namespace ember_interp {
+
+// ---- execution state (interp.cc) ------------------------------------------------------------
+struct Fiber;
+extern thread_local Fiber* g_current;  // the running CUDA thread
+extern thread_local uint3 g_block_idx;
+extern thread_local dim3 g_block_dim, g_grid_dim;
+const uint3& CurrentThreadIdx();
+
+// Blocks the calling fiber at a block barrier.
+void SyncThreads();
+// Warp collective: the calling lane posts `value`; returns when every lane in `mask` has posted
+// with the same mask; `out` gets the posted values of all 32 lanes (valid for lanes in mask).
+void WarpCollective(unsigned mask, const char* what, uint64_t value, uint64_t out[32]);
+unsigned LaneId();
+[[noreturn]] void KernelError(const std::string& msg);
+
+// The error of the last failed kernel, "" if none ("kernel K: block (x,y,z) thread ...: what").
+std::string LastKernelError();
+
+// Launches `body` (runs one CUDA thread's kernel call) on grid x block; returns the launch error
+// (configuration) or records a kernel error. `name` names the kernel in messages.
+void Launch(const char* name, dim3 grid, dim3 block, size_t smem, cudaStream_t s,
+            std::function<void()> body);
+
+template <typename... P>
+struct Launcher {
+  const char* name;
+  void (*kernel)(P...);
+  dim3 grid, block;
+  size_t smem;
+  cudaStream_t stream;
+  void operator()(P... args) const {
+    auto k = kernel;
+    std::tuple<std::decay_t<P>...> a(args...);
+    Launch(name, grid, block, smem, stream, [k, a]() { std::apply(k, a); });
+  }
+};
+template <typename... P>
+Launcher<P...> MakeLauncher(const char* name, void (*k)(P...), dim3 grid, dim3 block,
+                            size_t smem, cudaStream_t s) {
+  return Launcher<P...>{name, k, grid, block, smem, s};
+}
+
+template <typename T>
+inline uint64_t ToBits(T v) {
+  static_assert(sizeof(T) <= 8, "warp intrinsic value wider than 64 bits");
+  uint64_t b = 0;
+  std::memcpy(&b, &v, sizeof(T));
+  return b;
+}
+template <typename T>
+inline T FromBits(uint64_t b) {
+  T v;
+  std::memcpy(&v, &b, sizeof(T));
+  return v;
+}
+template <typename T>
+inline T Shuffle(unsigned mask, T v, int src_lane, int width, const char* what, int kind,
+                 int arg) {
+  uint64_t all[32];
+  WarpCollective(mask, what, ToBits(v), all);
+  const int lane = static_cast<int>(LaneId());
+  const int base = lane & ~(width - 1);
+  int src;
+  switch (kind) {
+    case 0: src = base + (src_lane & (width - 1)); break;                        // idx
+    case 1: src = (lane ^ arg) < base + width ? (lane ^ arg) : lane; break;      // xor
+    case 2: src = (lane & (width - 1)) + arg < width ? lane + arg : lane; break;  // down
+    default: src = (lane & (width - 1)) - arg >= 0 ? lane - arg : lane; break;    // up
+  }
+  if (!(mask >> src & 1u)) {
+    KernelError(std::string(what) + ": lane " + std::to_string(lane) + " reads lane " +
+                std::to_string(src) + ", which the mask does not name");
+  }
+  return FromBits<T>(all[src]);
+}
+
+}  // namespace ember_interp
+
+#define threadIdx (::ember_interp::CurrentThreadIdx())
+#define blockIdx (static_cast<const uint3&>(::ember_interp::g_block_idx))
+#define blockDim (static_cast<const dim3&>(::ember_interp::g_block_dim))
+#define gridDim (static_cast<const dim3&>(::ember_interp::g_grid_dim))
+constexpr int warpSize = 32;
+
+#define EMBER_LAUNCH(kernel, grid, block, smem, stream) \
+  ::ember_interp::MakeLauncher(#kernel, kernel, (grid), (block), (smem), (stream))
+
+inline void __syncthreads() { ::ember_interp::SyncThreads(); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  uint64_t all[32];
+  ::ember_interp::WarpCollective(mask, "__syncwarp", 0, all);
+}
+template <typename T>
+inline T __shfl_sync(unsigned mask, T v, int src, int width = 32) {
+  return ::ember_interp::Shuffle(mask, v, src, width, "__shfl_sync", 0, 0);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned mask, T v, int lm, int width = 32) {
+  return ::ember_interp::Shuffle(mask, v, 0, width, "__shfl_xor_sync", 1, lm);
+}
+template <typename T>
+inline T __shfl_down_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  return ::ember_interp::Shuffle(mask, v, 0, width, "__shfl_down_sync", 2, static_cast<int>(d));
+}
+template <typename T>
+inline T __shfl_up_sync(unsigned mask, T v, unsigned d, int width = 32) {
+  return ::ember_interp::Shuffle(mask, v, 0, width, "__shfl_up_sync", 3, static_cast<int>(d));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  uint64_t all[32];
+  ::ember_interp::WarpCollective(mask, "__ballot_sync", pred != 0, all);
+  unsigned r = 0;
+  for (int l = 0; l < 32; ++l)
+    if ((mask >> l & 1u) && all[l]) r |= 1u << l;
+  return r;
+}
+inline int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+inline int __all_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) == mask; }
+
+// CUDA's global min/max overloads.
+#define EMBER_INTERP_MINMAX(T)                       \
+  inline T min(T a, T b) { return b < a ? b : a; } \
+  inline T max(T a, T b) { return a < b ? b : a; }
+EMBER_INTERP_MINMAX(int)
+EMBER_INTERP_MINMAX(unsigned)
+EMBER_INTERP_MINMAX(long)
+EMBER_INTERP_MINMAX(unsigned long)
+EMBER_INTERP_MINMAX(long long)
+EMBER_INTERP_MINMAX(unsigned long long)
+#undef EMBER_INTERP_MINMAX
+inline float min(float a, float b) { return std::fmin(a, b); }
+inline float max(float a, float b) { return std::fmax(a, b); }
+inline double min(double a, double b) { return std::fmin(a, b); }
+inline double max(double a, double b) { return std::fmax(a, b); }
+
+template <typename T>
+inline T __ldg(const T* p) { return *p; }
+inline float __uint_as_float(unsigned u) { float f; std::memcpy(&f, &u, 4); return f; }
+inline unsigned __float_as_uint(float f) { unsigned u; std::memcpy(&u, &f, 4); return u; }
+inline int __float_as_int(float f) { int u; std::memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; std::memcpy(&f, &u, 4); return f; }
+// Round-to-nearest intrinsics: IEEE single operations on the host (SSE, round to nearest even),
+// never contracted into an FMA.
+inline float __fadd_rn(float a, float b) { volatile float r = a + b; return r; }
+inline float __fsub_rn(float a, float b) { volatile float r = a - b; return r; }
+inline float __fmul_rn(float a, float b) { volatile float r = a * b; return r; }
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+#endif  // EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
