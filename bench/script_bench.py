@@ -21,7 +21,7 @@ Goals (issue 23): Ember's start <= 1.0x torchrun's; recovery >= 5x faster (<= 0.
 """
 import argparse, glob, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
-PY = "/usr/bin/python3"
+PY = "/usr/bin/python3"  # --python sets it: the one interpreter (and torch) of both sides
 
 
 def load():
@@ -80,7 +80,7 @@ def one_run(kind, a, tmp, log):
     args = ["--out", out, "--steps", str(STEPS), "--step-sleep", str(STEP_SLEEP)]
     if KINDS[kind] is None:
         cmd = [a.emberctl, "run", "--standalone", "--nproc", "4", "--max-restarts", "1",
-               "--work-root", work_root, "--allow-root-scripts", a.script, "--", *args]
+               "--work-root", work_root, "--python", PY, a.script, "--", *args]
     else:
         # --redirects/--tee 0:1: Debian's torch 1.13 under Python 3.11 cannot parse the default
         # "0"; everything else is torchrun's default unless KINDS says otherwise.
@@ -158,7 +158,13 @@ def main():
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--allow-missing-peers", action="store_true")
     ap.add_argument("--peer", default="true", help="false: skip torchrun")
+    ap.add_argument("--python", default=os.environ.get("EMBER_PEER_PYTHON", "/usr/bin/python3"),
+                    help="the interpreter both sides run the script with (its torch is the peer)")
     a = ap.parse_args()
+    global PY
+    PY = a.python
+    torch_version = subprocess.run([PY, "-c", "import torch; print(torch.__version__)"],
+                                   capture_output=True, text=True).stdout.strip() or "?"
     a.emberctl, a.script = os.path.abspath(a.emberctl), os.path.abspath(a.script)
     if not a.quick and a.rounds < 3:
         print(f"script_bench: --rounds={a.rounds}: at least 3 rounds (a median of fewer is one "
@@ -194,7 +200,8 @@ def main():
         rows.append(["median", k, med[k][0], med[k][1], None])
     peer_reason = "torchrun skipped (--peer=false)"
     get = lambda k, i: med[k][i] if k in med else None
-    same = ("compared: the same script and arguments (4 ranks, gloo, CPU, --steps "
+    same = (f"compared: the same script, interpreter and torch ({PY}, torch {torch_version}) and "
+            "arguments (4 ranks, gloo, CPU, --steps "
             f"{STEPS} --step-sleep {STEP_SLEEP}), max restarts 1, on both; {rounds} interleaved "
             "rounds, medians")
     targets = [

@@ -93,7 +93,7 @@ int Parent(int argc, char** argv) {
   }
   report.SetMeta("seconds_per_point", json::Value::Double(absl::GetFlag(FLAGS_seconds)));
   report.SetMeta("rounds", json::Value::Int(rounds));
-  report.SetMeta("peer", json::Value::Str("PyTorch TCPStore (/usr/bin/python3 tcpstore_peer.py)"));
+  report.SetMeta("peer", json::Value::Str(absl::StrCat("PyTorch TCPStore, ", PeerTorchLabel(), ", tcpstore_peer.py")));
 
   bench::Table& table = report.AddTable(
       absl::StrCat("ops: ", absl::GetFlag(FLAGS_seconds), " s per point, median of ", rounds,

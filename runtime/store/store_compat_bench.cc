@@ -475,10 +475,10 @@ absl::Status TcpStorePart(bench::Report& report, int port, const std::vector<int
                    " interleaved rounds (ember-store --tcpstore-port, torch server)"),
       {"op", "clients", "ember-store ops/s", "p50 us", "p99 us", "torch server ops/s", "p50 us",
        "p99 us", "ember/torch"});
-  t.AddNote("the same client processes (tcpstore_peer.py, /usr/bin/python3, one op in flight "
+  t.AddNote(absl::StrCat("the same client processes (tcpstore_peer.py, ", bench_util::PeerTorchLabel(), ", one op in flight "
             "each) against ember-store's TCPStore port (in-memory backend) vs torch's own "
             "TCPStore(is_master=True) server; get = wait + get (2 round trips) on both, set is "
-            "not acknowledged by the protocol, wait = 1 round trip on a key that exists");
+            "not acknowledged by the protocol, wait = 1 round trip on a key that exists"));
   std::string why;
   for (const std::string op : {"set", "get", "add", "wait"}) {
     for (int n : clients) {
@@ -567,8 +567,9 @@ int Parent(int argc, char** argv) {
   report.SetMeta("etcd", json::Value::Str(absl::GetFlag(FLAGS_etcd_endpoints).empty()
                                               ? "one member started here (/usr/bin/etcd 3.4)"
                                               : etcd));
-  report.SetMeta("peer", json::Value::Str("plain etcd gRPC client; torch 1.13 TCPStore "
-                                          "(/usr/bin/python3 tcpstore_peer.py)"));
+  report.SetMeta("peer", json::Value::Str(absl::StrCat(
+                             "plain etcd gRPC client; PyTorch TCPStore clients and server, ",
+                             bench_util::PeerTorchLabel(), ", tcpstore_peer.py")));
   absl::Status s;
   std::unique_ptr<StoreServer> on_etcd, in_memory;
   if (Wanted("etcd") || Wanted("barrier")) {
