@@ -8,5 +8,6 @@ r="${RUNFILES_DIR:-$0.runfiles}/ember"
 # The peers' interpreter: EMBER_PEER_PYTHON, else the torch 2.15 venv (deploy/peers-venv.sh),
 # else Debian's python3 (torch 1.13); Ember runs the script with the same one.
 py="$(bash "$r/deploy/peers-venv.sh" --python)"
+if [ -z "$py" ]; then echo "script_bench: no interpreter from $r/deploy/peers-venv.sh --python" >&2; exit 1; fi
 exec /usr/bin/python3 "$r/bench/script_bench.py" --emberctl "$r/launcher/emberctl" \
   --script "$r/tests/script/ddp_train.py" --python "$py" "$@"

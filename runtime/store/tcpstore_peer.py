@@ -80,16 +80,12 @@ def child_barrier(port, world, ready_w, go_r, out_path, key):
 
 def run(kind, args):
     meta = {"torch": torch.__version__, "server": "external"}
-    if args.port:
-        port = args.port  # someone else's server (ember-store --tcpstore-port)
-    else:
-        server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120))
-        port = server.port
-        meta["server"] = "libuv" if getattr(server, "libuvBackend", False) else "classic"
-    # A fresh barrier key per run: the same server may serve several rounds.
+    # Clients are forked before torch's server starts: forking a process whose server threads
+    # (libuv, torch 2.x) hold locks left 16-client runs hung in the children's connects.
     key = f"barrier/{os.getpid()}"
     ready_r, ready_w = os.pipe()
     go_r, go_w = os.pipe()
+    port_r, port_w = os.pipe()
     tmp = f"/tmp/tcpstore-peer-{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
     pids = []
@@ -97,7 +93,9 @@ def run(kind, args):
         pid = os.fork()
         if pid == 0:
             os.close(go_w)
+            os.close(port_w)
             try:
+                port = int.from_bytes(os.read(port_r, 8), "little")  # 8-byte reads are atomic
                 out = f"{tmp}/{rank}.json"
                 if kind == "ops":
                     child_ops(port, rank, args.op, args.seconds, ready_w, go_r, out)
@@ -107,6 +105,15 @@ def run(kind, args):
                 sys.stderr.write(f"peer child {rank}: {e}\n")
                 os._exit(1)
         pids.append(pid)
+    if args.port:
+        port = args.port  # someone else's server (ember-store --tcpstore-port)
+    else:
+        server = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=120))
+        port = server.port
+        meta["server"] = "libuv" if getattr(server, "libuvBackend", False) else "classic"
+    msg = port.to_bytes(8, "little") * args.clients
+    for off in range(0, len(msg), 4096):  # whole 8-byte records per write (4096 % 8 == 0)
+        os.write(port_w, msg[off:off + 4096])
     got = 0
     while got < args.clients:
         got += len(os.read(ready_r, args.clients - got))
