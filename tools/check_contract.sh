@@ -27,6 +27,15 @@ runtime/base/devices_test.cc	"EMBER_EXPECT_GPUS	CI tells the device test how man
 kernels/cuda/gpu_test_util.h	"EMBER_EXPECT_GPUS	the GPU script makes the CUDA op tests fail instead of skip without a GPU
 tests/gpu/gpt_cuda_check.cc	"EMBER_EXPECT_GPUS	the GPU script makes the GPU training-step check fail instead of skip without a GPU
 runtime/comm/comm_bench.cc	"EMBER_EXPECT_GPUS	the GPU script makes comm_bench --backend=nccl fail instead of skip without a GPU
+deploy/peers_venv.h	"EMBER_PEERS_VENV	where deploy/peers-venv.sh put the benchmarks' PyTorch peer venv, not the worker's
+deploy/peers_venv.h	"EMBER_PEER_PYTHON	the benchmarks' peer interpreter override, not the worker's
+runtime/comm/comm_bench.cc	"EMBER_COMM_TCP_CONGESTION	a note's text naming the knob (comm::kEnvTcpCongestion) the ranks ran with
+runtime/onesided/ucx_connection.cc	"EMBER_WORLD_SIZE	onesided sits below runtime/job: the agent reads the worker's environment for its UCX device choice
+runtime/onesided/ucx_connection.cc	"EMBER_LOCAL_WORLD_SIZE	as above (one-host job: UCX on lo)
+runtime/onesided/ucx_connection.cc	"EMBER_STORE_ADDR	as above (the device that reaches the store)
+runtime/onesided/exposure_test.cc	"EMBER_WORLD_SIZE	the test sets the environment the agent reads (ucx_connection.cc)
+runtime/onesided/exposure_test.cc	"EMBER_LOCAL_WORLD_SIZE	as above
+tests/e2e/job_files_test.cc	/files/	the test forges a job's upload keys in the store, as an attacker without the API would
 LIST
 )
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/time/clock.h"
@@ -18,6 +19,7 @@
 #include "runtime/daemon/job_files.h"
 #include "runtime/daemon/keys.h"
 #include "runtime/daemon/placement.h"
+#include "runtime/store/reserved_keys.h"
 #include "runtime/daemon/process.h"
 #include "runtime/daemon/spec_policy.h"
 #include "runtime/job/env.h"
@@ -101,6 +103,11 @@ TEST_CASE("job ids read from the store are checked before they name a key or a d
     CHECK(std::any_of(std::begin(job::keys::kEmberdKeySpaces), std::end(job::keys::kEmberdKeySpaces),
                       [&](absl::string_view sp) { return absl::StartsWith(k, sp); }));
   }
+  // ember-store refuses a --tcpstore-prefix by its own copy of the names (store sits below job).
+  CHECK(std::vector<absl::string_view>(std::begin(job::keys::kEmberdKeySpaces),
+                                       std::end(job::keys::kEmberdKeySpaces)) ==
+        std::vector<absl::string_view>(std::begin(store::kReservedKeySpaces),
+                                       std::end(store::kReservedKeySpaces)));
 }
 
 TEST_CASE("a spawned worker runs in its own process group and is killed with it") {

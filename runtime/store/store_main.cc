@@ -36,7 +36,7 @@
 #include "runtime/base/auth.h"
 #include "runtime/base/little_endian.h"
 #include "runtime/base/status_macros.h"
-#include "runtime/job/keys.h"
+#include "runtime/store/reserved_keys.h"
 #include "runtime/store/backend_flags.h"
 #include "runtime/store/fast_path_protocol.h"
 #include "runtime/store/server.h"
@@ -82,11 +82,11 @@ namespace {
 volatile std::sig_atomic_t g_stop = 0;
 
 // --tcpstore-prefix: TCPStore clients never authenticate, so the listener is scoped to a prefix
-// that none of emberd's key spaces (job/keys.h kEmberdKeySpaces) lies in or under; the store cannot
+// that none of emberd's key spaces (reserved_keys.h) lies in or under; the store cannot
 // tell whether an emberd uses it, so the prefix is required whenever the port is on.
 absl::Status CheckTcpStorePrefix(const std::string& prefix) {
   std::string spaces;
-  for (absl::string_view sp : ember::job::keys::kEmberdKeySpaces) absl::StrAppend(&spaces, spaces.empty() ? "" : ", ", sp);
+  for (absl::string_view sp : ember::store::kReservedKeySpaces) absl::StrAppend(&spaces, spaces.empty() ? "" : ", ", sp);
   if (prefix.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--tcpstore-port needs --tcpstore-prefix=PREFIX (e.g. --tcpstore-prefix=torch/): TCPStore "
@@ -94,7 +94,7 @@ absl::Status CheckTcpStorePrefix(const std::string& prefix) {
         "none of emberd's records (", spaces, "); without one, whoever reaches the port could read "
         "every job and forge jobs, files and fences (docs/operations.md)"));
   }
-  for (absl::string_view sp : ember::job::keys::kEmberdKeySpaces) {
+  for (absl::string_view sp : ember::store::kReservedKeySpaces) {
     if (absl::StartsWith(prefix, sp) || absl::StartsWith(sp, prefix)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--tcpstore-prefix='", prefix, "' reaches emberd's key space ", sp, " (its records: ",
