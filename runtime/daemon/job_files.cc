@@ -127,14 +127,21 @@ absl::StatusOr<Fd> MakeOwnDir(const std::string& root, absl::string_view rel, gi
   return OpenDirBelow(root, rel, /*create=*/true, /*own=*/true, group);
 }
 
-absl::StatusOr<Fd> OpenFileBelow(const std::string& root, absl::string_view rel, int flags,
-                                 mode_t mode, bool own_dir) {
+// rel = "<dir_rel>/<name>" (dir_rel "" when rel has no '/'); a name of "", "." or ".." is refused.
+static absl::Status SplitFileRel(absl::string_view rel, std::string* dir_rel, std::string* name) {
   const size_t slash = rel.rfind('/');
-  const std::string dir_rel(slash == absl::string_view::npos ? "" : rel.substr(0, slash));
-  const std::string name(slash == absl::string_view::npos ? rel : rel.substr(slash + 1));
-  if (name.empty() || name == "." || name == "..") {
+  *dir_rel = std::string(slash == absl::string_view::npos ? "" : rel.substr(0, slash));
+  *name = std::string(slash == absl::string_view::npos ? rel : rel.substr(slash + 1));
+  if (name->empty() || *name == "." || *name == "..") {
     return absl::InvalidArgumentError(absl::StrCat("'", rel, "': not a file name"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Fd> OpenFileBelow(const std::string& root, absl::string_view rel, int flags,
+                                 mode_t mode, bool own_dir) {
+  std::string dir_rel, name;
+  if (absl::Status s = SplitFileRel(rel, &dir_rel, &name); !s.ok()) return s;
   auto dir = OpenDirBelow(root, dir_rel, /*create=*/false, own_dir);
   if (!dir.ok()) return dir.status();
   const bool read_only = (flags & O_ACCMODE) == O_RDONLY;
@@ -154,12 +161,8 @@ absl::StatusOr<Fd> OpenFileBelow(const std::string& root, absl::string_view rel,
 
 absl::Status WriteFileBelow(const std::string& root, absl::string_view rel, absl::string_view data,
                             mode_t mode, gid_t group, bool own_dir) {
-  const size_t slash = rel.rfind('/');
-  const std::string dir_rel(slash == absl::string_view::npos ? "" : rel.substr(0, slash));
-  const std::string name(slash == absl::string_view::npos ? rel : rel.substr(slash + 1));
-  if (name.empty() || name == "." || name == "..") {
-    return absl::InvalidArgumentError(absl::StrCat("'", rel, "': not a file name"));
-  }
+  std::string dir_rel, name;
+  if (absl::Status s = SplitFileRel(rel, &dir_rel, &name); !s.ok()) return s;
   auto dir = OpenDirBelow(root, dir_rel, /*create=*/false, own_dir);
   if (!dir.ok()) return dir.status();
   const std::string path = absl::StrCat(root, "/", rel);

@@ -1,5 +1,7 @@
 #include "runtime/daemon/process.h"
 
+#include "runtime/daemon/job_files.h"
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <ifaddrs.h>
@@ -158,25 +160,10 @@ bool ProcessAlive(pid_t pid, int64_t start_ticks) {
 }
 
 std::vector<std::string> TailLines(const std::string& path, int n) {
-  std::vector<std::string> out;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return out;
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    return out;
-  }
-  off_t start = st.st_size > 65536 ? st.st_size - 65536 : 0;
-  std::string buf(st.st_size - start, '\0');
-  ssize_t got = ::pread(fd, buf.data(), buf.size(), start);
-  ::close(fd);
-  if (got <= 0) return out;
-  buf.resize(got);
-  std::vector<std::string> lines = absl::StrSplit(buf, '\n');
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
-  if (start > 0 && !lines.empty()) lines.erase(lines.begin());  // partial first line
-  int from = std::max<int>(0, static_cast<int>(lines.size()) - n);
-  return std::vector<std::string>(lines.begin() + from, lines.end());
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  std::vector<std::string> out = TailLinesOfFd(fd, n);
+  if (fd >= 0) ::close(fd);
+  return out;
 }
 
 std::vector<pid_t> FindJobProcesses(const std::string& job_id) {
