@@ -30,10 +30,11 @@ namespace v1 = ::ember::jobs::v1;
 namespace fs = std::filesystem;
 
 std::string ProgressLine(const v1::Progress& p) {
-  if (p.step() == 0) return "";
+  const v1::StepMetrics& m = p.metrics();
+  if (m.step() == 0) return "";
   std::string eta = p.eta_s() > 0 ? absl::StrFormat(" eta %.0fs", p.eta_s()) : "";
-  return absl::StrFormat("step %d/%d loss %.4f %.0f tok/s%s", p.step(), p.steps(), p.loss(),
-                         p.tokens_per_s(), eta);
+  return absl::StrFormat("step %d/%d loss %.4f %.0f tok/s%s", m.step(), p.steps(), m.loss(),
+                         m.tokens_per_s(), eta);
 }
 
 void PrintJob(const Ctl& ctl, const v1::Job& j, bool detail) {

@@ -293,9 +293,9 @@ class JobPage {
                    .Set("reason", Str(j.reason()))
                    .Set("world_size", Value::Int(j.world_size()))
                    .Set("device_type", Str(j.device_type()))
-                   .Set("step", Value::Int(j.progress().step()))
+                   .Set("step", Value::Int(j.progress().metrics().step()))
                    .Set("steps", Value::Int(j.progress().steps()))
-                   .Set("loss", Num(j.progress().loss()))
+                   .Set("loss", Num(j.progress().metrics().loss()))
                    .Set("submit_unix_ms", Value::Int(j.submit_unix_ms())));
     }
     return Value::MakeObject().Set("jobs", std::move(arr));
@@ -402,10 +402,10 @@ class JobPage {
                   .Set("submit_unix_ms", Value::Int(job->submit_unix_ms()))
                   .Set("end_unix_ms", Value::Int(job->end_unix_ms()))
                   .Set("progress", Value::MakeObject()
-                                       .Set("step", Value::Int(p.step()))
+                                       .Set("step", Value::Int(p.metrics().step()))
                                        .Set("steps", Value::Int(p.steps()))
-                                       .Set("loss", Num(p.loss()))
-                                       .Set("tokens_per_s", Num(p.tokens_per_s()))
+                                       .Set("loss", Num(p.metrics().loss()))
+                                       .Set("tokens_per_s", Num(p.metrics().tokens_per_s()))
                                        .Set("eta_s", Num(p.eta_s())))
                   .Set("attempts", std::move(attempts))
                   .Set("checkpoints", Checkpoints(*job))

@@ -120,24 +120,25 @@ absl::Status CudaTrainLoopImpl(const Plan& plan, fsdp::FsdpGpt& host, data::Toke
   while (step < plan.spec.steps()) {
     ++step;
     StepResult r;
-    r.step = step;
-    r.lr = LearningRate(plan.spec, step);
+    r.set_step(step);
+    r.set_lr(LearningRate(plan.spec, step));
     const absl::Time t0 = absl::Now();
     RETURN_IF_ERROR(loader.Next(tok.data(), tgt.data()));
     RETURN_IF_ERROR(gpu->ZeroGrad());
     ASSIGN_OR_RETURN(float loss, gpu->ForwardBackward(tok.data(), tgt.data(), B, T));
     kernels::AdamWOptions opt = plan.fsdp.adamw;
-    opt.lr = r.lr;
-    ASSIGN_OR_RETURN(r.grad_norm, gpu->AdamWStep(opt, plan.fsdp.clip_norm));
-    if (plan.fsdp.clip_norm <= 0) r.grad_norm = std::nan("");  // GptCuda computes it only to clip
-    r.loss = r.local_loss = loss;
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    opt.lr = r.lr();
+    ASSIGN_OR_RETURN(const double grad_norm, gpu->AdamWStep(opt, plan.fsdp.clip_norm));
+    if (plan.fsdp.clip_norm > 0) r.set_grad_norm(grad_norm);  // GptCuda computes it only to clip
+    r.set_loss(loss);
+    r.set_local_loss(loss);
+    r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
     const cu::AllocatorStats mem = (*ctx)->allocator().stats();
-    r.device_memory_bytes = mem.allocated_bytes;
-    r.device_peak_memory_bytes = mem.peak_allocated_bytes;
-    if (peak.ok()) r.mfu = flops_per_token * tokens_per_step / r.seconds / peak->flops;
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
+    r.set_device_memory_bytes(mem.allocated_bytes);
+    r.set_device_peak_memory_bytes(mem.peak_allocated_bytes);
+    if (peak.ok()) r.set_mfu(flops_per_token * tokens_per_step / r.step_s() / peak->flops);
+    if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) {
       RETURN_IF_ERROR(Sync(host, *gpu, /*to_gpu=*/false));

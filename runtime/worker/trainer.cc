@@ -352,22 +352,24 @@ class Stepper {
   absl::StatusOr<StepResult> Step(int64_t step) {
     const int64_t B = plan_.spec.batch_size(), T = plan_.model.context, M = plan_.spec.parallelism().micro_batches();
     StepResult r;
-    r.step = step;
-    r.lr = LearningRate(plan_.spec, step);
+    r.set_step(step);
+    r.set_lr(LearningRate(plan_.spec, step));
     model_.ResetCommBytes();
     model_.ResetCommWait();
     const absl::Time t0 = absl::Now();
     for (int64_t k = 0; k < M; ++k) {
       RETURN_IF_ERROR(loader_.Next(tok_.data(), tgt_.data()));
       ASSIGN_OR_RETURN(float l, model_.ForwardBackward(ctx_, tok_.data(), tgt_.data(), B, T, k == M - 1));
-      r.local_loss += static_cast<double>(l) / M;
+      r.set_local_loss(r.local_loss() + static_cast<double>(l) / M);
     }
-    ASSIGN_OR_RETURN(r.loss, model_.AllReduceMean(r.local_loss));
-    ASSIGN_OR_RETURN(r.grad_norm, model_.OptimizerStep(ctx_, r.lr));
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    r.comm_wait_s = absl::ToDoubleSeconds(model_.comm_wait());
-    r.bytes = model_.comm_bytes();
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    ASSIGN_OR_RETURN(const double loss, model_.AllReduceMean(r.local_loss()));
+    r.set_loss(loss);
+    ASSIGN_OR_RETURN(const double grad_norm, model_.OptimizerStep(ctx_, r.lr()));
+    r.set_grad_norm(grad_norm);
+    r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
+    r.set_comm_wait_s(absl::ToDoubleSeconds(model_.comm_wait()));
+    SetCommBytes(model_.comm_bytes(), &r);
+    if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
     return r;
   }
 
@@ -431,19 +433,19 @@ absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups
   while (step < plan.spec.steps()) {
     ++step;
     if (step == hang_at) Hang(plan.env, step);
-    StepResult r;
-    r.step = step;
-    r.lr = LearningRate(plan.spec, step);
-    r.grad_norm = std::nan("");  // not computed: no clipping in pipeline jobs
-    model->set_learning_rate(r.lr);
+    StepResult r;  // grad_norm unset: not computed (no clipping in pipeline jobs)
+    r.set_step(step);
+    r.set_lr(LearningRate(plan.spec, step));
+    model->set_learning_rate(r.lr());
     const absl::Time t0 = absl::Now();
     RETURN_IF_ERROR(loader.Next(tok.data(), tgt.data()));
-    ASSIGN_OR_RETURN(r.loss, model->Step(ctx, tok.data(), tgt.data()));
-    r.local_loss = r.loss;
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
-    r.comm_memory_bytes = groups.CommMemoryBytes();
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
+    ASSIGN_OR_RETURN(const double loss, model->Step(ctx, tok.data(), tgt.data()));
+    r.set_loss(loss);
+    r.set_local_loss(r.loss());
+    r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
+    if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
+    r.set_comm_memory_bytes(groups.CommMemoryBytes());
+    if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
   }
@@ -479,10 +481,10 @@ absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightR
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
-    r.comm_memory_bytes = groups.CommMemoryBytes();
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
-    r.flight_entries = static_cast<int64_t>(recorder.size());
-    if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
+    r.set_comm_memory_bytes(groups.CommMemoryBytes());
+    if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
+    r.set_flight_entries(static_cast<int64_t>(recorder.size()));
+    if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)

@@ -33,7 +33,7 @@ def jsonl(job_dir, rank, metric):
                 break  # being written
             o = json.loads(line)
             if o.get(metric) is not None:
-                out[o["step"]] = float(o[metric])
+                out[int(o["step"])] = float(o[metric])  # int64: a JSON string
     return out
 
 
