@@ -86,10 +86,10 @@ int Follow(Ctl& ctl, Client& c, const std::string& id) {
       if (tty) {
         std::cerr << "\r\033[K" << line << std::flush;
       } else if (u.state() != last_state ||
-                 (it != u.ranks().end() && it->second.step() / 10 != last_step / 10)) {
+                 (it != u.ranks().end() && it->second.metrics().step() / 10 != last_step / 10)) {
         std::cerr << line << "\n";  // not a terminal: a line per state change / 10 steps
       }
-      if (it != u.ranks().end()) last_step = it->second.step();
+      if (it != u.ranks().end()) last_step = it->second.metrics().step();
     }
     last_state = u.state();
     return !Interrupted();

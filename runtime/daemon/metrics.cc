@@ -243,7 +243,7 @@ std::pair<std::string, double> PrometheusName(const google::protobuf::FieldDescr
   std::string n = field.name();
   double factor = 1;
   if (absl::EndsWith(n, "_per_s")) {
-    n = absl::StrCat(n.substr(0, n.size() - 2), "second");
+    n = absl::StrCat(n.substr(0, n.size() - 1), "second");
   } else if (absl::EndsWith(n, "_ms")) {
     n = absl::StrCat(n.substr(0, n.size() - 3), "_seconds");
     factor = 1e-3;

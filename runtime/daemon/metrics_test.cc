@@ -101,7 +101,7 @@ TEST_CASE("the newest complete line of a metrics file is read, a partial one ign
   }
   auto r = ReadLastRankReport(path);
   REQUIRE(r.ok());
-  REQUIRE(r->step == 40);
+  REQUIRE(r->metrics.step() == 40);
   REQUIRE(r->age_s >= 0);
   REQUIRE(r->age_s < 60);
   { std::ofstream f(path); f << "{\"step\":1"; }

@@ -40,17 +40,17 @@ std::string BytesHuman(const jobs::v1::StepMetrics& m, absl::string_view collect
 
 void SetCommBytes(const fsdp::CommBytes& b, StepResult* r) {
   r->clear_collective_bytes();
-  for (const auto& [name, by_dtype] : {std::pair<const char*, const std::map<std::string, int64_t>&>{
-                                           "all_gather", b.all_gather},
-                                       {"reduce_scatter", b.reduce_scatter},
-                                       {"all_reduce", b.all_reduce}}) {
+  auto add = [r](const char* collective, const std::map<std::string, int64_t>& by_dtype) {
     for (const auto& [dtype, bytes] : by_dtype) {
       jobs::v1::CollectiveBytes* c = r->add_collective_bytes();
-      c->set_collective(name);
+      c->set_collective(collective);
       c->set_dtype(dtype);
       c->set_bytes(bytes);
     }
-  }
+  };
+  add("all_gather", b.all_gather);
+  add("reduce_scatter", b.reduce_scatter);
+  add("all_reduce", b.all_reduce);
   r->set_reduce_scatter_promoted_bytes(b.reduce_scatter_promoted);
 }
 

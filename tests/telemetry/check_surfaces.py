@@ -56,7 +56,7 @@ def step_metrics_fields(proto_path):
 def prom_name(field):
     """emberd's /metrics name and the factor applied (docs/operations.md, Metrics)."""
     if field.endswith("_per_s"):
-        return "ember_rank_" + field[:-2] + "second", 1.0
+        return "ember_rank_" + field[:-1] + "second", 1.0
     if field.endswith("_ms"):
         return "ember_rank_" + field[:-3] + "_seconds", 1e-3
     if field.endswith("_s"):
