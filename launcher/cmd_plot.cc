@@ -79,7 +79,7 @@ int RunPlot(Ctl& ctl) {
   if (!c.ok()) return ctl.Fail(c.status());
   auto series = c->GetSeries(job, *metric, max_points, attempt);
   if (!series.ok()) return ctl.Fail(series.status());
-  if (ctl.json()) {
+  if (ctl.json() || ctl.args().Has("--json")) {
     std::cout << Ctl::ToJson(*series) << "\n";
     return kOk;
   }

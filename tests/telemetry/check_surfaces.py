@@ -14,8 +14,9 @@ For every numeric field of StepMetrics:
   * by name: /metrics declares ember_rank_<field> (units spelled out, see prom_name) and both
     series surfaces accept the field as a metric (a file per field, metric echoed back);
   * by value: every logged step's value on each rank equals the metrics file's, on the plot and
-    the page (bucket last/min/max at one step per bucket; no extra or missing steps), and the
-    newest line's value equals /metrics' sample for that rank. A field absent from a line must be
+    the page (bucket last/min/max at one step per bucket; no extra or missing steps; exactly), and
+    the newest line's value equals /metrics' sample for that rank (to the 16 significant digits
+    its text format prints). A field absent from a line must be
     absent from every surface for that step.
 Also: the metrics files' lines are one JSON object each whose keys are StepMetrics fields only.
 Exit status 1 with every mismatch listed.
@@ -64,9 +65,9 @@ def prom_name(field):
     return "ember_rank_" + field, 1.0
 
 
-def same(a, b):
-    # JSON and the series carry doubles exactly (17 digits); Prometheus' text format prints 16.
-    return a == b or abs(a - b) <= 1e-14 * max(abs(a), abs(b))
+def same_16(a, b):
+    """Equal to 16 significant digits: what Prometheus' text format (prometheus-cpp) prints."""
+    return a == b or abs(a - b) <= 1e-15 * max(abs(a), abs(b))
 
 
 def main():
@@ -119,7 +120,7 @@ def main():
                     fail("/metrics has %s for rank %d, which its last line lacks" % (pname, r))
             elif got is None:
                 fail("/metrics lacks %s for rank %d (last line: %s=%r)" % (pname, r, name, last[name]))
-            elif not same(got, last[name] * factor):
+            elif not same_16(got, last[name] * factor):
                 fail("/metrics %s rank %d = %r, the metrics file says %r" % (pname, r, got, last[name] * factor))
 
     # The plot and the job page: the series of every field.
@@ -147,7 +148,7 @@ def main():
                 for key in ("last", "min", "max"):
                     vals = [float(v) for v in x.get(key, [])]
                     for st, v in zip(steps, vals):
-                        if not same(v, want[st]):
+                        if v != want[st]:  # JSON carries doubles exactly (17 digits)
                             fail("%s %s rank %d step %d: %s %r, the metrics file says %r" %
                                  (surface, name, r, st, key, v, want[st]))
                     if len(vals) != len(steps):

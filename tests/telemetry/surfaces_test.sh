@@ -69,8 +69,8 @@ for f in $FIELDS; do
     "http://$HTTP/api/jobs/$JOB/series?metric=$f&max_points=2048" > "$T/s/page-$f.json" ||
     fail "the job page's series of $f"
 done
-cp -r "$JD/metrics" "$T/s/metrics-files"  # what was compared, for a failure's record
-"$PY" "$CHECK" "$PROTO" "$JD" 2 "$T/s" || {
+mkdir -p "$T/s/job" && cp -r "$JD/metrics" "$T/s/job/"  # the reference, as the surfaces saw it
+"$PY" "$CHECK" "$PROTO" "$T/s/job" 2 "$T/s" || {
   [ -n "${TEST_UNDECLARED_OUTPUTS_DIR:-}" ] && cp -r "$T/s" "$TEST_UNDECLARED_OUTPUTS_DIR/"
   fail "the surfaces disagree (above)"
 }
