@@ -312,7 +312,7 @@ mh_partition_job() {
   local placed=""
   mh_ckpt_job mh-part "$1"
   for _ in $(seq 300); do
-    placed=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= '"$2"' else "")' 2>/dev/null)
+    placed=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("metrics",{}).get("step",0)) >= '"$2"' else "")' 2>/dev/null)
     [ -n "$placed" ] && break
     sleep 0.1
   done
