@@ -119,6 +119,9 @@ std::string ValidUtf8(absl::string_view s) {
 }
 
 Value Str(absl::string_view s) { return Value::Str(ValidUtf8(s)); }
+// The metric the page's third chart shows first (any StepMetrics series can be picked).
+constexpr char kPickedMetric[] = "step_s";
+
 Value Num(double v) { return std::isfinite(v) ? Value::Double(v) : Value(); }
 
 bool ValidJobId(absl::string_view id) { return CheckJobId(id).ok(); }  // spec_policy.h
@@ -189,10 +192,14 @@ class JobPage {
       if (rec.ok()) {
         v1::Job& job = rec->first;
         initial.Set("detail", DetailJson(&job));
-        for (const char* m : {"loss", "tokens_per_s"}) {
+        for (const char* m : {"loss", "tokens_per_s", kPickedMetric}) {
           v1::Series s;
           if (ReadSeries(d_, job, m, 1000, -1, &s).ok()) initial.Set(m, SeriesJson(s));
         }
+        // The third chart's choices: every StepMetrics series (series.h), first the default.
+        Value metrics = Value::MakeArray();
+        for (const std::string& m : MetricNames()) metrics.Push(Str(m));
+        initial.Set("metrics", std::move(metrics)).Set("pick", Str(kPickedMetric));
         initial.Set("logs", LogsJson(job, 0, 200));
       }
     }
