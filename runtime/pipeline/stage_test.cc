@@ -117,11 +117,14 @@ std::string RunRank(const ScheduleOptions& so, Replicas rep, int rank, const std
   auto stage = PipelineGpt::Create(Config(), kSeed, *s, pipe, mbs, kT, po);
   if (!stage.ok()) return stage.status().ToString();
   int64_t numel = 0, owned = 0;
-  for (const ParamView& v : (*stage)->Params()) {
-    numel += v.numel;
+  const std::vector<fsdp::ShardView> shards = (*stage)->Shards();
+  for (const fsdp::ShardView& v : shards) {
+    int64_t n = 1;
+    for (int64_t d : v.global_shape) n *= d;
+    numel += n;
     owned += v.rows * v.row_numel;
   }
-  if (rep.shard ? owned * rep.dp > numel + 64 * rep.dp * (*stage)->num_params() || owned >= numel
+  if (rep.shard ? owned * rep.dp > numel + 64 * rep.dp * static_cast<int64_t>(shards.size()) || owned >= numel
                 : owned != numel) {
     return absl::StrCat("rank ", rank, " updates ", owned, " of its ", numel, " parameters");
   }
