@@ -10,14 +10,20 @@ namespace ember::fsdp {
 
 using kernels::ExecContext;
 
-FsdpGpt::FsdpGpt(const model::GptConfig& cfg, Groups g, const FsdpOptions& o)
-    : cfg_(cfg), groups_(g), opts_(o) {}
+FsdpGpt::FsdpGpt(std::shared_ptr<const model::Model> model, Groups g, const FsdpOptions& o)
+    : model_(std::move(model)), groups_(g), opts_(o) {}
 
 FsdpGpt::~FsdpGpt() = default;
 
 absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const model::GptConfig& cfg, Groups groups,
                                                          const FsdpOptions& opts) {
   RETURN_IF_ERROR(cfg.Validate());
+  return Create(model::MakeGptModel(cfg), groups, opts);
+}
+
+absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(std::shared_ptr<const model::Model> model, Groups groups,
+                                                         const FsdpOptions& opts) {
+  if (model == nullptr) return absl::InvalidArgumentError("FsdpGpt: no model");
   if (groups.world == nullptr) return absl::InvalidArgumentError("FsdpGpt: no world group");
   comm::ProcessGroup* shard = groups.shard ? groups.shard : groups.world;
   const int replicas = groups.replicate ? groups.replicate->size() : 1;
@@ -25,7 +31,7 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const model::GptConfig&
     return absl::InvalidArgumentError(absl::StrCat("FsdpGpt: ", shard->size(), " shard ranks x ", replicas,
                                                    " replicas != ", groups.world->size(), " ranks"));
   }
-  std::unique_ptr<FsdpGpt> m(new FsdpGpt(cfg, groups, opts));
+  std::unique_ptr<FsdpGpt> m(new FsdpGpt(model, groups, opts));
   m->world_ = groups.world->size();
   ShardOptions so;
   so.reshard_after_forward = opts.reshard_after_forward;
@@ -34,9 +40,9 @@ absl::StatusOr<std::unique_ptr<FsdpGpt>> FsdpGpt::Create(const model::GptConfig&
   so.mp = opts.mp;
   so.seed = opts.seed;
   so.keep_debug_copies = opts.keep_debug_copies;
-  const model::Part whole = model::Part::Whole(cfg);
-  ASSIGN_OR_RETURN(m->sharded_, FullyShard(cfg, whole, {shard, groups.reduce_scatter, groups.replicate}, so));
-  m->driver_ = std::make_unique<const model::Driver>(cfg, whole);
+  const model::Part whole = model::Part::Whole(*model);
+  ASSIGN_OR_RETURN(m->sharded_, FullyShard(model, whole, {shard, groups.reduce_scatter, groups.replicate}, so));
+  m->driver_ = std::make_unique<const model::Driver>(model, whole);
   return m;
 }
 

@@ -31,6 +31,7 @@
 #include "runtime/fsdp/fully_shard.h"
 #include "runtime/fsdp/policy.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/model.h"
 
 namespace ember::fsdp {
 
@@ -56,6 +57,9 @@ class FsdpGpt {
   // Validates cfg and the groups (same size), shards and initialises parameters from opts.seed.
   static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(const model::GptConfig& cfg, Groups groups,
                                                          const FsdpOptions& opts);
+  // The same for any registered architecture (runtime/model/model.h).
+  static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(std::shared_ptr<const model::Model> model, Groups groups,
+                                                         const FsdpOptions& opts);
   ~FsdpGpt();
 
   // One micro-batch: forward, loss, backward; tokens/targets [B,T] are this rank's. Gradients
@@ -74,7 +78,7 @@ class FsdpGpt {
   // Average of `value` over the world group (f64 all-reduce).
   absl::StatusOr<double> AllReduceMean(double value);
 
-  const model::GptConfig& config() const { return cfg_; }
+  const model::Model& model() const { return *model_; }
   // This rank's place in the shard group (its rows) and the data-parallel world (shard x
   // replicate ranks).
   int shard_rank() const { return sharded_->rank(); }
@@ -104,9 +108,9 @@ class FsdpGpt {
   ParamPrecision TEST_precision(const std::string& name) const;
 
  private:
-  FsdpGpt(const model::GptConfig& cfg, Groups g, const FsdpOptions& o);
+  FsdpGpt(std::shared_ptr<const model::Model> model, Groups g, const FsdpOptions& o);
 
-  const model::GptConfig cfg_;
+  const std::shared_ptr<const model::Model> model_;
   const Groups groups_;
   const FsdpOptions opts_;
   int world_ = 1;  // data-parallel ranks (shard x replicate)

@@ -67,8 +67,6 @@ char* At(Tensor& t, int64_t elems, DataType dt) {
   return static_cast<char*>(t.raw()) + elems * comm::DTypeSize(dt);
 }
 
-bool IsBlock(const model::GptConfig& cfg, int unit) { return unit >= 1 && unit <= cfg.n_layer; }
-
 }  // namespace
 
 struct ShardedPart::Param {
@@ -104,9 +102,9 @@ struct ShardedPart::Unit {
   int64_t rs_numel = 0;
 };
 
-ShardedPart::ShardedPart(const model::GptConfig& cfg, model::Part part, ShardGroups g,
+ShardedPart::ShardedPart(std::shared_ptr<const model::Model> model, model::Part part, ShardGroups g,
                          const ShardOptions& o)
-    : cfg_(cfg), part_(part), groups_(g), opts_(o) {}
+    : model_(std::move(model)), part_(part), groups_(g), opts_(o) {}
 
 ShardedPart::~ShardedPart() {
   // Collectives write into our buffers: let them finish before the buffers go.
@@ -118,18 +116,18 @@ ShardedPart::~ShardedPart() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(const model::GptConfig& cfg, model::Part part,
+absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(std::shared_ptr<const model::Model> model, model::Part part,
                                                         ShardGroups groups, const ShardOptions& opts) {
-  RETURN_IF_ERROR(cfg.Validate());
+  if (model == nullptr) return absl::InvalidArgumentError("FullyShard: no model");
   if (groups.reduce_scatter && (groups.shard == nullptr || groups.reduce_scatter->size() != groups.shard->size() ||
                                 groups.reduce_scatter->rank() != groups.shard->rank())) {
     return absl::InvalidArgumentError("FullyShard: the reduce-scatter group differs from the shard group");
   }
-  if (part.first < 0 || part.last >= model::UnitCount(cfg) || part.first > part.last) {
+  if (part.first < 0 || part.last >= model::UnitCount(*model) || part.first > part.last) {
     return absl::InvalidArgumentError(absl::StrCat("FullyShard: units ", part.first, "..", part.last,
-                                                   " of a model with ", model::UnitCount(cfg)));
+                                                   " of a model with ", model::UnitCount(*model)));
   }
-  std::unique_ptr<ShardedPart> m(new ShardedPart(cfg, part, groups, opts));
+  std::unique_ptr<ShardedPart> m(new ShardedPart(std::move(model), part, groups, opts));
   RETURN_IF_ERROR(m->Init());
   return m;
 }
@@ -137,7 +135,7 @@ absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(const model::GptConfig& 
 absl::Status ShardedPart::Init() {
   rank_ = groups_.shard ? groups_.shard->rank() : 0;
   world_ = groups_.shard ? groups_.shard->size() : 1;
-  const std::vector<model::ParamSpec> specs = model::ParamSpecs(cfg_);
+  const std::vector<model::ParamSpec>& specs = model_->ParamSpecs();
   auto param = [&](int index) {
     auto it = by_index_.find(index);
     if (it != by_index_.end()) return it->second;
@@ -159,7 +157,7 @@ absl::Status ShardedPart::Init() {
     return raw;
   };
   auto add_params = [&](Unit* u, int du) {
-    for (int index : model::UnitParams(cfg_, du)) {
+    for (int index : model_->UnitParams(du)) {
       Param* p = param(index);
       bool have = false;
       for (Param* q : u->params) have = have || q == p;
@@ -169,9 +167,9 @@ absl::Status ShardedPart::Init() {
     if (first_use_.count(u) == 0) first_use_[u] = du;
     last_use_[u] = du;
   };
-  const int head = model::UnitCount(cfg_) - 1;
+  const int head = model::UnitCount(*model_) - 1;
   Unit* root = nullptr;
-  if (part_.has_embed() || part_.has_head(cfg_)) {
+  if (part_.has_embed() || part_.has_head(*model_)) {
     units_.push_back(std::make_unique<Unit>());
     root = units_.back().get();
     root->name = "root";
@@ -182,7 +180,7 @@ absl::Status ShardedPart::Init() {
       continue;
     }
     units_.push_back(std::make_unique<Unit>());
-    units_.back()->name = model::UnitName(cfg_, du);
+    units_.back()->name = model::UnitName(*model_, du);
     add_params(units_.back().get(), du);
   }
   for (auto& u : units_) {
@@ -211,7 +209,8 @@ ShardedPart::Unit* ShardedPart::UnitOf(int du) const {
 
 absl::Status ShardedPart::Wait(const std::shared_ptr<comm::Work>& w) {
   const absl::Time t0 = absl::Now();
-  absl::Status s = w->Wait(opts_.timeout);
+  // The op itself times out (OpOptions::timeout, the group's by default).
+  absl::Status s = opts_.timeout == absl::ZeroDuration() ? w->Wait() : w->Wait(opts_.timeout);
   comm_wait_ += absl::Now() - t0;
   return s;
 }
@@ -302,9 +301,9 @@ absl::Status ShardedPart::Before(Phase phase, int du) {
   }
   // Only the blocks read weights in their backward: the embedding's backward is a scatter-add of
   // the gradient, and the head computed its gradients with its forward.
-  if (phase != Phase::kBackward || !IsBlock(cfg_, du)) return absl::OkStatus();
+  if (phase != Phase::kBackward || !IsBlock(du)) return absl::OkStatus();
   RETURN_IF_ERROR(EnsureGathered(*u));
-  if (opts_.prefetch && du - 1 >= part_.first && IsBlock(cfg_, du - 1)) IssueGather(*UnitOf(du - 1));
+  if (opts_.prefetch && du - 1 >= part_.first && IsBlock(du - 1)) IssueGather(*UnitOf(du - 1));
   return absl::OkStatus();
 }
 
@@ -312,16 +311,16 @@ absl::Status ShardedPart::After(Phase phase, int du, float* x, int64_t n) {
   Unit* u = UnitOf(du);
   if (u == nullptr) return absl::InternalError(absl::StrCat("FullyShard: unit ", du, " is not in this part"));
   if (phase == Phase::kForward) {
-    if (IsBlock(cfg_, du) && x != nullptr) RoundTo(opts_.mp.output_dtype, x, n);
+    if (IsBlock(du) && x != nullptr) RoundTo(opts_.mp.output_dtype, x, n);
     if (du != last_use_[u]) return absl::OkStatus();
     // The root's weights are not read in the backward (see Before): free them after their last
     // forward use. The last block of a part that ends with the head is needed again right away
     // (kept, as FSDP2 does).
-    if (!IsBlock(cfg_, du)) {
+    if (!IsBlock(du)) {
       Reshard(*u);
       return absl::OkStatus();
     }
-    const bool backward_next = part_.has_head(cfg_) && du == part_.last - 1;
+    const bool backward_next = part_.has_head(*model_) && du == part_.last - 1;
     if (!backward_ || (opts_.reshard_after_forward && !backward_next)) Reshard(*u);
     return absl::OkStatus();
   }

@@ -1,13 +1,14 @@
 // FullyShard: FSDP (ZeRO-3, PyTorch FSDP2 `fully_shard` semantics) applied to a part of a model.
 //
-// FullyShard(cfg, part, groups, options) shards the parameters of a model part (runtime/model
-// driver.h: the whole model, or one pipeline stage) over a group and returns a ShardedPart, which is
+// FullyShard(model, part, groups, options) shards the parameters of a model part (any model::Model,
+// runtime/model/model.h; the part is the whole model, or one pipeline stage: driver.h) over a
+// group and returns a ShardedPart, which is
 // the part's model::UnitHooks: run the part with model::Driver and the hooks gather each unit's
 // parameters just in time, free them after, and reduce-scatter the gradients.
 //
-// Sharding units: each block is one unit; the embedding and the head share the "root" unit (wte,
-// [wpe], ln_f, [lm_head]; the tied wte once), gathered once per micro-batch and kept until its last
-// use. Every parameter is sharded on dim 0 with torch.chunk semantics: c = ceil(rows/N) rows per
+// Sharding units: each block is one unit; the embedding and the head share the "root" unit (for
+// GPT: wte, [wpe], ln_f, [lm_head]; a tied parameter once), gathered once per micro-batch and kept
+// until its last forward use. Every parameter is sharded on dim 0 with torch.chunk semantics: c = ceil(rows/N) rows per
 // rank, rank r holds rows [min(r c, rows), min((r+1) c, rows)), zero-padded to c rows so every
 // collective moves equal blocks. Each rank owns fp32 master shards, fp32 gradient shards and AdamW
 // state for its rows only.
@@ -30,8 +31,9 @@
 // order). Thread safety: thread-compatible (one training thread); the process groups are borrowed
 // and must outlive the object.
 //
-//   ASSIGN_OR_RETURN(auto sharded, FullyShard(cfg, model::Part::Whole(cfg), {.shard = pg}, opts));
-//   model::Driver driver(cfg, model::Part::Whole(cfg));
+//   std::shared_ptr<const model::Model> m = model::MakeGptModel(cfg);
+//   ASSIGN_OR_RETURN(auto sharded, FullyShard(m, model::Part::Whole(*m), {.shard = pg}, opts));
+//   model::Driver driver(m, model::Part::Whole(*m));
 //   sharded->BeginMicroBatch(/*backward=*/true, /*sync=*/true);
 //   ... driver.Forward(ctx, *sharded, args, &mb, nullptr); driver.Backward(ctx, *sharded, &mb, ...);
 //   RETURN_IF_ERROR(sharded->FinishReduce(/*divisor=*/world));
@@ -56,6 +58,7 @@
 #include "runtime/fsdp/policy.h"
 #include "runtime/model/driver.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/model.h"
 
 namespace ember::fsdp {
 
@@ -75,7 +78,9 @@ struct ShardOptions {
   bool reduce_on_backward = true;  // see the top of this file
   MixedPrecisionPolicy mp;
   uint64_t seed = 0;               // parameter init (model::InitParam)
-  absl::Duration timeout = absl::InfiniteDuration();  // each wait on a collective
+  // Each collective's timeout: zero = the group's (GroupOptions::timeout, the job's
+  // collective_timeout_s, after which the watchdog aborts the group).
+  absl::Duration timeout = absl::ZeroDuration();
   bool keep_debug_copies = false;  // TEST_: keep last gathered params / reduced grads
 };
 
@@ -163,9 +168,10 @@ class ShardedPart final : public model::UnitHooks {
   struct Unit;
 
  private:
-  friend absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(const model::GptConfig&, model::Part,
-                                                                  ShardGroups, const ShardOptions&);
-  ShardedPart(const model::GptConfig& cfg, model::Part part, ShardGroups g, const ShardOptions& o);
+  friend absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(std::shared_ptr<const model::Model>,
+                                                                  model::Part, ShardGroups, const ShardOptions&);
+  ShardedPart(std::shared_ptr<const model::Model> model, model::Part part, ShardGroups g, const ShardOptions& o);
+  bool IsBlock(int unit) const { return unit >= 1 && unit <= model_->NumBlocks(); }
   absl::Status Init();
   Unit* UnitOf(int driver_unit) const;
   void IssueGather(Unit& u);
@@ -176,7 +182,7 @@ class ShardedPart final : public model::UnitHooks {
   absl::Status Wait(const std::shared_ptr<comm::Work>& w);
   const Param* Find(const std::string& name) const;
 
-  const model::GptConfig cfg_;
+  const std::shared_ptr<const model::Model> model_;
   const model::Part part_;
   const ShardGroups groups_;
   const ShardOptions opts_;
@@ -193,11 +199,10 @@ class ShardedPart final : public model::UnitHooks {
   int64_t gathered_bytes_ = 0, peak_gathered_bytes_ = 0;
 };
 
-// Shards `part` of the model `cfg` over groups.shard, initialising this rank's rows from
-// options.seed exactly as model::Gpt::Create(cfg, seed) initialises the whole model.
-// InvalidArgument when cfg is invalid, there is no shard group, or the reduce-scatter group has
-// other ranks.
-absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(const model::GptConfig& cfg, model::Part part,
+// Shards `part` of `model` over groups.shard, initialising this rank's rows from options.seed
+// (model::InitParam: exactly as model::Gpt::Create(cfg, seed) initialises a GPT). InvalidArgument
+// when the part is not within the model or the reduce-scatter group has other ranks.
+absl::StatusOr<std::unique_ptr<ShardedPart>> FullyShard(std::shared_ptr<const model::Model> model, model::Part part,
                                                         ShardGroups groups, const ShardOptions& options);
 
 }  // namespace ember::fsdp

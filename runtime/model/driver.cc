@@ -1,7 +1,7 @@
 #include "runtime/model/driver.h"
 
+#include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
@@ -12,53 +12,24 @@ using kernels::DType;
 using kernels::ExecContext;
 using kernels::Tensor;
 
-int UnitCount(const GptConfig& cfg) { return static_cast<int>(cfg.n_layer) + 2; }
+int UnitCount(const Model& m) { return m.NumBlocks() + 2; }
 
-std::string UnitName(const GptConfig& cfg, int unit) {
+std::string UnitName(const Model& m, int unit) {
   if (unit == 0) return "embed";
-  if (unit == UnitCount(cfg) - 1) return "head";
+  if (unit == UnitCount(m) - 1) return "head";
   return absl::StrCat("blocks.", unit - 1);
 }
 
-std::vector<int> UnitParams(const GptConfig& cfg, int unit) {
-  const std::vector<ParamSpec> specs = ParamSpecs(cfg);
-  std::map<std::string, int> index;
-  for (size_t i = 0; i < specs.size(); ++i) index[specs[i].name] = static_cast<int>(i);
-  auto at = [&](const std::string& name) {
-    auto it = index.find(name);
-    return it == index.end() ? -1 : it->second;
-  };
-  std::vector<int> out;
-  if (unit == 0) {
-    out.push_back(at("wte.weight"));
-    if (cfg.arch == GptConfig::Arch::kGpt) out.push_back(at("wpe.weight"));
-  } else if (unit == UnitCount(cfg) - 1) {
-    out.push_back(at("ln_f.weight"));
-    out.push_back(at(cfg.tie_embeddings ? "wte.weight" : "lm_head.weight"));
-  } else {
-    for (const ParamSpec& s : BlockParamSpecs(cfg, unit - 1)) out.push_back(at(s.name));
-  }
-  return out;
-}
-
-Part Part::Stage(const GptConfig& cfg, int stage, int stages) {
-  const int per = static_cast<int>(cfg.n_layer) / stages;
+Part Part::Stage(const Model& m, int stage, int stages) {
+  const int per = m.NumBlocks() / stages;
   Part p{1 + stage * per, stage * per + per};
   if (stage == 0) p.first = 0;
-  if (stage == stages - 1) p.last = UnitCount(cfg) - 1;
+  if (stage == stages - 1) p.last = UnitCount(m) - 1;
   return p;
 }
 
-Driver::Driver(const GptConfig& cfg, Part part) : cfg_(cfg), part_(part) {
-  for (int u = part_.first; u <= part_.last; ++u) {
-    unit_params_.push_back(UnitParams(cfg_, u));
-    if (u >= 1 && u <= cfg_.n_layer) blocks_.emplace_back(cfg_, u - 1);
-  }
-  const std::vector<int> embed = UnitParams(cfg_, 0), head = UnitParams(cfg_, UnitCount(cfg_) - 1);
-  wte_ = embed[0];
-  wpe_ = embed.size() > 1 ? embed[1] : -1;
-  lnf_ = head[0];
-  head_ = head[1];
+Driver::Driver(std::shared_ptr<const Model> model, Part part) : model_(std::move(model)), part_(part) {
+  for (int u = part_.first; u <= part_.last; ++u) unit_params_.push_back(model_->UnitParams(u));
 }
 
 namespace {
@@ -67,12 +38,13 @@ Tensor F32(int64_t n, int64_t c) { return Tensor::Empty(DType::kF32, {n, c}); }
 
 }  // namespace
 
-absl::StatusOr<float> Driver::Forward(const ExecContext& ctx, UnitHooks& hooks,
-                                      const ForwardArgs& args, MicroBatch* mb, float* y) const {
-  const int64_t B = args.B, T = args.T, N = B * T, C = cfg_.d_model;
-  if (B <= 0 || T <= 0 || T > cfg_.context)
-    return absl::InvalidArgumentError(absl::StrCat("batch ", B, "x", T, " vs context ", cfg_.context));
-  const bool head = part_.has_head(cfg_);
+absl::StatusOr<float> Driver::Forward(const ExecContext& ctx, UnitHooks& hooks, const ForwardArgs& args,
+                                      MicroBatch* mb, float* y) const {
+  const Model& m = *model_;
+  const int64_t B = args.B, T = args.T, N = B * T, C = m.Width();
+  if (B <= 0 || T <= 0 || T > m.Context())
+    return absl::InvalidArgumentError(absl::StrCat("batch ", B, "x", T, " vs context ", m.Context()));
+  const bool head = part_.has_head(m);
   if (part_.has_embed() ? args.tokens == nullptr : args.x == nullptr)
     return absl::InvalidArgumentError(absl::StrCat("units ", part_.first, "..", part_.last, ": no input"));
   if (head ? args.targets == nullptr : y == nullptr)
@@ -82,49 +54,52 @@ absl::StatusOr<float> Driver::Forward(const ExecContext& ctx, UnitHooks& hooks,
   mb->B = B;
   mb->T = T;
   mb->backward = args.backward;
+  std::vector<const float*> w;
+  auto weights = [&](int u) {
+    w.clear();
+    for (int p : unit_params_[u - part_.first]) w.push_back(hooks.Weight(p));
+    return absl::Span<const float* const>(w);
+  };
   Tensor x = F32(N, C);
   if (part_.has_embed()) {
     RETURN_IF_ERROR(hooks.Before(Phase::kForward, 0));
-    RETURN_IF_ERROR(EmbedForward(ctx, cfg_, hooks.Weight(wte_), wpe_ < 0 ? nullptr : hooks.Weight(wpe_),
-                                 args.tokens, B, T, x.data<float>()));
+    RETURN_IF_ERROR(m.EmbedForward(ctx, weights(0), args.tokens, B, T, x.data<float>()));
     RETURN_IF_ERROR(hooks.After(Phase::kForward, 0, x.data<float>(), N * C));
   } else {
     std::memcpy(x.data<float>(), args.x, static_cast<size_t>(N * C) * sizeof(float));
   }
-  const int first_block = std::max(part_.first, 1);
-  std::vector<const float*> w;
-  for (size_t b = 0; b < blocks_.size(); ++b) {
-    const int u = first_block + static_cast<int>(b);
+  const int first_block = std::max(part_.first, 1), last_block = std::min(part_.last, m.NumBlocks());
+  for (int u = first_block; u <= last_block; ++u) {
     RETURN_IF_ERROR(hooks.Before(Phase::kForward, u));
-    w.clear();
-    for (int p : unit_params_[u - part_.first]) w.push_back(hooks.Weight(p));
-    ASSIGN_OR_RETURN(BlockActivationsPtr act,
-                     blocks_[b].Forward(ctx, w, x.data<float>(), x.data<float>(), B, T));
-    if (args.backward) mb->acts.push_back(std::move(act));
+    ASSIGN_OR_RETURN(UnitStatePtr st, m.BlockForward(ctx, u - 1, weights(u), x.data<float>(), x.data<float>(), B, T));
+    if (args.backward) mb->acts.push_back(std::move(st));
     RETURN_IF_ERROR(hooks.After(Phase::kForward, u, x.data<float>(), N * C));
   }
   if (!head) {
     std::memcpy(y, x.data<float>(), static_cast<size_t>(N * C) * sizeof(float));
     return 0.0f;
   }
-  const int h = UnitCount(cfg_) - 1;
+  const int h = UnitCount(m) - 1;
   RETURN_IF_ERROR(hooks.Before(Phase::kForward, h));
-  absl::StatusOr<float> loss =
-      HeadLoss(ctx, cfg_, hooks.Weight(lnf_), hooks.Weight(head_), x.data<float>(), args.targets, B, T,
-               args.dloss, args.backward ? &mb->head_dx : nullptr,
-               args.backward ? hooks.Grad(lnf_) : nullptr, args.backward ? hooks.Grad(head_) : nullptr);
-  if (!loss.ok()) return loss.status();
+  std::vector<float*> g;
+  if (args.backward)
+    for (int p : unit_params_[h - part_.first]) g.push_back(hooks.Grad(p));
+  ASSIGN_OR_RETURN(float loss, m.HeadLoss(ctx, weights(h), x.data<float>(), args.targets, B, T, args.dloss,
+                                          args.backward ? &mb->head_dx : nullptr, g));
   RETURN_IF_ERROR(hooks.After(Phase::kForward, h, nullptr, 0));
-  return *loss;
+  return loss;
 }
 
-absl::Status Driver::Backward(const ExecContext& ctx, UnitHooks& hooks, MicroBatch* mb,
-                              const float* dy, float* dx, BackwardMode mode) const {
+absl::Status Driver::Backward(const ExecContext& ctx, UnitHooks& hooks, MicroBatch* mb, const float* dy,
+                              float* dx, BackwardMode mode) const {
+  const Model& m = *model_;
   if (!mb->backward) return absl::FailedPreconditionError("backward of a forward that kept no activations");
-  const int64_t N = mb->B * mb->T, C = cfg_.d_model;
+  const int64_t N = mb->B * mb->T, C = m.Width();
+  const int first_block = std::max(part_.first, 1), last_block = std::min(part_.last, m.NumBlocks());
+  const size_t blocks = static_cast<size_t>(std::max(0, last_block - first_block + 1));
   Tensor d;
-  if (part_.has_head(cfg_)) {
-    const int h = UnitCount(cfg_) - 1;
+  if (part_.has_head(m)) {
+    const int h = UnitCount(m) - 1;
     if (!mb->head_dx.defined()) return absl::FailedPreconditionError("backward before the loss");
     RETURN_IF_ERROR(hooks.Before(Phase::kBackward, h));
     d = std::move(mb->head_dx);
@@ -134,13 +109,10 @@ absl::Status Driver::Backward(const ExecContext& ctx, UnitHooks& hooks, MicroBat
     d = F32(N, C);
     std::memcpy(d.data<float>(), dy, static_cast<size_t>(N * C) * sizeof(float));
   }
-  if (mb->acts.size() != blocks_.size())
-    return absl::FailedPreconditionError("backward before its forward (or run twice)");
-  const int first_block = std::max(part_.first, 1);
+  if (mb->acts.size() != blocks) return absl::FailedPreconditionError("backward before its forward (or run twice)");
   std::vector<const float*> w;
   std::vector<float*> g;
-  for (size_t b = blocks_.size(); b-- > 0;) {
-    const int u = first_block + static_cast<int>(b);
+  for (int u = last_block; u >= first_block; --u) {
     RETURN_IF_ERROR(hooks.Before(Phase::kBackward, u));
     w.clear();
     g.clear();
@@ -148,20 +120,22 @@ absl::Status Driver::Backward(const ExecContext& ctx, UnitHooks& hooks, MicroBat
       w.push_back(hooks.Weight(p));
       g.push_back(hooks.Grad(p));
     }
+    UnitStatePtr st = std::move(mb->acts[u - first_block]);
     if (mode == BackwardMode::kInputOnly) {
-      ASSIGN_OR_RETURN(BlockWeightGradsPtr saved,
-                       blocks_[b].BackwardInput(ctx, w, g, std::move(mb->acts[b]), d.data<float>(), d.data<float>()));
-      mb->deferred.push_back(std::move(saved));
+      ASSIGN_OR_RETURN(UnitStatePtr deferred,
+                       m.BlockBackwardInput(ctx, u - 1, w, g, std::move(st), d.data<float>(), d.data<float>()));
+      mb->deferred.push_back(std::move(deferred));
     } else {
-      RETURN_IF_ERROR(blocks_[b].Backward(ctx, w, g, std::move(mb->acts[b]), d.data<float>(), d.data<float>()));
+      RETURN_IF_ERROR(m.BlockBackward(ctx, u - 1, w, g, std::move(st), d.data<float>(), d.data<float>()));
     }
     RETURN_IF_ERROR(hooks.After(Phase::kBackward, u, nullptr, 0));
   }
   mb->acts.clear();
   if (part_.has_embed()) {
     RETURN_IF_ERROR(hooks.Before(Phase::kBackward, 0));
-    EmbedBackward(ctx, cfg_, mb->tokens, mb->B, mb->T, d.data<float>(), hooks.Grad(wte_),
-                  wpe_ < 0 ? nullptr : hooks.Grad(wpe_));
+    g.clear();
+    for (int p : unit_params_[0]) g.push_back(hooks.Grad(p));
+    m.EmbedBackward(ctx, g, mb->tokens, mb->B, mb->T, d.data<float>());
     return hooks.After(Phase::kBackward, 0, nullptr, 0);
   }
   if (dx == nullptr) return absl::InvalidArgumentError("backward of a part without the embedding needs dx");
@@ -170,17 +144,18 @@ absl::Status Driver::Backward(const ExecContext& ctx, UnitHooks& hooks, MicroBat
 }
 
 absl::Status Driver::BackwardWeight(const ExecContext& ctx, UnitHooks& hooks, MicroBatch* mb) const {
-  if (mb->deferred.size() != blocks_.size())
+  const Model& m = *model_;
+  const int first_block = std::max(part_.first, 1), last_block = std::min(part_.last, m.NumBlocks());
+  const size_t blocks = static_cast<size_t>(std::max(0, last_block - first_block + 1));
+  if (mb->deferred.size() != blocks)
     return absl::FailedPreconditionError("weight gradients before the input gradients (or run twice)");
-  const int first_block = std::max(part_.first, 1);
   std::vector<float*> g;
   for (size_t j = 0; j < mb->deferred.size(); ++j) {  // last block first, as BackwardInput ran
-    const size_t b = blocks_.size() - 1 - j;
-    const int u = first_block + static_cast<int>(b);
+    const int u = last_block - static_cast<int>(j);
     RETURN_IF_ERROR(hooks.Before(Phase::kBackwardWeight, u));
     g.clear();
     for (int p : unit_params_[u - part_.first]) g.push_back(hooks.Grad(p));
-    RETURN_IF_ERROR(blocks_[b].BackwardWeight(ctx, g, std::move(mb->deferred[j])));
+    RETURN_IF_ERROR(m.BlockBackwardWeight(ctx, u - 1, g, std::move(mb->deferred[j])));
     RETURN_IF_ERROR(hooks.After(Phase::kBackwardWeight, u, nullptr, 0));
   }
   mb->deferred.clear();

@@ -3,12 +3,13 @@
 // what differs between them is only where each unit's weights and gradients live and what happens
 // before and after each unit, which a UnitHooks implementation supplies.
 //
-// Units, in forward order (UnitCount(cfg) = n_layer + 2):
+// The model is any model::Model (model.h): units in forward order, unit 0 the embedding, units
+// 1..N the blocks, unit N+1 the head (UnitCount = N + 2); for GPT/Llama (MakeGptModel):
 //   unit 0          "embed"     x = wte[tokens] (+ wpe[t] for gpt)          params: wte, [wpe]
 //   unit 1 .. L     "blocks.l"  x = Block_l(x)                              params: BlockParamSpecs
 //   unit L + 1      "head"      loss = LCE(RMSNorm(x; ln_f), head weight)   params: ln_f, wte | lm_head
-// Parameters are named by their index in ParamSpecs(cfg) (UnitParams lists a unit's, in the order
-// its kernels take them). The tied LM head makes wte a parameter of two units (embed and head).
+// Parameters are named by their index in the model's ParamSpecs() (Model::UnitParams lists a
+// unit's, in the order it takes them). The tied LM head makes wte a parameter of two units.
 //
 // A Part is a contiguous range of units: the whole model for plain and FSDP training, a pipeline
 // stage otherwise. A part that starts at unit 0 reads tokens, else an activation x[B*T, C]; a part
@@ -28,7 +29,7 @@
 // Thread safety: a Driver is immutable after construction and may be shared; one micro-batch's
 // MicroBatch state is used by one thread at a time.
 //
-//   Driver d(cfg, Part::Whole(cfg));
+//   Driver d(MakeGptModel(cfg), Part::Whole(*model));
 //   MicroBatch mb;
 //   ASSIGN_OR_RETURN(float loss, d.Forward(ctx, hooks, {.tokens = tok, .targets = tgt, .B = B,
 //                                                       .T = T, .dloss = 1, .backward = true}, &mb));
@@ -45,24 +46,23 @@
 #include "kernels/exec_context.h"
 #include "kernels/tensor.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/model.h"
 
 namespace ember::model {
 
-int UnitCount(const GptConfig& cfg);
-std::string UnitName(const GptConfig& cfg, int unit);
-// Indices into ParamSpecs(cfg) of the unit's parameters, in the order its kernels take them.
-std::vector<int> UnitParams(const GptConfig& cfg, int unit);
+int UnitCount(const Model& m);
+std::string UnitName(const Model& m, int unit);  // "embed", "blocks.<b>", "head"
 
 // Units [first, last] (inclusive).
 struct Part {
   int first = 0, last = 0;
-  static Part Whole(const GptConfig& cfg) { return {0, UnitCount(cfg) - 1}; }
+  static Part Whole(const Model& m) { return {0, UnitCount(m) - 1}; }
   bool has_embed() const { return first == 0; }
-  bool has_head(const GptConfig& cfg) const { return last == UnitCount(cfg) - 1; }
+  bool has_head(const Model& m) const { return last == UnitCount(m) - 1; }
   bool contains(int unit) const { return unit >= first && unit <= last; }
-  // Pipeline stage `stage` of `stages` (n_layer divisible by stages): its blocks; stage 0 also
+  // Pipeline stage `stage` of `stages` (NumBlocks divisible by stages): its blocks; stage 0 also
   // the embedding, the last stage the head.
-  static Part Stage(const GptConfig& cfg, int stage, int stages);
+  static Part Stage(const Model& m, int stage, int stages);
 };
 
 enum class Phase { kForward, kBackward, kBackwardWeight };
@@ -100,9 +100,9 @@ struct MicroBatch {
   const int32_t* tokens = nullptr;  // the embedding's backward reads them again
   int64_t B = 0, T = 0;
   bool backward = false;
-  std::vector<BlockActivationsPtr> acts;      // per block of the part
-  std::vector<BlockWeightGradsPtr> deferred;  // split backward: per block, last to first
-  kernels::Tensor head_dx;                    // the head's gradient w.r.t. its input
+  std::vector<UnitStatePtr> acts;      // per block of the part
+  std::vector<UnitStatePtr> deferred;  // split backward: per block, last to first
+  kernels::Tensor head_dx;             // the head's gradient w.r.t. its input
 };
 
 struct ForwardArgs {
@@ -118,9 +118,9 @@ enum class BackwardMode { kFull, kInputOnly };
 
 class Driver {
  public:
-  Driver(const GptConfig& cfg, Part part);
+  Driver(std::shared_ptr<const Model> model, Part part);
 
-  const GptConfig& config() const { return cfg_; }
+  const Model& model() const { return *model_; }
   const Part& part() const { return part_; }
 
   // Runs the part's units forward. With the head: returns the loss (reduced, unscaled) and, when
@@ -140,11 +140,9 @@ class Driver {
                               MicroBatch* mb) const;
 
  private:
-  const GptConfig cfg_;
+  const std::shared_ptr<const Model> model_;
   const Part part_;
-  std::vector<Block> blocks_;                 // the part's blocks
   std::vector<std::vector<int>> unit_params_;  // per unit of the part
-  int wte_ = -1, wpe_ = -1, lnf_ = -1, head_ = -1;
 };
 
 }  // namespace ember::model

@@ -362,7 +362,11 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& cfg, uint64_t 
   m->params_ = Tensor::Empty(DType::kF32, {total});
   m->grads_ = Tensor::Zeros(DType::kF32, {total});
   for (size_t i = 0; i < m->specs_.size(); ++i) InitParam(m->specs_[i], seed, 0, m->specs_[i].numel(), m->param(i));
-  m->driver_ = std::make_unique<const Driver>(cfg, Part::Whole(cfg));
+  {
+    std::shared_ptr<const Model> gm = MakeGptModel(cfg);
+    const Part whole = Part::Whole(*gm);
+    m->driver_ = std::make_unique<const Driver>(std::move(gm), whole);
+  }
   return m;
 }
 

@@ -28,8 +28,6 @@ bool IsCompute(ActionType t) {
          t == ActionType::kBackwardInput || t == ActionType::kBackwardWeight;
 }
 
-constexpr char kWte[] = "wte.weight";
-
 }  // namespace
 
 PipelineGpt::~PipelineGpt() = default;
@@ -38,23 +36,30 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
     const model::GptConfig& cfg, uint64_t seed, const Schedule& schedule, comm::ProcessGroup* pg,
     int64_t micro_batch_size, int64_t T, PipelineOptions options) {
   RETURN_IF_ERROR(cfg.Validate());
+  return Create(model::MakeGptModel(cfg), seed, schedule, pg, micro_batch_size, T, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
+    std::shared_ptr<const model::Model> model, uint64_t seed, const Schedule& schedule, comm::ProcessGroup* pg,
+    int64_t micro_batch_size, int64_t T, PipelineOptions options) {
+  if (model == nullptr) return absl::InvalidArgumentError("pipeline: no model");
   RETURN_IF_ERROR(ValidateLayout(schedule.options));
   const int S = schedule.options.stages, R = schedule.options.ranks;
-  if (cfg.n_layer % S != 0) {
+  if (model->NumBlocks() % S != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline: n_layer (", cfg.n_layer, ") is not divisible by ", S,
+        "pipeline: n_layer (", model->NumBlocks(), ") is not divisible by ", S,
         " stages; use a multiple of ", S, " layers or another stage count"));
   }
-  if (micro_batch_size <= 0 || T <= 0 || T > cfg.context) {
+  if (micro_batch_size <= 0 || T <= 0 || T > model->Context()) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline: micro-batch ", micro_batch_size,
-                                                   " x ", T, " vs context ", cfg.context));
+                                                   " x ", T, " vs context ", model->Context()));
   }
   if (pg == nullptr || pg->size() != R) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: the process group has ", pg ? pg->size() : 0, " ranks, the schedule ", R));
   }
   std::unique_ptr<PipelineGpt> p(new PipelineGpt());
-  p->cfg_ = cfg;
+  p->model_ = model;
   p->schedule_ = schedule;
   p->pg_ = pg;
   p->rank_ = pg->rank();
@@ -79,19 +84,23 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   for (int st = p->rank_; st < S; st += R) {
     StageState ss;
     ss.stage = st;
-    const model::Part part = model::Part::Stage(cfg, st, S);
-    ss.driver = std::make_unique<model::Driver>(cfg, part);
-    ASSIGN_OR_RETURN(ss.sharded, fsdp::FullyShard(cfg, part, groups, so));
+    const model::Part part = model::Part::Stage(*model, st, S);
+    ss.driver = std::make_unique<model::Driver>(model, part);
+    ASSIGN_OR_RETURN(ss.sharded, fsdp::FullyShard(model, part, groups, so));
     p->stage_ids_.push_back(st);
     p->local_stages_.push_back(std::move(ss));
   }
-  // The head reads wte (tied) on the last stage: a second copy when the stages differ.
-  p->tied_copy_ = S > 1 && cfg.tie_embeddings;
+  // A parameter of both the embedding and the head (GPT's tied wte): a second copy on the last
+  // stage when the stages differ.
+  for (int e : model->UnitParams(0))
+    for (int h : model->UnitParams(model::UnitCount(*model) - 1))
+      if (e == h) p->tied_name_ = model->ParamSpecs()[e].name;
+  p->tied_copy_ = S > 1 && !p->tied_name_.empty();
   const int first_rank = schedule.RankOfStage(0), last_rank = schedule.RankOfStage(S - 1);
   if (p->tied_copy_ && first_rank != last_rank) {
     ASSIGN_OR_RETURN(p->tied_, pg->NewGroup({first_rank, last_rank}));
   }
-  ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * cfg.d_model, options.pool));
+  ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * model->Width(), options.pool));
   return p;
 }
 
@@ -101,7 +110,7 @@ std::vector<fsdp::ShardView> PipelineGpt::Shards() {
   const bool first_replica = opts_.data.group == nullptr || opts_.data.shard || opts_.data.group->rank() == 0;
   for (StageState& ss : local_stages_) {
     for (fsdp::ShardView& v : ss.sharded->Shards()) {
-      v.primary = first_replica && !(tied_copy_ && ss.stage == S - 1 && v.name == kWte);
+      v.primary = first_replica && !(tied_copy_ && ss.stage == S - 1 && v.name == tied_name_);
       out.push_back(std::move(v));
     }
   }
@@ -159,9 +168,9 @@ absl::Status PipelineGpt::OptimizerStep(const kernels::ExecContext& ctx) {
     float* g1 = nullptr;
     int64_t n = 0;
     for (StageState& ss : local_stages_) {
-      if (ss.stage == 0) g0 = ss.sharded->GradShard(kWte);
-      if (ss.stage == S - 1) g1 = ss.sharded->GradShard(kWte);
-      if (ss.stage == 0 || ss.stage == S - 1) n = ss.sharded->GradShardNumel(kWte);
+      if (ss.stage == 0) g0 = ss.sharded->GradShard(tied_name_);
+      if (ss.stage == S - 1) g1 = ss.sharded->GradShard(tied_name_);
+      if (ss.stage == 0 || ss.stage == S - 1) n = ss.sharded->GradShardNumel(tied_name_);
     }
     if (g0 != nullptr && g1 != nullptr) {
       for (int64_t i = 0; i < n; ++i) g0[i] = g1[i] = g0[i] + g1[i];
@@ -178,7 +187,7 @@ absl::Status PipelineGpt::OptimizerStep(const kernels::ExecContext& ctx) {
   double sumsq = 0;
   for (StageState& ss : local_stages_) {
     std::set<std::string> skip;
-    if (tied_copy_ && ss.stage == S - 1) skip.insert(kWte);
+    if (tied_copy_ && ss.stage == S - 1) skip.insert(tied_name_);
     sumsq += ss.sharded->GradSumSquares(skip);
   }
   if (opts_.data.group != nullptr && opts_.data.shard)
@@ -214,7 +223,7 @@ absl::StatusOr<const float*> PipelineGpt::Received(const Action& recv) {
 
 absl::StatusOr<float*> PipelineGpt::OutputFor(ActionType send_type, int stage, int mb,
                                               int peer_stage) {
-  const int64_t n = N_ * cfg_.d_model;
+  const int64_t n = N_ * model_->Width();
   if (schedule_.RankOfStage(peer_stage) == rank_) {
     std::vector<float>& v = handover_[KeyOf(send_type, stage, mb)];
     v.resize(n);
@@ -308,7 +317,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
   loss_sum_ = 0;
   timing_ = {};
   const absl::Time step_start = absl::Now();
-  const size_t n = static_cast<size_t>(N_ * cfg_.d_model);
+  const size_t n = static_cast<size_t>(N_ * model_->Width());
   comm::OpOptions op;
   op.timeout = opts_.timeout;
   for (const Action& a : schedule_.ranks[rank_]) {

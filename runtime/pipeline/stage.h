@@ -64,6 +64,7 @@
 #include "runtime/fsdp/fully_shard.h"
 #include "runtime/model/driver.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/model.h"
 #include "runtime/pipeline/buffer_pool.h"
 #include "runtime/pipeline/schedule.h"
 
@@ -101,6 +102,12 @@ class PipelineGpt {
   // its rank this pipeline rank. InvalidArgument naming the numbers when n_layer is not divisible
   // by the stages, T exceeds the context, or sizes are not positive.
   static absl::StatusOr<std::unique_ptr<PipelineGpt>> Create(const model::GptConfig& cfg,
+                                                             uint64_t seed, const Schedule& schedule,
+                                                             comm::ProcessGroup* pg,
+                                                             int64_t micro_batch_size, int64_t T,
+                                                             PipelineOptions options = {});
+  // The same for any registered architecture (runtime/model/model.h).
+  static absl::StatusOr<std::unique_ptr<PipelineGpt>> Create(std::shared_ptr<const model::Model> model,
                                                              uint64_t seed, const Schedule& schedule,
                                                              comm::ProcessGroup* pg,
                                                              int64_t micro_batch_size, int64_t T,
@@ -160,7 +167,7 @@ class PipelineGpt {
   absl::Status OptimizerStep(const kernels::ExecContext& ctx);
   absl::Status AllReduceSum(comm::ProcessGroup* g, double* v, const char* what);
 
-  model::GptConfig cfg_;
+  std::shared_ptr<const model::Model> model_;
   Schedule schedule_;
   comm::ProcessGroup* pg_ = nullptr;
   int rank_ = 0;
@@ -169,7 +176,8 @@ class PipelineGpt {
   std::vector<int> stage_ids_;
   std::vector<StageState> local_stages_;
   int dp_size_ = 1;
-  bool tied_copy_ = false;  // the gpt head ties wte: stage 0 and the last stage each hold it
+  std::string tied_name_;   // a parameter of the embedding and the head (GPT's wte), or ""
+  bool tied_copy_ = false;  // ... held by stage 0 and by the last stage
   int64_t adam_step_ = 0;
   double grad_norm_ = 0;
   std::unique_ptr<comm::ProcessGroup> tied_;  // {rank of stage 0, rank of the last stage}

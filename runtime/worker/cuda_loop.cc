@@ -37,7 +37,7 @@ absl::StatusOr<std::vector<FlatShard>> FlatLayout(fsdp::FsdpGpt& host) {
   std::vector<fsdp::ShardView> shards = host.Shards();
   std::vector<FlatShard> out;
   int64_t offset = 0;
-  for (const model::ParamSpec& ps : model::ParamSpecs(host.config())) {
+  for (const model::ParamSpec& ps : host.model().ParamSpecs()) {
     const fsdp::ShardView* v = nullptr;
     for (const fsdp::ShardView& s : shards)
       if (s.name == ps.name) v = &s;

@@ -61,7 +61,7 @@ class FsdpState final : public TrainState {
                                  ",dp_shard=", model_->shard_world())};
   }
   absl::StatusOr<double> AllReduceMean(double v) override { return model_->AllReduceMean(v); }
-  const model::GptConfig& config() const override { return model_->config(); }
+  const model::GptConfig& config() const override { return plan_.model; }
 
  private:
   const Plan& plan_;
