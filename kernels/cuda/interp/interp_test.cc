@@ -16,8 +16,10 @@ namespace {
 
 // Block-wide sum through shared memory; `sync` false drops the barrier between the writes and
 // the reads (a race).
+constexpr int kSumWriteLine = __LINE__ + 4;
+constexpr int kSumReadLine = __LINE__ + 7;
 __global__ void BlockSumKernel(const float* x, float* out, bool sync) {
-  __shared__ float s[256];
+  EMBER_SHARED(float, s, [256]);
   s[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
   if (sync) __syncthreads();
   if (threadIdx.x == 0) {
@@ -25,6 +27,45 @@ __global__ void BlockSumKernel(const float* x, float* out, bool sync) {
     for (unsigned i = 0; i < blockDim.x; ++i) t += s[i];
     out[blockIdx.x] = t;
   }
+}
+
+// A tree reduction in shared memory: a barrier after every level (correct).
+__global__ void TreeSumKernel(const float* x, float* out) {
+  EMBER_SHARED(float, s, [256]);
+  s[threadIdx.x] = x[blockIdx.x * blockDim.x + threadIdx.x];
+  __syncthreads();
+  for (unsigned h = blockDim.x / 2; h > 0; h >>= 1) {
+    if (threadIdx.x < h) s[threadIdx.x] += s[threadIdx.x + h];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) out[blockIdx.x] = s[0];
+}
+
+// Within one warp: each lane writes its slot and reads its neighbour's; ordered by __syncwarp
+// when `sync`, a race otherwise (the two-order check cannot see it: the lanes of a warp run in
+// one order per run and the race writes and reads distinct values).
+constexpr int kWarpReadLine = __LINE__ + 5;
+__global__ void WarpNeighbourKernel(float* out, bool sync) {
+  EMBER_SHARED(float, s, [32]);
+  s[threadIdx.x] = static_cast<float>(threadIdx.x);
+  if (sync) __syncwarp();
+  out[threadIdx.x] = s[(threadIdx.x + 1) % 32];
+}
+
+// Thread 0 reads a slot no thread wrote.
+__global__ void UnwrittenReadKernel(float* out) {
+  EMBER_SHARED(float, s, [64]);
+  if (threadIdx.x < 32) s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = s[40];
+}
+
+// Thread 0 indexes one past the end of a shared array.
+__global__ void SharedOverrunKernel(float* out) {
+  EMBER_SHARED(float, s, [32]);
+  s[threadIdx.x] = 1.0f;
+  __syncthreads();
+  if (threadIdx.x == 0) out[0] = s[32];
 }
 
 __global__ void WarpSumKernel(const float* x, float* out) {
@@ -73,7 +114,7 @@ struct Dev {
 
 }  // namespace
 
-TEST_CASE("interp: a block sum with its barrier is right; without it the race is caught") {
+TEST_CASE("interp: a block sum with its barrier is right; without it the race is reported") {
   const int blocks = 3, threads = 256;
   std::vector<float> h(blocks * threads);
   for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i % 7);
@@ -89,13 +130,93 @@ TEST_CASE("interp: a block sum with its barrier is right; without it the race is
     CHECK(got[b] == want);
   }
   EMBER_LAUNCH(BlockSumKernel, blocks, threads, 0, nullptr)(x.p, out.p, false);
-  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
   CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
   const std::string err = ember_interp::LastKernelError();
   INFO(err);
-  CHECK(err.find("BlockSumKernel") != std::string::npos);
-  CHECK(err.find("differs between forward and reverse thread order") != std::string::npos);
+  // In the forward order thread 0 runs first and reads s[1] before thread 1 writes it: thread
+  // 1's write is reported against thread 0's read: kernel, thread, both lines, the address.
+  CHECK(err.find("kernel BlockSumKernel block (0,0,0) thread (1,0,0): shared-memory race: "
+                 "writes s (0x") != std::string::npos);
+  CHECK(err.find("interp_test.cc:" + std::to_string(kSumWriteLine) + "; thread (0,0,0) read it "
+                 "at ") != std::string::npos);
+  CHECK(err.find("interp_test.cc:" + std::to_string(kSumReadLine) + " since the last") !=
+        std::string::npos);
   CHECK(cudaGetLastError() == cudaSuccess);  // not sticky: the next launch may run
+}
+
+TEST_CASE("interp: with the shared-memory checker off, the two-order check still sees the race") {
+  const int threads = 256;
+  std::vector<float> h(threads);
+  for (int i = 0; i < threads; ++i) h[i] = static_cast<float>(i % 5);
+  Dev x(threads), out(1);
+  x.Up(h);
+  ember_interp::SetSharedChecks(false);
+  EMBER_LAUNCH(BlockSumKernel, 1, threads, 0, nullptr)(x.p, out.p, false);
+  const cudaError_t sync = cudaDeviceSynchronize();  // the kernel runs here
+  ember_interp::SetSharedChecks(true);
+  CHECK(sync == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  const std::string err = ember_interp::LastKernelError();
+  INFO(err);
+  CHECK(err.find("differs between forward and reverse thread order") != std::string::npos);
+}
+
+TEST_CASE("interp: a shared-memory tree reduction with its barriers passes the checker") {
+  const int blocks = 2, threads = 256;
+  std::vector<float> h(blocks * threads);
+  for (size_t i = 0; i < h.size(); ++i) h[i] = static_cast<float>(i % 11);
+  Dev x(h.size()), out(blocks);
+  x.Up(h);
+  REQUIRE(ember_interp::SharedChecks());
+  EMBER_LAUNCH(TreeSumKernel, blocks, threads, 0, nullptr)(x.p, out.p);
+  INFO(ember_interp::LastKernelError());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<float> got = out.Down();
+  for (int b = 0; b < blocks; ++b) {
+    float want = 0;
+    for (int t = 0; t < threads; ++t) want += h[b * threads + t];
+    CHECK(got[b] == want);  // small integers: exact in any order
+  }
+}
+
+TEST_CASE("interp: lanes of one warp need a __syncwarp between a shared write and a read") {
+  Dev out(32);
+  EMBER_LAUNCH(WarpNeighbourKernel, 1, 32, 0, nullptr)(out.p, true);
+  INFO(ember_interp::LastKernelError());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  std::vector<float> got = out.Down();
+  for (int i = 0; i < 32; ++i) CHECK(got[i] == static_cast<float>((i + 1) % 32));
+
+  EMBER_LAUNCH(WarpNeighbourKernel, 1, 32, 0, nullptr)(out.p, false);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  const std::string err = ember_interp::LastKernelError();
+  INFO(err);
+  CHECK(err.find("kernel WarpNeighbourKernel") != std::string::npos);
+  // Lane 0 reads s[1] before lane 1 writes it (forward order): lane 1's write is reported.
+  CHECK(err.find("thread (1,0,0): shared-memory race: writes s") != std::string::npos);
+  CHECK(err.find("interp_test.cc:" + std::to_string(kWarpReadLine)) != std::string::npos);
+  CHECK(err.find("__syncwarp/shuffle of both lanes") != std::string::npos);
+}
+
+TEST_CASE("interp: reading unwritten shared memory and indexing past a shared array are errors") {
+  Dev out(1);
+  EMBER_LAUNCH(UnwrittenReadKernel, 1, 64, 0, nullptr)(out.p);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  std::string err = ember_interp::LastKernelError();
+  INFO(err);
+  CHECK(err.find("UnwrittenReadKernel block (0,0,0) thread (0,0,0): shared-memory read of a "
+                 "word no thread of this block wrote: s byte 160") != std::string::npos);
+
+  EMBER_LAUNCH(SharedOverrunKernel, 1, 32, 0, nullptr)(out.p);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  err = ember_interp::LastKernelError();
+  INFO(err);
+  CHECK(err.find("shared-memory access out of bounds: 4 bytes at offset 128 of __shared__ s "
+                 "(128 bytes") != std::string::npos);
 }
 
 TEST_CASE("interp: warp shuffles exchange the lanes' values") {
@@ -131,23 +252,23 @@ TEST_CASE("interp: a block of 2048 threads is refused with cudaErrorInvalidConfi
 TEST_CASE("interp: a shuffle whose mask names an exited lane is an error") {
   Dev out(32);
   EMBER_LAUNCH(ExitedLaneKernel, 1, 32, 0, nullptr)(out.p);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
   CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
   const std::string err = ember_interp::LastKernelError();
   INFO(err);
   CHECK(err.find("ExitedLaneKernel") != std::string::npos);
   CHECK(err.find("names lane 16, which has exited") != std::string::npos);
-  cudaDeviceSynchronize();
 }
 
 TEST_CASE("interp: a barrier not reached by every thread is an error") {
   Dev out(64);
   EMBER_LAUNCH(EarlyExitKernel, 1, 64, 0, nullptr)(out.p);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
   CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
   const std::string err = ember_interp::LastKernelError();
   INFO(err);
   CHECK(err.find("EarlyExitKernel") != std::string::npos);
   CHECK(err.find("barrier not reached by every thread") != std::string::npos);
-  cudaDeviceSynchronize();
 }
 
 TEST_CASE("interp: writing past the end of a cudaMalloc allocation faults, naming the kernel") {
@@ -161,6 +282,7 @@ TEST_CASE("interp: writing past the end of a cudaMalloc allocation faults, namin
     float* p = nullptr;
     if (cudaMalloc(&p, 1000 * sizeof(float)) != cudaSuccess) _exit(3);
     EMBER_LAUNCH(WriteKernel, 1, 256, 0, nullptr)(p, 1000 + 16);  // 64 bytes past the end
+    cudaDeviceSynchronize();  // the kernel runs here
     _exit(0);  // not reached when the overrun faults
   }
   close(fds[1]);
@@ -188,4 +310,181 @@ TEST_CASE("interp: cudaMemcpy outside an allocation and device properties") {
   CHECK(prop.sharedMemPerBlock == 48u << 10);
   CHECK(prop.sharedMemPerBlockOptin == 227u << 10);
   CHECK(prop.major == 9);
+}
+
+// ---- streams, events, graphs, cudaGetLastError -------------------------------------------------
+namespace {
+
+__global__ void FillKernel(float* x, float v, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) x[i] = v;
+}
+__global__ void TwiceKernel(const float* x, float* y, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    y[i] = 2.0f * x[i];
+}
+__global__ void AddOneKernel(float* x, int n) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    x[i] += 1.0f;
+}
+
+// Producer on stream a fills x with 3; consumer on stream b computes y = 2x; b waits on an event
+// recorded after the producer when `wait`. Returns y after synchronizing b only.
+std::vector<float> ProducerConsumer(unsigned flags_a, unsigned flags_b, bool wait) {
+  const int n = 256;
+  Dev x(n), y(n);
+  cudaStream_t a, b;
+  REQUIRE(cudaStreamCreateWithFlags(&a, flags_a) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&b, flags_b) == cudaSuccess);
+  cudaEvent_t e;
+  REQUIRE(cudaEventCreate(&e) == cudaSuccess);
+  EMBER_LAUNCH(FillKernel, 2, 64, 0, a)(x.p, 3.0f, n);
+  REQUIRE(cudaEventRecord(e, a) == cudaSuccess);
+  if (wait) REQUIRE(cudaStreamWaitEvent(b, e, 0) == cudaSuccess);
+  EMBER_LAUNCH(TwiceKernel, 2, 64, 0, b)(x.p, y.p, n);
+  REQUIRE(cudaStreamSynchronize(b) == cudaSuccess);
+  std::vector<float> got(n);
+  // Into pageable host memory on b: returns when done, after what b waited for only.
+  REQUIRE(cudaMemcpyAsync(got.data(), y.p, n * sizeof(float), cudaMemcpyDeviceToHost, b) ==
+          cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  cudaEventDestroy(e);
+  cudaStreamDestroy(a);
+  cudaStreamDestroy(b);
+  return got;
+}
+
+}  // namespace
+
+TEST_CASE("interp streams: an event wait orders a consumer after its producer") {
+  for (float v : ProducerConsumer(cudaStreamNonBlocking, cudaStreamNonBlocking, true))
+    REQUIRE(v == 6.0f);
+  // Without the wait the consumer runs first and reads x as cudaMalloc left it (NaN): a missing
+  // stream dependency is a wrong result, not a lucky right one.
+  for (float v : ProducerConsumer(cudaStreamNonBlocking, cudaStreamNonBlocking, false))
+    REQUIRE(std::isnan(v));
+}
+
+TEST_CASE("interp streams: the legacy default stream waits for blocking streams only") {
+  const int n = 128;
+  for (unsigned flags : {cudaStreamDefault, cudaStreamNonBlocking}) {
+    INFO("producer stream flags " << flags);
+    Dev x(n), y(n);
+    cudaStream_t a;
+    REQUIRE(cudaStreamCreateWithFlags(&a, flags) == cudaSuccess);
+    EMBER_LAUNCH(FillKernel, 1, 64, 0, a)(x.p, 5.0f, n);
+    EMBER_LAUNCH(TwiceKernel, 1, 64, 0, nullptr)(x.p, y.p, n);  // legacy stream
+    std::vector<float> got = y.Down();  // cudaMemcpy: the legacy stream, synchronous
+    for (float v : got) {
+      if (flags == cudaStreamDefault) REQUIRE(v == 10.0f);
+      else REQUIRE(std::isnan(v));
+    }
+    REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+    cudaStreamDestroy(a);
+  }
+}
+
+TEST_CASE("interp streams: queued work runs at synchronization, in stream order") {
+  const int n = 64;
+  Dev x(n);
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(x.p, 0, n * sizeof(float), s) == cudaSuccess);
+  for (int i = 0; i < 3; ++i) EMBER_LAUNCH(AddOneKernel, 1, 32, 0, s)(x.p, n);
+  std::vector<float> h(n, 7.0f);
+  // Queued after the adds; the host buffer is consumed by the call (pageable memory).
+  REQUIRE(cudaMemcpyAsync(x.p, h.data(), 4 * sizeof(float), cudaMemcpyHostToDevice, s) ==
+          cudaSuccess);
+  h.assign(n, -1.0f);
+  // Nothing ran yet: a plain cudaMemcpy (legacy stream) does not wait for a non-blocking stream.
+  std::vector<float> before = x.Down();
+  for (float v : before) REQUIRE(std::isnan(v));
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  std::vector<float> after = x.Down();
+  for (int i = 0; i < n; ++i) REQUIRE(after[i] == (i < 4 ? 7.0f : 3.0f));
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("interp graphs: a captured sequence runs only when launched, once per launch") {
+  const int n = 64;
+  Dev x(n);
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaMemsetAsync(x.p, 0, n * sizeof(float), s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  cudaStreamCaptureStatus st;
+  REQUIRE(cudaStreamIsCapturing(s, &st) == cudaSuccess);
+  CHECK(st == cudaStreamCaptureStatusActive);
+  EMBER_LAUNCH(AddOneKernel, 1, 32, 0, s)(x.p, n);
+  EMBER_LAUNCH(AddOneKernel, 1, 32, 0, s)(x.p, n);
+  cudaGraph_t g;
+  REQUIRE(cudaStreamEndCapture(s, &g) == cudaSuccess);
+  size_t nodes = 0;
+  REQUIRE(cudaGraphGetNodes(g, nullptr, &nodes) == cudaSuccess);
+  CHECK(nodes == 2);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  for (float v : x.Down()) REQUIRE(v == 0.0f);  // capture records, it does not run
+  cudaGraphExec_t exec;
+  REQUIRE(cudaGraphInstantiate(&exec, g, 0) == cudaSuccess);
+  for (int r = 0; r < 3; ++r) REQUIRE(cudaGraphLaunch(exec, s) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+  for (float v : x.Down()) REQUIRE(v == 6.0f);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(g);
+
+  // Synchronizing a capturing stream is an error and invalidates the capture.
+  REQUIRE(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaErrorStreamCaptureUnsupported);
+  CHECK(cudaStreamEndCapture(s, &g) == cudaErrorStreamCaptureInvalidated);
+  CHECK(g == nullptr);
+  cudaGetLastError();
+  cudaStreamDestroy(s);
+}
+
+TEST_CASE("interp: cudaGetLastError returns a launch error once; a kernel fault at sync") {
+  Dev out(2048);
+  EMBER_LAUNCH(WriteKernel, 1, 2048, 0, nullptr)(out.p, 2048);
+  CHECK(cudaPeekAtLastError() == cudaErrorInvalidConfiguration);  // peek does not reset
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  // A kernel error happens when the kernel runs: after the launch returned.
+  EMBER_LAUNCH(EarlyExitKernel, 1, 64, 0, nullptr)(out.p);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaSuccess);  // not sticky here (it is on a GPU)
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+}
+
+TEST_CASE("interp: dynamic shared memory above 48 KiB needs the opt-in, 227 KiB at most") {
+  Dev out(32);
+  EMBER_LAUNCH(FillKernel, 1, 32, 48 << 10, nullptr)(out.p, 1.0f, 32);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  EMBER_LAUNCH(AddOneKernel, 1, 32, (48 << 10) + 4, nullptr)(out.p, 32);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaFuncSetAttribute(AddOneKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             100 << 10) == cudaSuccess);
+  EMBER_LAUNCH(AddOneKernel, 1, 32, (48 << 10) + 4, nullptr)(out.p, 32);
+  CHECK(cudaGetLastError() == cudaSuccess);
+  EMBER_LAUNCH(AddOneKernel, 1, 32, (100 << 10) + 4, nullptr)(out.p, 32);
+  CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+  CHECK(cudaFuncSetAttribute(AddOneKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             (227 << 10) + 1) == cudaErrorInvalidValue);
+  for (float v : out.Down()) CHECK(v == 2.0f);  // the fill and one add ran
+}
+
+TEST_CASE("interp: the device is an H100") {
+  int v = 0;
+  REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, 0) == cudaSuccess);
+  CHECK(v == 132);
+  REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0) == cudaSuccess);
+  CHECK(v == 227 << 10);
+  REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrMaxThreadsPerBlock, 0) == cudaSuccess);
+  CHECK(v == 1024);
+  REQUIRE(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+  CHECK(v == 9);
+  cudaDeviceProp prop;
+  REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+  CHECK(std::string(prop.name).find("H100") != std::string::npos);
+  CHECK(prop.maxGridSize[1] == 65535);
 }
