@@ -210,9 +210,11 @@ namespace ember_interp {
 
 // ---- execution state (interp.cc) ------------------------------------------------------------
 struct Fiber;
-extern thread_local Fiber* g_current;  // the running CUDA thread
-extern thread_local uint3 g_block_idx;
-extern thread_local dim3 g_block_dim, g_grid_dim;
+// Plain globals, not thread_local: the runtime lock serializes launches, and a thread_local read
+// from the kernels' shared object costs a __tls_get_addr call per access.
+extern Fiber* g_current;  // the running CUDA thread
+extern uint3 g_block_idx;
+extern dim3 g_block_dim, g_grid_dim;
 const uint3& CurrentThreadIdx();
 
 // Blocks the calling fiber at a block barrier.
@@ -228,8 +230,10 @@ std::string LastKernelError();
 
 // Launches `body` (runs one CUDA thread's kernel call) on grid x block; returns the launch error
 // (configuration) or records a kernel error. `name` names the kernel in messages.
+// `args_hash` identifies the argument bytes: a launch equal in kernel, configuration and
+// arguments to one the shared-memory checker already checked is not checked again.
 void Launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem,
-            cudaStream_t s, std::function<void()> body);
+            cudaStream_t s, uint64_t args_hash, std::function<void()> body);
 // Queues fn on stream s (it runs when the host synchronizes with s; see interp.cc, streams).
 void RunOnStream(cudaStream_t s, std::function<void()> fn);
 // Records an asynchronous device error (reported by the next synchronize and cudaGetLastError).
@@ -248,7 +252,13 @@ struct Launcher {
   void operator()(P... args) const {
     auto k = kernel;
     std::tuple<std::decay_t<P>...> a(args...);
-    Launch(name, reinterpret_cast<const void*>(k), grid, block, smem, stream,
+    uint64_t h = 1469598103934665603ull;  // FNV-1a over each argument's bytes
+    auto mix = [&h](const auto& v) {
+      const unsigned char* b = reinterpret_cast<const unsigned char*>(&v);
+      for (size_t i = 0; i < sizeof(v); ++i) h = (h ^ b[i]) * 1099511628211ull;
+    };
+    std::apply([&mix](const auto&... v) { (mix(v), ...); }, a);
+    Launch(name, reinterpret_cast<const void*>(k), grid, block, smem, stream, h,
            [k, a]() { std::apply(k, a); });
   }
 };
@@ -284,6 +294,9 @@ void SharedAccess(const SharedRegion* r, const void* addr, size_t bytes, int kin
 // The shared-memory checker is on unless EMBER_CUDA_INTERP_RACECHECK=0; tests may switch it.
 void SetSharedChecks(bool on);
 bool SharedChecks();
+// True while the running grid is checked (the checker is on and this is the forward run: the
+// reverse run of the two-order check repeats the same accesses and is not checked again).
+extern bool g_checking_shared;
 
 struct SharedIndex {
   int64_t i;
@@ -301,18 +314,19 @@ class SharedRef {
   SharedRef(const SharedRegion* r, T* p, const char* file, int line)
       : r_(r), p_(p), file_(file), line_(line) {}
   operator std::remove_const_t<T>() const {  // NOLINT: a read
-    SharedAccess(r_, p_, sizeof(T), kSharedRead, file_, line_);
+    if (g_checking_shared) SharedAccess(r_, p_, sizeof(T), kSharedRead, file_, line_);
     return *p_;
   }
   T operator=(const std::remove_const_t<T>& v) const {
-    SharedAccess(r_, p_, sizeof(T), kSharedWrite, file_, line_);
+    if (g_checking_shared) SharedAccess(r_, p_, sizeof(T), kSharedWrite, file_, line_);
     return *p_ = v;
   }
   T operator=(const SharedRef& o) const { return *this = static_cast<T>(o); }
 #define EMBER_INTERP_COMPOUND(op)                                   \
   template <typename U>                                             \
   T operator op(const U& v) const {                                 \
-    SharedAccess(r_, p_, sizeof(T), kSharedReadWrite, file_, line_); \
+    if (g_checking_shared)                                           \
+      SharedAccess(r_, p_, sizeof(T), kSharedReadWrite, file_, line_); \
     return *p_ op v;                                                \
   }
   EMBER_INTERP_COMPOUND(+=)

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <vector>
 
 #include "kernels/cuda/interp/include/cublasLt.h"
@@ -83,9 +84,9 @@ ember_interp_trampoline:
 
 namespace ember_interp {
 
-thread_local Fiber* g_current = nullptr;
-thread_local uint3 g_block_idx{0, 0, 0};
-thread_local dim3 g_block_dim, g_grid_dim;
+Fiber* g_current = nullptr;
+uint3 g_block_idx{0, 0, 0};
+dim3 g_block_dim, g_grid_dim;
 
 namespace {
 
@@ -102,11 +103,14 @@ struct BlockRun {
   // error (a race on the same word, reported as such, is the likelier cause).
   std::string unwritten_read;
 };
-thread_local BlockRun* g_run = nullptr;
-thread_local const char* g_kernel = nullptr;
+BlockRun* g_run = nullptr;
+const char* g_kernel = nullptr;
 // Barrier intervals of the shared-memory checker: g_interval advances at every block start and
 // every completed __syncthreads; g_block_start is the interval the running block started in.
-thread_local uint64_t g_interval = 0, g_block_start = 0;
+uint64_t g_interval = 0, g_block_start = 0;
+}  // namespace
+bool g_checking_shared = false;
+namespace {
 bool g_shared_checks = [] {
   const char* e = std::getenv("EMBER_CUDA_INTERP_RACECHECK");
   return e == nullptr || std::string(e) != "0";
@@ -351,19 +355,25 @@ struct SharedWord {
   uint64_t written = 0;   // the interval of the last write (before g_block_start: unwritten)
   int32_t writer = -1;    // the thread of the last write in `interval`, -1 none
   uint32_t wclock = 0;    // its own clock at the write
-  const char* wfile = nullptr;
-  int wline = 0;
   int32_t rwarp = -1;     // the warp whose lanes read in `interval`; -1 none, -2 several warps
   uint32_t rmask = 0;     // lanes of rwarp that read
+  const char* wfile = nullptr;
+  int wline = 0;
   // Two readers of different warps (for the report when several warps read).
   int32_t r1 = -1, r2 = -1;
-  const char *r1file = nullptr, *r2file = nullptr;
   int r1line = 0, r2line = 0;
-  struct Lane {
-    uint32_t clock;
-    int line;
-    const char* file;
-  } lane[32];
+  const char *r1file = nullptr, *r2file = nullptr;
+};
+// A shared array's records: one SharedWord per word, and per lane (lane-major, so one lane's
+// sweep over an array touches consecutive memory) the clock and source line of its last read.
+struct SharedShadow {
+  explicit SharedShadow(size_t n)
+      : words(n), n(n), clock(32 * n), line(32 * n), file(32 * n) {}
+  std::vector<SharedWord> words;
+  size_t n;
+  std::vector<uint32_t> clock;
+  std::vector<int> line;
+  std::vector<const char*> file;
 };
 
 std::string ThreadName(unsigned index) {
@@ -406,12 +416,12 @@ void SetSharedChecks(bool on) { g_shared_checks = on; }
 bool SharedChecks() { return g_shared_checks; }
 
 void SharedRegionInit(SharedRegion* r) {
-  r->shadow = new SharedWord[(r->bytes + 3) / 4];  // lives as long as the static array
+  r->shadow = new SharedShadow((r->bytes + 3) / 4);  // lives as long as the static array
 }
 
 void SharedAccess(const SharedRegion* r, const void* addr, size_t bytes, int kind,
                   const char* file, int line) {
-  if (!g_shared_checks || g_current == nullptr) return;
+  if (g_current == nullptr) return;
   const char* a = static_cast<const char*>(addr);
   if (a < r->base || a + bytes > r->base + r->bytes) {
     KernelError(std::string("shared-memory access out of bounds: ") + std::to_string(bytes) +
@@ -423,11 +433,20 @@ void SharedAccess(const SharedRegion* r, const void* addr, size_t bytes, int kin
   Fiber& f = *g_current;
   const unsigned lane = f.lane;
   const int32_t me = static_cast<int32_t>(f.index), warp = static_cast<int32_t>(f.index / 32);
-  SharedWord* words = static_cast<SharedWord*>(r->shadow);
+  SharedShadow& sh = *static_cast<SharedShadow*>(r->shadow);
+  SharedWord* words = sh.words.data();
+  uint32_t* my_clock = sh.clock.data() + lane * sh.n;
   const size_t w0 = static_cast<size_t>(a - r->base) / 4;
   const size_t w1 = static_cast<size_t>(a - r->base + bytes - 1) / 4;
   for (size_t wi = w0; wi <= w1; ++wi) {
     SharedWord& w = words[wi];
+    // Fast path: this thread read the word before in this interval at its current clock (no
+    // write since, which would have cleared rmask), or several warps read it and nobody wrote.
+    if (kind == kSharedRead && w.interval == g_interval &&
+        ((w.rwarp == warp && (w.rmask >> lane & 1u) && my_clock[wi] == f.vc[lane]) ||
+         (w.rwarp == -2 && w.writer < 0))) {
+      continue;
+    }
     if (w.interval != g_interval) {
       w.interval = g_interval;
       w.writer = -1;
@@ -460,7 +479,9 @@ void SharedAccess(const SharedRegion* r, const void* addr, size_t bytes, int kin
         }
         if (w.rwarp == warp) {
           w.rmask |= 1u << lane;
-          w.lane[lane] = SharedWord::Lane{f.vc[lane], line, file};
+          my_clock[wi] = f.vc[lane];
+          sh.line[lane * sh.n + wi] = line;
+          sh.file[lane * sh.n + wi] = file;
         }
       }
     }
@@ -476,9 +497,9 @@ void SharedAccess(const SharedRegion* r, const void* addr, size_t bytes, int kin
       if (w.rwarp == warp) {
         for (unsigned l = 0; l < 32; ++l) {
           if (!(w.rmask >> l & 1u) || l == lane) continue;
-          if (w.lane[l].clock > f.vc[l]) {
+          if (sh.clock[l * sh.n + wi] > f.vc[l]) {
             SharedError(r, a, "writes", file, line, warp * 32 + static_cast<int32_t>(l),
-                        w.lane[l].file, w.lane[l].line, "read");
+                        sh.file[l * sh.n + wi], sh.line[l * sh.n + wi], "read");
           }
         }
       }
@@ -654,7 +675,13 @@ double NowMs() {
 }
 
 // Runs a kernel now (two orders, compared). Caller holds g_mu.
-void ExecuteKernel(const char* name, dim3 grid, dim3 block, const std::function<void()>& body) {
+// Launches the shared-memory checker has checked (kernel, configuration, argument bytes): a
+// repeat (the op tests run every op twice) makes the same accesses unless they depend on the
+// data, and is not checked again, which halves the checker's cost in the op tests.
+std::set<uint64_t> g_checked_launches;
+
+void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
+                   const std::function<void()>& body) {
   InstallSegvHandler();
   g_kernel = name;
   // Run 1 (forward order) on a snapshot of device memory; run 2 (reverse) on the same snapshot.
@@ -665,7 +692,9 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, const std::function<
     }
     std::memcpy(a.snap.get(), p, a.bytes);
   }
+  g_checking_shared = g_shared_checks && g_checked_launches.count(key) == 0;
   bool ok = RunGrid(body, grid, block, /*reverse=*/false);
+  g_checking_shared = false;
   if (ok) {
     for (auto& [p, a] : g_allocs) {
       std::memcpy(a.first.get(), p, a.bytes);
@@ -690,6 +719,7 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, const std::function<
     }
   }
   g_kernel = nullptr;
+  if (ok && g_shared_checks) g_checked_launches.insert(key);
   if (!ok) {
     std::fprintf(stderr, "cuda interp: %s\n", g_last_kernel_error.c_str());
     g_last_error = g_sync_error = cudaErrorLaunchFailure;
@@ -715,7 +745,7 @@ void SetKernelMaxDynamicSharedMemory(const void* kernel, int bytes) {
 }
 
 void Launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t smem,
-            cudaStream_t stream, std::function<void()> body) {
+            cudaStream_t stream, uint64_t args_hash, std::function<void()> body) {
   std::lock_guard<std::mutex> l(g_mu);
   const uint64_t threads = uint64_t{block.x} * block.y * block.z;
   if (block.x == 0 || block.y == 0 || block.z == 0 || block.x > 1024 || block.y > 1024 ||
@@ -746,8 +776,12 @@ void Launch(const char* name, const void* kernel, dim3 grid, dim3 block, size_t 
   }
   CUstream_st* s = S(stream);
   if (LegacyUseBreaksCapture(s)) return;
-  Enqueue(s, [name, grid, block, body = std::move(body)]() {
-    ExecuteKernel(name, grid, block, body);
+  // The launch's identity for the shared-memory checker (see ExecuteKernel).
+  uint64_t key = args_hash ^ reinterpret_cast<uintptr_t>(kernel) * 0x9E3779B97F4A7C15ull;
+  for (unsigned v : {grid.x, grid.y, grid.z, block.x, block.y, block.z})
+    key = (key ^ v) * 1099511628211ull;
+  Enqueue(s, [name, grid, block, key, body = std::move(body)]() {
+    ExecuteKernel(name, grid, block, key, body);
   });
 }
 

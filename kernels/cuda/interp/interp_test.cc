@@ -11,6 +11,7 @@
 #include <catch2/catch.hpp>
 
 #include "kernels/cuda/interp/cuda_interp.h"
+#include "kernels/cuda/interp/include/cublasLt.h"
 
 namespace {
 
@@ -487,4 +488,239 @@ TEST_CASE("interp: the device is an H100") {
   REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
   CHECK(std::string(prop.name).find("H100") != std::string::npos);
   CHECK(prop.maxGridSize[1] == 65535);
+}
+
+// ---- cuBLASLt: the host matmul, and each refusal ----------------------------------------------
+namespace {
+
+uint16_t Bf16(float f) {  // truncation is exact for the values used below
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+// One cuBLASLt call, set up the way context.cc's Gemm does; each test changes one thing.
+struct LtCall {
+  int64_t m = 8, n = 4, k = 16;
+  cudaDataType ta_type = CUDA_R_32F, tb_type = CUDA_R_32F, tc_type = CUDA_R_32F;
+  cublasOperation_t opa = CUBLAS_OP_N, opb = CUBLAS_OP_N;
+  int64_t lda = 8, ldb = 16, ldc = 8, ldd = 8;
+  uint64_t a_rows = 8, a_cols = 16, b_rows = 16, b_cols = 4;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  cudaDataType bias_type = CUDA_R_32F;
+  size_t pref_ws = 1 << 20, call_ws = 1 << 20;
+  uint32_t pref_align_a = 0;  // 0: not set
+  size_t a_offset_bytes = 0;
+  bool separate_d = false;
+
+  // Status of the heuristic, or of the matmul when the heuristic succeeded (in *stage).
+  cublasStatus_t Run(Dev& A, Dev& B, Dev& C, Dev& D, Dev& ws, const char** stage) {
+    cublasLtHandle_t h;
+    REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDesc_t op;
+    REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof opa) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof opb) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                           sizeof epilogue) == CUBLAS_STATUS_SUCCESS);
+    if (bias != nullptr) {
+      REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                             sizeof bias) == CUBLAS_STATUS_SUCCESS);
+    }
+    REQUIRE(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type,
+                                           sizeof bias_type) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t la, lb, lc, ld;
+    REQUIRE(cublasLtMatrixLayoutCreate(&la, ta_type, a_rows, a_cols, lda) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&lb, tb_type, b_rows, b_cols, ldb) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&lc, tc_type, m, n, ldc) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatrixLayoutCreate(&ld, tc_type, m, n, ldd) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulPreference_t pref;
+    REQUIRE(cublasLtMatmulPreferenceCreate(&pref) == CUBLAS_STATUS_SUCCESS);
+    REQUIRE(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                 &pref_ws, sizeof pref_ws) ==
+            CUBLAS_STATUS_SUCCESS);
+    if (pref_align_a != 0) {
+      REQUIRE(cublasLtMatmulPreferenceSetAttribute(
+                  pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &pref_align_a,
+                  sizeof pref_align_a) == CUBLAS_STATUS_SUCCESS);
+    }
+    cublasLtMatmulHeuristicResult_t heur;
+    int found = 0;
+    cublasStatus_t st =
+        cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, ld, pref, 1, &heur, &found);
+    *stage = "heuristic";
+    if (st == CUBLAS_STATUS_SUCCESS) {
+      REQUIRE(found == 1);
+      const float alpha = 1.0f, beta = 0.5f;
+      float* d = separate_d ? D.p : C.p;
+      st = cublasLtMatmul(h, op, &alpha, reinterpret_cast<char*>(A.p) + a_offset_bytes, la, B.p,
+                          lb, &beta, C.p, lc, d, ld, &heur.algo, ws.p, call_ws, nullptr);
+      *stage = "matmul";
+    }
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatrixLayoutDestroy(la);
+    cublasLtMatrixLayoutDestroy(lb);
+    cublasLtMatrixLayoutDestroy(lc);
+    cublasLtMatrixLayoutDestroy(ld);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+    return st;
+  }
+};
+
+struct LtBuffers {
+  Dev A{16 * 16 + 8}, B{16 * 16}, C{16 * 16}, D{16 * 16}, bias{16}, ws{(1 << 20) / 4};
+  LtBuffers() {
+    std::vector<float> a(A.n), b(B.n), c(C.n), bi(bias.n);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<float>(static_cast<int>(i % 7) - 3);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<float>(static_cast<int>(i % 5) - 2);
+    for (size_t i = 0; i < c.size(); ++i) c[i] = static_cast<float>(i % 3);
+    for (size_t i = 0; i < bi.size(); ++i) bi[i] = 0.25f * static_cast<float>(i);
+    A.Up(a);
+    B.Up(b);
+    C.Up(c);
+    bias.Up(bi);
+  }
+  cublasStatus_t Run(LtCall& c, const char** stage) { return c.Run(A, B, C, D, ws, stage); }
+};
+
+}  // namespace
+
+TEST_CASE("interp cuBLASLt: a valid f32 GEMM with bias matches an independent reference") {
+  LtBuffers buf;
+  const std::vector<float> a = buf.A.Down(), b = buf.B.Down(), c0 = buf.C.Down(),
+                           bias = buf.bias.Down();
+  LtCall call;
+  call.opa = CUBLAS_OP_T;  // A stored k x m (16 x 8, ld 16)
+  call.a_rows = 16;
+  call.a_cols = 8;
+  call.lda = 16;
+  call.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  call.bias = buf.bias.p;
+  const char* stage;
+  REQUIRE(buf.Run(call, &stage) == CUBLAS_STATUS_SUCCESS);
+  INFO(ember_interp::LastCublasLtError());
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<float> got = buf.C.Down();
+  for (int j = 0; j < 4; ++j) {
+    for (int i = 0; i < 8; ++i) {
+      double acc = 0;
+      for (int p = 0; p < 16; ++p) acc += double{a[p + i * 16]} * b[p + j * 16];
+      const double want = acc + 0.5 * c0[i + j * 8] + bias[i];
+      CHECK(got[i + j * 8] == static_cast<float>(want));  // small integers and quarters: exact
+    }
+  }
+}
+
+TEST_CASE("interp cuBLASLt: bf16 inputs with fp32 compute and the GELU epilogue") {
+  Dev A(8 * 16 / 2), B(16 * 4 / 2), C(8 * 4), D(1), ws(1 << 18);
+  std::vector<uint16_t> a(8 * 16), b(16 * 4);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = Bf16(0.125f * static_cast<float>(i % 9) - 0.5f);
+  for (size_t i = 0; i < b.size(); ++i) b[i] = Bf16(0.25f * static_cast<float>(i % 4) - 0.25f);
+  REQUIRE(cudaMemcpy(A.p, a.data(), a.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(B.p, b.data(), b.size() * 2, cudaMemcpyHostToDevice) == cudaSuccess);
+  C.Up(std::vector<float>(8 * 4, 1.0f));
+  LtCall call;
+  call.ta_type = call.tb_type = CUDA_R_16BF;
+  call.epilogue = CUBLASLT_EPILOGUE_GELU;
+  call.pref_ws = 0;
+  call.call_ws = 0;
+  const char* stage;
+  REQUIRE(call.Run(A, B, C, D, ws, &stage) == CUBLAS_STATUS_SUCCESS);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  const std::vector<float> got = C.Down();
+  for (int j = 0; j < 4; ++j) {
+    for (int i = 0; i < 8; ++i) {
+      double acc = 0;
+      for (int p = 0; p < 16; ++p) {
+        const double av = 0.125 * ((i + p * 8) % 9) - 0.5, bv = 0.25 * ((p + j * 16) % 4) - 0.25;
+        acc += av * bv;
+      }
+      const double x = acc + 0.5 * 1.0;  // alpha 1, beta 0.5, C = 1
+      const double want = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+      CHECK(std::fabs(got[i + j * 8] - want) <= 1e-6 * (1 + std::fabs(want)));
+    }
+  }
+}
+
+TEST_CASE("interp cuBLASLt: each documented refusal") {
+  LtBuffers buf;
+  const char* stage = "";
+  auto refuses = [&](LtCall c, cublasStatus_t want, const char* want_stage, const char* why) {
+    INFO(why);
+    const cublasStatus_t got = buf.Run(c, &stage);
+    INFO("stage " << stage << ": " << ember_interp::LastCublasLtError());
+    CHECK(got == want);
+    CHECK(std::string(stage) == want_stage);
+    CHECK(ember_interp::LastCublasLtError().find(why) != std::string::npos);
+  };
+  LtCall ok;
+  REQUIRE(buf.Run(ok, &stage) == CUBLAS_STATUS_SUCCESS);
+
+  LtCall c = ok;
+  c.lda = 7;  // < 8 rows
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "heuristic", "leading dimension of A (8 x 16, ld 7)");
+  c = ok;
+  c.ldc = c.ldd = 4;
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "heuristic", "leading dimension of C");
+  c = ok;
+  c.opb = CUBLAS_OP_T;  // op(B) becomes 4 x 16: k no longer chains
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "heuristic", "shapes do not chain");
+  c = ok;
+  c.opa = static_cast<cublasOperation_t>(7);
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "heuristic", "TRANSA/TRANSB 7/0");
+  c = ok;
+  c.tb_type = CUDA_R_16BF;  // f32 x bf16
+  refuses(c, CUBLAS_STATUS_NOT_SUPPORTED, "heuristic", "types A 0, B 14");
+  c = ok;
+  c.ta_type = c.tb_type = CUDA_R_16F;
+  refuses(c, CUBLAS_STATUS_NOT_SUPPORTED, "heuristic", "types A 2, B 2");
+  c = ok;
+  c.epilogue = CUBLASLT_EPILOGUE_GELU_BIAS;  // no bias pointer
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "heuristic", "without CUBLASLT_MATMUL_DESC_BIAS_POINTER");
+  c = ok;
+  c.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  c.bias = buf.bias.p;
+  c.bias_type = CUDA_R_16BF;  // with f32 inputs
+  refuses(c, CUBLAS_STATUS_NOT_SUPPORTED, "heuristic", "bias type 14");
+  c = ok;
+  c.a_offset_bytes = 4;  // A 4-byte aligned
+  refuses(c, CUBLAS_STATUS_NOT_SUPPORTED, "matmul", "is not 16-byte aligned");
+  c.pref_align_a = 4;  // the caller says A may be 4-byte aligned: an algorithm for that
+  CHECK(buf.Run(c, &stage) == CUBLAS_STATUS_SUCCESS);
+  c = ok;
+  c.epilogue = CUBLASLT_EPILOGUE_BIAS;
+  c.bias = reinterpret_cast<const char*>(buf.bias.p) + 4;
+  refuses(c, CUBLAS_STATUS_NOT_SUPPORTED, "matmul", "the bias pointer is not 16-byte aligned");
+  c = ok;
+  c.call_ws = 64;  // the algorithm's split-K buffer is m * n * 4 = 128 bytes
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "matmul", "workspaceSizeInBytes 64 is below the 128");
+  c = ok;
+  c.separate_d = true;
+  c.ldd = 9;  // D separate: fine
+  CHECK(buf.Run(c, &stage) == CUBLAS_STATUS_SUCCESS);
+  c.separate_d = false;  // in place with ldc 8 != ldd 9
+  refuses(c, CUBLAS_STATUS_INVALID_VALUE, "matmul", "in place (C == D) with ldc 8 != ldd 9");
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+
+  // A leading dimension too large for the allocation: a GPU reads past it (illegal address).
+  c = ok;
+  c.ldb = 70;  // B spans 3 * 70 + 16 floats of a 256-float buffer: fine
+  CHECK(buf.Run(c, &stage) == CUBLAS_STATUS_SUCCESS);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+  c.ldb = 90;  // 3 * 90 + 16 = 286 floats > 256
+  CHECK(buf.Run(c, &stage) == CUBLAS_STATUS_SUCCESS);  // asynchronous, as on a GPU
+  CHECK(cudaDeviceSynchronize() == cudaErrorIllegalAddress);
+  CHECK(ember_interp::LastKernelError().find("operand B (16 x 4, ld 90)") != std::string::npos);
+  cudaGetLastError();
+
+  cublasLtMatmulDesc_t d;
+  CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_16F, CUDA_R_32F) ==
+        CUBLAS_STATUS_NOT_SUPPORTED);
 }
