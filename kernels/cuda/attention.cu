@@ -192,7 +192,8 @@ __global__ void __launch_bounds__(kRows) DkDvKernel(const float* __restrict__ q,
   EMBER_SHARED(float, dOs, [kTile][HD + 1]);
   EMBER_SHARED(float, Ks, [kRows][HD + 1]);
   EMBER_SHARED(float, Vs, [kRows][HD + 1]);
-  EMBER_SHARED(float, dKs, [kRows][HD + 1]);  // this thread's dk row (registers would spill at hd 64)
+  // dKs[threadIdx.x] is this thread's dk row (registers would spill at hd 64).
+  EMBER_SHARED(float, dKs, [kRows][HD + 1]);
   EMBER_SHARED(float, Ls, [kTile]);
   EMBER_SHARED(float, Ds, [kTile]);
   const int64_t bkv = blockIdx.y, b = bkv / g.KV, kvh = bkv % g.KV;

@@ -643,7 +643,8 @@ TEST_CASE("interp cuBLASLt: bf16 inputs with fp32 compute and the GELU epilogue"
         acc += av * bv;
       }
       const double x = acc + 0.5 * 1.0;  // alpha 1, beta 0.5, C = 1
-      const double want = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+      const double want =
+          0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
       CHECK(std::fabs(got[i + j * 8] - want) <= 1e-6 * (1 + std::fabs(want)));
     }
   }
