@@ -239,6 +239,10 @@ void RunOnStream(cudaStream_t s, std::function<void()> fn);
 // Records an asynchronous device error (reported by the next synchronize and cudaGetLastError).
 // Called by queued work, which runs with the runtime's lock held.
 void DeviceFault(cudaError_t e, const std::string& msg);
+// Runs only the blocks `keep(blockIdx, gridDim, blockDim)` accepts, each launch once (no
+// two-order check), until reset with an empty function: for tests that address more than 2^31
+// elements (cudaMalloc of 1 GiB and more maps memory lazily, unpoisoned) and look at a few blocks.
+void SetBlockFilter(std::function<bool(uint3, dim3, dim3)> keep);
 // cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
 void SetKernelMaxDynamicSharedMemory(const void* kernel, int bytes);
 

@@ -126,7 +126,12 @@ struct Allocation {
   // The launch check's copies (before the launch, after the forward run), kept between launches
   // so that each launch does not fault fresh pages in.
   std::unique_ptr<char[]> snap, first;
+  // 1 GiB and more: mapped without reserving memory, not poisoned (zero pages), left out of the
+  // two-order check's snapshots, so that a test can address more than 2^31 elements.
+  bool lazy = false;
 };
+// Only the blocks this accepts run (SetBlockFilter); then each launch runs once, forward.
+std::function<bool(uint3, dim3, dim3)> g_block_filter;
 std::map<char*, Allocation> g_allocs;  // by user pointer
 cudaError_t g_last_error = cudaSuccess;
 cudaError_t g_sync_error = cudaSuccess;
@@ -333,6 +338,7 @@ bool RunGrid(const std::function<void()>& body, dim3 grid, dim3 block, bool reve
     g_block_idx = uint3{static_cast<unsigned>(b % grid.x),
                         static_cast<unsigned>(b / grid.x % grid.y),
                         static_cast<unsigned>(b / (size_t{grid.x} * grid.y))};
+    if (g_block_filter && !g_block_filter(g_block_idx, grid, block)) continue;
     RunBlock(r, reverse);
     if (r.failed) {
       g_run = nullptr;
@@ -685,7 +691,9 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
   InstallSegvHandler();
   g_kernel = name;
   // Run 1 (forward order) on a snapshot of device memory; run 2 (reverse) on the same snapshot.
+  const bool two_orders = !g_block_filter;
   for (auto& [p, a] : g_allocs) {
+    if (a.lazy || !two_orders) continue;
     if (!a.snap) {
       a.snap.reset(new char[a.bytes]);
       a.first.reset(new char[a.bytes]);
@@ -695,13 +703,15 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
   g_checking_shared = g_shared_checks && g_checked_launches.count(key) == 0;
   bool ok = RunGrid(body, grid, block, /*reverse=*/false);
   g_checking_shared = false;
-  if (ok) {
+  if (ok && two_orders) {
     for (auto& [p, a] : g_allocs) {
+      if (a.lazy) continue;
       std::memcpy(a.first.get(), p, a.bytes);
       std::memcpy(p, a.snap.get(), a.bytes);
     }
     ok = RunGrid(body, grid, block, /*reverse=*/true);
     for (auto it = g_allocs.begin(); ok && it != g_allocs.end(); ++it) {
+      if (it->second.lazy) continue;
       char* p = it->first;
       const char* first = it->second.first.get();
       const size_t bytes = it->second.bytes;
@@ -716,6 +726,24 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
                     name, off, bytes, static_cast<void*>(p));
       g_last_kernel_error = buf;
       ok = false;
+    }
+  }
+  // The alignment slack after each allocation must still hold its poison.
+  for (auto it = g_allocs.begin(); ok && it != g_allocs.end(); ++it) {
+    const Allocation& a = it->second;
+    if (a.lazy) continue;
+    for (size_t i = a.bytes; i < (a.bytes + 15) / 16 * 16; ++i) {
+      if (static_cast<unsigned char>(it->first[i]) == 0xFF) continue;
+      char buf[400];
+      std::snprintf(buf, sizeof buf,
+                    "kernel %s wrote past the end of a cudaMalloc allocation: byte %zu of the "
+                    "%zu-byte allocation %p (an out-of-bounds write inside its 16-byte "
+                    "alignment slack)",
+                    name, i, a.bytes, static_cast<void*>(it->first));
+      g_last_kernel_error = buf;
+      ok = false;
+      std::memset(it->first + a.bytes, 0xFF, (a.bytes + 15) / 16 * 16 - a.bytes);
+      break;
     }
   }
   g_kernel = nullptr;
@@ -737,6 +765,11 @@ void DeviceFault(cudaError_t e, const std::string& msg) {
   g_last_kernel_error = msg;
   std::fprintf(stderr, "cuda interp: %s\n", msg.c_str());
   g_last_error = g_sync_error = e;
+}
+
+void SetBlockFilter(std::function<bool(uint3, dim3, dim3)> keep) {
+  std::lock_guard<std::mutex> l(g_mu);
+  g_block_filter = std::move(keep);
 }
 
 void SetKernelMaxDynamicSharedMemory(const void* kernel, int bytes) {
@@ -900,13 +933,19 @@ cudaError_t cudaMalloc(void** out, size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   const size_t rounded = (bytes + kPage - 1) / kPage * kPage;
   const size_t map_bytes = rounded + kPage;
-  void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  const bool lazy = bytes >= (size_t{1} << 30);
+  void* m = mmap(nullptr, map_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | (lazy ? MAP_NORESERVE : 0), -1, 0);
   if (m == MAP_FAILED) return SetError(cudaErrorMemoryAllocation);
   char* base = static_cast<char*>(m);
   mprotect(base + rounded, kPage, PROT_NONE);  // guard page right after the allocation
   char* p = base + rounded - (bytes + 15) / 16 * 16;  // 16-byte aligned (float4 loads)
-  std::memset(p, 0xFF, bytes);
-  g_allocs[p] = Allocation{base, map_bytes, bytes, nullptr, nullptr};
+  // Poisoned (NaN); the alignment slack after the end too: a write there is found after the
+  // kernel (ExecuteKernel), one further faults at the guard page.
+  if (!lazy) std::memset(p, 0xFF, (bytes + 15) / 16 * 16);
+  Allocation a{base, map_bytes, bytes, nullptr, nullptr};
+  a.lazy = lazy;
+  g_allocs[p] = std::move(a);
   *out = p;
   return cudaSuccess;
 }

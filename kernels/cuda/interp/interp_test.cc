@@ -725,3 +725,16 @@ TEST_CASE("interp cuBLASLt: each documented refusal") {
   CHECK(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_16F, CUDA_R_32F) ==
         CUBLAS_STATUS_NOT_SUPPORTED);
 }
+
+TEST_CASE("interp: a write just past an allocation's end, inside its alignment slack, is caught") {
+  Dev out(1001);  // 4004 bytes: 12 bytes of slack before the guard page
+  EMBER_LAUNCH(WriteKernel, 1, 256, 0, nullptr)(out.p, 1002);  // off by one
+  CHECK(cudaDeviceSynchronize() == cudaErrorLaunchFailure);
+  CHECK(cudaGetLastError() == cudaErrorLaunchFailure);
+  const std::string err = ember_interp::LastKernelError();
+  INFO(err);
+  CHECK(err.find("kernel WriteKernel wrote past the end of a cudaMalloc allocation: byte 4004 "
+                 "of the 4004-byte allocation") != std::string::npos);
+  EMBER_LAUNCH(WriteKernel, 1, 256, 0, nullptr)(out.p, 1001);
+  CHECK(cudaDeviceSynchronize() == cudaSuccess);
+}
