@@ -5,32 +5,42 @@
 // block a warp runs (lane by lane, each lane up to its next synchronization point) until all its
 // lanes wait at __syncthreads or have exited, completing its warp intrinsics as they fill; then
 // the next warp runs. Kernels launch through EMBER_LAUNCH(kernel, grid, block, smem, stream)(...)
-// (device_util.cuh; <<<...>>> under nvcc).
+// (device_util.cuh; <<<...>>> under nvcc) and declare shared arrays with EMBER_SHARED.
 //
-// Checks (each an error reported through cudaGetLastError and the next synchronize as
-// cudaErrorLaunchFailure, not sticky, with a message naming kernel, block and thread on stderr and
-// in ember_interp::LastKernelError()):
+// Work is queued per stream and runs when the host synchronizes with it (interp.cc, "streams"):
+// the legacy default stream's and non-blocking streams' ordering, events between streams, graph
+// capture and replay, so a missing stream dependency reads stale (poisoned) memory.
+//
+// Checks (a kernel's error is reported when it runs, by the synchronize that ran it and then by
+// cudaGetLastError, as cudaErrorLaunchFailure, not sticky, with a message naming kernel, block and
+// thread on stderr and in ember_interp::LastKernelError()):
+//   - shared memory: every access to an EMBER_SHARED array goes through SharedAccess, a race
+//     detector (two threads touch one word between barriers, at least one writing, not ordered by
+//     a warp collective of both: kernel, both threads, both source lines, address), plus reads of
+//     words the block never wrote and indexes outside the array. Off with
+//     EMBER_CUDA_INTERP_RACECHECK=0 / SetSharedChecks(false).
 //   - every launch runs twice on the same snapshot of device memory, in forward and in reverse
-//     block / warp / lane order; the results must be bitwise equal (catches shared- and
-//     global-memory races that change a result, e.g. a missing __syncthreads). There is no
-//     per-access race detector: a race that writes the same bytes in both orders goes unseen.
+//     block / warp / lane order; the results must be bitwise equal (global-memory races).
 //   - __syncthreads completes when every thread of the block is there; a thread that exits while
 //     others wait is "barrier not reached by every thread" (CUDA UB).
 //   - warp intrinsics (__shfl_*_sync, __ballot_sync, __any_sync, __all_sync, __syncwarp) complete
 //     when every lane named in the mask has arrived with the same mask; a mask naming an exited
 //     lane, a caller outside its mask, or a shuffle reading a lane outside the mask is an error;
 //     lanes that can never meet are a deadlock error.
-//   - launch limits as the CUDA runtime reports them (cudaErrorInvalidConfiguration; dynamic
-//     shared memory above 48 KiB: cudaErrorInvalidValue).
+//   - launch limits of an H100 as the CUDA runtime reports them (cudaErrorInvalidConfiguration;
+//     dynamic shared memory above 48 KiB without the cudaFuncSetAttribute opt-in, or above it, or
+//     an opt-in above 227 KiB: cudaErrorInvalidValue).
 //   - cudaMalloc returns exact-size host allocations, poisoned with 0xFF bytes (NaN), 16-byte
-//     aligned and ending at a PROT_NONE guard page (an overrun of more than the alignment slack
-//     faults; the SIGSEGV handler names the kernel, block and thread); cudaMemcpy / cudaMemset
-//     outside an allocation are cudaErrorInvalidValue.
+//     aligned and ending at a PROT_NONE guard page; the alignment slack holds 0xFF in the forward
+//     run and 0x00 in the reverse one, so a write there is found after the kernel and a read
+//     that matters makes the two results differ; further out an access faults (the SIGSEGV
+//     handler names the kernel, block and thread); cudaMemcpy / cudaMemset outside an
+//     allocation are cudaErrorInvalidValue.
 // The device reports itself as an H100 (sm_90, 132 SMs, 48 KiB / 227 KiB opt-in shared memory).
-// Streams and events execute synchronously, in call order. cuBLASLt (include/cublasLt.h) is a
-// plain host matmul. Thread-safety: launches and the runtime API are serialized by a process-wide
-// mutex; __shared__ arrays are function statics (valid because one block runs at a time; not
-// poisoned between blocks).
+// cuBLASLt (include/cublasLt.h) is a host matmul that validates its arguments as cuBLASLt
+// documents them first. Thread-safety: launches and the runtime API are serialized by a
+// process-wide mutex (queued work runs under it); __shared__ arrays are function statics (valid
+// because one block runs at a time).
 #ifndef EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
 #define EMBER_KERNELS_CUDA_INTERP_CUDA_INTERP_H_
 

@@ -691,6 +691,9 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
   InstallSegvHandler();
   g_kernel = name;
   // Run 1 (forward order) on a snapshot of device memory; run 2 (reverse) on the same snapshot.
+  // The alignment slack after each allocation (up to 15 bytes before its guard page) holds 0xFF
+  // in run 1 and 0x00 in run 2: a write there changes one of them, a read that matters makes
+  // the two results differ.
   const bool two_orders = !g_block_filter;
   for (auto& [p, a] : g_allocs) {
     if (a.lazy || !two_orders) continue;
@@ -700,16 +703,42 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
     }
     std::memcpy(a.snap.get(), p, a.bytes);
   }
+  auto slack_changed = [&](unsigned char fill) {
+    for (auto it = g_allocs.begin(); it != g_allocs.end(); ++it) {
+      const Allocation& a = it->second;
+      if (a.lazy) continue;
+      const size_t end = (a.bytes + 15) / 16 * 16;
+      for (size_t i = a.bytes; i < end; ++i) {
+        if (static_cast<unsigned char>(it->first[i]) == fill) continue;
+        char buf[400];
+        std::snprintf(buf, sizeof buf,
+                      "kernel %s wrote past the end of a cudaMalloc allocation: byte %zu of the "
+                      "%zu-byte allocation %p (an out-of-bounds write inside its 16-byte "
+                      "alignment slack)",
+                      name, i, a.bytes, static_cast<void*>(it->first));
+        g_last_kernel_error = buf;
+        return true;
+      }
+    }
+    return false;
+  };
+  auto fill_slack = [&](unsigned char fill) {
+    for (auto& [p, a] : g_allocs)
+      if (!a.lazy) std::memset(p + a.bytes, fill, (a.bytes + 15) / 16 * 16 - a.bytes);
+  };
   g_checking_shared = g_shared_checks && g_checked_launches.count(key) == 0;
   bool ok = RunGrid(body, grid, block, /*reverse=*/false);
   g_checking_shared = false;
+  if (ok && slack_changed(0xFF)) ok = false;
   if (ok && two_orders) {
     for (auto& [p, a] : g_allocs) {
       if (a.lazy) continue;
       std::memcpy(a.first.get(), p, a.bytes);
       std::memcpy(p, a.snap.get(), a.bytes);
     }
+    fill_slack(0x00);
     ok = RunGrid(body, grid, block, /*reverse=*/true);
+    if (ok && slack_changed(0x00)) ok = false;
     for (auto it = g_allocs.begin(); ok && it != g_allocs.end(); ++it) {
       if (it->second.lazy) continue;
       char* p = it->first;
@@ -722,30 +751,14 @@ void ExecuteKernel(const char* name, dim3 grid, dim3 block, uint64_t key,
       std::snprintf(buf, sizeof buf,
                     "kernel %s: result differs between forward and reverse thread order at "
                     "byte %zu of the %zu-byte allocation %p (a race: a missing __syncthreads or "
-                    "__syncwarp, or threads writing the same address)",
+                    "__syncwarp, or threads writing the same address; or a read past the end of "
+                    "an allocation, whose slack differs between the two runs)",
                     name, off, bytes, static_cast<void*>(p));
       g_last_kernel_error = buf;
       ok = false;
     }
   }
-  // The alignment slack after each allocation must still hold its poison.
-  for (auto it = g_allocs.begin(); ok && it != g_allocs.end(); ++it) {
-    const Allocation& a = it->second;
-    if (a.lazy) continue;
-    for (size_t i = a.bytes; i < (a.bytes + 15) / 16 * 16; ++i) {
-      if (static_cast<unsigned char>(it->first[i]) == 0xFF) continue;
-      char buf[400];
-      std::snprintf(buf, sizeof buf,
-                    "kernel %s wrote past the end of a cudaMalloc allocation: byte %zu of the "
-                    "%zu-byte allocation %p (an out-of-bounds write inside its 16-byte "
-                    "alignment slack)",
-                    name, i, a.bytes, static_cast<void*>(it->first));
-      g_last_kernel_error = buf;
-      ok = false;
-      std::memset(it->first + a.bytes, 0xFF, (a.bytes + 15) / 16 * 16 - a.bytes);
-      break;
-    }
-  }
+  fill_slack(0xFF);
   g_kernel = nullptr;
   if (ok && g_shared_checks) g_checked_launches.insert(key);
   if (!ok) {
