@@ -31,11 +31,11 @@
 //     dynamic shared memory above 48 KiB without the cudaFuncSetAttribute opt-in, or above it, or
 //     an opt-in above 227 KiB: cudaErrorInvalidValue).
 //   - cudaMalloc returns exact-size host allocations, poisoned with 0xFF bytes (NaN), 16-byte
-//     aligned and ending at a PROT_NONE guard page; the alignment slack holds 0xFF in the forward
-//     run and 0x00 in the reverse one, so a write there is found after the kernel and a read
-//     that matters makes the two results differ; further out an access faults (the SIGSEGV
-//     handler names the kernel, block and thread); cudaMemcpy / cudaMemset outside an
-//     allocation are cudaErrorInvalidValue.
+//     aligned and ending at a PROT_NONE guard page; the alignment slack holds 0xFF in the
+//     forward run and 0x3F (0.747f) in the reverse one, so a write there is found after the
+//     kernel and a read that matters makes the two results differ; further out an access faults
+//     (the SIGSEGV handler names the kernel, block and thread); cudaMemcpy / cudaMemset outside
+//     an allocation are cudaErrorInvalidValue.
 // The device reports itself as an H100 (sm_90, 132 SMs, 48 KiB / 227 KiB opt-in shared memory).
 // cuBLASLt (include/cublasLt.h) is a host matmul that validates its arguments as cuBLASLt
 // documents them first. Thread-safety: launches and the runtime API are serialized by a
