@@ -1098,6 +1098,10 @@ cudaError_t cudaEventCreate(cudaEvent_t* e) {
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  std::lock_guard<std::mutex> l(g_mu);
+  // A recorded event may be destroyed before it completes (CUDA releases it then): the queued
+  // record, which writes the event, runs first.
+  if (e != nullptr && e->stream != nullptr) RunUntil(e->stream, e->seq);
   delete e;
   return cudaSuccess;
 }

@@ -738,3 +738,27 @@ TEST_CASE("interp: a write just past an allocation's end, inside its alignment s
   EMBER_LAUNCH(WriteKernel, 1, 256, 0, nullptr)(out.p, 1001);
   CHECK(cudaDeviceSynchronize() == cudaSuccess);
 }
+
+TEST_CASE("interp streams: an event destroyed before its record ran, and timing between events") {
+  Dev x(64);
+  cudaStream_t s;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t a, b, gone;
+  REQUIRE(cudaEventCreate(&a) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&b) == cudaSuccess);
+  REQUIRE(cudaEventCreate(&gone) == cudaSuccess);
+  REQUIRE(cudaEventRecord(a, s) == cudaSuccess);
+  EMBER_LAUNCH(FillKernel, 1, 64, 0, s)(x.p, 4.0f, 64);
+  REQUIRE(cudaEventRecord(gone, s) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(gone) == cudaSuccess);  // its record still runs, before the free
+  REQUIRE(cudaEventRecord(b, s) == cudaSuccess);
+  float ms = -1;
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady);  // b's record has not run
+  REQUIRE(cudaEventSynchronize(b) == cudaSuccess);
+  REQUIRE(cudaEventElapsedTime(&ms, a, b) == cudaSuccess);
+  CHECK(ms >= 0.0f);
+  for (float v : x.Down()) CHECK(v == 4.0f);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(s);
+}
