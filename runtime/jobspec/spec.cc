@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/parallel_dims.h"
 #include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/jobspec/yaml_proto.h"
 #include "yaml-cpp/yaml.h"
@@ -265,6 +266,17 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("parallelism.world_size", p.world_size(), 0, 1 << 16));
   RETURN_IF_ERROR(Range("parallelism.micro_batches", p.micro_batches(), 1, 1 << 16));
   RETURN_IF_ERROR(ValidatePipelineLayout(s));  // pipeline_layout.h
+  RETURN_IF_ERROR(Range("parallelism.dp_replicate", p.dp_replicate(), 0, 1 << 16));
+  if (p.dp_replicate() > 1 && p.strategy() == "none") {
+    return Bad("parallelism.dp_replicate", absl::StrCat(p.dp_replicate(), " replicas with strategy 'none' (one rank); "
+                                                        "use strategy fsdp (HSDP) or leave dp_replicate 0"));
+  }
+  if (const int64_t pr = int64_t{PipelineLayoutOf(s).ranks} * std::max(1, p.dp_replicate());
+      p.world_size() != 0 && p.world_size() % pr != 0) {
+    return Bad("parallelism.dp_replicate",
+               absl::StrCat(p.world_size(), " ranks (world_size) is not pipeline_stages x dp_replicate (", pr,
+                            ") x a shard size; use a dp_replicate that divides world_size / pipeline_stages"));
+  }
   if (!p.backend().empty()) {
     RETURN_IF_ERROR(OneOf("parallelism.backend", p.backend(),
                           {"cpu", "nccl", "nccl-lazy", "nccl-legacy"}));
@@ -300,24 +312,8 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   }
   RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
   RETURN_IF_ERROR(Range("publish.every_steps", s.publish().every_steps(), 0, 1e9));
-  if (s.publish().every_steps() > 0 && PipelineLayoutOf(s).enabled()) {
-    return Bad("publish.every_steps", "live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
-  }
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
-  // What ember-worker cannot train, refused here (at Submit and when a rank loads the spec) rather
-  // than by every rank at its start.
-  if (PipelineLayoutOf(s).enabled()) {
-    if (o.grad_clip() > 0) {
-      return Bad("optimizer.grad_clip", absl::StrCat(o.grad_clip(), ": pipeline jobs do not clip gradients yet; use 0"));
-    }
-    if (pr.param_dtype() != "f32" || pr.overrides_size() > 0 || !pr.reduce_dtype().empty()) {
-      return Bad("precision", "pipeline jobs train in f32 only; leave precision unset");
-    }
-    if (!c.init_from_safetensors().empty()) {
-      return Bad("checkpoint.init_from_safetensors", "not supported for pipeline jobs yet");
-    }
-    if (!c.init_from().empty()) return Bad("checkpoint.init_from", "not supported for pipeline jobs yet");
-  }
+  // What ember-worker cannot train (yet) is the support matrix: resolve.h CheckSupported.
   if (!c.init_from().empty() && (m.arch() != "llama" || m.mlp() != "swiglu")) {
     return Bad("checkpoint.init_from", absl::StrCat(
         "'", c.init_from(), "' is read as a Hugging Face Llama directory; the job's model must be "
@@ -339,11 +335,8 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
 
 absl::Status CheckWorldSize(const JobSpec& s, int world) {
   const auto& par = s.parallelism();
-  if (const PipelineLayout pl = PipelineLayoutOf(s); pl.enabled() && world % pl.ranks != 0) {
-    return Bad("parallelism.pipeline_stages", absl::StrCat(
-        pl.ranks, " stages on ", world, " ranks: the world must be pipeline_stages x FSDP size; "
-        "use a multiple of ", pl.ranks, " ranks"));
-  }
+  // pipeline_stages x dp_replicate must divide the world (ParallelDims names the field).
+  RETURN_IF_ERROR(ParallelDims::FromSpec(s, world).status());
   if (par.strategy() == "none" && world != 1) {
     return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, the job has ", world));
   }
@@ -354,7 +347,9 @@ absl::Status CheckWorldSize(const JobSpec& s, int world) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) { return ParseJobSpec(text, 0); }
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text, int world_size) {
   if (text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec is ", text.size(), " bytes; the limit is ", kMaxSpecBytes));
@@ -371,6 +366,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
   }
   JobSpec spec;
   RETURN_IF_ERROR(FillFromYaml(root, &spec, "spec"));
+  if (world_size > 0) spec.mutable_parallelism()->set_world_size(world_size);
   ApplyDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;

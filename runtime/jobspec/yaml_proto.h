@@ -38,6 +38,11 @@ absl::Status FillFromYaml(const YAML::Node& node, google::protobuf::Message* msg
 absl::Status SetFieldFromText(const std::string& text, const google::protobuf::FieldDescriptor* f,
                               google::protobuf::Message* msg, const std::string& path);
 
+// The reverse: *msg as YAML, every field that is set (proto3 fields with presence when present,
+// others when not zero/empty), in field-number order; floats printed so they read back exactly.
+// FillFromYaml(YAML::Load(ToYaml(m)), &m2) gives m2 == m.
+std::string ToYaml(const google::protobuf::Message& msg);
+
 }  // namespace ember::spec
 
 #endif  // EMBER_RUNTIME_JOBSPEC_YAML_PROTO_H_
