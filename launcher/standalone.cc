@@ -47,6 +47,11 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0) {
 absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
     StandaloneOptions options, const std::string& spec_yaml) {
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(spec_yaml));
+  return Start(std::move(options), spec);
+}
+
+absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
+    StandaloneOptions options, const spec::JobSpec& spec) {
   daemon::DaemonOptions o;
   o.node_name = "standalone";
   o.host_store = true;

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/jobs.pb.h"
+#include "runtime/jobspec/resolve.h"
 #include "runtime/jobspec/spec.h"
 #include "runtime/store/client.h"
 #include "testing/cluster.h"
@@ -55,7 +56,7 @@ TEST_CASE("an upload named job.yaml cannot shadow the validated spec; job files 
   REQUIRE(done->state() == v1::SUCCEEDED);
   CHECK(done->progress().step() == 6);  // the worker ran the submitted spec, not the upload
   const std::string dir = done->job_dir();
-  CHECK(Slurp(dir + "/job.yaml") == spec);
+  CHECK(Slurp(dir + "/job.yaml") == spec::ResolvedYaml(r->job().spec()));  // the resolved spec (issue 32)
   CHECK(Slurp(dir + "/uploads/job.yaml") == evil);
   CHECK(Slurp(dir + "/uploads/data/x.bin") == "abc");
   for (const std::string& d : {dir, dir + "/uploads", dir + "/uploads/data", dir + "/logs",
