@@ -1,6 +1,7 @@
 #include "runtime/jobspec/pipeline_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/jobspec/enums.h"
 
 namespace ember::spec {
 namespace {
@@ -33,11 +34,7 @@ absl::Status ValidatePipelineLayout(const v1::JobSpec& spec) {
     }
   }
   const PipelineLayout pl = PipelineLayoutOf(spec);
-  if (pl.schedule != "gpipe" && pl.schedule != "1f1b" && pl.schedule != "interleaved_1f1b" &&
-      pl.schedule != "zbh1") {
-    return Bad("pipeline_schedule", absl::StrCat("'", pl.schedule, "' is not allowed; use one of "
-                                                 "gpipe, 1f1b, interleaved_1f1b, zbh1"));
-  }
+  if (auto k = ParseSchedule("parallelism.pipeline_schedule", pl.schedule); !k.ok()) return k.status();
   const bool pipeline = p.strategy() == "pipeline";
   if (pipeline && !pl.enabled()) {
     return Bad("pipeline_stages", absl::StrCat(p.pipeline_stages(),

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/parallel_dims.h"
 #include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/jobspec/yaml_proto.h"
@@ -99,7 +100,11 @@ const std::vector<SupportRule> kSupportMatrix = {
      }},
 };
 
-bool NcclBackend(const std::string& b) { return b.rfind("nccl", 0) == 0; }
+// parallelism.backend was validated (ValidateJobSpec): one of ParseBackend's spellings.
+bool NcclBackend(const std::string& b) {
+  auto k = ParseBackend("parallelism.backend", b);
+  return k.ok() && IsNccl(*k);
+}
 
 // Text -> JobSpec with nothing defaulted (ParseJobSpec's reading, without ApplyDefaults).
 absl::StatusOr<JobSpec> ParseUndefaulted(const std::string& text) {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/parallel_dims.h"
 #include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/jobspec/yaml_proto.h"
@@ -39,8 +40,6 @@ absl::Status Range(const std::string& path, double v, double lo, double hi) {
   }
   return absl::OkStatus();
 }
-
-const std::vector<std::string> kDtypes = {"f32", "bf16", "f16"};
 
 bool EnvName(const std::string& n) {
   if (n.empty() || n.size() > 128 || (n[0] >= '0' && n[0] <= '9')) return false;
@@ -87,7 +86,7 @@ absl::Status ValidateWorker(const spec::v1::WorkerConfig& w) {
 
 // model.arch and the fields only llama uses (n_kv_heads, rope_*, tie_embeddings).
 absl::Status ValidateArch(const v1::ModelConfig& m) {
-  RETURN_IF_ERROR(OneOf("model.arch", m.arch(), {"gpt", "llama"}));
+  RETURN_IF_ERROR(ParseArch("model.arch", m.arch()).status());
   RETURN_IF_ERROR(Range("model.n_kv_heads", m.n_kv_heads(), 1, m.n_heads()));
   if (m.n_heads() % m.n_kv_heads() != 0) {
     return Bad("model.n_kv_heads", absl::StrCat(m.n_kv_heads(), " does not divide model.n_heads=",
@@ -207,7 +206,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("model.d_model", absl::StrCat(m.d_model(), " is not divisible by model.n_heads=",
                                              m.n_heads()));
   }
-  RETURN_IF_ERROR(OneOf("model.mlp", m.mlp(), {"gelu", "swiglu", "moe"}));
+  RETURN_IF_ERROR(ParseMlp("model.mlp", m.mlp()).status());
   RETURN_IF_ERROR(Range("model.mlp_hidden", m.mlp_hidden(), 0, 1 << 20));
   RETURN_IF_ERROR(Range("model.attention_window", m.attention_window(), 0, 1 << 20));
   if (m.mlp() == "moe") {
@@ -278,21 +277,20 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
                             ") x a shard size; use a dp_replicate that divides world_size / pipeline_stages"));
   }
   if (!p.backend().empty()) {
-    RETURN_IF_ERROR(OneOf("parallelism.backend", p.backend(),
-                          {"cpu", "nccl", "nccl-lazy", "nccl-legacy"}));
+    RETURN_IF_ERROR(ParseBackend("parallelism.backend", p.backend()).status());
   }
   const auto& pr = s.precision();
-  RETURN_IF_ERROR(OneOf("precision.param_dtype", pr.param_dtype(), kDtypes));
-  RETURN_IF_ERROR(OneOf("precision.output_dtype", pr.output_dtype(), kDtypes));
+  RETURN_IF_ERROR(ParseDtype("precision.param_dtype", pr.param_dtype()).status());
+  RETURN_IF_ERROR(ParseDtype("precision.output_dtype", pr.output_dtype()).status());
   if (!pr.reduce_dtype().empty()) {
-    RETURN_IF_ERROR(OneOf("precision.reduce_dtype", pr.reduce_dtype(), kDtypes));
+    RETURN_IF_ERROR(ParseDtype("precision.reduce_dtype", pr.reduce_dtype()).status());
   }
   for (int i = 0; i < pr.overrides_size(); ++i) {
     const auto& ov = pr.overrides(i);
     std::string base = absl::StrCat("precision.overrides[", i, "]");
     if (ov.pattern().empty()) return Bad(base + ".pattern", "must not be empty");
-    if (!ov.param_dtype().empty()) RETURN_IF_ERROR(OneOf(base + ".param_dtype", ov.param_dtype(), kDtypes));
-    if (!ov.reduce_dtype().empty()) RETURN_IF_ERROR(OneOf(base + ".reduce_dtype", ov.reduce_dtype(), kDtypes));
+    if (!ov.param_dtype().empty()) RETURN_IF_ERROR(ParseDtype(base + ".param_dtype", ov.param_dtype()).status());
+    if (!ov.reduce_dtype().empty()) RETURN_IF_ERROR(ParseDtype(base + ".reduce_dtype", ov.reduce_dtype()).status());
   }
   const auto& c = s.checkpoint();
   if (absl::StartsWith(c.dir(), "/") || absl::StrContains(c.dir(), "..")) {

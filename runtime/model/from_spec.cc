@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "runtime/base/glob.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/enums.h"
 
 namespace ember::model {
 
@@ -16,18 +17,20 @@ absl::StatusOr<GptConfig> ConfigFromSpec(const spec::JobSpec& s) {
   c.n_layer = m.n_layers();
   c.n_head = m.n_heads();
   c.d_model = m.d_model();
-  c.mlp = m.mlp() == "swiglu" ? GptConfig::Mlp::kSwiGlu
-          : m.mlp() == "moe"  ? GptConfig::Mlp::kMoe
-                              : GptConfig::Mlp::kGelu;
+  ASSIGN_OR_RETURN(const spec::Mlp mlp, spec::ParseMlp("model.mlp", m.mlp()));
+  ASSIGN_OR_RETURN(const spec::Arch arch, spec::ParseArch("model.arch", m.arch()));
+  c.mlp = mlp == spec::Mlp::kSwiGlu ? GptConfig::Mlp::kSwiGlu
+          : mlp == spec::Mlp::kMoe  ? GptConfig::Mlp::kMoe
+                                    : GptConfig::Mlp::kGelu;
   c.d_ff = m.mlp_hidden();
-  if (m.mlp() == "moe") {
+  if (mlp == spec::Mlp::kMoe) {
     c.n_expert = m.moe_experts();
     c.top_k = m.moe_top_k();
   }
   c.window = m.attention_window();
   c.init_std = m.init_std();
   c.norm_eps = m.norm_eps();
-  c.arch = m.arch() == "llama" ? GptConfig::Arch::kLlama : GptConfig::Arch::kGpt;
+  c.arch = arch == spec::Arch::kLlama ? GptConfig::Arch::kLlama : GptConfig::Arch::kGpt;
   c.n_kv_head = m.n_kv_heads();
   c.rope_theta = m.rope_theta();
   c.tie_embeddings = m.tie_embeddings();

@@ -22,6 +22,7 @@
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/jobspec/resolve.h"
 #include "runtime/model/from_spec.h"
@@ -90,22 +91,33 @@ kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& s) {
 
 namespace {
 
+// A precision dtype of the spec (spec::ParseDtype, the one parser) as FSDP's element type.
+absl::StatusOr<fsdp::DataType> DtypeOf(const std::string& field, const std::string& text) {
+  ASSIGN_OR_RETURN(const spec::Dtype d, spec::ParseDtype(field, text));
+  switch (d) {
+    case spec::Dtype::kBF16: return fsdp::DataType::kBF16;
+    case spec::Dtype::kF16: return fsdp::DataType::kF16;
+    case spec::Dtype::kF32: break;
+  }
+  return fsdp::DataType::kF32;
+}
+
 absl::StatusOr<fsdp::MixedPrecisionPolicy> Policy(const spec::v1::PrecisionPolicy& p) {
   fsdp::MixedPrecisionPolicy mp;
-  ASSIGN_OR_RETURN(mp.param_dtype, fsdp::ParseFloatDtype("precision.param_dtype", p.param_dtype()));
-  ASSIGN_OR_RETURN(mp.output_dtype, fsdp::ParseFloatDtype("precision.output_dtype", p.output_dtype()));
+  ASSIGN_OR_RETURN(mp.param_dtype, DtypeOf("precision.param_dtype", p.param_dtype()));
+  ASSIGN_OR_RETURN(mp.output_dtype, DtypeOf("precision.output_dtype", p.output_dtype()));
   if (!p.reduce_dtype().empty()) {
-    ASSIGN_OR_RETURN(mp.reduce_dtype, fsdp::ParseFloatDtype("precision.reduce_dtype", p.reduce_dtype()));
+    ASSIGN_OR_RETURN(mp.reduce_dtype, DtypeOf("precision.reduce_dtype", p.reduce_dtype()));
   }
   for (int i = 0; i < p.overrides_size(); ++i) {
     const auto& o = p.overrides(i);
     const std::string f = absl::StrCat("precision.overrides[", i, "].");
     fsdp::PrecisionOverride po{o.pattern(), std::nullopt, std::nullopt};
     if (!o.param_dtype().empty()) {
-      ASSIGN_OR_RETURN(po.param_dtype, fsdp::ParseFloatDtype(f + "param_dtype", o.param_dtype()));
+      ASSIGN_OR_RETURN(po.param_dtype, DtypeOf(f + "param_dtype", o.param_dtype()));
     }
     if (!o.reduce_dtype().empty()) {
-      ASSIGN_OR_RETURN(po.reduce_dtype, fsdp::ParseFloatDtype(f + "reduce_dtype", o.reduce_dtype()));
+      ASSIGN_OR_RETURN(po.reduce_dtype, DtypeOf(f + "reduce_dtype", o.reduce_dtype()));
     }
     mp.overrides.push_back(std::move(po));
   }
