@@ -41,6 +41,15 @@ absl::StatusOr<ParallelDims> ParallelDims::FromSpec(const v1::JobSpec& spec, int
   return Create(pl.ranks, rep, world / (pl.ranks * rep), pl.virtual_stages);
 }
 
+absl::StatusOr<ParallelDims> ParallelDims::FromResolved(const v1::JobSpec& spec) {
+  const v1::Resolution& r = spec.resolved();
+  if (r.version() == 0 || r.pp() < 1) {
+    return absl::InvalidArgumentError("resolved: the spec carries no parallel dims (not resolved by spec::Resolve, "
+                                      "or a script job)");
+  }
+  return Create(r.pp(), r.dp_replicate(), r.dp_shard(), r.virtual_stages());
+}
+
 int ParallelDims::GroupSize(Group g) const {
   switch (g) {
     case Group::kPipeline: return pp_;

@@ -75,6 +75,11 @@ class ParallelDims {
   // dp_replicate ("parallelism.dp_replicate"), or world < 1 ("parallelism.world_size").
   static absl::StatusOr<ParallelDims> FromSpec(const ::ember::spec::v1::JobSpec& spec, int world);
 
+  // The dims a resolved spec carries (resolved.pp, dp_replicate, dp_shard, virtual_stages; set by
+  // spec::Resolve, resolve.h): what a worker builds its groups and loader from.
+  // INVALID_ARGUMENT "resolved: ..." for a spec without them (not resolved, or a script job).
+  static absl::StatusOr<ParallelDims> FromResolved(const ::ember::spec::v1::JobSpec& resolved);
+
   int pp() const { return pp_; }
   int dp_replicate() const { return dp_replicate_; }
   int dp_shard() const { return dp_shard_; }

@@ -125,6 +125,11 @@ TEST_CASE("resolve: the world, the backend and the dims are filled in; the marke
   CHECK(r->parallelism().dp_replicate() == 1);
   // 4 replicas x (batch_size 4 x 2 pipeline micro-batches) x 16 tokens.
   CHECK(r->resolved().tokens_per_step() == 4 * 4 * 2 * 16);
+  auto dims = ParallelDims::FromResolved(*r);
+  REQUIRE(dims.ok());
+  CHECK(dims->Layout() == r->resolved().layout());
+  CHECK(*dims == *ParallelDims::FromSpec(*r, 8));
+  CHECK(absl::StartsWith(ParallelDims::FromResolved(JobSpec()).status().message(), "resolved: "));
   // World refusals name the field.
   CHECK(absl::StartsWith(Outcome(absl::StrCat(kModel, "parallelism: {strategy: pipeline, pipeline_stages: 2}\n"),
                                  {.world_size = 3}),
