@@ -174,6 +174,26 @@ TEST_CASE("resolve: job.yaml reads back to the resolved proto, with no defaults 
   REQUIRE(sback.ok());
   CHECK(MessageDifferencer::Equals(*sback, *sj));
 
+  // Strings of any text a spec allows (control characters, quotes, backslashes, non-ASCII, YAML
+  // syntax) read back byte for byte; bytes that are not UTF-8 are refused when parsed.
+  JobSpec odd = *r;
+  const std::string weird[] = {std::string("a\x01" "b\x7f\"q'\\ \xc3\xa9 \xf0\x9f\x94\xa5:#[]{}&*!|>%@`"), "- x", "yes",
+                               "~", "null", "0x10", " lead", "trail ", "\ttab\r\nline", "\x1b[31m"};
+  for (const std::string& w : weird) odd.mutable_precision()->add_overrides()->set_pattern(w);
+  odd.mutable_data()->set_text_path(weird[0]);
+  auto odd_back = ParseWorkerSpec(ToYaml(odd), {.world_size = 2}, &here);
+  if (odd_back.ok()) {
+    MessageDifferencer md;
+    std::string diff;
+    md.ReportDifferencesToString(&diff);
+    CHECK(md.Compare(*odd_back, odd));
+    INFO(diff);
+    CHECK(diff.empty());
+  } else {
+    FAIL(odd_back.status().ToString() << "\n" << ToYaml(odd));
+  }
+  CHECK(ParseJobSpec("data: {text_path: \"a\xff.txt\"}").status().message() ==
+        "data.text_path: not valid UTF-8 (byte 1)");
   // No re-defaulting: a resolved spec whose optimizer.lr is unset stays unset (lr 0 is valid),
   // where a spec without the marker gets the default.
   JobSpec no_lr = *r;

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "google/protobuf/reflection.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/utf8.h"
 
 namespace ember::spec {
 namespace {
@@ -48,6 +49,11 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* f, Message
   try {
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_STRING:
+        // Proto strings are UTF-8 (a record with other bytes does not serialize), and YAML text
+        // cannot carry other bytes back (ToYaml): refused here, where the field can be named.
+        if (const size_t bad = base::FirstInvalidUtf8(text); bad != std::string::npos) {
+          return Bad(root, path, absl::StrCat("not valid UTF-8 (byte ", bad, ")"));
+        }
         repeated ? r->AddString(msg, f, text) : r->SetString(msg, f, text);
         return absl::OkStatus();
       case FieldDescriptor::CPPTYPE_BOOL: {

@@ -8,7 +8,7 @@
 // Errors are INVALID_ARGUMENT and start with the field path ("model.mlp: ...", "data_root[2]:
 // ...", or `root_name` for the document itself): unknown fields (listing the allowed ones),
 // duplicate keys (naming the line), wrong types ("'abc' is not a valid int32"), lists where a value
-// is expected and the reverse, non-finite floats, more than 1024 list entries, nesting deeper than
+// is expected and the reverse, non-finite floats, strings that are not valid UTF-8, more than 1024 list entries, nesting deeper than
 // 8. Thread-safe (pure functions).
 #ifndef EMBER_RUNTIME_JOBSPEC_YAML_PROTO_H_
 #define EMBER_RUNTIME_JOBSPEC_YAML_PROTO_H_
