@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "runtime/jobspec/pipeline_layout.h"
 
 namespace ember::spec {
 namespace {
@@ -54,5 +55,14 @@ const char* Name(Mlp m) { return NameOf(kMlp, m); }
 const char* Name(Schedule s) { return NameOf(kSchedule, s); }
 const char* Name(Dtype d) { return NameOf(kDtype, d); }
 const char* Name(Backend b) { return NameOf(kBackend, b); }
+
+Arch ArchOf(const v1::JobSpec& s) { return ParseArch("model.arch", s.model().arch()).value_or(Arch::kGpt); }
+Mlp MlpOf(const v1::JobSpec& s) { return ParseMlp("model.mlp", s.model().mlp()).value_or(Mlp::kGelu); }
+Schedule ScheduleOf(const v1::JobSpec& s) {
+  return ParseSchedule("parallelism.pipeline_schedule", PipelineLayoutOf(s).schedule).value_or(Schedule::k1F1B);
+}
+Backend BackendOf(const v1::JobSpec& s) {
+  return ParseBackend("parallelism.backend", s.parallelism().backend()).value_or(Backend::kCpu);
+}
 
 }  // namespace ember::spec

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "proto/job_spec.pb.h"
 
 namespace ember::spec {
 
@@ -35,6 +36,14 @@ const char* Name(Backend b);
 
 // The device backends (NCCL: they run on resources.device_type cuda).
 inline bool IsNccl(Backend b) { return b != Backend::kCpu; }
+
+// The values of a defaulted, validated spec (ValidateJobSpec passed), for code that branches on
+// them. A spelling the parser refuses (possible only in an unvalidated spec) reads as the default:
+// gpt, gelu, 1f1b (PipelineLayoutOf's schedule), cpu (an empty backend, before resolution, too).
+Arch ArchOf(const ::ember::spec::v1::JobSpec& spec);
+Mlp MlpOf(const ::ember::spec::v1::JobSpec& spec);
+Schedule ScheduleOf(const ::ember::spec::v1::JobSpec& spec);
+Backend BackendOf(const ::ember::spec::v1::JobSpec& spec);
 
 }  // namespace ember::spec
 

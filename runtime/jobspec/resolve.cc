@@ -85,7 +85,7 @@ const std::vector<SupportRule> kSupportMatrix = {
                            "or device cpu");
      }},
     {"cuda+moe", "model.mlp", false,
-     [](const JobSpec& s) { return Cuda(s) && s.model().mlp() == "moe"; },
+     [](const JobSpec& s) { return Cuda(s) && MlpOf(s) == Mlp::kMoe; },
      [](const JobSpec&) { return std::string("'moe' on cuda: the GPU step has no MoE; use gelu or swiglu, or device cpu"); }},
     {"cuda+head_size", "model.n_heads", false,
      [](const JobSpec& s) {
@@ -100,11 +100,6 @@ const std::vector<SupportRule> kSupportMatrix = {
      }},
 };
 
-// parallelism.backend was validated (ValidateJobSpec): one of ParseBackend's spellings.
-bool NcclBackend(const std::string& b) {
-  auto k = ParseBackend("parallelism.backend", b);
-  return k.ok() && IsNccl(*k);
-}
 
 // Text -> JobSpec with nothing defaulted (ParseJobSpec's reading, without ApplyDefaults).
 absl::StatusOr<JobSpec> ParseUndefaulted(const std::string& text) {
@@ -140,7 +135,7 @@ absl::StatusOr<JobSpec> ResolveFields(const JobSpec& in, const Facts& facts) {
   // process group) and `cpu` on cpu; an explicit mismatch is refused naming both fields.
   if (par->backend().empty()) {
     par->set_backend(type == "cuda" ? "nccl" : "cpu");
-  } else if ((type == "cuda") != NcclBackend(par->backend())) {
+  } else if ((type == "cuda") != IsNccl(BackendOf(s))) {
     return Bad("parallelism.backend", absl::StrCat("'", par->backend(), "' does not run on resources.device_type '", type,
                                                    "' (cuda takes nccl, nccl-lazy or nccl-legacy; cpu takes cpu); "
                                                    "change one of them"));
