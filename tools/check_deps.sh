@@ -6,7 +6,7 @@
 #   base, proto           <- bench:report (the report library every *_bench uses)
 #   <- store, flight, spec/job (the daemon<->worker contract), kernels, data
 #   <- kernels/cuda (the GPU ops, above the CPU references they are checked against)
-#   <- comm, model, checkpoint  <- fsdp, pipeline, onesided  <- worker, daemon  <- launcher
+#   <- comm, model, checkpoint  <- fsdp, onesided  <- pipeline (stages are FSDP-sharded parts)  <- worker, daemon  <- launcher
 #   <- testing (in-process clusters, test helpers)  <- tests/*, bench
 #
 # An edge is allowed when it stays inside one package, goes to a strictly lower layer, or joins two
@@ -43,7 +43,7 @@ runtime/comm 30
 runtime/model 30
 checkpoint 30
 runtime/fsdp 40
-runtime/pipeline 40
+runtime/pipeline 45
 runtime/onesided 40
 runtime/worker 50
 runtime/daemon 50

@@ -1,20 +1,8 @@
-// FSDP (ZeRO-3, PyTorch FSDP2 `fully_shard` semantics) for the GPT of runtime/model.
-//
-// Units: unit 0 is the root (wte, [wpe], ln_f, [lm_head]: gathered once per micro-batch for the embeddings
-// and the tied LM head, freed after the backward), units 1..L are the transformer blocks. Every
-// parameter is sharded on dim 0 across the group with torch.chunk semantics: c = ceil(rows/N)
-// rows per rank, rank r holds rows [min(r c, rows), min((r+1) c, rows)), zero-padded to c rows so
-// every collective moves equal blocks. Each rank owns fp32 master shards, fp32 gradient shards and
-// AdamW state for its rows only, so params + grads + optimizer state shrink ~1/N.
-//
-// Per micro-batch: all-gather a unit just before its forward (one all-gather per param dtype in
-// the unit), free it after the forward (reshard_after_forward), gather it again for the backward,
-// accumulate full fp32 gradients, and on the last micro-batch (sync) reduce-scatter them (one
-// reduce-scatter per reduce dtype in the unit: see policy.h) into the fp32 gradient shards.
-// Overlap: with `prefetch`, unit l+1's all-gather is issued before unit l computes (forward), and
-// unit l-1's before unit l's backward. With `separate_reduce_scatter`, reduce-scatters run on a
-// second process group (its own executor thread), so they overlap the next unit's backward instead
-// of queueing behind all-gathers; they are waited for at the end of the backward.
+// FsdpGpt: the whole model under FSDP. It is model::Driver over the whole model with FullyShard's
+// hooks (fully_shard.h: sharding units, precision, prefetch and overlap are described there) plus
+// the optimizer step: the global gradient norm over every shard, optional clipping, sharded AdamW.
+// With a replicate group it is HSDP: parameters sharded within `shard` (world / replicas ranks),
+// gradient shards all-reduced across `replicate` after the reduce-scatter.
 //
 // Every rank must call the same methods in the same order (collectives are matched by order).
 // Thread safety: thread-compatible (one training thread); the process groups are borrowed and
@@ -40,18 +28,18 @@
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/fsdp/fully_shard.h"
 #include "runtime/fsdp/policy.h"
 #include "runtime/model/gpt.h"
+#include "runtime/model/model.h"
 
 namespace ember::fsdp {
 
-// torch.chunk on dim 0: rows per rank (ceil) and rank r's [begin, end).
-int64_t ChunkRows(int64_t rows, int world);
-std::pair<int64_t, int64_t> ShardRows(int64_t rows, int world, int rank);
-
 struct Groups {
-  comm::ProcessGroup* world = nullptr;           // all-gathers, loss/norm all-reduces
-  comm::ProcessGroup* reduce_scatter = nullptr;  // null: reduce-scatters go on `world`
+  comm::ProcessGroup* world = nullptr;           // every data-parallel rank: the loss average
+  comm::ProcessGroup* reduce_scatter = nullptr;  // null: reduce-scatters go on the shard group
+  comm::ProcessGroup* shard = nullptr;           // HSDP: the shard group (null: `world`)
+  comm::ProcessGroup* replicate = nullptr;       // HSDP: the same rows on other replicas (null: none)
 };
 
 struct FsdpOptions {
@@ -64,33 +52,13 @@ struct FsdpOptions {
   bool keep_debug_copies = false;  // TEST_: keep last gathered params / reduced grads
 };
 
-// Bytes moved by collectives, by dtype. For all-gather and reduce-scatter this is the unsharded
-// (padded) buffer size, world * shard; a ring puts (N-1)/N of it on each rank's wire.
-struct CommBytes {
-  std::map<std::string, int64_t> all_gather;      // dtype name -> bytes
-  std::map<std::string, int64_t> reduce_scatter;
-  std::map<std::string, int64_t> all_reduce;
-  // What the reduce-scatters would have moved under PyTorch's rule (a unit whose gradients have
-  // mixed dtypes is reduced entirely in fp32).
-  int64_t reduce_scatter_promoted = 0;
-  int64_t total() const;
-};
-
-// A view of one parameter's local shard (for checkpoints). Pointers stay valid for the life of
-// the FsdpGpt; `rows` valid rows start at global row `row_begin`; padding rows are zero.
-struct ShardView {
-  std::string name;
-  std::vector<int64_t> global_shape;
-  int64_t row_begin = 0, rows = 0, row_numel = 0;
-  float* param = nullptr;
-  float* exp_avg = nullptr;
-  float* exp_avg_sq = nullptr;
-};
-
 class FsdpGpt {
  public:
   // Validates cfg and the groups (same size), shards and initialises parameters from opts.seed.
   static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(const model::GptConfig& cfg, Groups groups,
+                                                         const FsdpOptions& opts);
+  // The same for any registered architecture (runtime/model/model.h).
+  static absl::StatusOr<std::unique_ptr<FsdpGpt>> Create(std::shared_ptr<const model::Model> model, Groups groups,
                                                          const FsdpOptions& opts);
   ~FsdpGpt();
 
@@ -110,21 +78,26 @@ class FsdpGpt {
   // Average of `value` over the world group (f64 all-reduce).
   absl::StatusOr<double> AllReduceMean(double value);
 
-  const model::GptConfig& config() const { return cfg_; }
-  int rank() const { return rank_; }
+  const model::Model& model() const { return *model_; }
+  // This rank's place in the shard group (its rows) and the data-parallel world (shard x
+  // replicate ranks).
+  int shard_rank() const { return sharded_->rank(); }
+  int shard_world() const { return sharded_->world(); }
   int world() const { return world_; }
   int64_t optimizer_step() const { return opt_step_; }
   void set_optimizer_step(int64_t s) { opt_step_ = s; }
+  // This rank's shards; with HSDP only the first replica's are primary.
   std::vector<ShardView> Shards();
   // Bytes of this rank's persistent state: fp32 param, grad, exp_avg, exp_avg_sq shards.
-  int64_t state_bytes() const;
-  const CommBytes& comm_bytes() const { return bytes_; }
-  void ResetCommBytes() { bytes_ = CommBytes(); }
+  int64_t state_bytes() const { return sharded_->state_bytes(); }
+  CommBytes comm_bytes() const;
+  void ResetCommBytes();
   // Time the training thread spent in collectives since the last reset: issuing them (the group
   // runs small ones, <= GroupOptions::inline_max_bytes, inline on this thread) plus blocked in
   // Wait().
-  absl::Duration comm_wait() const { return comm_wait_; }
-  void ResetCommWait() { comm_wait_ = absl::ZeroDuration(); }
+  absl::Duration comm_wait() const { return sharded_->comm_wait(); }
+  void ResetCommWait() { sharded_->ResetCommWait(); }
+  ShardedPart& sharded() { return *sharded_; }
 
   // TEST_: last gathered fp32 compute values / last reduced gradient shard (as received, widened
   // to fp32, before averaging) of a parameter; needs keep_debug_copies.
@@ -134,36 +107,18 @@ class FsdpGpt {
   std::vector<float> TEST_local_grad(const std::string& name) const;
   ParamPrecision TEST_precision(const std::string& name) const;
 
-  struct Param;
-  struct Unit;
-
  private:
-  FsdpGpt(const model::GptConfig& cfg, Groups g, const FsdpOptions& o);
-  absl::Status Init();
-  void IssueGather(Unit& u);
-  absl::Status FinishGather(Unit& u);
-  absl::Status EnsureGathered(Unit& u);
-  void Reshard(Unit& u);
-  void IssueReduceScatter(Unit& u);
-  absl::Status FinishReduceScatters();
-  absl::Status Wait(const std::shared_ptr<comm::Work>& w);
-  absl::StatusOr<float> Run(const kernels::ExecContext& ctx, const int32_t* tokens,
-                            const int32_t* targets, int64_t B, int64_t T, bool backward, bool sync);
-  std::vector<const float*> Weights(const Unit& u) const;
-  std::vector<float*> Grads(Unit& u);
+  FsdpGpt(std::shared_ptr<const model::Model> model, Groups g, const FsdpOptions& o);
 
-  const model::GptConfig cfg_;
+  const std::shared_ptr<const model::Model> model_;
   const Groups groups_;
   const FsdpOptions opts_;
-  int rank_ = 0, world_ = 1;
-  std::vector<std::unique_ptr<Param>> params_;
-  std::vector<std::unique_ptr<Unit>> units_;  // 0 = root, 1..L = blocks
-  std::vector<model::Block> blocks_;
+  int world_ = 1;  // data-parallel ranks (shard x replicate)
+  std::unique_ptr<ShardedPart> sharded_;
+  std::unique_ptr<const model::Driver> driver_;
   int64_t opt_step_ = 0;
   int accum_ = 0;  // micro-batches accumulated since the last sync
-  std::vector<Unit*> rs_inflight_;
-  CommBytes bytes_;
-  absl::Duration comm_wait_;
+  CommBytes extra_bytes_;  // the loss and norm all-reduces
 };
 
 }  // namespace ember::fsdp

@@ -73,6 +73,10 @@ std::string FreshDir() {
   return absl::StrCat(d ? d : "/tmp", "/rdzv-", getpid(), "-", n++);
 }
 
+// HSDP in RunRanks: with g_replicas > 1, world / g_replicas consecutive ranks shard the rows and
+// the g_replicas groups all-reduce their gradient shards.
+int g_replicas = 1;
+
 struct RankCtx {
   int rank;
   FsdpGpt* model;
@@ -102,7 +106,18 @@ std::vector<std::string> RunRanks(int world, const model::GptConfig& cfg, const 
         if (!g.ok()) { errors[r] = g.status().ToString(); return; }
         rs = std::move(*g);
       }
-      auto m = FsdpGpt::Create(cfg, {pg->get(), rs.get()}, opts);
+      std::unique_ptr<comm::ProcessGroup> shard, replicate;
+      if (g_replicas > 1) {
+        const int per = world / g_replicas;
+        auto sg = (*pg)->Split(r / per, r % per, absl::StrCat("shard", r / per));
+        if (!sg.ok()) { errors[r] = sg.status().ToString(); return; }
+        auto rg = (*pg)->Split(r % per, r / per, absl::StrCat("replicate", r % per));
+        if (!rg.ok()) { errors[r] = rg.status().ToString(); return; }
+        shard = std::move(*sg);
+        replicate = std::move(*rg);
+        rs.reset();  // the separate reduce-scatter group must have the shard group's ranks
+      }
+      auto m = FsdpGpt::Create(cfg, {pg->get(), rs.get(), shard.get(), replicate.get()}, opts);
       if (!m.ok()) { errors[r] = m.status().ToString(); return; }
       kernels::ThreadPool pool(1);
       kernels::ExecContext ctx{&pool, true};
@@ -242,6 +257,21 @@ TEST_CASE("1, 2 and 4 ranks give the same fp32 losses; overlap settings are bitw
   off.prefetch = false;
   off.reshard_after_forward = false;
   CHECK(Train(2, off, false, 6) == Train(2, Fp32(), true, 6));
+}
+
+TEST_CASE("HSDP 2x2 (rows sharded in pairs, gradients all-reduced across the pairs) matches one rank", "[fsdp]") {
+  const int steps = 20;
+  std::vector<int64_t> state1, state_hsdp;
+  auto one = Train(1, Fp32(), false, steps, 1, nullptr, &state1);
+  struct Reset { ~Reset() { g_replicas = 1; } } reset;  // also when a REQUIRE fails
+  g_replicas = 2;
+  auto hsdp = Train(4, Fp32(), true, steps, 1, nullptr, &state_hsdp);
+  CheckClose(hsdp, one, 1e-5);
+  // Each rank holds half of the state (sharded over 2), not a quarter (FSDP over 4) or all of it.
+  for (int64_t s : state_hsdp) {
+    CHECK(static_cast<double>(s) <= 0.55 * state1[0]);
+    CHECK(static_cast<double>(s) >= 0.45 * state1[0]);
+  }
 }
 
 TEST_CASE("gradient accumulation matches one big micro-batch", "[fsdp]") {

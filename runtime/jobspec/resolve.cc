@@ -29,12 +29,12 @@ bool NotF32(const JobSpec& s) {
 // THE support matrix: what ember-worker cannot train yet. Flip `supported` to true (the third
 // value) when the worker learns a combination; docs/job-spec.md shows this table.
 const std::vector<SupportRule> kSupportMatrix = {
-    {"pipeline+grad_clip", "optimizer.grad_clip", false,
+    {"pipeline+grad_clip", "optimizer.grad_clip", true,  // one global norm over stages and shards
      [](const JobSpec& s) { return Pipeline(s) && s.optimizer().grad_clip() > 0; },
      [](const JobSpec& s) {
        return absl::StrCat(s.optimizer().grad_clip(), ": pipeline jobs do not clip gradients yet; use 0");
      }},
-    {"pipeline+precision", "precision", false,
+    {"pipeline+precision", "precision", true,  // the stage's FullyShard takes the policy
      [](const JobSpec& s) { return Pipeline(s) && NotF32(s); },
      [](const JobSpec&) { return std::string("pipeline jobs train in f32 only; leave precision unset"); }},
     {"pipeline+init_from_safetensors", "checkpoint.init_from_safetensors", false,
@@ -48,11 +48,17 @@ const std::vector<SupportRule> kSupportMatrix = {
      [](const JobSpec&) {
        return std::string("live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
      }},
-    {"hsdp", "parallelism.dp_replicate", false,
+    {"hsdp", "parallelism.dp_replicate", true,  // trainer.cc CreateGroups: shard and replicate groups
      [](const JobSpec& s) { return s.parallelism().dp_replicate() > 1; },
      [](const JobSpec& s) {
        return absl::StrCat(s.parallelism().dp_replicate(), ": HSDP (replicated FSDP groups) is not built in "
                            "ember-worker yet; use 0 (plain FSDP over every rank)");
+     }},
+    {"pipeline+hsdp", "parallelism.dp_replicate", false,
+     [](const JobSpec& s) { return Pipeline(s) && s.parallelism().dp_replicate() > 1; },
+     [](const JobSpec& s) {
+       return absl::StrCat(s.parallelism().dp_replicate(), " with a pipeline: a pipeline's stages are FSDP-sharded "
+                           "over their whole stage group, not replicated yet; use 0");
      }},
     // The GPU loop (ember-worker-cuda, runtime/worker/cuda_trainer.cc CheckCudaPlan): one rank, fp32.
     {"cuda+pipeline", "parallelism.strategy", false,

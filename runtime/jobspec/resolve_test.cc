@@ -43,6 +43,7 @@ const std::map<std::string, std::pair<std::string, int>> kTriggers = {
       "model: {arch: llama, n_layers: 4, n_heads: 2, d_model: 64, context_length: 16}\n", 2}},
     {"pipeline+publish", {"parallelism: {strategy: pipeline, pipeline_stages: 2}\npublish: {every_steps: 5}\n", 2}},
     {"hsdp", {"parallelism: {dp_replicate: 2}\n", 4}},
+    {"pipeline+hsdp", {"parallelism: {strategy: pipeline, pipeline_stages: 2, dp_replicate: 2}\n", 4}},
     {"cuda+ranks", {"resources: {device_type: cuda}\n", 2}},
     {"cuda+pipeline", {"resources: {device_type: cuda}\nparallelism: {strategy: pipeline, pipeline_stages: 2}\n", 2}},
     {"cuda+grad_accumulation", {"resources: {device_type: cuda}\nparallelism: {micro_batches: 2}\n", 1}},
@@ -211,9 +212,9 @@ TEST_CASE("resolve: job.yaml reads back to the resolved proto, with no defaults 
   CHECK(defaulted->resolved().version() == kResolvedVersion);
   // A resolved spec the worker cannot run (edited after Submit) is still refused.
   JobSpec edited = *r;
-  edited.mutable_parallelism()->set_dp_replicate(2);
+  edited.mutable_resources()->set_device_type("cuda");  // 2 ranks on cuda: the support matrix
   auto refused = ParseWorkerSpec(ToYaml(edited), {.world_size = 2}, &here);
-  CHECK(absl::StrContains(refused.status().message(), "parallelism.dp_replicate: "));
+  CHECK(absl::StrContains(refused.status().message(), "parallelism.world_size: "));
   JobSpec future = *r;
   future.mutable_resolved()->set_version(kResolvedVersion + 1);
   CHECK(absl::StartsWith(ParseWorkerSpec(ToYaml(future), {}, &here).status().message(), "resolved.version: "));

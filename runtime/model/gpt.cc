@@ -12,6 +12,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/ops.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/model/driver.h"
 
 namespace ember::model {
 
@@ -346,6 +347,9 @@ absl::Status Block::BackwardImpl(const ExecContext& ctx, absl::Span<const float*
 // ---------------------------------------------------------------------------------------------
 // Gpt
 
+Gpt::Gpt(const GptConfig& cfg) : cfg_(cfg) {}
+Gpt::~Gpt() = default;
+
 absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& cfg, uint64_t seed) {
   RETURN_IF_ERROR(cfg.Validate());
   std::unique_ptr<Gpt> m(new Gpt(cfg));
@@ -358,11 +362,10 @@ absl::StatusOr<std::unique_ptr<Gpt>> Gpt::Create(const GptConfig& cfg, uint64_t 
   m->params_ = Tensor::Empty(DType::kF32, {total});
   m->grads_ = Tensor::Zeros(DType::kF32, {total});
   for (size_t i = 0; i < m->specs_.size(); ++i) InitParam(m->specs_[i], seed, 0, m->specs_[i].numel(), m->param(i));
-  for (int64_t l = 0; l < cfg.n_layer; ++l) {
-    m->blocks_.emplace_back(cfg, l);
-    std::vector<int> idx;
-    for (const auto& s : BlockParamSpecs(cfg, l)) idx.push_back(m->FindParam(s.name));
-    m->block_param_index_.push_back(std::move(idx));
+  {
+    std::shared_ptr<const Model> gm = MakeGptModel(cfg);
+    const Part whole = Part::Whole(*gm);
+    m->driver_ = std::make_unique<const Driver>(std::move(gm), whole);
   }
   return m;
 }
@@ -434,39 +437,14 @@ absl::StatusOr<float> HeadLoss(const ExecContext& ctx, const GptConfig& cfg, con
 
 absl::StatusOr<float> Gpt::Run(const ExecContext& ctx, const int32_t* tokens,
                                const int32_t* targets, int64_t B, int64_t T, bool backward) {
-  const int64_t N = B * T, C = cfg_.d_model;
   const int64_t base = kernels::MemoryStats::live_bytes();
   kernels::MemoryStats::ResetPeak();
-  const int wte = FindParam("wte.weight"), wpe = FindParam("wpe.weight"), lnf = FindParam("ln_f.weight");
-  const int head = cfg_.tie_embeddings ? wte : FindParam("lm_head.weight");
-  auto p_or_null = [&](int i) { return i < 0 ? nullptr : param(i); };
-  auto g_or_null = [&](int i) { return i < 0 ? nullptr : grad(i); };
-
-  Tensor x = F32({N, C});
-  RETURN_IF_ERROR(EmbedForward(ctx, cfg_, param(wte), p_or_null(wpe), tokens, B, T, x.data<float>()));
-  std::vector<BlockActivationsPtr> acts(blocks_.size());
-  auto weights = [&](size_t l) {
-    std::vector<const float*> w;
-    for (int i : block_param_index_[l]) w.push_back(param(i));
-    return w;
-  };
-  for (size_t l = 0; l < blocks_.size(); ++l) {
-    ASSIGN_OR_RETURN(acts[l], blocks_[l].Forward(ctx, weights(l), x.data<float>(), x.data<float>(), B, T));
-    if (!backward) acts[l].reset();
-  }
-  // dx becomes the gradient of the residual stream, flowing back through the blocks.
-  Tensor dx;
-  ASSIGN_OR_RETURN(float loss, HeadLoss(ctx, cfg_, param(lnf), param(head), x.data<float>(), targets, B, T,
-                                        1.0f, backward ? &dx : nullptr, grad(lnf), grad(head)));
-  if (backward) {
-    x.Reset();
-    for (size_t l = blocks_.size(); l-- > 0;) {
-      std::vector<float*> g;
-      for (int i : block_param_index_[l]) g.push_back(grad(i));
-      RETURN_IF_ERROR(blocks_[l].Backward(ctx, weights(l), g, std::move(acts[l]), dx.data<float>(), dx.data<float>()));
-    }
-    EmbedBackward(ctx, cfg_, tokens, B, T, dx.data<float>(), grad(wte), g_or_null(wpe));
-  }
+  DenseParams dense(params_.data<float>(), grads_.data<float>(), offsets_);
+  MicroBatch mb;
+  ASSIGN_OR_RETURN(float loss, driver_->Forward(ctx, dense, {.tokens = tokens, .targets = targets, .B = B,
+                                                              .T = T, .dloss = 1.0f, .backward = backward},
+                                                &mb, nullptr));
+  if (backward) RETURN_IF_ERROR(driver_->Backward(ctx, dense, &mb, nullptr, nullptr));
   peak_activation_bytes_ = kernels::MemoryStats::peak_bytes() - base;
   return loss;
 }

@@ -9,8 +9,8 @@
 // docs/model.md has the exact math, shapes, initialisation and parameter names.
 //
 // Two levels of API:
-//  * Gpt owns flat parameter/gradient buffers and runs a whole step (ForwardBackward), which is
-//    what single-process training uses.
+//  * Gpt owns flat parameter/gradient buffers and runs a whole step (ForwardBackward) through the
+//    model driver (driver.h) with no hooks, which is what single-process training uses.
 //  * Block runs one transformer block on parameter and gradient pointers the caller provides, so a
 //    sharded (FSDP) runtime can gather a block's parameters just in time, run Block::Forward /
 //    Block::Backward, and reduce-scatter its gradients. ParamSpecs() lists every parameter in a
@@ -182,8 +182,11 @@ absl::StatusOr<float> HeadLoss(const kernels::ExecContext& ctx, const GptConfig&
                                const int32_t* targets, int64_t B, int64_t T, float dloss,
                                kernels::Tensor* dx, float* g_lnf, float* g_wte);
 
+class Driver;  // driver.h
+
 class Gpt {
  public:
+  ~Gpt();
   // Validates cfg, allocates parameters (initialised from seed) and zeroed gradients.
   static absl::StatusOr<std::unique_ptr<Gpt>> Create(const GptConfig& cfg, uint64_t seed);
 
@@ -213,7 +216,7 @@ class Gpt {
   int64_t peak_activation_bytes() const { return peak_activation_bytes_; }
 
  private:
-  Gpt(const GptConfig& cfg) : cfg_(cfg) {}
+  explicit Gpt(const GptConfig& cfg);
   absl::StatusOr<float> Run(const kernels::ExecContext& ctx, const int32_t* tokens,
                             const int32_t* targets, int64_t B, int64_t T, bool backward);
 
@@ -221,8 +224,7 @@ class Gpt {
   std::vector<ParamSpec> specs_;
   std::vector<int64_t> offsets_;
   kernels::Tensor params_, grads_;
-  std::vector<Block> blocks_;
-  std::vector<std::vector<int>> block_param_index_;  // per block: indices into specs_
+  std::unique_ptr<const Driver> driver_;  // the whole model (driver.h)
   int64_t peak_activation_bytes_ = 0;
 };
 

@@ -1,6 +1,7 @@
 #include "runtime/pipeline/stage.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -9,12 +10,6 @@
 #include "runtime/base/status_macros.h"
 
 namespace ember::pipeline {
-
-struct PipelineGpt::StageState {
-  int stage = 0;
-  std::vector<model::Block> blocks;
-  std::vector<std::vector<int64_t>> offsets;  // per block: its parameters' offsets, in spec order
-};
 
 namespace {
 
@@ -41,237 +36,175 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
     const model::GptConfig& cfg, uint64_t seed, const Schedule& schedule, comm::ProcessGroup* pg,
     int64_t micro_batch_size, int64_t T, PipelineOptions options) {
   RETURN_IF_ERROR(cfg.Validate());
+  return Create(model::MakeGptModel(cfg), seed, schedule, pg, micro_batch_size, T, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
+    std::shared_ptr<const model::Model> model, uint64_t seed, const Schedule& schedule, comm::ProcessGroup* pg,
+    int64_t micro_batch_size, int64_t T, PipelineOptions options) {
+  if (model == nullptr) return absl::InvalidArgumentError("pipeline: no model");
   RETURN_IF_ERROR(ValidateLayout(schedule.options));
   const int S = schedule.options.stages, R = schedule.options.ranks;
-  if (cfg.n_layer % S != 0) {
+  if (model->NumBlocks() % S != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "pipeline: n_layer (", cfg.n_layer, ") is not divisible by ", S,
+        "pipeline: n_layer (", model->NumBlocks(), ") is not divisible by ", S,
         " stages; use a multiple of ", S, " layers or another stage count"));
   }
-  if (micro_batch_size <= 0 || T <= 0 || T > cfg.context) {
+  if (micro_batch_size <= 0 || T <= 0 || T > model->Context()) {
     return absl::InvalidArgumentError(absl::StrCat("pipeline: micro-batch ", micro_batch_size,
-                                                   " x ", T, " vs context ", cfg.context));
+                                                   " x ", T, " vs context ", model->Context()));
   }
   if (pg == nullptr || pg->size() != R) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: the process group has ", pg ? pg->size() : 0, " ranks, the schedule ", R));
   }
   std::unique_ptr<PipelineGpt> p(new PipelineGpt());
-  p->cfg_ = cfg;
+  p->model_ = model;
   p->schedule_ = schedule;
   p->pg_ = pg;
   p->rank_ = pg->rank();
   p->mbs_ = micro_batch_size;
   p->T_ = T;
   p->N_ = micro_batch_size * T;
+  if (options.data.group == nullptr || options.data.group->size() <= 1) options.data = {};
   p->opts_ = options;
+  p->dp_size_ = options.data.group ? options.data.group->size() : 1;
 
-  // Parameter layout of this rank: [wte, wpe] if it holds stage 0, its stages' blocks, then
-  // [ln_f, wte] if it holds the last stage (wte once per rank).
-  const std::vector<model::ParamSpec> all = model::ParamSpecs(cfg);
-  std::vector<std::pair<model::ParamSpec, int64_t>> layout;
-  std::vector<int> owner;  // per layout entry: the stage whose ReduceGrad reduces it
-  int64_t total = 0;
-  int cur = 0;
-  auto add = [&](const model::ParamSpec& spec) {
-    layout.emplace_back(spec, total);
-    owner.push_back(cur);
-    total += spec.numel();
-    return layout.back().second;
-  };
-  const int first_rank = schedule.RankOfStage(0), last_rank = schedule.RankOfStage(S - 1);
-  auto spec_named = [&](const std::string& name) {
-    for (const model::ParamSpec& sp : all)
-      if (sp.name == name) return sp;
-    return model::ParamSpec{};
-  };
-  if (p->rank_ == first_rank) {
-    p->wte_ = add(all[0]);
-    if (cfg.arch == model::GptConfig::Arch::kGpt) p->wpe_ = add(spec_named("wpe.weight"));
+  fsdp::ShardGroups groups;
+  if (options.data.group != nullptr) {
+    (options.data.shard ? groups.shard : groups.replicate) = options.data.group;
   }
-  const int64_t per_stage = cfg.n_layer / S;
+  fsdp::ShardOptions so;
+  so.reshard_after_forward = options.reshard_after_forward;
+  so.prefetch = options.prefetch;
+  so.reduce_on_backward = false;  // the schedule's ReduceGrad action reduces
+  so.mp = options.mp;
+  so.seed = seed;
+  so.timeout = options.timeout;
   for (int st = p->rank_; st < S; st += R) {
-    cur = st;
-    auto ss = std::make_unique<StageState>();
-    ss->stage = st;
-    for (int64_t l = st * per_stage; l < (st + 1) * per_stage; ++l) {
-      ss->blocks.emplace_back(cfg, l);
-      std::vector<int64_t> offs;
-      for (const model::ParamSpec& spec : model::BlockParamSpecs(cfg, l)) offs.push_back(add(spec));
-      ss->offsets.push_back(std::move(offs));
-    }
+    StageState ss;
+    ss.stage = st;
+    const model::Part part = model::Part::Stage(*model, st, S);
+    ss.driver = std::make_unique<model::Driver>(model, part);
+    ASSIGN_OR_RETURN(ss.sharded, fsdp::FullyShard(model, part, groups, so));
     p->stage_ids_.push_back(st);
     p->local_stages_.push_back(std::move(ss));
   }
-  if (p->rank_ == last_rank) {
-    cur = S - 1;
-    p->lnf_ = add(spec_named("ln_f.weight"));
-    if (cfg.tie_embeddings) {
-      if (p->wte_ < 0) p->wte_ = add(all[0]);
-      p->head_ = p->wte_;
-    } else {
-      p->head_ = add(spec_named("lm_head.weight"));
-    }
-  }
-  p->layout_ = layout;
-  p->params_.assign(total, 0.0f);
-  for (const auto& [spec, off] : layout) model::InitParam(spec, seed, 0, spec.numel(), p->P(off));
-  p->grads_.assign(total, 0.0f);
-  RETURN_IF_ERROR(p->PlanReductions(owner, options.data));
-
-  if (first_rank != last_rank && cfg.tie_embeddings) {
+  // A parameter of both the embedding and the head (GPT's tied wte): a second copy on the last
+  // stage when the stages differ.
+  for (int e : model->UnitParams(0))
+    for (int h : model->UnitParams(model::UnitCount(*model) - 1))
+      if (e == h) p->tied_name_ = model->ParamSpecs()[e].name;
+  p->tied_copy_ = S > 1 && !p->tied_name_.empty();
+  const int first_rank = schedule.RankOfStage(0), last_rank = schedule.RankOfStage(S - 1);
+  if (p->tied_copy_ && first_rank != last_rank) {
     ASSIGN_OR_RETURN(p->tied_, pg->NewGroup({first_rank, last_rank}));
   }
-  ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * cfg.d_model,
-                                                options.pool));
+  ASSIGN_OR_RETURN(p->pool_, BufferPool::Create(schedule, p->rank_, p->N_ * model->Width(), options.pool));
   return p;
 }
 
-absl::Status PipelineGpt::PlanReductions(const std::vector<int>& owner, DataParallel data) {
-  dp_ = data;
-  if (dp_.group != nullptr) {
-    dp_rank_ = dp_.group->rank();
-    dp_size_ = dp_.group->size();
-  }
-  if (dp_size_ <= 1) dp_ = {};  // one replica: nothing to reduce, every row is this rank's
-  const int W = dp_.shard ? dp_size_ : 1, me = dp_.shard ? dp_rank_ : 0;
-  slots_.assign(layout_.size(), {});
-  int64_t total = 0;
-  for (int st : stage_ids_) {
-    Reduction& r = reductions_[st];
-    r.base = total;
-    for (size_t i = 0; i < layout_.size(); ++i) {
-      if (owner[i] != st) continue;
-      const model::ParamSpec& spec = layout_[i].first;
-      Slot& sl = slots_[i];
-      sl.stage = st;
-      const int64_t rows = spec.shape.empty() ? 1 : spec.shape[0];
-      sl.row_numel = rows > 0 ? spec.numel() / rows : 0;
-      sl.total_rows = rows;
-      sl.chunk = (rows + W - 1) / W;  // torch.chunk on dim 0, as runtime/fsdp and checkpoints
-      const auto [b, e] = sl.Chunk(me);
-      sl.row_begin = b;
-      sl.rows = e - b;
-      sl.shard_off = r.base + r.packed;
-      r.params.push_back(static_cast<int>(i));
-      r.packed += sl.chunk * sl.row_numel;
+std::vector<fsdp::ShardView> PipelineGpt::Shards() {
+  std::vector<fsdp::ShardView> out;
+  const int S = schedule_.options.stages;
+  const bool first_replica = opts_.data.group == nullptr || opts_.data.shard || opts_.data.group->rank() == 0;
+  for (StageState& ss : local_stages_) {
+    for (fsdp::ShardView& v : ss.sharded->Shards()) {
+      v.primary = first_replica && !(tied_copy_ && ss.stage == S - 1 && v.name == tied_name_);
+      out.push_back(std::move(v));
     }
-    if (dp_.shard) r.wide.assign(static_cast<size_t>(W * r.packed), 0.0f);
-    total += r.packed;
-  }
-  for (size_t i = 0; i < layout_.size(); ++i) {
-    if (reductions_.count(owner[i]) == 0 || slots_[i].stage != owner[i]) {
-      return absl::InternalError(absl::StrCat("pipeline: parameter ", layout_[i].first.name,
-                                              " has no owning stage on rank ", rank_));
-    }
-  }
-  gshard_.assign(total, 0.0f);
-  adam_m_.assign(total, 0.0f);
-  adam_v_.assign(total, 0.0f);
-  return absl::OkStatus();
-}
-
-std::vector<ParamView> PipelineGpt::Params() {
-  std::vector<ParamView> out;
-  const int first_rank = schedule_.RankOfStage(0);
-  for (size_t i = 0; i < layout_.size(); ++i) {
-    const auto& [spec, off] = layout_[i];
-    const Slot& sl = slots_[i];
-    ParamView v{spec.name, spec.shape, spec.numel(), P(off), sl.row_begin, sl.rows, sl.row_numel,
-                adam_m_.data() + sl.shard_off, adam_v_.data() + sl.shard_off, true};
-    v.primary = !(off == wte_ && rank_ != first_rank) && (dp_.shard || dp_rank_ == 0);
-    out.push_back(std::move(v));
   }
   return out;
 }
 
-absl::Status PipelineGpt::IssueReduce(int stage) {
-  auto it = reductions_.find(stage);
-  if (it == reductions_.end()) return absl::InternalError("ReduceGrad of a stage not on this rank");
-  Reduction& r = it->second;
-  // Pack rank j's chunk of every parameter into block j (sharded) or the whole gradient (else).
-  const int W = dp_.shard ? dp_size_ : 1;
-  float* dst = dp_.shard ? r.wide.data() : gshard_.data() + r.base;
-  std::fill(dst, dst + W * r.packed, 0.0f);
-  for (int i : r.params) {
-    const Slot& sl = slots_[i];
-    for (int j = 0; j < W; ++j) {
-      const auto [b, e] = sl.Chunk(j);
-      std::memcpy(dst + j * r.packed + (sl.shard_off - r.base), G(layout_[i].second) + b * sl.row_numel,
-                  static_cast<size_t>((e - b) * sl.row_numel) * sizeof(float));
-    }
+int64_t PipelineGpt::state_bytes() const {
+  int64_t b = 0;
+  for (const StageState& ss : local_stages_) b += ss.sharded->state_bytes();
+  return b;
+}
+
+int64_t PipelineGpt::peak_gathered_bytes() const {
+  int64_t b = 0;
+  for (const StageState& ss : local_stages_) b = std::max(b, ss.sharded->peak_gathered_bytes());
+  return b;
+}
+
+fsdp::CommBytes PipelineGpt::comm_bytes() const {
+  fsdp::CommBytes b;
+  for (const StageState& ss : local_stages_) b.Add(ss.sharded->comm_bytes());
+  return b;
+}
+
+absl::Duration PipelineGpt::comm_wait() const {
+  absl::Duration d;
+  for (const StageState& ss : local_stages_) d += ss.sharded->comm_wait();
+  return d;
+}
+
+void PipelineGpt::ResetCommStats() {
+  for (StageState& ss : local_stages_) {
+    ss.sharded->ResetCommBytes();
+    ss.sharded->ResetCommWait();
   }
-  if (!dp_.group) return absl::OkStatus();
+}
+
+absl::Status PipelineGpt::AllReduceSum(comm::ProcessGroup* g, double* v, const char* what) {
   comm::OpOptions op;
   op.timeout = opts_.timeout;
-  op.tag = absl::StrCat("pipeline ReduceGrad ", stage);
-  r.work = dp_.shard ? dp_.group->ReduceScatterSingle(r.wide.data(), gshard_.data() + r.base,
-                                                      r.packed, comm::DataType::kF32,
-                                                      comm::ReduceOp::kAvg, op)
-                     : dp_.group->AllReduce(gshard_.data() + r.base, r.packed, comm::DataType::kF32,
-                                            comm::ReduceOp::kAvg, op);
-  return absl::OkStatus();
+  op.tag = what;
+  return base::Annotate(g->AllReduce(v, 1, comm::DataType::kF64, comm::ReduceOp::kSum, op)->Wait(opts_.timeout),
+                        what);
 }
 
 absl::Status PipelineGpt::OptimizerStep(const kernels::ExecContext& ctx) {
-  for (auto& [stage, r] : reductions_) {
-    if (!r.work) continue;
-    absl::Status st = r.work->Wait(opts_.timeout);
-    r.work.reset();
-    RETURN_IF_ERROR(base::Annotate(st, absl::StrCat("gradient reduction of stage ", stage, " over ",
-                                                    dp_size_, " replicas")));
+  const int S = schedule_.options.stages;
+  for (StageState& ss : local_stages_) {
+    RETURN_IF_ERROR(base::Annotate(ss.sharded->FinishReduce(dp_size_),
+                                   absl::StrCat("gradient reduction of stage ", ss.stage, " over ",
+                                                dp_size_, " replicas")));
   }
-  if (tied_) {  // the two wte copies' gradients (their rows on this rank) are summed
-    for (size_t i = 0; i < layout_.size(); ++i) {
-      if (layout_[i].second != wte_) continue;
-      const Slot& sl = slots_[i];
+  if (tied_copy_) {  // the two wte copies' gradients (the same rows on both) are summed
+    float* g0 = nullptr;
+    float* g1 = nullptr;
+    int64_t n = 0;
+    for (StageState& ss : local_stages_) {
+      if (ss.stage == 0) g0 = ss.sharded->GradShard(tied_name_);
+      if (ss.stage == S - 1) g1 = ss.sharded->GradShard(tied_name_);
+      if (ss.stage == 0 || ss.stage == S - 1) n = ss.sharded->GradShardNumel(tied_name_);
+    }
+    if (g0 != nullptr && g1 != nullptr) {
+      for (int64_t i = 0; i < n; ++i) g0[i] = g1[i] = g0[i] + g1[i];
+    } else if (g0 != nullptr || g1 != nullptr) {
+      float* g = g0 != nullptr ? g0 : g1;
       RETURN_IF_ERROR(base::Annotate(
-          tied_->AllReduce(gshard_.data() + sl.shard_off, sl.rows * sl.row_numel,
-                           comm::DataType::kF32, comm::ReduceOp::kSum, {opts_.timeout, ""})
+          tied_->AllReduce(g, n, comm::DataType::kF32, comm::ReduceOp::kSum, {opts_.timeout, ""})
               ->Wait(opts_.timeout),
           "tied-embedding gradient all-reduce"));
     }
   }
+  // One norm over the whole model: this rank's rows of its stages (the tied copy once), summed
+  // over the stage group's shards (replicas hold the same rows) and over the pipeline's stages.
+  double sumsq = 0;
+  for (StageState& ss : local_stages_) {
+    std::set<std::string> skip;
+    if (tied_copy_ && ss.stage == S - 1) skip.insert(tied_name_);
+    sumsq += ss.sharded->GradSumSquares(skip);
+  }
+  if (opts_.data.group != nullptr && opts_.data.shard)
+    RETURN_IF_ERROR(AllReduceSum(opts_.data.group, &sumsq, "gradient norm over the stage group"));
+  if (pg_->size() > 1) RETURN_IF_ERROR(AllReduceSum(pg_, &sumsq, "gradient norm over the stages"));
+  grad_norm_ = std::sqrt(sumsq);
+  float scale = 1.0f;
+  if (opts_.clip_norm > 0 && grad_norm_ > opts_.clip_norm) {
+    scale = static_cast<float>(opts_.clip_norm / (grad_norm_ + 1e-6));
+  }
   ++adam_step_;
-  for (size_t i = 0; i < layout_.size(); ++i) {
-    const Slot& sl = slots_[i];
-    kernels::AdamWStep(ctx, opts_.adamw, adam_step_, P(layout_[i].second) + sl.row_begin * sl.row_numel,
-                       gshard_.data() + sl.shard_off, adam_m_.data() + sl.shard_off,
-                       adam_v_.data() + sl.shard_off, sl.rows * sl.row_numel);
-  }
-  std::fill(grads_.begin(), grads_.end(), 0.0f);
-  if (!dp_.shard) return absl::OkStatus();
-  // Every replica gets every rank's updated rows back.
-  comm::OpOptions op;
-  op.timeout = opts_.timeout;
-  for (auto& [stage, r] : reductions_) {
-    std::vector<float> mine(static_cast<size_t>(r.packed), 0.0f);
-    for (int i : r.params) {
-      const Slot& sl = slots_[i];
-      std::memcpy(mine.data() + (sl.shard_off - r.base),
-                  P(layout_[i].second) + sl.row_begin * sl.row_numel,
-                  static_cast<size_t>(sl.rows * sl.row_numel) * sizeof(float));
-    }
-    op.tag = absl::StrCat("pipeline all-gather of stage ", stage);
-    RETURN_IF_ERROR(base::Annotate(dp_.group->AllGatherSingle(mine.data(), r.wide.data(), r.packed,
-                                                              comm::DataType::kF32, op)
-                                       ->Wait(opts_.timeout),
-                                   op.tag));
-    for (int i : r.params) {
-      const Slot& sl = slots_[i];
-      for (int j = 0; j < dp_size_; ++j) {
-        const auto [b, e] = sl.Chunk(j);
-        std::memcpy(P(layout_[i].second) + b * sl.row_numel,
-                    r.wide.data() + j * r.packed + (sl.shard_off - r.base),
-                    static_cast<size_t>((e - b) * sl.row_numel) * sizeof(float));
-      }
-    }
-  }
+  for (StageState& ss : local_stages_) ss.sharded->Step(ctx, opts_.adamw, adam_step_, scale);
   return absl::OkStatus();
 }
 
 PipelineGpt::StageState& PipelineGpt::Local(int stage) {
-  return *local_stages_[stage / schedule_.options.ranks];
+  return local_stages_[stage / schedule_.options.ranks];
 }
 
 absl::StatusOr<const float*> PipelineGpt::Received(const Action& recv) {
@@ -290,7 +223,7 @@ absl::StatusOr<const float*> PipelineGpt::Received(const Action& recv) {
 
 absl::StatusOr<float*> PipelineGpt::OutputFor(ActionType send_type, int stage, int mb,
                                               int peer_stage) {
-  const int64_t n = N_ * cfg_.d_model;
+  const int64_t n = N_ * model_->Width();
   if (schedule_.RankOfStage(peer_stage) == rank_) {
     std::vector<float>& v = handover_[KeyOf(send_type, stage, mb)];
     v.resize(n);
@@ -308,103 +241,73 @@ absl::StatusOr<float*> PipelineGpt::OutputFor(ActionType send_type, int stage, i
 absl::Status PipelineGpt::Forward(const kernels::ExecContext& ctx, const Action& a,
                                   const int32_t* tokens, const int32_t* targets) {
   const int s = a.stage, mb = a.micro_batch, S = schedule_.options.stages;
-  const int64_t n = N_ * cfg_.d_model;
+  const int M = schedule_.options.micro_batches;
   StageState& ss = Local(s);
-  std::vector<float> x(n);
+  model::ForwardArgs args;
+  args.B = mbs_;
+  args.T = T_;
+  args.dloss = 1.0f / M;
+  args.backward = true;
+  std::vector<float> in;  // a same-rank hand-over, kept alive for the call
   if (s == 0) {
-    RETURN_IF_ERROR(model::EmbedForward(ctx, cfg_, P(wte_), wpe_ < 0 ? nullptr : P(wpe_), tokens + mb * N_, mbs_, T_,
-                                        x.data()));
+    args.tokens = tokens + mb * N_;
   } else if (schedule_.RankOfStage(s - 1) == rank_) {
     auto it = handover_.find(KeyOf(ActionType::kSendActivation, s - 1, mb));
     if (it == handover_.end()) return absl::InternalError("stage input was never produced");
-    x = std::move(it->second);
+    in = std::move(it->second);
     handover_.erase(it);
+    args.x = in.data();
   } else {
-    ASSIGN_OR_RETURN(const float* in, Received(Make(ActionType::kRecvActivation, s, mb)));
-    std::memcpy(x.data(), in, n * sizeof(float));
+    ASSIGN_OR_RETURN(args.x, Received(Make(ActionType::kRecvActivation, s, mb)));
   }
-  std::vector<model::BlockActivationsPtr>& acts = acts_[{s, mb}];
-  for (size_t i = 0; i < ss.blocks.size(); ++i) {
-    std::vector<const float*> w;
-    for (int64_t off : ss.offsets[i]) w.push_back(P(off));
-    ASSIGN_OR_RETURN(model::BlockActivationsPtr act,
-                     ss.blocks[i].Forward(ctx, w, x.data(), x.data(), mbs_, T_));
-    acts.push_back(std::move(act));
-  }
+  float* y = nullptr;
   if (s == S - 1) {
-    const int M = schedule_.options.micro_batches;
-    ASSIGN_OR_RETURN(float loss, model::HeadLoss(ctx, cfg_, P(lnf_), P(head_), x.data(),
-                                                 targets + mb * N_, mbs_, T_, 1.0f / M,
-                                                 &head_dx_[mb], G(lnf_), G(head_)));
-    loss_sum_ += static_cast<double>(loss) / M;
-    return absl::OkStatus();
+    args.targets = targets + mb * N_;
+  } else {
+    ASSIGN_OR_RETURN(y, OutputFor(ActionType::kSendActivation, s, mb, s + 1));
   }
-  ASSIGN_OR_RETURN(float* out, OutputFor(ActionType::kSendActivation, s, mb, s + 1));
-  std::memcpy(out, x.data(), n * sizeof(float));
+  ss.sharded->BeginMicroBatch(/*backward=*/true, /*sync=*/false);
+  ASSIGN_OR_RETURN(float loss, ss.driver->Forward(ctx, *ss.sharded, args, &mbs_state_[{s, mb}], y));
+  if (s == S - 1) loss_sum_ += static_cast<double>(loss) / M;
   return absl::OkStatus();
 }
 
-absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action& a,
-                                   const int32_t* tokens) {
+absl::Status PipelineGpt::Backward(const kernels::ExecContext& ctx, const Action& a) {
   const int s = a.stage, mb = a.micro_batch, S = schedule_.options.stages;
-  const int64_t n = N_ * cfg_.d_model;
   StageState& ss = Local(s);
-  std::vector<float> dx(n);
+  auto state = mbs_state_.find({s, mb});
+  if (state == mbs_state_.end()) return absl::InternalError("backward before its forward");
+  const float* dy = nullptr;
+  std::vector<float> in;
   if (s == S - 1) {
-    auto it = head_dx_.find(mb);
-    if (it == head_dx_.end()) return absl::InternalError("backward before the loss");
-    std::memcpy(dx.data(), it->second.data<float>(), n * sizeof(float));
-    head_dx_.erase(it);
+    // The head's gradient is in the micro-batch state.
   } else if (schedule_.RankOfStage(s + 1) == rank_) {
     auto it = handover_.find(KeyOf(ActionType::kSendGrad, s + 1, mb));
     if (it == handover_.end()) return absl::InternalError("output gradient was never produced");
-    dx = std::move(it->second);
+    in = std::move(it->second);
     handover_.erase(it);
+    dy = in.data();
   } else {
-    ASSIGN_OR_RETURN(const float* in, Received(Make(ActionType::kRecvGrad, s, mb)));
-    std::memcpy(dx.data(), in, n * sizeof(float));
+    ASSIGN_OR_RETURN(dy, Received(Make(ActionType::kRecvGrad, s, mb)));
   }
-  auto acts = acts_.find({s, mb});
-  if (acts == acts_.end()) return absl::InternalError("backward before its forward");
-  for (size_t i = ss.blocks.size(); i-- > 0;) {
-    std::vector<const float*> w;
-    std::vector<float*> g;
-    for (int64_t off : ss.offsets[i]) {
-      w.push_back(P(off));
-      g.push_back(G(off));
-    }
-    if (a.type == ActionType::kBackwardInput) {  // weight gradients wait for BackwardWeight
-      ASSIGN_OR_RETURN(model::BlockWeightGradsPtr saved,
-                       ss.blocks[i].BackwardInput(ctx, w, g, std::move(acts->second[i]),
-                                                  dx.data(), dx.data()));
-      wgrads_[{s, mb}].push_back(std::move(saved));
-      continue;
-    }
-    RETURN_IF_ERROR(ss.blocks[i].Backward(ctx, w, g, std::move(acts->second[i]), dx.data(),
-                                          dx.data()));
+  float* dx = nullptr;
+  if (s > 0) {
+    ASSIGN_OR_RETURN(dx, OutputFor(ActionType::kSendGrad, s, mb, s - 1));
   }
-  acts_.erase(acts);
-  if (s == 0) {
-    model::EmbedBackward(ctx, cfg_, tokens + mb * N_, mbs_, T_, dx.data(), G(wte_), wpe_ < 0 ? nullptr : G(wpe_));
-    return absl::OkStatus();
-  }
-  ASSIGN_OR_RETURN(float* out, OutputFor(ActionType::kSendGrad, s, mb, s - 1));
-  std::memcpy(out, dx.data(), n * sizeof(float));
+  const model::BackwardMode mode =
+      a.type == ActionType::kBackwardInput ? model::BackwardMode::kInputOnly : model::BackwardMode::kFull;
+  ss.sharded->BeginMicroBatch(/*backward=*/true, /*sync=*/false);
+  RETURN_IF_ERROR(ss.driver->Backward(ctx, *ss.sharded, &state->second, dy, dx, mode));
+  if (mode == model::BackwardMode::kFull) mbs_state_.erase(state);
   return absl::OkStatus();
 }
 
 absl::Status PipelineGpt::BackwardWeight(const kernels::ExecContext& ctx, const Action& a) {
-  auto it = wgrads_.find({a.stage, a.micro_batch});
-  if (it == wgrads_.end()) return absl::InternalError("weight-grad before its input-grad");
+  auto state = mbs_state_.find({a.stage, a.micro_batch});
+  if (state == mbs_state_.end()) return absl::InternalError("weight-grad before its input-grad");
   StageState& ss = Local(a.stage);
-  // wgrads_ holds the blocks last to first, as BackwardInput ran them.
-  for (size_t j = 0; j < it->second.size(); ++j) {
-    const size_t i = ss.blocks.size() - 1 - j;
-    std::vector<float*> g;
-    for (int64_t off : ss.offsets[i]) g.push_back(G(off));
-    RETURN_IF_ERROR(ss.blocks[i].BackwardWeight(ctx, g, std::move(it->second[j])));
-  }
-  wgrads_.erase(it);
+  RETURN_IF_ERROR(ss.driver->BackwardWeight(ctx, *ss.sharded, &state->second));
+  mbs_state_.erase(state);
   return absl::OkStatus();
 }
 
@@ -414,7 +317,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
   loss_sum_ = 0;
   timing_ = {};
   const absl::Time step_start = absl::Now();
-  const size_t n = static_cast<size_t>(N_ * cfg_.d_model);
+  const size_t n = static_cast<size_t>(N_ * model_->Width());
   comm::OpOptions op;
   op.timeout = opts_.timeout;
   for (const Action& a : schedule_.ranks[rank_]) {
@@ -453,7 +356,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         break;
       case ActionType::kBackward:
       case ActionType::kBackwardInput:
-        st = Backward(ctx, a, tokens);
+        st = Backward(ctx, a);
         if (st.ok()) st = pool_->AfterCompute(a);
         break;
       case ActionType::kBackwardWeight:
@@ -461,7 +364,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         if (st.ok()) st = pool_->AfterCompute(a);
         break;
       case ActionType::kReduceGrad:
-        st = IssueReduce(a.stage);
+        st = Local(a.stage).sharded->ReduceGradients();
         break;
       case ActionType::kOptimizer:
         st = OptimizerStep(ctx);
@@ -477,8 +380,7 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         st, absl::StrCat("pipeline rank ", rank_, " at ", ActionToString(a))));
   }
   RETURN_IF_ERROR(pool_->EndStep(opts_.timeout));
-  if (!recvs_.empty() || !outputs_.empty() || !handover_.empty() || !acts_.empty() ||
-      !head_dx_.empty() || !wgrads_.empty()) {
+  if (!recvs_.empty() || !outputs_.empty() || !handover_.empty() || !mbs_state_.empty()) {
     return absl::InternalError(absl::StrCat("pipeline rank ", rank_,
                                             ": the step left data behind (a schedule bug)"));
   }
@@ -486,9 +388,9 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
   RETURN_IF_ERROR(pg_->Broadcast(&loss, 1, comm::DataType::kF64,
                                  schedule_.RankOfStage(schedule_.options.stages - 1), op)
                       ->Wait(opts_.timeout));
-  if (dp_.group) {
+  if (opts_.data.group) {
     RETURN_IF_ERROR(base::Annotate(
-        dp_.group->AllReduce(&loss, 1, comm::DataType::kF64, comm::ReduceOp::kAvg, op)
+        opts_.data.group->AllReduce(&loss, 1, comm::DataType::kF64, comm::ReduceOp::kAvg, op)
             ->Wait(opts_.timeout),
         "loss average over the replicas"));
   }

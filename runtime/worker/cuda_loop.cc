@@ -13,6 +13,7 @@
 #include "runtime/model/flops.h"
 #include "runtime/model/gpt_cuda.h"
 #include "runtime/worker/cuda_trainer.h"
+#include "runtime/worker/train_state.h"
 #include "spdlog/spdlog.h"
 
 #ifdef EMBER_WITH_CUDA
@@ -36,7 +37,7 @@ absl::StatusOr<std::vector<FlatShard>> FlatLayout(fsdp::FsdpGpt& host) {
   std::vector<fsdp::ShardView> shards = host.Shards();
   std::vector<FlatShard> out;
   int64_t offset = 0;
-  for (const model::ParamSpec& ps : model::ParamSpecs(host.config())) {
+  for (const model::ParamSpec& ps : host.model().ParamSpecs()) {
     const fsdp::ShardView* v = nullptr;
     for (const fsdp::ShardView& s : shards)
       if (s.name == ps.name) v = &s;
@@ -89,68 +90,87 @@ absl::StatusOr<model::DevicePeak> PeakOf(const kernels::cuda::CudaContext& ctx) 
 
 }  // namespace
 
-absl::Status CudaTrainLoopImpl(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoader& loader,
-                           int64_t step, Reporter& report, Checkpointer& checkpoints) {
-  namespace cu = kernels::cuda;
-  ASSIGN_OR_RETURN(int device, CudaDeviceIndex(plan.env.device));
-  absl::StatusOr<std::unique_ptr<cu::CudaContext>> ctx = cu::CudaContext::Create(device);
-  if (!ctx.ok()) {
-    // Not UNAVAILABLE: that reads as a peer's death (Train would wait for a stop decision).
-    return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": cannot use the GPU (",
-                                                      ctx.status().message(), "); run the job with device cpu"));
+namespace {
+
+// The GPU step (GptCuda, fp32) with its host mirror (world-1 FsdpGpt, see cuda_trainer.h).
+class CudaState final : public TrainState {
+ public:
+  static absl::StatusOr<std::unique_ptr<TrainState>> Make(const Plan& plan, const Groups& groups) {
+    namespace cu = kernels::cuda;
+    ASSIGN_OR_RETURN(int device, CudaDeviceIndex(plan.env.device));
+    absl::StatusOr<std::unique_ptr<cu::CudaContext>> ctx = cu::CudaContext::Create(device);
+    if (!ctx.ok()) {
+      // Not UNAVAILABLE: that reads as a peer's death (Train would wait for a stop decision).
+      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": cannot use the GPU (",
+                                                        ctx.status().message(), "); run the job with device cpu"));
+    }
+    std::unique_ptr<CudaState> s(new CudaState(plan));
+    s->ctx_ = std::move(*ctx);
+    ASSIGN_OR_RETURN(s->host_, fsdp::FsdpGpt::Create(plan.model, {groups.world.get(), nullptr}, plan.fsdp));
+    ASSIGN_OR_RETURN(s->gpu_, model::GptCuda::Create(plan.model, *s->ctx_));
+    // MFU in the progress line: model FLOPs per token x tokens/s over the dense bf16 peak (the
+    // issue's yardstick, although this step still computes in fp32).
+    s->flops_per_token_ = model::TrainingFlopsPerToken(plan.model, plan.model.context);
+    s->peak_ = PeakOf(*s->ctx_);
+    if (s->peak_.ok()) {
+      spdlog::info("mfu: {:.4g} model FLOPs per token (6N + 12LHQS, docs/model.md) over the {}'s dense "
+                   "bf16 peak {:.1f} TFLOP/s ({}); the step computes in fp32",
+                   s->flops_per_token_, s->peak_->model, s->peak_->flops / 1e12, s->peak_->source);
+    } else {
+      spdlog::info("mfu left out of the progress line: {}", std::string(s->peak_.status().message()));
+    }
+    spdlog::info("training on {} (GptCuda, fp32)", plan.env.device);
+    return std::unique_ptr<TrainState>(std::move(s));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<model::GptCuda> gpu, model::GptCuda::Create(plan.model, **ctx));
-  RETURN_IF_ERROR(Sync(host, *gpu, /*to_gpu=*/true));
-  const int64_t B = plan.spec.batch_size(), T = plan.model.context;
-  std::vector<int32_t> tok(B * T), tgt(B * T);
-  spdlog::info("training on {} (GptCuda, fp32) from step {}", plan.env.device, step);
-  // MFU in the progress line: model FLOPs per token x tokens/s over the dense bf16 peak (the issue's
-  // yardstick, although this loop still computes in fp32).
-  const double flops_per_token = model::TrainingFlopsPerToken(plan.model, T);
-  const double tokens_per_step = TokensPerStep(plan);
-  const absl::StatusOr<model::DevicePeak> peak = PeakOf(**ctx);
-  if (peak.ok()) {
-    spdlog::info("mfu: {:.4g} model FLOPs per token (6N + 12LHQS, docs/model.md) over the {}'s dense "
-                 "bf16 peak {:.1f} TFLOP/s ({}); the step computes in fp32",
-                 flops_per_token, peak->model, peak->flops / 1e12, peak->source);
-  } else {
-    spdlog::info("mfu left out of the progress line: {}", std::string(peak.status().message()));
-  }
-  report.Start();
-  while (step < plan.spec.steps()) {
-    ++step;
+
+  absl::StatusOr<StepResult> Step(const kernels::ExecContext&, data::TokenLoader& loader, int64_t step,
+                                  float lr) override {
+    const int64_t B = plan_.spec.batch_size(), T = plan_.model.context;
+    tok_.resize(B * T);
+    tgt_.resize(B * T);
     StepResult r;
     r.step = step;
-    r.lr = LearningRate(plan.spec, step);
+    r.lr = lr;
     const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(loader.Next(tok.data(), tgt.data()));
-    RETURN_IF_ERROR(gpu->ZeroGrad());
-    ASSIGN_OR_RETURN(float loss, gpu->ForwardBackward(tok.data(), tgt.data(), B, T));
-    kernels::AdamWOptions opt = plan.fsdp.adamw;
-    opt.lr = r.lr;
-    ASSIGN_OR_RETURN(r.grad_norm, gpu->AdamWStep(opt, plan.fsdp.clip_norm));
-    if (plan.fsdp.clip_norm <= 0) r.grad_norm = std::nan("");  // GptCuda computes it only to clip
+    RETURN_IF_ERROR(loader.Next(tok_.data(), tgt_.data()));
+    RETURN_IF_ERROR(gpu_->ZeroGrad());
+    ASSIGN_OR_RETURN(float loss, gpu_->ForwardBackward(tok_.data(), tgt_.data(), B, T));
+    kernels::AdamWOptions opt = plan_.fsdp.adamw;
+    opt.lr = lr;
+    ASSIGN_OR_RETURN(r.grad_norm, gpu_->AdamWStep(opt, plan_.fsdp.clip_norm));
+    if (plan_.fsdp.clip_norm <= 0) r.grad_norm = std::nan("");  // GptCuda computes it only to clip
     r.loss = r.local_loss = loss;
     r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
-    const cu::AllocatorStats mem = (*ctx)->allocator().stats();
+    const kernels::cuda::AllocatorStats mem = ctx_->allocator().stats();
     r.device_memory_bytes = mem.allocated_bytes;
     r.device_peak_memory_bytes = mem.peak_allocated_bytes;
-    if (peak.ok()) r.mfu = flops_per_token * tokens_per_step / r.seconds / peak->flops;
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
-    if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
-    if (checkpoints.Due(step)) {
-      RETURN_IF_ERROR(Sync(host, *gpu, /*to_gpu=*/false));
-      RETURN_IF_ERROR(checkpoints.Save(step));
-    }
+    if (peak_.ok()) r.mfu = flops_per_token_ * TokensPerStep(plan_) / r.seconds / peak_->flops;
+    return r;
   }
-  RETURN_IF_ERROR(checkpoints.Finish());
-  report.Done(step);
-  return absl::OkStatus();
-}
 
-namespace {
-const bool kRegistered = (SetCudaTrainLoop(&CudaTrainLoopImpl), true);
+  std::vector<fsdp::ShardView> Shards() override { return host_->Shards(); }
+  absl::Status SyncHost() override { return Sync(*host_, *gpu_, /*to_gpu=*/false); }
+  absl::Status SyncDevice() override { return Sync(*host_, *gpu_, /*to_gpu=*/true); }
+  int64_t optimizer_step() const override { return host_->optimizer_step(); }
+  void set_optimizer_step(int64_t s) override { host_->set_optimizer_step(s); }
+  int64_t state_bytes() const override { return host_->state_bytes(); }
+  std::pair<std::string, std::string> Layout() const override { return {"fsdp", "1"}; }
+  absl::StatusOr<double> AllReduceMean(double v) override { return host_->AllReduceMean(v); }
+  const model::GptConfig& config() const override { return plan_.model; }
+
+ private:
+  explicit CudaState(const Plan& plan) : plan_(plan), peak_(absl::UnknownError("")) {}
+
+  const Plan& plan_;
+  std::unique_ptr<kernels::cuda::CudaContext> ctx_;
+  std::unique_ptr<fsdp::FsdpGpt> host_;
+  std::unique_ptr<model::GptCuda> gpu_;
+  double flops_per_token_ = 0;
+  absl::StatusOr<model::DevicePeak> peak_;
+  std::vector<int32_t> tok_, tgt_;
+};
+
+const bool kRegistered = (SetCudaState(&CudaState::Make), true);
 }  // namespace
 
 }  // namespace ember::worker

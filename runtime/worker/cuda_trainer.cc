@@ -70,12 +70,12 @@ absl::Status CheckCudaPlan(const Plan& p) {
   return absl::OkStatus();
 }
 
-CudaTrainLoopFn& Registered() {
-  static CudaTrainLoopFn fn = nullptr;
+CudaStateFn& Registered() {
+  static CudaStateFn fn = nullptr;
   return fn;
 }
 
-void SetCudaTrainLoop(CudaTrainLoopFn fn) { Registered() = fn; }
-CudaTrainLoopFn GetCudaTrainLoop() { return Registered(); }
+void SetCudaState(CudaStateFn fn) { Registered() = fn; }
+CudaStateFn GetCudaState() { return Registered(); }
 
 }  // namespace ember::worker

@@ -1,9 +1,9 @@
-// The single-GPU training loop of ember-worker (EMBER_DEVICE cuda:N): model::GptCuda's fp32 step
-// in the CPU loop's shape (trainer.cc): the same data order, LR schedule, gradient clipping, AdamW
-// settings, progress records (plus the device allocator's memory) and checkpoints in the same
-// format, so a run resumes on cpu or cuda alike. A world-1 CPU FsdpGpt is the host mirror: it
-// initialises the weights (seed, safetensors, Hugging Face, or a checkpoint's parameters and AdamW
-// state, uploaded to the GPU) and holds what a checkpoint saves (downloaded before each save).
+// The single-GPU step of ember-worker (EMBER_DEVICE cuda:N): model::GptCuda's fp32 step as a
+// TrainState (train_state.h), run by the one training loop (trainer.cc): the same data order, LR
+// schedule, gradient clipping, AdamW settings, progress records (plus the device allocator's
+// memory) and checkpoints in the same format, so a run resumes on cpu or cuda alike. A world-1 CPU
+// FsdpGpt is the host mirror: its shards are what the loop initialises or resumes (uploaded by
+// SyncDevice) and what a checkpoint saves (downloaded by SyncHost).
 //
 // NOT RUN ON A GPU YET: built with and without CUDA on a CPU-only machine; only the refusals and
 // the "no usable GPU" exit have run (runtime/worker/cuda_worker_test.cc).
@@ -13,6 +13,7 @@
 #define EMBER_RUNTIME_WORKER_CUDA_TRAINER_H_
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
@@ -35,17 +36,15 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device);
 // names the field and says what is supported.
 absl::Status CheckCudaPlan(const Plan& p);
 
-// Trains steps (step, plan.spec.steps()] on GPU plan.env.device, starting from `host`'s state
-// (world 1, already initialised or resumed at `step`). FAILED_PRECONDITION (the message names
-// EMBER_DEVICE and the CUDA error) when the GPU cannot be used. Saves through `checkpoints`, whose
-// snapshot reads `host`: the loop downloads the GPU state into `host` before each save.
-// The loop lives in :cuda_loop (cuda_loop.cc), linked only into ember-worker-cuda; linking it
-// registers it. GetCudaTrainLoop() is null in the CPU ember-worker, which hands a cuda rank to
-// ember-worker-cuda beside it (worker_main.cc).
-using CudaTrainLoopFn = absl::Status (*)(const Plan& plan, fsdp::FsdpGpt& host, data::TokenLoader& loader,
-                                         int64_t step, Reporter& report, Checkpointer& checkpoints);
-void SetCudaTrainLoop(CudaTrainLoopFn fn);
-CudaTrainLoopFn GetCudaTrainLoop();
+// Makes the GPU TrainState on plan.env.device (FAILED_PRECONDITION naming EMBER_DEVICE and the CUDA
+// error when the GPU cannot be used). It lives in :cuda_loop (cuda_loop.cc), linked only into
+// ember-worker-cuda; linking it registers it. GetCudaState() is null in the CPU ember-worker, which
+// hands a cuda rank to ember-worker-cuda beside it (worker_main.cc).
+struct Groups;
+class TrainState;
+using CudaStateFn = absl::StatusOr<std::unique_ptr<TrainState>> (*)(const Plan& plan, const Groups& groups);
+void SetCudaState(CudaStateFn fn);
+CudaStateFn GetCudaState();
 
 }  // namespace ember::worker
 

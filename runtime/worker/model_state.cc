@@ -26,9 +26,10 @@ std::string SavedLayout(const ckpt::Metadata& meta) {
 
 }  // namespace
 
-absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader) {
+absl::StatusOr<int64_t> Restore(const std::string& dir, TrainState& m, data::TokenLoader& loader) {
   ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
   const ckpt::Metadata& meta = reader->metadata();
+  // Every copy (primary or not) reads this rank's rows of the parameter and its AdamW state.
   for (const fsdp::ShardView& v : m.Shards()) {
     const std::pair<std::string, float*> parts[] = {{v.name, v.param},
                                                     {absl::StrCat("optim.", v.name, ".exp_avg"), v.exp_avg},
@@ -39,9 +40,10 @@ absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::
       if (t->shape != v.global_shape) {
         return absl::FailedPreconditionError(absl::StrCat(reader->dir(), ": ", name, " has another shape than the model"));
       }
-      ASSIGN_OR_RETURN(std::string rows, reader->ReadShard(name, m.rank(), m.world(), ckpt::DType::kF32));
+      if (v.rows == 0) continue;
+      ASSIGN_OR_RETURN(std::string rows, reader->ReadRows(name, v.row_begin, v.row_begin + v.rows, ckpt::DType::kF32));
       if (static_cast<int64_t>(rows.size()) != v.rows * v.row_numel * 4) {
-        return absl::DataLossError(absl::StrCat(name, ": shard of ", rows.size(), " bytes, want ", v.rows * v.row_numel * 4));
+        return absl::DataLossError(absl::StrCat(name, ": rows of ", rows.size(), " bytes, want ", v.rows * v.row_numel * 4));
       }
       std::memcpy(dst, rows.data(), rows.size());
     }
@@ -50,13 +52,15 @@ absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::
   RETURN_IF_ERROR(loader.RestoreState(ds));
   auto it = meta.extra.find("optimizer_step");
   m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
-  spdlog::info("resumed from {} (step {}, saved by {} ranks{}, now FSDP over {}{})", reader->dir(),
-               meta.step, meta.world_size, SavedLayout(meta), m.world(),
-               meta.world_size != m.world() ? ": resharded" : "");
+  const auto [key, value] = m.Layout();
+  auto saved = meta.parallelism.find(key);
+  spdlog::info("resumed from {} (step {}, saved by {} ranks{}, now {} {}{})", reader->dir(), meta.step,
+               meta.world_size, SavedLayout(meta), key, value,
+               saved != meta.parallelism.end() && saved->second == value ? "" : ": resharded");
   return meta.step;
 }
 
-absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m) {
+absl::Status InitFromSafetensors(const std::string& path, TrainState& m) {
   ASSIGN_OR_RETURN(auto set, ckpt::SafetensorsSet::Open(path));
   size_t used = 0;
   for (const fsdp::ShardView& v : m.Shards()) {
@@ -132,7 +136,7 @@ void RecordModel(const model::GptConfig& c, ckpt::RankState* st) {
   if (llama && c.mlp == model::GptConfig::Mlp::kSwiGlu) st->extra[ckpt::kExtraHfConfig] = ckpt::HfConfigJson(HfConfigFor(c));
 }
 
-absl::Status InitFromHf(const std::string& dir, fsdp::FsdpGpt& m) {
+absl::Status InitFromHf(const std::string& dir, TrainState& m) {
   // The spec's checks (spec::ValidateJobSpec, at Submit and at load) refuse init_from on a model
   // other than llama/swiglu.
   const model::GptConfig& c = m.config();
@@ -146,13 +150,14 @@ absl::Status InitFromHf(const std::string& dir, fsdp::FsdpGpt& m) {
   return absl::OkStatus();
 }
 
-ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int64_t step, uint64_t seed) {
+ckpt::RankState Snapshot(TrainState& m, const data::TokenLoader& loader, int64_t step, uint64_t seed) {
   ckpt::RankState st;
   st.step = step;
   auto view = [](const float* p, int64_t n) {
     return absl::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
   };
   for (const fsdp::ShardView& v : m.Shards()) {
+    if (!v.primary) continue;  // a copy another rank (or this rank's other stage) saves
     const int64_t n = v.rows * v.row_numel;
     st.tensors.push_back({v.name, ckpt::DType::kF32, v.global_shape, v.row_begin, view(v.param, n)});
     st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg"), ckpt::DType::kF32, v.global_shape,
@@ -164,82 +169,9 @@ ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int6
   st.rng_state = absl::StrCat("seed=", seed);
   st.data_loader_state = loader.SaveState();
   st.extra["optimizer_step"] = absl::StrCat(m.optimizer_step());
-  st.parallelism["fsdp"] = absl::StrCat(m.world());
+  const auto [key, value] = m.Layout();
+  st.parallelism[key] = value;
   return st;
-}
-
-
-namespace {
-
-absl::string_view Bytes(const float* p, int64_t n) {
-  return absl::string_view(reinterpret_cast<const char*>(p), static_cast<size_t>(n) * 4);
-}
-
-}  // namespace
-
-ckpt::RankState SnapshotPipeline(pipeline::PipelineGpt& m, const data::TokenLoader& loader,
-                                 int64_t step, uint64_t seed, const std::string& layout) {
-  ckpt::RankState st;
-  st.step = step;
-  for (const pipeline::ParamView& v : m.Params()) {
-    if (!v.primary) continue;
-    const int64_t n = v.rows * v.row_numel;
-    st.tensors.push_back({v.name, ckpt::DType::kF32, v.shape, v.row_begin,
-                          Bytes(v.param + v.row_begin * v.row_numel, n)});
-    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg"), ckpt::DType::kF32, v.shape,
-                          v.row_begin, Bytes(v.exp_avg, n)});
-    st.tensors.push_back({absl::StrCat("optim.", v.name, ".exp_avg_sq"), ckpt::DType::kF32,
-                          v.shape, v.row_begin, Bytes(v.exp_avg_sq, n)});
-  }
-  st.rng_state = absl::StrCat("seed=", seed);
-  st.data_loader_state = loader.SaveState();
-  st.extra["optimizer_step"] = absl::StrCat(m.optimizer_step());
-  st.parallelism[kPipelineKey] = layout;
-  return st;
-}
-
-absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::PipelineGpt& m,
-                                        data::TokenLoader& loader, const std::string& layout) {
-  ASSIGN_OR_RETURN(auto reader, ckpt::CheckpointReader::Open(dir));
-  const ckpt::Metadata& meta = reader->metadata();
-  for (const pipeline::ParamView& v : m.Params()) {
-    const std::string names[] = {v.name, absl::StrCat("optim.", v.name, ".exp_avg"),
-                                 absl::StrCat("optim.", v.name, ".exp_avg_sq")};
-    for (const std::string& name : names) {
-      const ckpt::TensorMeta* t = meta.Find(name);
-      if (t == nullptr) return absl::NotFoundError(absl::StrCat(reader->dir(), ": no tensor ", name));
-      if (t->shape != v.shape) {
-        return absl::FailedPreconditionError(
-            absl::StrCat(reader->dir(), ": ", name, " has another shape than the model"));
-      }
-    }
-    // The whole parameter (every replica holds it), the AdamW state of this rank's rows.
-    const std::pair<std::string, std::pair<float*, std::pair<int64_t, int64_t>>> parts[] = {
-        {names[0], {v.param, {0, v.numel / std::max<int64_t>(1, v.row_numel)}}},
-        {names[1], {v.exp_avg, {v.row_begin, v.row_begin + v.rows}}},
-        {names[2], {v.exp_avg_sq, {v.row_begin, v.row_begin + v.rows}}}};
-    for (const auto& [name, where] : parts) {
-      const auto [dst, rows] = where;
-      ASSIGN_OR_RETURN(std::string bytes,
-                       reader->ReadRows(name, rows.first, rows.second, ckpt::DType::kF32));
-      if (static_cast<int64_t>(bytes.size()) != (rows.second - rows.first) * v.row_numel * 4) {
-        return absl::DataLossError(absl::StrCat(name, ": ", bytes.size(), " bytes, want ",
-                                                (rows.second - rows.first) * v.row_numel * 4));
-      }
-      std::memcpy(dst, bytes.data(), bytes.size());
-    }
-  }
-  ASSIGN_OR_RETURN(std::string ds, reader->ReadBlob(0, "data_loader"));
-  RETURN_IF_ERROR(loader.RestoreState(ds));
-  auto it = meta.extra.find("optimizer_step");
-  m.set_optimizer_step(it != meta.extra.end() ? std::stoll(it->second) : meta.step);
-  spdlog::info("resumed from {} (step {}, saved by {} ranks{}, now pipeline {}{})", reader->dir(),
-               meta.step, meta.world_size, SavedLayout(meta), layout,
-               meta.parallelism.count(kPipelineKey) != 0 &&
-                       meta.parallelism.at(kPipelineKey) == layout
-                   ? ""
-                   : ": resharded");
-  return meta.step;
 }
 
 }  // namespace ember::worker

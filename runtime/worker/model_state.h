@@ -1,5 +1,5 @@
 // A worker's model state <-> files: resume from a checkpoint (any world size), initialise from
-// safetensors weights, and snapshot the state a checkpoint saves; for FSDP and pipeline runs. Used by the training loop
+// safetensors weights, and snapshot the state a checkpoint saves; for every layout (TrainState). Used by the training loop
 // (trainer.cc); formats in docs/checkpoint-format.md.
 //
 // Thread safety: call from the training thread (they read or write the model's shards).
@@ -15,35 +15,21 @@
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/jobspec/spec.h"
-#include "runtime/pipeline/stage.h"
+#include "runtime/worker/train_state.h"
 
 namespace ember::worker {
 
-// The checkpoint parallelism key of a pipeline run ("pipeline" -> its layout string).
-inline constexpr char kPipelineKey[] = "pipeline";
-
-// Copies this rank's rows of every parameter and its AdamW state from the checkpoint in step
-// directory `dir` (any world size: ReadShard asks for our torch.chunk rows), and the data loader's
-// position (sequences consumed, the same at any layout). Returns the checkpoint's step. A
-// pipeline run's checkpoint is read the same way (it saves global names and full shapes).
-absl::StatusOr<int64_t> Restore(const std::string& dir, fsdp::FsdpGpt& m, data::TokenLoader& loader);
-
-// Pipeline runs (pipeline::PipelineGpt): each parameter is saved once under its global name and
-// full shape, as the rows this rank updates (row_begin = its torch.chunk offset in the stage
-// group when sharded; the tied wte by stage 0's ranks only), with the AdamW state of those rows,
-// the data loader's position and parallelism {"pipeline": layout} (stages, schedule,
-// micro-batches, FSDP size; informational). Resume reads any checkpoint of the same model, from
-// any pipeline layout or FSDP world size: the whole parameter, and the AdamW state of this rank's
-// rows. NOT_FOUND / FAILED_PRECONDITION for a missing tensor or another shape.
-ckpt::RankState SnapshotPipeline(pipeline::PipelineGpt& m, const data::TokenLoader& loader,
-                                 int64_t step, uint64_t seed, const std::string& layout);
-absl::StatusOr<int64_t> RestorePipeline(const std::string& dir, pipeline::PipelineGpt& m,
-                                        data::TokenLoader& loader, const std::string& layout);
+// Copies this rank's rows of every parameter and its AdamW state (every copy: a pipeline's second
+// wte too) from the checkpoint in step directory `dir`, saved at any layout (FSDP world size, HSDP,
+// pipeline stages: checkpoints keep global names and full shapes), and the data loader's position
+// (sequences consumed, the same at any layout). Returns the checkpoint's step. NOT_FOUND /
+// FAILED_PRECONDITION for a missing tensor or another shape.
+absl::StatusOr<int64_t> Restore(const std::string& dir, TrainState& m, data::TokenLoader& loader);
 
 // Initialises this rank's parameter shards from safetensors weights named like the model's
 // parameters (a single file or a model.safetensors.index.json set; F32, BF16 or F16). Optimizer
 // state starts at zero. Every model parameter must be present with the model's shape.
-absl::Status InitFromSafetensors(const std::string& path, fsdp::FsdpGpt& m);
+absl::Status InitFromSafetensors(const std::string& path, TrainState& m);
 
 // The Hugging Face LlamaForCausalLM config of a llama model (max_position_embeddings = context).
 ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c);
@@ -59,11 +45,11 @@ void RecordModel(const model::GptConfig& c, ckpt::RankState* st);
 // directory (config.json checked against the model: a mismatch names the field and both values;
 // tensors checked by ckpt::HfCheckpoint::Open), un-permuting q/k rows. Optimizer state starts at
 // zero. FAILED_PRECONDITION for a gpt-arch model.
-absl::Status InitFromHf(const std::string& dir, fsdp::FsdpGpt& m);
+absl::Status InitFromHf(const std::string& dir, TrainState& m);
 
-// What a checkpoint of step `step` saves for this rank; views into `m`'s shards (valid until the
-// next optimizer step).
-ckpt::RankState Snapshot(fsdp::FsdpGpt& m, const data::TokenLoader& loader, int64_t step, uint64_t seed);
+// What a checkpoint of step `step` saves for this rank: its primary shards (views valid until the
+// next optimizer step), the loader position, the optimizer step and the layout record.
+ckpt::RankState Snapshot(TrainState& m, const data::TokenLoader& loader, int64_t step, uint64_t seed);
 
 }  // namespace ember::worker
 

@@ -37,7 +37,7 @@ class PublisherImpl : public Publisher {
   PublishCounts counts() const override {
     return {published_.load(), skipped_.load(), dropped_.load()};
   }
-  PublisherImpl(const Plan& plan, store::Client& attempt, fsdp::FsdpGpt& model,
+  PublisherImpl(const Plan& plan, store::Client& attempt, TrainState& model,
                 std::unique_ptr<onesided::Agent> agent, onesided::Registration staging,
                 std::vector<fsdp::ShardView> shards, std::vector<uint64_t> remote_offsets)
       : plan_(plan), attempt_(attempt), model_(model), agent_(std::move(agent)),
@@ -272,7 +272,7 @@ class PublisherImpl : public Publisher {
 
   const Plan& plan_;
   store::Client& attempt_;
-  fsdp::FsdpGpt& model_;
+  TrainState& model_;
   std::unique_ptr<onesided::Agent> agent_;
   const onesided::Registration staging_;
   const std::vector<fsdp::ShardView> shards_;
@@ -297,10 +297,13 @@ class PublisherImpl : public Publisher {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Publisher>> StartPublisher(const Plan& plan, store::Client& attempt,
-                                                          fsdp::FsdpGpt& model) {
+                                                          TrainState& model) {
   if (plan.spec.publish().every_steps() <= 0) return nullptr;
   const job::WorkerEnv& env = plan.env;
   std::vector<fsdp::ShardView> shards = model.Shards();
+  // A copy another rank publishes (a pipeline's second wte, an HSDP replica) is left out.
+  shards.erase(std::remove_if(shards.begin(), shards.end(), [](const fsdp::ShardView& v) { return !v.primary; }),
+               shards.end());
   WeightsManifest m;
   m.attempt = env.attempt;
   m.world = env.world_size;

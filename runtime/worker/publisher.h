@@ -22,6 +22,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/worker/train_state.h"
 #include "runtime/store/client.h"
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/trainer.h"
@@ -41,7 +42,7 @@ class Publisher {
 // agent and the publishing thread start. `attempt` (the attempt's store view) and `model` must
 // outlive the Publisher.
 absl::StatusOr<std::unique_ptr<Publisher>> StartPublisher(const Plan& plan, store::Client& attempt,
-                                                          fsdp::FsdpGpt& model);
+                                                          TrainState& model);
 
 inline absl::Status PublishAt(Publisher* p, int64_t step) { return p ? p->AtStep(step) : absl::OkStatus(); }
 

@@ -34,6 +34,7 @@
 #include "runtime/worker/publisher.h"
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
+#include "runtime/worker/train_state.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -197,6 +198,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   p.fsdp.adamw = AdamWOptionsFor(s);
   p.fsdp.clip_norm = s.optimizer().grad_clip();
   p.fsdp.seed = static_cast<uint64_t>(s.seed());
+  p.dp_replicate = std::max(1, par.dp_replicate());  // HSDP replicas, as resolved (ParallelDims)
   if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
 
   const auto& d = s.data();
@@ -254,24 +256,6 @@ int64_t HangStep(const job::WorkerEnv& env) {
   for (;;) absl::SleepFor(absl::Seconds(1));
 }
 
-// The process groups of one attempt: "world", and "reduce_scatter" when the plan separates it
-// (its own stream of collectives, so reduce-scatters overlap the next unit's all-gathers). A
-// pipeline with R stages on W ranks also has, when W > R, "pipeline<d>" (replica d: world ranks
-// d*R .. d*R+R-1) and "stage<r>" (the W/R ranks of pipeline rank r, over which its stages are
-// sharded); with W == R the pipeline group is the world.
-struct Groups {
-  std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage;
-  fsdp::Groups fsdp() const { return {world.get(), reduce_scatter.get()}; }
-  comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
-  // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
-  int64_t CommMemoryBytes() const {
-    size_t n = 0;
-    for (const auto* g : {world.get(), reduce_scatter.get(), pipeline.get(), stage.get()})
-      if (g != nullptr) n += g->CommMemoryBytes();
-    return static_cast<int64_t>(n);
-  }
-};
-
 absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
                                     flight::FlightRecorder& recorder) {
   const job::WorkerEnv& env = plan.env;
@@ -285,187 +269,104 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
-  if (plan.separate_reduce_scatter && env.world_size > 1 && !pl.enabled()) {
-    go.name = "reduce_scatter";
-    ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
+  if (pl.enabled()) {
+    if (env.world_size > pl.ranks) {
+      const int replica = env.rank / pl.ranks, prank = env.rank % pl.ranks;
+      ASSIGN_OR_RETURN(g.pipeline, g.world->Split(replica, prank, absl::StrCat("pipeline", replica)));
+      ASSIGN_OR_RETURN(g.stage, g.world->Split(prank, replica, absl::StrCat("stage", prank)));
+    }
+    return g;
   }
-  if (pl.enabled() && env.world_size > pl.ranks) {
-    const int replica = env.rank / pl.ranks, prank = env.rank % pl.ranks;
-    ASSIGN_OR_RETURN(g.pipeline, g.world->Split(replica, prank, absl::StrCat("pipeline", replica)));
-    ASSIGN_OR_RETURN(g.stage, g.world->Split(prank, replica, absl::StrCat("stage", prank)));
+  // HSDP: dp_replicate groups of dp_shard consecutive ranks; rows sharded within a group, gradient
+  // shards all-reduced across the groups (world rank = replica * dp_shard + shard rank).
+  const int replicas = std::max(1, plan.dp_replicate);
+  comm::ProcessGroup* shard = g.world.get();
+  if (replicas > 1) {
+    const int per = env.world_size / replicas, replica = env.rank / per, srank = env.rank % per;
+    ASSIGN_OR_RETURN(g.shard, g.world->Split(replica, srank, absl::StrCat("shard", replica)));
+    ASSIGN_OR_RETURN(g.replicate, g.world->Split(srank, replica, absl::StrCat("replicate", srank)));
+    shard = g.shard.get();
+  }
+  if (plan.separate_reduce_scatter && shard->size() > 1) {
+    if (replicas > 1) {
+      ASSIGN_OR_RETURN(g.reduce_scatter, shard->Split(0, shard->rank(), "reduce_scatter"));
+    } else {
+      go.name = "reduce_scatter";
+      ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
+    }
   }
   return g;
 }
 
 // The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
 // logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
-// the optional safetensors initialisation.
-absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, fsdp::FsdpGpt& model, data::TokenLoader& loader) {
+// the optional safetensors or Hugging Face initialisation.
+absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::TokenLoader& loader) {
   absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
   if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
+  int64_t step = 0;
   if (resume.ok()) {
     const absl::Time t0 = absl::Now();
-    ASSIGN_OR_RETURN(int64_t step, Restore(*resume, model, loader));
+    ASSIGN_OR_RETURN(step, Restore(*resume, state, loader));
     // recovery_bench reads this line: the restart time it reports excludes the load.
     spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
-    return step;
+  } else {
+    if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, state));
+    if (!plan.init_hf.empty()) RETURN_IF_ERROR(InitFromHf(plan.init_hf, state));
   }
-  if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, model));
-  if (!plan.init_hf.empty()) RETURN_IF_ERROR(InitFromHf(plan.init_hf, model));
-  return 0;
+  RETURN_IF_ERROR(state.SyncDevice());
+  return step;
 }
 
-// One optimizer step: M micro-batches of forward+backward, the loss averaged over every rank, the
-// optimizer update. A non-finite mean loss is INTERNAL (the run has diverged).
-class Stepper {
- public:
-  Stepper(const Plan& plan, fsdp::FsdpGpt& model, data::TokenLoader& loader)
-      : plan_(plan), model_(model), loader_(loader), pool_(plan.threads),
-        ctx_{&pool_, plan.spec.deterministic()},
-        tok_(plan.spec.batch_size() * plan.model.context),
-        tgt_(tok_.size()) {}
-
-  absl::StatusOr<StepResult> Step(int64_t step) {
-    const int64_t B = plan_.spec.batch_size(), T = plan_.model.context, M = plan_.spec.parallelism().micro_batches();
-    StepResult r;
-    r.step = step;
-    r.lr = LearningRate(plan_.spec, step);
-    model_.ResetCommBytes();
-    model_.ResetCommWait();
-    const absl::Time t0 = absl::Now();
-    for (int64_t k = 0; k < M; ++k) {
-      RETURN_IF_ERROR(loader_.Next(tok_.data(), tgt_.data()));
-      ASSIGN_OR_RETURN(float l, model_.ForwardBackward(ctx_, tok_.data(), tgt_.data(), B, T, k == M - 1));
-      r.local_loss += static_cast<double>(l) / M;
-    }
-    ASSIGN_OR_RETURN(r.loss, model_.AllReduceMean(r.local_loss));
-    ASSIGN_OR_RETURN(r.grad_norm, model_.OptimizerStep(ctx_, r.lr));
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    r.comm_wait_s = absl::ToDoubleSeconds(model_.comm_wait());
-    r.bytes = model_.comm_bytes();
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
-    return r;
-  }
-
- private:
-  const Plan& plan_;
-  fsdp::FsdpGpt& model_;
-  data::TokenLoader& loader_;
-  kernels::ThreadPool pool_;
-  kernels::ExecContext ctx_;
-  std::vector<int32_t> tok_, tgt_;
-};
-
-// The pipeline's schedule for the spec's layout.
-absl::StatusOr<pipeline::Schedule> PipelineSchedule(const spec::PipelineLayout& pl) {
-  using pipeline::ScheduleKind;
-  const ScheduleKind kind = pl.schedule == "gpipe"              ? ScheduleKind::kGPipe
-                            : pl.schedule == "interleaved_1f1b" ? ScheduleKind::kInterleaved1F1B
-                            : pl.schedule == "zbh1"             ? ScheduleKind::kZBH1
-                                                                : ScheduleKind::k1F1B;
-  return pipeline::BuildSchedule({kind, pl.stages(), pl.ranks, pl.micro_batches});
-}
-
-// A pipeline job's training loop (spec checked by Prepare): the ranks of a replica read the same
-// batches, PipelineGpt::Step runs the rank's schedule and reduce-scatters each stage's gradients
-// over its stage group (FSDP size = world / stages; sharded AdamW state), and the loss it returns
-// is the mean over the global batch on every rank.
-absl::Status PipelineLoop(const Plan& plan, store::Client& attempt, const Groups& groups) {
-  const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
-  const std::string layout = absl::StrCat("stages=", pl.stages(), ",ranks=", pl.ranks, ",schedule=",
-                                          pl.schedule, ",micro_batches=", pl.micro_batches,
-                                          ",fsdp=", std::max(1, plan.env.world_size / pl.ranks));
-  ASSIGN_OR_RETURN(pipeline::Schedule schedule, PipelineSchedule(pl));
-  pipeline::PipelineOptions po;
-  po.adamw = plan.fsdp.adamw;
-  po.timeout = absl::Seconds(plan.spec.collective_timeout_s());
-  po.data = {groups.stage.get(), /*shard=*/true};
-  po.pool.preallocate = plan.spec.parallelism().pipeline_preallocate();
-  ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.model, plan.fsdp.seed, schedule, groups.pipe(),
-                                                             plan.spec.batch_size(), plan.model.context, po));
+// The one training loop, for every layout (stopping is StopWatcher's: it ends the process from its
+// own thread when the attempt's stop key appears, see Train): resume, then steps with the hang
+// hook, the progress report, checkpoints on the spec's cadence and live weight publishing.
+absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder,
+                     const Groups& groups, TrainState& state) {
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
-  int64_t step = 0;
-  absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
-  if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
-  if (resume.ok()) {
-    ASSIGN_OR_RETURN(step, RestorePipeline(*resume, *model, loader, layout));
-  }
-  Checkpointer checkpoints(plan, attempt, [&](int64_t at) {
-    return SnapshotPipeline(*model, loader, at, plan.fsdp.seed, layout);
-  });
-  int64_t state_bytes = 0;
-  for (const pipeline::ParamView& v : model->Params()) {
-    state_bytes += 4 * 2 * v.numel + 4 * 3 * v.rows * v.row_numel;  // p, g; reduced g, m, v rows
-  }
-  Reporter report(plan, attempt, state_bytes, step);
+  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, state, loader));
+  Checkpointer checkpoints(plan, attempt, [&](int64_t at) { return Snapshot(state, loader, at, plan.fsdp.seed); });
+  Reporter report(plan, attempt, state.state_bytes(), step);
+  ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, state));
   kernels::ThreadPool threads(plan.threads);
   const kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
-  const size_t n = static_cast<size_t>(plan.spec.batch_size() * pl.micro_batches * plan.model.context);
-  std::vector<int32_t> tok(n), tgt(n);
   const int64_t hang_at = HangStep(plan.env);
   report.Start();
   while (step < plan.spec.steps()) {
     ++step;
     if (step == hang_at) Hang(plan.env, step);
-    StepResult r;
-    r.step = step;
-    r.lr = LearningRate(plan.spec, step);
-    r.grad_norm = std::nan("");  // not computed: no clipping in pipeline jobs
-    model->set_learning_rate(r.lr);
-    const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(loader.Next(tok.data(), tgt.data()));
-    ASSIGN_OR_RETURN(r.loss, model->Step(ctx, tok.data(), tgt.data()));
-    r.local_loss = r.loss;
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    ASSIGN_OR_RETURN(StepResult r, state.Step(ctx, loader, step, LearningRate(plan.spec, step)));
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
-    r.comm_memory_bytes = groups.CommMemoryBytes();
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
-    if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
-    if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
-  }
-  RETURN_IF_ERROR(checkpoints.Finish());
-  report.Done(step);
-  return absl::OkStatus();
-}
-
-// The training loop of one attempt (stopping is StopWatcher's: it ends the process from its own
-// thread when the attempt's stop key appears, see Train).
-absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
-  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
-  if (spec::PipelineLayoutOf(plan.spec).enabled()) return PipelineLoop(plan, attempt, groups);
-  ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.model, groups.fsdp(), plan.fsdp));
-  data::TokenLoader loader(plan.tokens, LoaderFor(plan));
-  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, *model, loader));
-  Checkpointer checkpoints(plan, attempt, [&](int64_t at) {
-    return Snapshot(*model, loader, at, plan.fsdp.seed);
-  });
-  Reporter report(plan, attempt, model->state_bytes(), step);
-  if (plan.env.device != "cpu") {
-    const CudaTrainLoopFn cuda_loop = GetCudaTrainLoop();
-    if (cuda_loop == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training loop; run ember-worker-cuda (built and installed beside ember-worker)"));
-    }
-    return cuda_loop(plan, *model, loader, step, report, checkpoints);
-  }
-  Stepper stepper(plan, *model, loader);
-  ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, *model));
-  const int64_t hang_at = HangStep(plan.env);
-  report.Start();
-  while (step < plan.spec.steps()) {
-    ++step;
-    if (step == hang_at) Hang(plan.env, step);
-    ASSIGN_OR_RETURN(StepResult r, stepper.Step(step));
     r.comm_memory_bytes = groups.CommMemoryBytes();
     r.checkpoint_save_s = checkpoints.last_save_seconds();
     r.flight_entries = static_cast<int64_t>(recorder.size());
     if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
+    if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
   }
   RETURN_IF_ERROR(checkpoints.Finish());
   report.Done(step);
   return absl::OkStatus();
+}
+
+// One attempt: the groups, the model state of the job's layout and device, the loop.
+absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
+  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
+  std::unique_ptr<TrainState> state;
+  if (spec::PipelineLayoutOf(plan.spec).enabled()) {
+    ASSIGN_OR_RETURN(state, MakePipelineState(plan, groups));
+  } else if (plan.env.device != "cpu") {
+    const CudaStateFn make_cuda = GetCudaState();
+    if (make_cuda == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
+    }
+    ASSIGN_OR_RETURN(state, make_cuda(plan, groups));
+  } else {
+    ASSIGN_OR_RETURN(state, MakeFsdpState(plan, groups));
+  }
+  return RunLoop(plan, attempt, recorder, groups, *state);
 }
 
 // A peer's death surfaces here first as UNAVAILABLE/ABORTED; the daemon that saw the death sets the

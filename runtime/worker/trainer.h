@@ -41,6 +41,7 @@ struct Plan {
   std::string init_hf;          // checkpoint.init_from (a Hugging Face Llama directory) resolved, or ""
   int threads = 1;
   bool separate_reduce_scatter = true;
+  int dp_replicate = 1;  // HSDP replicas (parallelism.dp_replicate); 1: plain FSDP
 };
 
 // Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml): the daemon's resolved

@@ -38,7 +38,7 @@ namespace {
 void HandOverCudaRank(char** argv) {
   const char* device = std::getenv(ember::job::kEnvDevice);
   if (device == nullptr || !absl::StartsWith(device, "cuda") ||
-      ember::worker::GetCudaTrainLoop() != nullptr) {
+      ember::worker::GetCudaState() != nullptr) {
     return;
   }
   std::error_code ec;
