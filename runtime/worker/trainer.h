@@ -17,13 +17,16 @@
 #define EMBER_RUNTIME_WORKER_TRAINER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/jobspec/parallel_dims.h"
 #include "runtime/jobspec/spec.h"
+#include "runtime/model/model.h"
 #include "runtime/job/env.h"
 #include "runtime/store/client.h"
 
@@ -42,6 +45,10 @@ struct Plan {
   int threads = 1;
   bool separate_reduce_scatter = true;
   int dp_replicate = 1;  // HSDP replicas (parallelism.dp_replicate); 1: plain FSDP
+  // The rank arithmetic of this job (pp x dp_replicate x dp_shard): groups, data shard, stages.
+  std::optional<spec::ParallelDims> dims;
+  // The model, built through the architecture registry from model.arch (runtime/model/registry.h).
+  std::shared_ptr<const model::Model> arch;
 };
 
 // Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml): the daemon's resolved
