@@ -201,6 +201,11 @@ absl::Status Split(const std::string& backend) {
                   "split without rank ", g_size - 1, ": ", lone.status().ToString());
     CHECK_OR_FAIL(secs < 10, "split error after ", secs, " s");
   }
+  // A failed split leaves the parent alone (nccl driver: only the new handle is aborted; the
+  // fake fails the process on a second abort of any handle).
+  CheckAllReduce(*pg, "world after a failed split", SumFactor(g_size));
+  CHECK_OR_FAIL(Count("abort main") == 0 && Count("revoke main") == 0,
+                "the parent was not aborted by the failed split: ", LogText());
   return absl::OkStatus();
 }
 
