@@ -78,7 +78,13 @@ std::shared_ptr<FakeEvent> FakeStream::Record() {
 }
 
 void FakeStream::WaitEvent(std::shared_ptr<FakeEvent> e) {
-  Enqueue([e] { e->WaitFor(absl::InfiniteDuration()); });
+  // Gives up only when the stream is being destroyed (an event that will never come then).
+  Enqueue([this, e] {
+    while (!e->WaitFor(absl::Milliseconds(50))) {
+      absl::MutexLock l(&mu_);
+      if (stop_) return;
+    }
+  });
 }
 
 bool FakeStream::Synchronize(absl::Duration timeout) { return Record()->WaitFor(timeout); }

@@ -498,8 +498,10 @@ class DeviceBackend : public Backend {
     void* prev = CurrentStream();
     SetCurrentStream(op.stream);
     const char* what = op.send ? "send" : "recv";
-    auto finish = [this, c, stream = op.stream, what, done = std::move(op.done)](absl::Status s) {
-      s = Complete(*c, std::move(s), set_.get(), o_.op_timeout, what);
+    // Runs on the driver's thread (cpu) or here (NCCL); holds what it needs, not the backend.
+    auto finish = [c, set = set_, timeout = o_.op_timeout, stream = op.stream, what,
+                   done = std::move(op.done)](absl::Status s) {
+      s = Complete(*c, std::move(s), set.get(), timeout, what);
       if (s.ok()) s = c->EndOp(stream, /*p2p=*/true).status();
       done(std::move(s));
     };

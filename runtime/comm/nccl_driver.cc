@@ -198,8 +198,9 @@ class NcclCommunicator : public Communicator {
     cudaStream_t c = static_cast<cudaStream_t>(caller);
     if (p2p || capturing_) {
       // p2p: no events; the submitter's stream waits on the op at once, so work it enqueues after
-      // the Work completed sees the received bytes. Capture: rejoin it; no timing events.
-      capturing_ = false;
+      // the Work completed sees the received bytes. Capture: rejoin it; no timing events. (p2p
+      // leaves capturing_, a collective's, alone.)
+      if (!p2p) capturing_ = false;
       RETURN_IF_ERROR(Join(c, stream_));
       return std::shared_ptr<DeviceEvents>();
     }
