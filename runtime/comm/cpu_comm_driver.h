@@ -69,7 +69,8 @@ struct FakeEvent {
 };
 
 // A CUDA stream's ordering on the host: one thread runs the enqueued tasks in order.
-// Thread-safe. The destructor runs what is queued, then joins.
+// Thread-safe. The destructor runs what is queued (a wait for an event that never comes gives
+// up), then joins.
 class FakeStream {
  public:
   explicit FakeStream(std::string name);
