@@ -140,7 +140,6 @@ float LearningRate(const spec::JobSpec& s, int64_t step) {
   return static_cast<float>(floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
-namespace {
 
 // This rank's data order: a deterministic shuffle of (seed, position), resumable. The loader reads
 // this rank's data shard (ParallelDims: its dp index of dp ranks; every rank of a pipeline replica
@@ -153,7 +152,6 @@ data::LoaderOptions LoaderFor(const Plan& p) {
           .start_token = p.spec.data().start_position()};
 }
 
-}  // namespace
 
 absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_path) {
   Plan p;
@@ -259,16 +257,17 @@ int64_t HangStep(const job::WorkerEnv& env) {
   for (;;) absl::SleepFor(absl::Seconds(1));
 }
 
-absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
-                                    flight::FlightRecorder& recorder) {
+}  // namespace
+
+absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rendezvous> rdzv,
+                                    flight::FlightRecorder* recorder) {
   const job::WorkerEnv& env = plan.env;
   comm::GroupOptions go;
   go.name = "world";
   go.timeout = absl::Seconds(plan.spec.collective_timeout_s());
-  go.recorder = &recorder;
+  go.recorder = recorder;
   go.dump_dir = env.fr_dump_dir;
   go.global_rank = env.rank;
-  auto rdzv = comm::MakeStoreRendezvous(attempt);
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   using Dims = spec::ParallelDims;
@@ -304,6 +303,20 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   }
   return g;
 }
+
+absl::StatusOr<std::unique_ptr<TrainState>> MakeTrainState(const Plan& plan, const Groups& groups) {
+  if (spec::PipelineLayoutOf(plan.spec).enabled()) return MakePipelineState(plan, groups);
+  if (plan.env.device != "cpu") {
+    const CudaStateFn make_cuda = GetCudaState();
+    if (make_cuda == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
+    }
+    return make_cuda(plan, groups);
+  }
+  return MakeFsdpState(plan, groups);
+}
+
+namespace {
 
 // The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
 // logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
@@ -360,19 +373,8 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
 
 // One attempt: the groups, the model state of the job's layout and device, the loop.
 absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
-  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
-  std::unique_ptr<TrainState> state;
-  if (spec::PipelineLayoutOf(plan.spec).enabled()) {
-    ASSIGN_OR_RETURN(state, MakePipelineState(plan, groups));
-  } else if (plan.env.device != "cpu") {
-    const CudaStateFn make_cuda = GetCudaState();
-    if (make_cuda == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
-    }
-    ASSIGN_OR_RETURN(state, make_cuda(plan, groups));
-  } else {
-    ASSIGN_OR_RETURN(state, MakeFsdpState(plan, groups));
-  }
+  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, comm::MakeStoreRendezvous(attempt), &recorder));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state, MakeTrainState(plan, groups));
   return RunLoop(plan, attempt, recorder, groups, *state);
 }
 

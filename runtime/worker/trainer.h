@@ -61,6 +61,9 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
 // runtime/model/from_spec.h).
 kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
 
+// This rank's data order and shard (ParallelDims), for data::TokenLoader.
+data::LoaderOptions LoaderFor(const Plan& p);
+
 // Learning rate at optimizer step `step` (1-based): linear warmup, then constant or cosine down to
 // min_lr_ratio * lr at the last step.
 float LearningRate(const spec::JobSpec& spec, int64_t step);
