@@ -47,6 +47,7 @@ slurm_start() {
   local d="$1" nodes="${SLURM_TEST_NODES:-2}" cpus="${SLURM_TEST_CPUS:-2}"
   slurm__need || return 1
   export PATH="$PATH:/usr/sbin"
+  rm -rf "$d/state"  # a state from an earlier cluster (another name) stops slurmctld
   mkdir -p "$d/state" "$d/log"
   # Unix socket paths are limited to 108 bytes and a test's temp dir is longer: munged's socket
   # and slurmd's spool (slurmstepd's sockets) live in a short directory, named in $d/rundir.
@@ -59,7 +60,7 @@ slurm_start() {
   munged --force --socket="$r/munge/munge.socket" --key-file="$r/munge/munge.key" \
     --pid-file="$d/munged.pid" --log-file="$d/log/munged.log" \
     --seed-file="$r/munge/munged.seed" 2>>"$d/log/munged.log" || {
-    echo "slurm_cluster: munged failed: $(tail -5 "$d/log/munged.log")" >&2; return 1; }
+    echo "slurm_cluster: munged failed: $(tail -n 5 "$d/log/munged.log")" >&2; return 1; }
   local ports; ports=($(slurm__free_ports $((nodes + 1))))
   local names=() i
   for i in $(seq 1 "$nodes"); do names+=("ember-n$i"); done
@@ -102,10 +103,10 @@ slurm_start() {
   } > "$d/slurm.conf"
   export SLURM_CONF="$d/slurm.conf"
   slurmctld -f "$d/slurm.conf" -i 2>>"$d/log/slurmctld.stderr" || {
-    echo "slurm_cluster: slurmctld failed: $(tail -5 "$d/log/slurmctld.log" "$d/log/slurmctld.stderr")" >&2; return 1; }
+    echo "slurm_cluster: slurmctld failed: $(tail -n 5 "$d/log/slurmctld.log" "$d/log/slurmctld.stderr")" >&2; return 1; }
   for n in "${names[@]}"; do
     slurmd -f "$d/slurm.conf" -N "$n" 2>>"$d/log/slurmd-$n.stderr" || {
-      echo "slurm_cluster: slurmd $n failed: $(tail -5 "$d/log/slurmd-$n.log")" >&2; return 1; }
+      echo "slurm_cluster: slurmd $n failed: $(tail -n 5 "$d/log/slurmd-$n.log")" >&2; return 1; }
   done
   local t
   for t in $(seq 300); do
@@ -113,7 +114,7 @@ slurm_start() {
     sleep 0.1
   done
   echo "slurm_cluster: nodes not idle after 30 s: $(sinfo -N 2>&1)" >&2
-  tail -5 "$d/log/slurmctld.log" >&2
+  tail -n 5 "$d/log/slurmctld.log" >&2
   return 1
 }
 
