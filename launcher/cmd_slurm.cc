@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -99,6 +100,11 @@ absl::StatusOr<std::pair<std::string, std::string>> WaitNode0(const std::string&
                                                   "/node-0 within ", absl::FormatDuration(timeout)));
 }
 
+// How long a signalled emberctl or node daemon waits for an orderly stop before it exits anyway
+// (a node daemon's workers then die with it: PR_SET_PDEATHSIG). scancel wants every process gone
+// within a few seconds; Slurm's own SIGKILL comes only KillWait (often 30 s) later.
+constexpr absl::Duration kStopGrace = absl::Seconds(3);
+
 int SpecRanks(const spec::JobSpec& s, bool* cuda) {
   *cuda = s.resources().device_type() == "cuda" || s.parallelism().backend().rfind("nccl", 0) == 0;
   return std::max(1, s.parallelism().world_size());
@@ -172,7 +178,7 @@ int RunSlurm(Ctl& ctl) {
   }
   if (srun < 0) return ctl.Fail(absl::InternalError(absl::StrCat("fork: ", strerror(errno))));
   int srun_status = 0;
-  bool srun_done = false;
+  std::atomic<bool> srun_done{false};  // the watch thread asks too
   auto srun_alive = [&] {
     if (!srun_done && waitpid(srun, &srun_status, WNOHANG) == srun) srun_done = true;
     return !srun_done;
@@ -217,11 +223,20 @@ int RunSlurm(Ctl& ctl) {
       std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
                 << " ranks, logs in " << r->job().job_dir() << "/logs)\n";
     }
+    // A signal (scancel, preemption, Ctrl-C) cancels the job. Slurm signals the daemons too, and
+    // once the store is gone nothing answers: after kStopGrace emberctl ends the daemons' step
+    // and exits as cancelled rather than wait on them (scancel's SIGKILL is KillWait away).
     absl::Notification followed;
     std::thread watch([&] {
       while (!followed.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
         if (Interrupted()) {
           (void)c->Cancel(r->job().id());
+          if (!followed.WaitForNotificationWithTimeout(kStopGrace)) {
+            if (srun_alive()) kill(srun, SIGKILL);
+            std::cerr << "emberctl: interrupted; the daemons did not answer within "
+                      << absl::FormatDuration(kStopGrace) << ", exiting\n";
+            _exit(kCancelled);
+          }
           return;
         }
       }
@@ -277,6 +292,7 @@ int RunSlurmNode(Ctl& ctl) {
   o.inventory.cpu_slots = cuda ? 0 : mine;
   o.inventory.cuda_devices = cuda ? mine : 0;
   o.workers_die_with_daemon = true;  // ephemeral: nothing outlives the step
+  o.kill_grace = absl::Seconds(2);    // Slurm has already sent the workers SIGTERM on scancel
   o.reap_orphans = true;
   o.allow_root_scripts = ::geteuid() == 0;  // the allocation's owner runs their own script
   o.analyze_flight = FlightVerdict;
@@ -306,7 +322,15 @@ int RunSlurmNode(Ctl& ctl) {
   // The daemons stop together: the store on the first node may go before the others have
   // deregistered, which they would log as warnings.
   if (!getenv("EMBER_DEBUG")) spdlog::set_level(spdlog::level::err);
-  (*d)->Drain();
+  // Drain stops the workers (SIGTERM, SIGKILL after kill_grace) and deregisters; with the store
+  // already gone (the first node stopped first) deregistering would wait for it: bounded here.
+  absl::Notification drained;
+  std::thread drain([&] {
+    (*d)->Drain();
+    drained.Notify();
+  });
+  if (!drained.WaitForNotificationWithTimeout(kStopGrace)) _exit(kOk);
+  drain.join();
   d->reset();
   return kOk;
 }

@@ -14,6 +14,6 @@ out=$(timeout 30 srun -N2 --ntasks-per-node=1 bash -c 'echo "$SLURMD_NODENAME $S
 pids=$(cat "$D"/slurmd-*.pid "$D/slurmctld.pid" "$D/munged.pid")
 [ "$(echo "$pids" | wc -w)" -eq 4 ] || fail "4 daemons expected: $pids"
 slurm_stop "$D"
-for p in $pids; do kill -0 "$p" 2>/dev/null && fail "daemon $p still running after slurm_stop"; done
+for p in $pids; do slurm_alive "$p" && fail "daemon $p still running after slurm_stop"; done
 trap - EXIT
 echo PASS

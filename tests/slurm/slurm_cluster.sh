@@ -16,7 +16,8 @@
 # proctrack/linuxproc, task/none, select/cons_tres with CR_CPU, SlurmUser=root, several slurmd on
 # one host with distinct ports (config_overrides: the node CPUs are declared, not probed).
 #
-# SLURM_TEST_NODES (default 2) nodes with SLURM_TEST_CPUS (default 2) CPUs each; KillWait=2 s so
+# SLURM_TEST_NODES (default 2) nodes with SLURM_TEST_CPUS (default 2) CPUs each; KillWait (SIGTERM to
+# SIGKILL) SLURM_TEST_KILL_WAIT seconds (default 2) so
 # that scancel escalates to SIGKILL quickly.
 
 slurm__free_ports() {  # N: N distinct free TCP ports on 127.0.0.1, one per line
@@ -90,7 +91,7 @@ slurm_start() {
     echo "JobAcctGatherType=jobacct_gather/none"
     echo "AccountingStorageType=accounting_storage/none"
     echo "SwitchType=switch/none"
-    echo "KillWait=2"
+    echo "KillWait=${SLURM_TEST_KILL_WAIT:-2}"
     echo "InactiveLimit=0"
     echo "MinJobAge=300"
     echo "SlurmdTimeout=60"
@@ -118,6 +119,14 @@ slurm_start() {
   return 1
 }
 
+# slurm_alive PID: the process exists and is not a zombie (the daemons fork into the background,
+# so whoever reaps them may not have yet).
+slurm_alive() {
+  local st
+  st=$(sed -n 's/^[0-9]* (.*) \([A-Z]\).*/\1/p' "/proc/$1/stat" 2>/dev/null)
+  [ -n "$st" ] && [ "$st" != Z ]
+}
+
 # slurm_stop DIR: cancels the cluster's jobs, then stops slurmd, slurmctld and munged by PID.
 slurm_stop() {
   local d="$1" f p
@@ -131,8 +140,11 @@ slurm_stop() {
     [ -f "$f" ] || continue
     p=$(cat "$f" 2>/dev/null)
     [ -n "$p" ] || continue
-    for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-    kill -KILL "$p" 2>/dev/null
+    for _ in $(seq 100); do slurm_alive "$p" || break; sleep 0.1; done
+    if slurm_alive "$p"; then
+      kill -KILL "$p" 2>/dev/null
+      for _ in $(seq 20); do slurm_alive "$p" || break; sleep 0.1; done
+    fi
   done
   if [ -f "$d/rundir" ]; then
     case "$(cat "$d/rundir")" in /tmp/ember-slurm.*) rm -rf "$(cat "$d/rundir")" ;; esac

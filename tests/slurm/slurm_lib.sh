@@ -28,13 +28,11 @@ losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 # pids of live processes whose environment has VAR=VALUE ($1 = "VAR=VALUE")
 env_pids() { grep -lxzF "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$"; }
 
-# pids of live processes whose command line contains $1 (a unique path)
+# pids of live processes whose command line contains the path $1; one grep, so that a polling
+# loop stays fast on a loaded machine. The pattern is written so that grep's own command line does
+# not match it ("/x/[j]obs" matches "/x/jobs").
 cmd_pids() {
-  local f p
-  for f in /proc/[0-9]*/cmdline; do
-    p=${f#/proc/}; p=${p%/cmdline}
-    [ "$p" = "$$" ] && continue
-    { tr "\0" " " < "$f"; } 2>/dev/null | grep -qF -- "$1" && echo "$p"
-  done
+  local b; b=$(basename "$1")
+  grep -laE -- "$(dirname "$1")/[${b:0:1}]${b:1}" /proc/[0-9]*/cmdline 2>/dev/null | cut -d/ -f3 | grep -vx "$$"
   true
 }
