@@ -27,7 +27,7 @@ namespace ember::cli {
 
 // Exit codes (stable, for scripts; emberctl.cc's banner says what each means).
 enum Exit { kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3, kAuth = 4, kNotFound = 5,
-            kCancelled = 6, kOther = 7 };
+            kCancelled = 6, kOther = 7, kRequeued = 8 };
 
 struct Option {
   const char* name;  // "--rank"

@@ -105,6 +105,33 @@ absl::StatusOr<std::pair<std::string, std::string>> WaitNode0(const std::string&
 // within a few seconds; Slurm's own SIGKILL comes only KillWait (often 30 s) later.
 constexpr absl::Duration kStopGrace = absl::Seconds(3);
 
+// SIGUSR1: Slurm's warning before the time limit (sbatch --signal=B:USR1@SECONDS; the batch
+// script execs emberctl, so it is the one warned). The job is stopped like a cancel, keeping its
+// checkpoints, and the Slurm job requeued; the requeued run resumes from checkpoints/latest.
+std::atomic<bool>& RequeueAsked() {
+  static std::atomic<bool> asked{false};
+  return asked;
+}
+void OnRequeueSignal(int) {
+  RequeueAsked() = true;
+  Interrupted() = true;
+}
+
+// After a SIGUSR1: `scontrol requeue JOB` (Slurm then stops what is left of this run and queues
+// the job again; the job needs --requeue, which `slurm sbatch` writes). Returns the exit code.
+int Requeue(const std::string& job_id) {
+  std::string cmd = absl::StrCat("scontrol requeue '", job_id, "' 2>&1");
+  std::cerr << "emberctl: time-limit warning (SIGUSR1): job stopped at its last checkpoint; "
+               "requeueing Slurm job " << job_id << "\n" << std::flush;
+  int st = system(cmd.c_str());
+  if (st != 0) {
+    std::cerr << "emberctl: scontrol requeue " << job_id << " failed (status " << st
+              << "); submit the job with --requeue (emberctl slurm sbatch does)\n";
+    return kCancelled;
+  }
+  return kRequeued;
+}
+
 int SpecRanks(const spec::JobSpec& s, bool* cuda) {
   *cuda = s.resources().device_type() == "cuda" || s.parallelism().backend().rfind("nccl", 0) == 0;
   return std::max(1, s.parallelism().world_size());
@@ -150,10 +177,10 @@ int RunSlurm(Ctl& ctl) {
   s = WriteFileAtomic(run_dir + "/token", token + "\n", 0600);
   if (!s.ok()) return ctl.Fail(s);
 
-  // SIGTERM (scancel, preemption) and SIGHUP cancel like Ctrl-C.
-  for (int sig : {SIGTERM, SIGHUP}) {
+  // SIGTERM (scancel, preemption) and SIGHUP cancel like Ctrl-C; SIGUSR1 stops and requeues.
+  for (int sig : {SIGTERM, SIGHUP, SIGUSR1}) {
     struct sigaction sa = {};
-    sa.sa_handler = OnInterrupt;
+    sa.sa_handler = sig == SIGUSR1 ? OnRequeueSignal : OnInterrupt;
     sigaction(sig, &sa, nullptr);
   }
   const int nnodes = static_cast<int>(alloc->nodes.size());
@@ -216,8 +243,9 @@ int RunSlurm(Ctl& ctl) {
       }
       absl::SleepFor(absl::Milliseconds(100));
     }
-    auto r = c->Submit(yaml, absl::StrCat("slurm-", alloc->job_id, "-", Env("SLURM_RESTART_COUNT")),
-                       files);
+    // One submission per Slurm job: the daemons name the job after it (job_id_from_submission),
+    // so a requeued run has the same job directory and resumes from its checkpoints.
+    auto r = c->Submit(yaml, absl::StrCat("slurm-", alloc->job_id), files);
     if (!r.ok()) return ctl.Fail(r.status());
     if (!ctl.json()) {
       std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
@@ -235,7 +263,7 @@ int RunSlurm(Ctl& ctl) {
             if (srun_alive()) kill(srun, SIGKILL);
             std::cerr << "emberctl: interrupted; the daemons did not answer within "
                       << absl::FormatDuration(kStopGrace) << ", exiting\n";
-            _exit(kCancelled);
+            _exit(RequeueAsked() ? Requeue(alloc->job_id) : kCancelled);
           }
           return;
         }
@@ -259,6 +287,7 @@ int RunSlurm(Ctl& ctl) {
   }();
   stop_daemons();
   fs::remove(run_dir + "/token", ec);
+  if (RequeueAsked()) return Requeue(alloc->job_id);
   return rc;
 }
 
@@ -294,6 +323,7 @@ int RunSlurmNode(Ctl& ctl) {
   o.workers_die_with_daemon = true;  // ephemeral: nothing outlives the step
   o.kill_grace = absl::Seconds(2);    // Slurm has already sent the workers SIGTERM on scancel
   o.reap_orphans = true;
+  o.job_id_from_submission = true;  // a requeued run finds its job directory
   o.allow_root_scripts = ::geteuid() == 0;  // the allocation's owner runs their own script
   o.analyze_flight = FlightVerdict;
   if (id == 0) {
@@ -373,6 +403,11 @@ int RunSlurmSbatch(Ctl& ctl) {
         "--nodes: ", nodes, " nodes for ", world, " ranks (parallelism.world_size) leaves nodes idle")));
   }
   o.time = a.Get("--time");
+  o.warn_before_s = o.time.empty() ? 0 : 120;
+  if (!ctl.IntOption("--warn-before", 0, &o.warn_before_s)) return kUsage;
+  if (o.warn_before_s > 0 && o.time.empty()) {
+    return ctl.UsageError("--warn-before needs --time (the warning comes before the time limit)");
+  }
   o.partition = a.Get("--partition");
   if (a.Has("--work-root")) o.work_root = Ctl::UserPath(a.Get("--work-root"));
   o.output = a.Get("--out-file", absl::StrCat(o.job_name, "-%j.out"));

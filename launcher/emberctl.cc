@@ -14,6 +14,7 @@
 //   5  no such job
 //   6  the job was CANCELLED
 //   7  any other error
+//   8  run --slurm: stopped on Slurm's time-limit warning (SIGUSR1) and requeued (scontrol requeue)
 #include <signal.h>
 
 #include <cstdlib>
@@ -58,12 +59,16 @@ const std::vector<Command>& Commands() {
        "  The batch script a user would write: --nodes, --ntasks-per-node = the ranks per node\n"
        "  (world_size / nodes), --gpus-per-node for cuda jobs, then `emberctl run --slurm SPEC`.\n"
        "  --dry-run prints it; otherwise it is written as NAME.sbatch (--script-dir) and submitted\n"
-       "  with sbatch, and the Slurm job id is printed.\n",
+       "  with sbatch, and the Slurm job id is printed. With --time it adds --signal=B:USR1@120,\n"
+       "  --requeue and --open-mode=append: on the warning emberctl stops the job (its\n"
+       "  checkpoints kept), requeues it, and the requeued run resumes from checkpoints/latest.\n",
        1,
        {{"--nodes", "N", "nodes (default 1)"},
         {"--gpus-per-node", "G", "cuda jobs: GPUs per node (default: the ranks per node)"},
         {"--time", "T", "time limit (sbatch --time)"},
         {"--partition", "P", "partition (sbatch --partition)"},
+        {"--warn-before", "S", "with --time: SIGUSR1 S seconds before the limit stops the job at "
+                               "its checkpoint and requeues it (default 120; 0 = off)"},
         {"--work-root", "DIR", "job directories, visible on every node (default ./ember-jobs)"},
         {"--out-file", "FILE", "the batch output (default NAME-%j.out)"},
         {"--script-dir", "DIR", "where NAME.sbatch is written (default .)"},

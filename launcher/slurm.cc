@@ -183,6 +183,10 @@ std::string SbatchScript(const SbatchOptions& o) {
   if (!o.time.empty()) absl::StrAppend(&s, "#SBATCH --time=", o.time, "\n");
   if (!o.partition.empty()) absl::StrAppend(&s, "#SBATCH --partition=", o.partition, "\n");
   if (!o.output.empty()) absl::StrAppend(&s, "#SBATCH --output=", o.output, "\n");
+  if (o.warn_before_s > 0) {
+    absl::StrAppend(&s, "#SBATCH --signal=B:USR1@", o.warn_before_s, "\n#SBATCH --requeue\n",
+                    "#SBATCH --open-mode=append\n");
+  }
   // exec: the batch step's signals (scancel, preemption) reach emberctl itself.
   absl::StrAppend(&s, "exec ", q(o.emberctl), " run --slurm");
   if (!o.work_root.empty()) absl::StrAppend(&s, " --work-root ", q(o.work_root));

@@ -65,6 +65,10 @@ struct SbatchOptions {
   std::string partition;      // --partition ("" = the default partition)
   std::string output;         // --output ("" = Slurm's slurm-%j.out)
   std::string work_root;      // run --slurm --work-root ("" = its default)
+  // With a time limit: --signal=B:USR1@warn_before_s (emberctl stops the job at its checkpoint
+  // and requeues it), --requeue, and --open-mode=append (the requeued run's output follows).
+  // 0 = none of these.
+  int warn_before_s = 0;
 };
 std::string SbatchScript(const SbatchOptions& o);
 

@@ -108,6 +108,7 @@ TEST_CASE("the sbatch script") {
   o.time = "1:00:00";
   o.partition = "gpu";
   o.output = "tiny-%j.out";
+  o.warn_before_s = 120;
   CHECK(SbatchScript(o) ==
         "#!/bin/bash\n"
         "# Written by `emberctl slurm sbatch`: Ember on Slurm (docs/operations.md).\n"
@@ -118,6 +119,9 @@ TEST_CASE("the sbatch script") {
         "#SBATCH --time=1:00:00\n"
         "#SBATCH --partition=gpu\n"
         "#SBATCH --output=tiny-%j.out\n"
+        "#SBATCH --signal=B:USR1@120\n"
+        "#SBATCH --requeue\n"
+        "#SBATCH --open-mode=append\n"
         "exec '/opt/ember/emberctl' run --slurm '/home/u/it'\\''s.yaml'\n");
   SbatchOptions cpu;
   cpu.emberctl = "/e";

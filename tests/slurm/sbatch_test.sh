@@ -26,6 +26,9 @@ want="#!/bin/bash
 #SBATCH --time=0:05:00
 #SBATCH --partition=ember
 #SBATCH --output=tiny-sb-%j.out
+#SBATCH --signal=B:USR1@120
+#SBATCH --requeue
+#SBATCH --open-mode=append
 exec '$EMBERCTL' run --slurm --work-root '$T/w/jobs' '$T/w/tiny.yaml'"
 [ "$out" = "$want" ] || fail "dry run printed:
 $out
