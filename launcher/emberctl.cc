@@ -27,7 +27,7 @@ namespace ember::cli {
 
 const std::vector<Command>& Commands() {
   static const auto* table = new std::vector<Command>{
-      {"run", "", "run (--standalone | --slurm) [--nproc N] (JOB.yaml | SCRIPT.py [-- ARGS...])",
+      {"run", "", "run --standalone|--slurm [--nproc N] (JOB.yaml | SCRIPT.py [-- ARGS...])",
        "run a job or a PyTorch script on this machine, or across a Slurm allocation",
        "  Starts a store and a daemon inside emberctl with a one-time token, runs the job on\n"
        "  this machine with a live progress line, and exits with the job's result.\n"
