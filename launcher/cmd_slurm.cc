@@ -351,7 +351,9 @@ int RunSlurmNode(Ctl& ctl) {
   sigwait(&set, &sig);
   // The daemons stop together: the store on the first node may go before the others have
   // deregistered, which they would log as warnings.
-  if (!getenv("EMBER_DEBUG")) spdlog::set_level(spdlog::level::err);
+  if (spdlog::default_logger()->level() >= spdlog::level::warn) {  // not emberctl's debug mode
+    spdlog::set_level(spdlog::level::err);
+  }
   // Drain stops the workers (SIGTERM, SIGKILL after kill_grace) and deregisters; with the store
   // already gone (the first node stopped first) deregistering would wait for it: bounded here.
   absl::Notification drained;
