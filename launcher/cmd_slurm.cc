@@ -105,6 +105,9 @@ absl::StatusOr<std::pair<std::string, std::string>> WaitNode0(const std::string&
 // within a few seconds; Slurm's own SIGKILL comes only KillWait (often 30 s) later.
 constexpr absl::Duration kStopGrace = absl::Seconds(3);
 
+// A node daemon whose store stopped answering this long (after Daemon::Healthy's own ~5 s) ends.
+constexpr absl::Duration kOrphanAfter = absl::Seconds(3);
+
 // SIGUSR1: Slurm's warning before the time limit (sbatch --signal=B:USR1@SECONDS; the batch
 // script execs emberctl, so it is the one warned). The job is stopped like a cancel, keeping its
 // checkpoints, and the Slurm job requeued; the requeued run resumes from checkpoints/latest.
@@ -123,12 +126,20 @@ int Requeue(const std::string& job_id) {
   std::string cmd = absl::StrCat("scontrol requeue '", job_id, "' 2>&1");
   std::cerr << "emberctl: time-limit warning (SIGUSR1): job stopped at its last checkpoint; "
                "requeueing Slurm job " << job_id << "\n" << std::flush;
+  // Slurm answers the requeue by ending this run (SIGTERM), possibly before scontrol returns.
+  // Exiting first would race it: a batch script that ends before the requeue takes effect makes
+  // the job FAILED or COMPLETED. So from here SIGTERM ends emberctl, and otherwise it waits.
+  struct sigaction sa = {}, old = {};
+  sa.sa_handler = [](int) { _exit(kRequeued); };
+  sigaction(SIGTERM, &sa, &old);
   int st = system(cmd.c_str());
   if (st != 0) {
+    sigaction(SIGTERM, &old, nullptr);
     std::cerr << "emberctl: scontrol requeue " << job_id << " failed (status " << st
               << "); submit the job with --requeue (emberctl slurm sbatch does)\n";
     return kCancelled;
   }
+  for (int i = 0; i < 600; ++i) usleep(100 * 1000);
   return kRequeued;
 }
 
@@ -244,8 +255,13 @@ int RunSlurm(Ctl& ctl) {
       absl::SleepFor(absl::Milliseconds(100));
     }
     // One submission per Slurm job: the daemons name the job after it (job_id_from_submission),
-    // so a requeued run has the same job directory and resumes from its checkpoints.
-    auto r = c->Submit(yaml, absl::StrCat("slurm-", alloc->job_id), files);
+    // so a requeued run has the same job directory and resumes from its checkpoints. The cluster
+    // name keeps two Slurm clusters' job 17 apart on a shared host (a daemon's sweep of a job's
+    // processes goes by its job id).
+    const std::string cluster = Env("SLURM_CLUSTER_NAME");
+    auto r = c->Submit(yaml,
+                       absl::StrCat("slurm-", cluster.empty() ? "" : cluster + "-", alloc->job_id),
+                       files);
     if (!r.ok()) return ctl.Fail(r.status());
     if (!ctl.json()) {
       std::cerr << "emberctl: running " << r->job().id() << " (" << r->job().world_size()
@@ -254,10 +270,20 @@ int RunSlurm(Ctl& ctl) {
     // A signal (scancel, preemption, Ctrl-C) cancels the job. Slurm signals the daemons too, and
     // once the store is gone nothing answers: after kStopGrace emberctl ends the daemons' step
     // and exits as cancelled rather than wait on them (scancel's SIGKILL is KillWait away).
+    // Slurm's reason, when a node failed or was set down (once; as soon as the signal is seen).
+    std::atomic<bool> explained{false};
+    auto explain = [&] {
+      if (RequeueAsked() || explained.exchange(true)) return;
+      for (const auto& n : alloc->nodes) {
+        std::string why = slurm::NodeTrouble(n);
+        if (!why.empty()) std::cerr << "emberctl: stopped by Slurm: " << why << "\n" << std::flush;
+      }
+    };
     absl::Notification followed;
     std::thread watch([&] {
       while (!followed.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
         if (Interrupted()) {
+          explain();  // first: on a node failure Slurm kills this step within ~0.2 s
           (void)c->Cancel(r->job().id());
           if (!followed.WaitForNotificationWithTimeout(kStopGrace)) {
             if (srun_alive()) kill(srun, SIGKILL);
@@ -270,6 +296,7 @@ int RunSlurm(Ctl& ctl) {
       }
     });
     int job_rc = Follow(ctl, *c, r->job().id());
+    if (Interrupted()) explain();
     followed.Notify();
     watch.join();
     auto j = c->Get(r->job().id());
@@ -287,6 +314,7 @@ int RunSlurm(Ctl& ctl) {
   }();
   stop_daemons();
   fs::remove(run_dir + "/token", ec);
+
   if (RequeueAsked()) return Requeue(alloc->job_id);
   return rc;
 }
@@ -347,8 +375,24 @@ int RunSlurmNode(Ctl& ctl) {
                                      0600);
     if (!w.ok()) return ctl.Fail(w);
   }
-  int sig = 0;
-  sigwait(&set, &sig);
+  // Until a signal, or until the store is gone for good: a daemon whose store heartbeat has
+  // stalled (Daemon::Healthy) for kOrphanAfter is an orphan (the first node failed, was set DOWN,
+  // or its launcher was killed without its step) and stops, so nothing of the job stays behind.
+  absl::Time unhealthy_since = absl::InfiniteFuture();
+  while (true) {
+    timespec tick = {0, 500 * 1000 * 1000};
+    if (sigtimedwait(&set, nullptr, &tick) > 0) break;
+    if ((*d)->Healthy()) {
+      unhealthy_since = absl::InfiniteFuture();
+    } else if (unhealthy_since == absl::InfiniteFuture()) {
+      unhealthy_since = absl::Now();
+    } else if (absl::Now() - unhealthy_since > kOrphanAfter) {
+      std::cerr << "emberctl slurm node " << node << ": the store at " << (*d)->store_address()
+                << " has not answered for " << absl::FormatDuration(absl::Now() - unhealthy_since)
+                << " (the first node is gone); stopping this node's daemon and workers\n";
+      break;
+    }
+  }
   // The daemons stop together: the store on the first node may go before the others have
   // deregistered, which they would log as warnings.
   if (spdlog::default_logger()->level() >= spdlog::level::warn) {  // not emberctl's debug mode

@@ -2,10 +2,12 @@
 
 #include <stdio.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -167,6 +169,28 @@ absl::StatusOr<std::string> NodeAddress(const std::string& node) {
     if (absl::ConsumePrefix(&w, "NodeAddr=") && !w.empty()) return std::string(w);
   }
   return absl::NotFoundError(absl::StrCat("scontrol show node ", node, " has no NodeAddr"));
+}
+
+std::string NodeTrouble(const std::string& node) {
+  // Called as Slurm signals the job's processes: an scontrol started just then may be killed by
+  // the same SIGTERM, so a failure is retried.
+  auto out = Capture({"scontrol", "show", "node", node, "-o"});
+  for (int i = 0; i < 5 && !out.ok(); ++i) {
+    usleep(100 * 1000);
+    out = Capture({"scontrol", "show", "node", node, "-o"});
+  }
+  if (!out.ok()) return absl::StrCat("node ", node, ": state unknown (", out.status().message(), ")");
+  std::string state, reason;
+  for (absl::string_view w : absl::StrSplit(*out, absl::ByAnyChar(" \n"), absl::SkipEmpty())) {
+    if (absl::ConsumePrefix(&w, "State=")) state = std::string(w);
+    if (absl::ConsumePrefix(&w, "Reason=")) reason = std::string(w);
+  }
+  for (const char* bad : {"DOWN", "DRAIN", "FAIL", "NOT_RESPONDING"}) {
+    if (absl::StrContains(state, bad)) {
+      return absl::StrCat("node ", node, " is ", state, reason.empty() ? "" : " (Reason=" + reason + ")");
+    }
+  }
+  return "";
 }
 
 std::string SbatchScript(const SbatchOptions& o) {

@@ -53,6 +53,11 @@ absl::StatusOr<std::vector<std::string>> ExpandHostnames(const std::string& node
 // The address Slurm reaches `node` at (NodeAddr of `scontrol show node NODE -o`).
 absl::StatusOr<std::string> NodeAddress(const std::string& node);
 
+// "" when `node` is up, else "node N is DOWN (Reason=...)" from `scontrol show node N -o`
+// (states DOWN, DRAIN, FAIL, NOT_RESPONDING): why Slurm stopped a job, for its output; "node N:
+// state unknown (...)" when scontrol fails.
+std::string NodeTrouble(const std::string& node);
+
 // `emberctl slurm sbatch`: the batch script for a spec.
 struct SbatchOptions {
   std::string emberctl;       // absolute path of emberctl on the nodes

@@ -27,7 +27,12 @@ slurm_start "$T/slurm" || fail "slurm_start"
 cd "$T/w"
 id=$(sbatch --parsable -N2 --ntasks-per-node=2 --requeue --open-mode=append -o "$T/w/run.out" job.sh) \
   || fail "sbatch"
-M="$T/w/jobs/tiny-rq-slurm-$id/metrics/rank-0.jsonl"
+for _ in $(seq 300); do  # the job directory: <name>-slurm-<cluster>-<Slurm job id>
+  JOBDIR=$(ls -d "$T"/w/jobs/tiny-rq-slurm-*-"$id" 2>/dev/null) && break
+  sleep 0.1
+done
+[ -n "$JOBDIR" ] || fail "no job directory tiny-rq-slurm-*-$id"
+M="$JOBDIR/metrics/rank-0.jsonl"
 for _ in $(seq 600); do
   [ "$(losses "$M" 2>/dev/null | wc -l)" -ge 25 ] && break
   sleep 0.1
@@ -42,6 +47,10 @@ for _ in $(seq 300); do
   sleep 0.1
 done
 scontrol show job "$id" -o | grep -q 'Restarts=1' || fail "not requeued"
+for _ in $(seq 300); do  # the first run fully ended on both nodes (not COMPLETING)
+  [ "$(sinfo -h -N -o %T | grep -c '^idle$')" -eq 2 ] && break
+  sleep 0.1
+done
 scontrol update JobId="$id" StartTime=now || fail "scontrol update StartTime=now"
 st=$(wait_slurm_job "$id" 60)
 [ "$st" = COMPLETED ] || fail "job $id is $st (want COMPLETED after the requeue)"
@@ -51,9 +60,8 @@ grep -q "requeueing Slurm job $id" run.out || fail "no requeue message"
 [ "$(grep -c 'starting the node daemons' run.out)" -eq 2 ] || fail "want 2 runs in the output"
 grep -q SUCCEEDED run.out || fail "the requeued run did not succeed"
 # The second run resumed from the first one's checkpoint (the worker logs where from).
-resumed=$(grep -ao "resumed from [^ ]*/tiny-rq-slurm-$id/checkpoints/step-[0-9]*" \
-  "$T/w/jobs/tiny-rq-slurm-$id/logs/rank-0.log" | sed 's/.*step-//' | head -1)
-[ -n "$resumed" ] && [ "$resumed" -gt 0 ] && [ "$resumed" -le "$at" ] \
+resumed=$(grep -ao "resumed from $JOBDIR/checkpoints/step-[0-9]*" "$JOBDIR/logs/rank-0.log" | sed 's/.*step-//' | head -1)
+[ -n "$resumed" ] && [ "$resumed" -gt 0 ] && [ "$resumed" -lt "$STEPS" ] \
   || fail "the requeued run did not resume from a checkpoint of the first (resumed: '$resumed')"
 got=$(losses "$M" | tail -1)
 echo "resumed at step $resumed; final $got (uninterrupted: $ref)"

@@ -143,7 +143,7 @@ slurm_stop() {
     for _ in $(seq 100); do slurm_alive "$p" || break; sleep 0.1; done
     if slurm_alive "$p"; then
       kill -KILL "$p" 2>/dev/null
-      for _ in $(seq 20); do slurm_alive "$p" || break; sleep 0.1; done
+      for _ in $(seq 50); do slurm_alive "$p" || break; sleep 0.1; done
     fi
   done
   if [ -f "$d/rundir" ]; then
