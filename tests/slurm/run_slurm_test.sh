@@ -3,7 +3,8 @@
 #   1. a job larger than the allocation is refused before anything starts, naming both numbers;
 #   2. sbatch -N2 --ntasks-per-node=2 of a 4-rank tiny GPT: SUCCEEDED, two ranks on each node,
 #      the same loss at every step as the same spec run with `emberctl run --standalone`, and
-#      nothing of it left running.
+#      nothing of it left running;
+#   3. the same job from `salloc -N2 --ntasks-per-node=2 emberctl run --slurm`: the same losses.
 set -uo pipefail
 EMBERCTL="$(realpath "$1")"; WORKER="$(realpath "$2")"; CORPUS="$3"
 HERE="$(dirname "$0")"
@@ -55,4 +56,10 @@ $ref"
 echo "final loss $(echo "$got" | tail -1) (standalone: $(echo "$ref" | tail -1))"
 left=$(env_pids "EMBER_JOB_ID=$(basename "$T"/w/jobs/tiny-slurm-*)"; cmd_pids "$T/w/jobs/.slurm-$id")
 [ -z "$left" ] || fail "left running: $left"
+
+# 3. The same from an salloc shell (emberctl on the submitting host, the daemons on the nodes).
+timeout 60 salloc -N2 --ntasks-per-node=2 "$EMBERCTL" run --slurm --work-root "$T/w/salloc" \
+  "$T/w/tiny.yaml" > "$T/w/salloc.out" 2>&1 || fail "salloc run: exit $?"
+got=$(losses "$T"/w/salloc/tiny-slurm-*/metrics/rank-0.jsonl)
+[ "$got" = "$ref" ] || fail "salloc: losses differ from standalone: $got"
 echo PASS
