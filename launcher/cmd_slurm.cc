@@ -12,7 +12,10 @@
 //   4. once every node registered, submits the job, follows it with the live progress line, then
 //      stops the daemons (SIGUSR2 to srun, which forwards it) and exits with the job's exit code.
 // scancel signals every process of the job: the daemons drain (their workers die with them,
-// PR_SET_PDEATHSIG) and emberctl cancels the job.
+// PR_SET_PDEATHSIG) and emberctl cancels the job; each gives up waiting after kStopGrace. A node
+// daemon whose store is gone (the first node failed) stops by itself. SIGUSR1 (the time-limit
+// warning) stops the job at its last checkpoint and requeues the Slurm job; the requeued run has
+// the same job id (job_id_from_submission) and resumes from <job dir>/checkpoints/latest.
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
@@ -153,6 +156,12 @@ int SpecRanks(const spec::JobSpec& s, bool* cuda) {
 int RunSlurm(Ctl& ctl) {
   const Args& a = ctl.args();
   if (a.Has("--standalone")) return ctl.UsageError("run: --slurm and --standalone exclude each other");
+  for (const char* o : {"--max-ranks", "--http", "--allow-root-scripts", "--script-user"}) {
+    if (a.Has(o)) {
+      return ctl.UsageError(absl::StrCat("run --slurm: ", o, " is for --standalone (the allocation "
+                                         "sizes a Slurm run)"));
+    }
+  }
   int nproc = 0;
   if (!ctl.IntOption("--nproc", 1, &nproc)) return kUsage;
   std::string yaml;
