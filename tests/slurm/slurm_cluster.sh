@@ -127,24 +127,26 @@ slurm_alive() {
   [ -n "$st" ] && [ "$st" != Z ]
 }
 
-# slurm_stop DIR: cancels the cluster's jobs, then stops slurmd, slurmctld and munged by PID.
+# slurm_stop DIR: cancels the cluster's jobs, then stops (by PID) the slurmd, then slurmctld, then
+# munged: each group gets SIGTERM, up to 10 s, then SIGKILL. munged goes last: a slurmctld
+# shutting down without it retries authentication for a long time.
 slurm_stop() {
-  local d="$1" f p
-  [ -f "$d/slurm.conf" ] && SLURM_CONF="$d/slurm.conf" scancel --full -u root >/dev/null 2>&1
-  for f in "$d"/slurmd-*.pid "$d/slurmctld.pid" "$d/munged.pid"; do
-    [ -f "$f" ] || continue
-    p=$(cat "$f" 2>/dev/null)
-    [ -n "$p" ] && kill -TERM "$p" 2>/dev/null
-  done
-  for f in "$d"/slurmd-*.pid "$d/slurmctld.pid" "$d/munged.pid"; do
-    [ -f "$f" ] || continue
-    p=$(cat "$f" 2>/dev/null)
-    [ -n "$p" ] || continue
-    for _ in $(seq 100); do slurm_alive "$p" || break; sleep 0.1; done
-    if slurm_alive "$p"; then
-      kill -KILL "$p" 2>/dev/null
-      for _ in $(seq 50); do slurm_alive "$p" || break; sleep 0.1; done
-    fi
+  local d="$1" f p group
+  [ -f "$d/slurm.conf" ] && SLURM_CONF="$d/slurm.conf" timeout 10 scancel --full -u root >/dev/null 2>&1
+  for group in "$d/slurmd-*.pid" "$d/slurmctld.pid" "$d/munged.pid"; do
+    local pids=()
+    for f in $group; do
+      [ -f "$f" ] || continue
+      p=$(cat "$f" 2>/dev/null)
+      [ -n "$p" ] && pids+=("$p") && kill -TERM "$p" 2>/dev/null
+    done
+    for p in "${pids[@]}"; do
+      for _ in $(seq 100); do slurm_alive "$p" || break; sleep 0.1; done
+      if slurm_alive "$p"; then
+        kill -KILL "$p" 2>/dev/null
+        for _ in $(seq 50); do slurm_alive "$p" || break; sleep 0.1; done
+      fi
+    done
   done
   if [ -f "$d/rundir" ]; then
     case "$(cat "$d/rundir")" in /tmp/ember-slurm.*) rm -rf "$(cat "$d/rundir")" ;; esac
