@@ -15,5 +15,7 @@ pids=$(cat "$D"/slurmd-*.pid "$D/slurmctld.pid" "$D/munged.pid")
 [ "$(echo "$pids" | wc -w)" -eq 4 ] || fail "4 daemons expected: $pids"
 slurm_stop "$D"
 for p in $pids; do slurm_alive "$p" && fail "daemon $p still running after slurm_stop"; done
+left=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "$D/log/*" 2>/dev/null | cut -d/ -f3 | sort -u)
+[ -z "$left" ] || fail "processes of the cluster left after slurm_stop: $left"
 trap - EXIT
 echo PASS

@@ -64,6 +64,9 @@ for _ in $(seq 300); do  # the first run fully ended on both nodes (not COMPLETI
   [ "$(sinfo -h -N -o %T | grep -c '^idle$')" -eq 2 ] && break
   sleep 0.1
 done
+# slurmd refuses a credential of the job made within the second its old one was revoked ("Job
+# credential revoked"): part of why Slurm itself waits two minutes.
+sleep 3
 scontrol update JobId="$id" StartTime=now || fail "StartTime=now"
 st=$(wait_slurm_job "$id" 60)
 [ "$st" = COMPLETED ] || fail "requeued job $id is $st"

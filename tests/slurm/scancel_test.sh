@@ -19,10 +19,11 @@ printf '#!/bin/bash\nexec %s run --slurm --work-root %s %s\n' "$EMBERCTL" "$T/w/
 SLURM_TEST_KILL_WAIT=30 slurm_start "$T/slurm" || fail "slurm_start"
 cd "$T/w"
 
-# Every process of the job: the workers (EMBER_JOB_ID), emberctl and the node daemons (their
-# command lines name the work root), and anything else carrying the Slurm job's id.
+# Every process of the job: the workers (EMBER_JOB_ID, unique to this cluster), emberctl, srun
+# and the node daemons (their command lines name this test's work root). Not SLURM_JOB_ID: another
+# test's cluster on this host has a job 1 too.
 ember_pids() {
-  { [ -n "$JOB" ] && env_pids "EMBER_JOB_ID=$JOB"; cmd_pids "$T/w/jobs"; env_pids "SLURM_JOB_ID=$id"; } | sort -u
+  { [ -n "$JOB" ] && env_pids "EMBER_JOB_ID=$JOB"; cmd_pids "$T/w/jobs"; } | sort -u
 }
 
 id=$(sbatch --parsable -N2 --ntasks-per-node=2 -o "$T/w/run.out" job.sh) || fail "sbatch"

@@ -129,7 +129,8 @@ slurm_alive() {
 
 # slurm_stop DIR: cancels the cluster's jobs, then stops (by PID) the slurmd, then slurmctld, then
 # munged: each group gets SIGTERM, up to 10 s, then SIGKILL. munged goes last: a slurmctld
-# shutting down without it retries authentication for a long time.
+# shutting down without it retries authentication for a long time. Then any slurmstepd of the
+# cluster still running.
 slurm_stop() {
   local d="$1" f p group
   [ -f "$d/slurm.conf" ] && SLURM_CONF="$d/slurm.conf" timeout 10 scancel --full -u root >/dev/null 2>&1
@@ -148,6 +149,17 @@ slurm_stop() {
       fi
     done
   done
+  # A slurmstepd (one per step) can outlive its slurmd, e.g. on a node set DOWN; it holds the
+  # node's slurmd log open, which marks it as this cluster's.
+  local strays
+  strays=$(find /proc/[0-9]*/fd -maxdepth 1 -lname "$d/log/*" 2>/dev/null | cut -d/ -f3 | sort -u | grep -vx "$$")
+  if [ -n "$strays" ]; then
+    kill -TERM $strays 2>/dev/null
+    for p in $strays; do
+      for _ in $(seq 30); do slurm_alive "$p" || break; sleep 0.1; done
+      slurm_alive "$p" && kill -KILL "$p" 2>/dev/null
+    done
+  fi
   if [ -f "$d/rundir" ]; then
     case "$(cat "$d/rundir")" in /tmp/ember-slurm.*) rm -rf "$(cat "$d/rundir")" ;; esac
     rm -f "$d/rundir"
