@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 #include "launcher/client.h"
+#include "runtime/jobspec/spec.h"
 
 namespace ember::cli {
 
@@ -134,7 +135,7 @@ int RunDump(Ctl& ctl);
 // rest()[0] with the small files it names.
 int Follow(Ctl& ctl, Client& c, const std::string& id);
 bool IsScriptPath(const std::string& path);
-absl::Status ReadJob(const Ctl& ctl, int nproc, std::string* yaml,
+absl::Status ReadJob(const Ctl& ctl, int nproc, spec::JobSpec* spec,
                      std::map<std::string, std::string>* files);
 // cmd_slurm.cc
 int RunSlurm(Ctl& ctl);          // run --slurm

@@ -42,6 +42,7 @@
 #include "runtime/daemon/daemon.h"
 #include "runtime/flight/verdict.h"
 #include "runtime/jobspec/spec.h"
+#include "runtime/jobspec/yaml_proto.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::cli {
@@ -164,12 +165,12 @@ int RunSlurm(Ctl& ctl) {
   }
   int nproc = 0;
   if (!ctl.IntOption("--nproc", 1, &nproc)) return kUsage;
-  std::string yaml;
+  spec::JobSpec parsed;
   std::map<std::string, std::string> files;
-  absl::Status s = ReadJob(ctl, nproc, &yaml, &files);
+  absl::Status s = ReadJob(ctl, nproc, &parsed, &files);
   if (!s.ok()) return ctl.Fail(s);
-  auto spec = spec::ParseJobSpec(yaml);
-  if (!spec.ok()) return ctl.Fail(spec.status());
+  const spec::JobSpec* spec = &parsed;
+  const std::string yaml = spec::ToYaml(parsed);  // what is submitted: the parsed spec
   bool cuda = false;
   const int world = SpecRanks(*spec, &cuda);
   auto alloc = slurm::AllocationFromEnv([](const char* k) { return Env(k); }, slurm::ExpandHostnames);
@@ -423,12 +424,11 @@ int RunSlurmNode(Ctl& ctl) {
 int RunSlurmSbatch(Ctl& ctl) {
   const Args& a = ctl.args();
   const std::string path = Ctl::UserPath(ctl.rest()[0]);
-  std::string yaml;
+  spec::JobSpec parsed;
   std::map<std::string, std::string> files;
-  absl::Status s = ReadJob(ctl, 0, &yaml, &files);
+  absl::Status s = ReadJob(ctl, 0, &parsed, &files);
   if (!s.ok()) return ctl.Fail(s);
-  auto spec = spec::ParseJobSpec(yaml);
-  if (!spec.ok()) return ctl.Fail(spec.status());
+  const spec::JobSpec* spec = &parsed;
   bool cuda = false;
   const int world = SpecRanks(*spec, &cuda);
   int nodes = 1, gpus = 0;

@@ -22,7 +22,10 @@
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/pipeline_layout.h"
+#include "runtime/jobspec/resolve.h"
+#include "runtime/model/from_spec.h"
 #include "runtime/pipeline/schedule.h"
 #include "runtime/pipeline/stage.h"
 #include "runtime/store/client.h"
@@ -32,6 +35,7 @@
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/train_state.h"
+#include "runtime/model/registry.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -76,43 +80,6 @@ absl::Status CheckTokenizer(const spec::JobSpec& s, const data::TokenFile& f) {
 
 }  // namespace
 
-absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
-  const auto& m = s.model();
-  model::GptConfig c;
-  c.vocab_size = m.vocab_size();
-  c.context = m.context_length();
-  c.n_layer = m.n_layers();
-  c.n_head = m.n_heads();
-  c.d_model = m.d_model();
-  c.mlp = m.mlp() == "swiglu" ? model::GptConfig::Mlp::kSwiGlu
-          : m.mlp() == "moe"  ? model::GptConfig::Mlp::kMoe
-                              : model::GptConfig::Mlp::kGelu;
-  c.d_ff = m.mlp_hidden();
-  if (m.mlp() == "moe") {
-    c.n_expert = m.moe_experts();
-    c.top_k = m.moe_top_k();
-  }
-  c.window = m.attention_window();
-  c.init_std = m.init_std();
-  c.norm_eps = m.norm_eps();
-  c.arch = m.arch() == "llama" ? model::GptConfig::Arch::kLlama : model::GptConfig::Arch::kGpt;
-  c.n_kv_head = m.n_kv_heads();
-  c.rope_theta = m.rope_theta();
-  c.tie_embeddings = m.tie_embeddings();
-  if (m.rope_scaling().type() == "llama3") {
-    c.rope_scaling.llama3 = true;
-    c.rope_scaling.factor = m.rope_scaling().factor();
-    c.rope_scaling.low_freq_factor = m.rope_scaling().low_freq_factor();
-    c.rope_scaling.high_freq_factor = m.rope_scaling().high_freq_factor();
-    c.rope_scaling.original_max_position = m.rope_scaling().original_max_position();
-  }
-  c.loss.label_smoothing = s.loss().label_smoothing();
-  c.loss.z_loss = s.loss().z_loss();
-  c.loss.ignore_index = s.loss().ignore_index();
-  if (absl::Status st = c.Validate(); !st.ok()) return base::Annotate(st, "model");
-  return c;
-}
-
 kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& s) {
   const auto& o = s.optimizer();
   kernels::AdamWOptions a;
@@ -126,22 +93,33 @@ kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& s) {
 
 namespace {
 
+// A precision dtype of the spec (spec::ParseDtype, the one parser) as FSDP's element type.
+absl::StatusOr<fsdp::DataType> DtypeOf(const std::string& field, const std::string& text) {
+  ASSIGN_OR_RETURN(const spec::Dtype d, spec::ParseDtype(field, text));
+  switch (d) {
+    case spec::Dtype::kBF16: return fsdp::DataType::kBF16;
+    case spec::Dtype::kF16: return fsdp::DataType::kF16;
+    case spec::Dtype::kF32: break;
+  }
+  return fsdp::DataType::kF32;
+}
+
 absl::StatusOr<fsdp::MixedPrecisionPolicy> Policy(const spec::v1::PrecisionPolicy& p) {
   fsdp::MixedPrecisionPolicy mp;
-  ASSIGN_OR_RETURN(mp.param_dtype, fsdp::ParseFloatDtype("precision.param_dtype", p.param_dtype()));
-  ASSIGN_OR_RETURN(mp.output_dtype, fsdp::ParseFloatDtype("precision.output_dtype", p.output_dtype()));
+  ASSIGN_OR_RETURN(mp.param_dtype, DtypeOf("precision.param_dtype", p.param_dtype()));
+  ASSIGN_OR_RETURN(mp.output_dtype, DtypeOf("precision.output_dtype", p.output_dtype()));
   if (!p.reduce_dtype().empty()) {
-    ASSIGN_OR_RETURN(mp.reduce_dtype, fsdp::ParseFloatDtype("precision.reduce_dtype", p.reduce_dtype()));
+    ASSIGN_OR_RETURN(mp.reduce_dtype, DtypeOf("precision.reduce_dtype", p.reduce_dtype()));
   }
   for (int i = 0; i < p.overrides_size(); ++i) {
     const auto& o = p.overrides(i);
     const std::string f = absl::StrCat("precision.overrides[", i, "].");
     fsdp::PrecisionOverride po{o.pattern(), std::nullopt, std::nullopt};
     if (!o.param_dtype().empty()) {
-      ASSIGN_OR_RETURN(po.param_dtype, fsdp::ParseFloatDtype(f + "param_dtype", o.param_dtype()));
+      ASSIGN_OR_RETURN(po.param_dtype, DtypeOf(f + "param_dtype", o.param_dtype()));
     }
     if (!o.reduce_dtype().empty()) {
-      ASSIGN_OR_RETURN(po.reduce_dtype, fsdp::ParseFloatDtype(f + "reduce_dtype", o.reduce_dtype()));
+      ASSIGN_OR_RETURN(po.reduce_dtype, DtypeOf(f + "reduce_dtype", o.reduce_dtype()));
     }
     mp.overrides.push_back(std::move(po));
   }
@@ -162,24 +140,18 @@ float LearningRate(const spec::JobSpec& s, int64_t step) {
   return static_cast<float>(floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
-namespace {
 
-// This rank's data order: a deterministic shuffle of (seed, position), resumable. Every rank of a
-// pipeline replica reads its replica's slice of the global batch: the step's micro-batches,
-// batch_size sequences each (world rank = replica x pipeline_stages + pipeline rank).
+// This rank's data order: a deterministic shuffle of (seed, position), resumable. The loader reads
+// this rank's data shard (ParallelDims: its dp index of dp ranks; every rank of a pipeline replica
+// reads its replica's slice, the step's pipeline micro-batches of batch_size sequences each).
 data::LoaderOptions LoaderFor(const Plan& p) {
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(p.spec);
-  if (pl.enabled()) {
-    return {.seq_len = p.model.context, .batch = p.spec.batch_size() * pl.micro_batches,
-            .rank = p.env.rank / pl.ranks, .world = std::max(1, p.env.world_size / pl.ranks),
-            .seed = p.fsdp.seed, .shuffle = true, .start_token = p.spec.data().start_position()};
-  }
-  return {.seq_len = p.model.context, .batch = p.spec.batch_size(), .rank = p.env.rank,
-          .world = p.env.world_size, .seed = p.fsdp.seed, .shuffle = true,
+  const spec::ParallelDims::DataShard shard = p.dims->DataShardOf(p.env.rank);
+  return {.seq_len = p.model.context, .batch = p.spec.batch_size() * (pl.enabled() ? pl.micro_batches : 1),
+          .rank = shard.rank, .world = shard.world, .seed = p.fsdp.seed, .shuffle = true,
           .start_token = p.spec.data().start_position()};
 }
 
-}  // namespace
 
 absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_path) {
   Plan p;
@@ -187,34 +159,33 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   std::string path = !spec_path.empty() ? spec_path
                      : !env.job_spec.empty() ? env.job_spec
                                              : absl::StrCat(env.job_dir, "/job.yaml");
-  ASSIGN_OR_RETURN(p.spec, spec::LoadJobSpec(path));
+  // The daemon's resolved spec, taken as written (no defaults applied again); a job.yaml that was
+  // never resolved (no `resolved` marker: a hand-run worker, an old job directory) is resolved
+  // once here, against this rank's world (docs/job-spec.md, "Resolution").
+  spec::Facts facts;
+  facts.world_size = env.world_size;
+  bool resolved_here = false;
+  ASSIGN_OR_RETURN(p.spec, spec::LoadWorkerSpec(path, facts, &resolved_here));
+  if (resolved_here) {
+    spdlog::info("{}: no resolved marker (not written by emberd's Submit); resolved it for {} ranks: {}", path,
+                 env.world_size, p.spec.resolved().layout());
+  }
   const spec::JobSpec& s = p.spec;
   ASSIGN_OR_RETURN(const int gpu, CudaDeviceIndex(env.device));  // cuda:N; -1 for another name
   if (env.device != "cpu" && gpu < 0) {
     return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker trains on cpu or cuda:N; use one of those"));
   }
   const auto& par = s.parallelism();
-  // The spec's own checks (pipeline with grad_clip, ...) ran in LoadJobSpec, as at Submit; the
-  // world-size ones with the world this rank runs in (the daemon ran them with the same number).
-  RETURN_IF_ERROR(spec::CheckWorldSize(s, env.world_size));
+  // The spec's checks and the support matrix ran at Submit (spec::Resolve) and again in
+  // LoadWorkerSpec; here only that this rank's world is the one the spec was resolved for.
+  RETURN_IF_ERROR(spec::CheckResolvedFor(s, env.world_size));
   if (gpu < 0 && !par.backend().empty() && par.backend() != "cpu") {
     return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
-  ASSIGN_OR_RETURN(p.model, ModelConfig(s));
+  ASSIGN_OR_RETURN(p.model, model::ConfigFromSpec(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
-  // An override that matches no parameter is almost always a wrong name (e.g. "*norm*" for the
-  // norms, which are named ln1/ln2/ln_f): refuse it rather than silently training in bf16.
-  const std::vector<model::ParamSpec> params = model::ParamSpecs(p.model);
-  for (size_t i = 0; i < p.fsdp.mp.overrides.size(); ++i) {
-    const std::string& pat = p.fsdp.mp.overrides[i].pattern;
-    bool any = false;
-    for (const auto& ps : params) any = any || fsdp::GlobMatch(pat, ps.name);
-    if (!any) {
-      return Bad(absl::StrCat("precision.overrides[", i, "].pattern"),
-                 absl::StrCat("'", pat, "' matches no parameter; names look like ", params.front().name,
-                              ", blocks.0.ln1.weight, ln_f.weight (docs/model.md)"));
-    }
-  }
+  // Precision override patterns that match no parameter (and the model's own checks), as Submit.
+  RETURN_IF_ERROR(model::CheckModel(s));
   // Unset switches default to on (runtime/jobspec ApplyDefaults); each is taken as written.
   p.fsdp.reshard_after_forward = !par.has_reshard_after_forward() || par.reshard_after_forward();
   p.fsdp.prefetch = !par.has_prefetch() || par.prefetch();
@@ -222,6 +193,13 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   p.fsdp.adamw = AdamWOptionsFor(s);
   p.fsdp.clip_norm = s.optimizer().grad_clip();
   p.fsdp.seed = static_cast<uint64_t>(s.seed());
+  p.dp_replicate = std::max(1, par.dp_replicate());  // HSDP replicas, as resolved (ParallelDims)
+  ASSIGN_OR_RETURN(p.dims, spec::ParallelDims::FromSpec(s, env.world_size));
+  {
+    absl::StatusOr<std::shared_ptr<const model::Model>> arch = model::MakeModel(s);
+    if (!arch.ok()) return base::Annotate(arch.status(), "model");
+    p.arch = *arch;
+  }
   if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
 
   const auto& d = s.data();
@@ -279,40 +257,45 @@ int64_t HangStep(const job::WorkerEnv& env) {
   for (;;) absl::SleepFor(absl::Seconds(1));
 }
 
-absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
-                                    flight::FlightRecorder& recorder) {
+}  // namespace
+
+absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rendezvous> rdzv,
+                                    flight::FlightRecorder* recorder) {
   const job::WorkerEnv& env = plan.env;
   comm::GroupOptions go;
   go.name = "world";
   go.timeout = absl::Seconds(plan.spec.collective_timeout_s());
-  go.recorder = &recorder;
+  go.recorder = recorder;
   go.dump_dir = env.fr_dump_dir;
   go.global_rank = env.rank;
-  auto rdzv = comm::MakeStoreRendezvous(attempt);
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
-  if (pl.enabled()) {
-    if (env.world_size > pl.ranks) {
-      const int replica = env.rank / pl.ranks, prank = env.rank % pl.ranks;
-      ASSIGN_OR_RETURN(g.pipeline, g.world->Split(replica, prank, absl::StrCat("pipeline", replica)));
-      ASSIGN_OR_RETURN(g.stage, g.world->Split(prank, replica, absl::StrCat("stage", prank)));
+  using Dims = spec::ParallelDims;
+  const Dims& dims = *plan.dims;
+  auto split = [&](Dims::Group kind) { return g.world->Split(dims.SplitOf(kind, env.rank).color,
+                                                              dims.SplitOf(kind, env.rank).key,
+                                                              dims.SplitOf(kind, env.rank).name); };
+  if (dims.pipeline()) {
+    // "pipeline<d>" (replica d's pp ranks) and "stage<p>" (pp rank p's replicas, over which its
+    // stages are sharded); with one replica the pipeline group is the world.
+    if (dims.dp() > 1) {
+      ASSIGN_OR_RETURN(g.pipeline, split(Dims::Group::kPipeline));
+      ASSIGN_OR_RETURN(g.stage, split(Dims::Group::kDp));
     }
     return g;
   }
-  // HSDP: dp_replicate groups of dp_shard consecutive ranks; rows sharded within a group, gradient
-  // shards all-reduced across the groups (world rank = replica * dp_shard + shard rank).
-  const int replicas = std::max(1, plan.dp_replicate);
+  // HSDP: rows sharded within "shard<p>.<r>", gradient shards all-reduced across
+  // "replicate<p>.<s>" (ParallelDims' layout: dp index = replicate x dp_shard + shard).
   comm::ProcessGroup* shard = g.world.get();
-  if (replicas > 1) {
-    const int per = env.world_size / replicas, replica = env.rank / per, srank = env.rank % per;
-    ASSIGN_OR_RETURN(g.shard, g.world->Split(replica, srank, absl::StrCat("shard", replica)));
-    ASSIGN_OR_RETURN(g.replicate, g.world->Split(srank, replica, absl::StrCat("replicate", srank)));
+  if (dims.hsdp()) {
+    ASSIGN_OR_RETURN(g.shard, split(Dims::Group::kShard));
+    ASSIGN_OR_RETURN(g.replicate, split(Dims::Group::kReplicate));
     shard = g.shard.get();
   }
   if (plan.separate_reduce_scatter && shard->size() > 1) {
-    if (replicas > 1) {
-      ASSIGN_OR_RETURN(g.reduce_scatter, shard->Split(0, shard->rank(), "reduce_scatter"));
+    if (dims.hsdp()) {
+      ASSIGN_OR_RETURN(g.reduce_scatter,
+                       shard->Split(0, shard->rank(), absl::StrCat(dims.SplitOf(Dims::Group::kShard, env.rank).name, ".reduce_scatter")));
     } else {
       go.name = "reduce_scatter";
       ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
@@ -320,6 +303,20 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   }
   return g;
 }
+
+absl::StatusOr<std::unique_ptr<TrainState>> MakeTrainState(const Plan& plan, const Groups& groups) {
+  if (spec::PipelineLayoutOf(plan.spec).enabled()) return MakePipelineState(plan, groups);
+  if (plan.env.device != "cpu") {
+    const CudaStateFn make_cuda = GetCudaState();
+    if (make_cuda == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
+    }
+    return make_cuda(plan, groups);
+  }
+  return MakeFsdpState(plan, groups);
+}
+
+namespace {
 
 // The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
 // logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
@@ -359,11 +356,11 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, state.Step(ctx, loader, step, LearningRate(plan.spec, step)));
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
-    r.comm_memory_bytes = groups.CommMemoryBytes();
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
-    r.flight_entries = static_cast<int64_t>(recorder.size());
-    if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
+    if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
+    r.set_comm_memory_bytes(groups.CommMemoryBytes());
+    if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
+    r.set_flight_entries(static_cast<int64_t>(recorder.size()));
+    if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
@@ -376,19 +373,8 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
 
 // One attempt: the groups, the model state of the job's layout and device, the loop.
 absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
-  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
-  std::unique_ptr<TrainState> state;
-  if (spec::PipelineLayoutOf(plan.spec).enabled()) {
-    ASSIGN_OR_RETURN(state, MakePipelineState(plan, groups));
-  } else if (plan.env.device != "cpu") {
-    const CudaStateFn make_cuda = GetCudaState();
-    if (make_cuda == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
-    }
-    ASSIGN_OR_RETURN(state, make_cuda(plan, groups));
-  } else {
-    ASSIGN_OR_RETURN(state, MakeFsdpState(plan, groups));
-  }
+  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, comm::MakeStoreRendezvous(attempt), &recorder));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state, MakeTrainState(plan, groups));
   return RunLoop(plan, attempt, recorder, groups, *state);
 }
 
