@@ -23,7 +23,8 @@ wait_slurm_job() {
 slurm_exit_code() { scontrol show job "$1" -o | grep -o ' ExitCode=[0-9:]*' | cut -d= -f2; }
 
 # losses FILE: "step loss" per line from a metrics jsonl file.
-losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
+# (the step is a number or, as int64 in proto JSON, a quoted one)
+losses() { sed -n 's/^{"step":"\{0,1\}\([0-9]*\)"\{0,1\},"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 
 # pids of live processes whose environment has VAR=VALUE ($1 = "VAR=VALUE")
 env_pids() { grep -lxzF "$1" /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3 | grep -vx "$$"; }
