@@ -36,6 +36,9 @@ PKGS=(
   clang libfuzzer-14-dev make
   # tests/multihost: nfq_netem (delay and loss without sch_netem), its iptables NFQUEUE rule, ping
   iptables libnetfilter-queue-dev libmnl-dev iputils-ping
+  # Slurm (emberctl run --slurm, emberctl slurm sbatch; tests/slurm start their own slurmctld,
+  # slurmd and munged on private ports): controller, node daemon, client commands, and munge
+  slurmctld slurmd slurm-client munge
 )
 
 missing=()

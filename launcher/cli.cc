@@ -35,7 +35,7 @@ namespace {
 constexpr char kExitCodes[] =
     "exit codes: 0 ok/SUCCEEDED, 1 FAILED, 2 usage or rejected request, 3 daemon unreachable,\n"
     "            4 bad or missing token (or token file), 5 no such job, 6 CANCELLED, 7 other "
-    "error\n";
+    "error,\n            8 run --slurm requeued on the time-limit warning\n";
 
 std::string OptionLine(const Option& o, int width) {
   std::string name = *o.arg ? absl::StrCat(o.name, " ", o.arg) : o.name;

@@ -22,12 +22,13 @@
 #include "absl/status/statusor.h"
 #include "google/protobuf/message.h"
 #include "launcher/client.h"
+#include "runtime/jobspec/spec.h"
 
 namespace ember::cli {
 
 // Exit codes (stable, for scripts; emberctl.cc's banner says what each means).
 enum Exit { kOk = 0, kJobFailed = 1, kUsage = 2, kUnreachable = 3, kAuth = 4, kNotFound = 5,
-            kCancelled = 6, kOther = 7 };
+            kCancelled = 6, kOther = 7, kRequeued = 8 };
 
 struct Option {
   const char* name;  // "--rank"
@@ -129,6 +130,17 @@ int RunList(Ctl& ctl);
 int RunLogs(Ctl& ctl);
 int RunCancel(Ctl& ctl);
 int RunDump(Ctl& ctl);
+// Shared with cmd_slurm.cc: follows a job with the live progress line until it ends and returns
+// the exit code for its state; reads the job of `run`/`submit` (a spec, or a .py script) from
+// rest()[0] with the small files it names.
+int Follow(Ctl& ctl, Client& c, const std::string& id);
+bool IsScriptPath(const std::string& path);
+absl::Status ReadJob(const Ctl& ctl, int nproc, spec::JobSpec* spec,
+                     std::map<std::string, std::string>* files);
+// cmd_slurm.cc
+int RunSlurm(Ctl& ctl);          // run --slurm
+int RunSlurmNode(Ctl& ctl);      // slurm node (what run --slurm starts with srun on each node)
+int RunSlurmSbatch(Ctl& ctl);    // slurm sbatch
 // cmd_nodes.cc
 int RunNodes(Ctl& ctl);
 // cmd_fr.cc

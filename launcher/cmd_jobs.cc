@@ -74,7 +74,8 @@ int ExitFor(v1::JobState s) {
   return s == v1::SUCCEEDED ? kOk : s == v1::CANCELLED ? kCancelled : kJobFailed;
 }
 
-// Follows a job with a live progress line until it ends; returns the exit code for its state.
+}  // namespace
+
 int Follow(Ctl& ctl, Client& c, const std::string& id) {
   const bool tty = isatty(2), json = ctl.json();
   v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
@@ -108,6 +109,8 @@ int Follow(Ctl& ctl, Client& c, const std::string& id) {
   if (!json) PrintJob(ctl, *job, job->state() != v1::SUCCEEDED);
   return ExitFor(job->state());
 }
+
+namespace {
 
 // Reads and parses a spec (once: what is submitted is this parsed spec, spec::ToYaml) and the
 // small relative files its fields name, uploaded into the job directory: data.path,
@@ -195,6 +198,8 @@ absl::Status ScriptSpec(const Ctl& ctl, const std::string& path, int nproc, spec
   return absl::OkStatus();
 }
 
+}  // namespace
+
 bool IsScriptPath(const std::string& path) { return absl::EndsWith(path, ".py"); }
 
 // The job of `run`/`submit`: a spec file, or a script (then ARGS after "--" are its arguments).
@@ -213,6 +218,8 @@ absl::Status ReadJob(const Ctl& ctl, int nproc, spec::JobSpec* spec,
   return ReadSpec(path, nproc, spec, files);
 }
 
+namespace {
+
 void PrintJobs(const Ctl& ctl, const std::vector<v1::Job>& jobs) {
   if (ctl.json()) {
     v1::ListJobsResponse r;
@@ -228,6 +235,7 @@ void PrintJobs(const Ctl& ctl, const std::vector<v1::Job>& jobs) {
 
 int RunStandalone(Ctl& ctl) {
   const Args& a = ctl.args();
+  if (a.Has("--slurm")) return RunSlurm(ctl);
   if (!a.Has("--standalone")) {
     std::cerr << CommandHelp("run");
     return kUsage;

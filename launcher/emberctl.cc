@@ -14,6 +14,7 @@
 //   5  no such job
 //   6  the job was CANCELLED
 //   7  any other error
+//   8  run --slurm: stopped on Slurm's time-limit warning (SIGUSR1) and requeued (scontrol requeue)
 #include <signal.h>
 
 #include <cstdlib>
@@ -26,16 +27,20 @@ namespace ember::cli {
 
 const std::vector<Command>& Commands() {
   static const auto* table = new std::vector<Command>{
-      {"run", "", "run --standalone [--nproc N] (JOB.yaml | SCRIPT.py [-- ARGS...])",
-       "run a job or a PyTorch script on this machine (embedded store + daemon)",
+      {"run", "", "run --standalone|--slurm [--nproc N] (JOB.yaml | SCRIPT.py [-- ARGS...])",
+       "run a job or a PyTorch script on this machine, or across a Slurm allocation",
        "  Starts a store and a daemon inside emberctl with a one-time token, runs the job on\n"
        "  this machine with a live progress line, and exits with the job's result.\n"
        "  A .py file runs as a script job: N ranks of `python -u SCRIPT ARGS` with torchrun's\n"
        "  environment (RANK, WORLD_SIZE, MASTER_ADDR/PORT, ...), restarted up to --max-restarts.\n"
        "  SIGINT, SIGTERM or SIGHUP cancel the job; the workers die with emberctl even on kill "
-       "-9.\n",
+       "-9.\n"
+       "  --slurm (inside sbatch or salloc): one ephemeral daemon per allocated node, started with\n"
+       "  srun, the store on the first node, ranks spread over the nodes' CPUs or GPUs; a job\n"
+       "  larger than the allocation is refused first. Exits with the job's exit code.\n",
        1,
-       {{"--standalone", "", "required: no cluster, everything in this process"},
+       {{"--standalone", "", "no cluster, everything in this process"},
+        {"--slurm", "", "inside a Slurm allocation: daemons on its nodes via srun"},
         {"--nproc", "N", "ranks (overrides parallelism.world_size)"},
         {"--max-ranks", "N", "allow up to N CPU ranks (default 4 x the online cores)"},
         {"--work-root", "DIR", "job directories (default ./ember-jobs)"},
@@ -47,6 +52,39 @@ const std::vector<Command>& Commands() {
         {"--allow-root-scripts", "", "implied: a standalone run as root runs the script as root"},
         {"--script-user", "USER", "run as root: run the script as USER instead"}},
        RunStandalone, /*passthrough=*/true},
+      {"slurm", "sbatch",
+       "slurm sbatch (JOB.yaml | SCRIPT.py) [--nodes N] [--gpus-per-node G] [--time T] "
+       "[--partition P] [--dry-run]",
+       "write and submit the sbatch script that runs a job with `run --slurm`",
+       "  The batch script a user would write: --nodes, --ntasks-per-node = the ranks per node\n"
+       "  (world_size / nodes), --gpus-per-node for cuda jobs, then `emberctl run --slurm SPEC`.\n"
+       "  --dry-run prints it; otherwise it is written as NAME.sbatch (--script-dir) and submitted\n"
+       "  with sbatch, and the Slurm job id is printed. With --time it adds --signal=B:USR1@120,\n"
+       "  --requeue and --open-mode=append: on the warning emberctl stops the job (its\n"
+       "  checkpoints kept), requeues it, and the requeued run resumes from checkpoints/latest.\n",
+       1,
+       {{"--nodes", "N", "nodes (default 1)"},
+        {"--gpus-per-node", "G", "cuda jobs: GPUs per node (default: the ranks per node)"},
+        {"--time", "T", "time limit (sbatch --time)"},
+        {"--partition", "P", "partition (sbatch --partition)"},
+        {"--warn-before", "S", "with --time: SIGUSR1 S seconds before the limit stops the job at "
+                               "its checkpoint and requeues it (default 120; 0 = off)"},
+        {"--work-root", "DIR", "job directories, visible on every node (default ./ember-jobs)"},
+        {"--out-file", "FILE", "the batch output (default NAME-%j.out)"},
+        {"--script-dir", "DIR", "where NAME.sbatch is written (default .)"},
+        {"--dry-run", "", "print the script, submit nothing"}},
+       RunSlurmSbatch},
+      {"slurm", "node", "slurm node --run-dir DIR --work-root DIR --worker PATH --ranks LIST [--cuda]",
+       "internal: the per-node daemon that `run --slurm` starts with srun",
+       "  An ephemeral emberd for one node of the allocation (node id SLURM_NODEID): the first\n"
+       "  hosts the store. Runs until SIGTERM, then drains. Not for direct use.\n",
+       0,
+       {{"--run-dir", "DIR", "the run directory (token, rendezvous)"},
+        {"--work-root", "DIR", "job directories"},
+        {"--worker", "PATH", "the worker binary"},
+        {"--ranks", "LIST", "ranks per node, by node id"},
+        {"--cuda", "", "offer GPUs, not CPU slots"}},
+       RunSlurmNode},
       {"submit", "", "submit (JOB.yaml | SCRIPT.py [-- ARGS...]) [--follow] [--id SID]",
        "submit to a cluster; --follow waits and exits with the result",
        "  Validates and queues the job. Data files named relatively in the spec are uploaded\n"

@@ -117,6 +117,11 @@ struct DaemonOptions {
   // running gets SIGKILL. Only for a process that forks nothing else and runs one job at a time:
   // `emberctl run --standalone`.
   bool reap_orphans = false;
+  // The job id is "<name>-<submission id>" instead of "<name>-<random>" when a submission id is
+  // given: the same submission gets the same job directory in a fresh cluster. For the ephemeral
+  // daemons of `emberctl run --slurm`, whose requeued run must find its checkpoints
+  // (<job dir>/checkpoints/latest); a long-lived emberd keeps random ids.
+  bool job_id_from_submission = false;
   // Retention of finished jobs (SUCCEEDED, FAILED, CANCELLED, devices released) in the store: the
   // scheduler forgets all but the newest keep_finished_jobs, and any that ended longer than
   // finished_job_ttl ago; forgetting deletes the record, the spec, the uploaded files and every

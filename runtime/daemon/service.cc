@@ -336,6 +336,11 @@ class JobsService final : public v1::Jobs::Service {
 
     v1::Job job;
     job.set_id(JobIdFor(spec.name()));
+    if (d_->opts.job_id_from_submission && !req.submission_id().empty()) {  // run --slurm
+      std::string tail;  // as JobIdFor spells a name: [a-z0-9-]
+      for (char c : sid) tail += absl::ascii_isalnum(c) ? absl::ascii_tolower(c) : '-';
+      job.set_id(absl::StrCat(job.id().substr(0, job.id().rfind('-')), "-", tail));
+    }
     job.set_name(spec.name());
     job.set_submission_id(sid);
     job.set_state(v1::PENDING);
