@@ -177,6 +177,8 @@ void ApplyDefaults(JobSpec* s) {
   if (!s->has_batch_size()) s->set_batch_size(4);
   if (!s->has_log_every()) s->set_log_every(1);
   if (!s->has_collective_timeout_s()) s->set_collective_timeout_s(600);
+  auto* ft = s->mutable_fault_tolerance();
+  if (ft->replicas() == "memory" && !ft->has_every_steps()) ft->set_every_steps(1);
   if (!s->worker().script().empty() && s->worker().python().empty()) {
     s->mutable_worker()->set_python(std::string(kDefaultPython));
   }
@@ -304,6 +306,12 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("publish.every_steps", "live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
   }
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
+  const auto& ft = s.fault_tolerance();
+  RETURN_IF_ERROR(OneOf("fault_tolerance.replicas", ft.replicas(), {"", "none", "memory"}));
+  if (ft.has_every_steps() && ft.replicas() != "memory") {
+    return Bad("fault_tolerance.every_steps", "applies to replicas: memory only; set fault_tolerance.replicas: memory or drop every_steps");
+  }
+  if (ft.replicas() == "memory") RETURN_IF_ERROR(Range("fault_tolerance.every_steps", ft.every_steps(), 1, 1e9));
   // What ember-worker cannot train, refused here (at Submit and when a rank loads the spec) rather
   // than by every rank at its start.
   if (PipelineLayoutOf(s).enabled()) {
