@@ -106,6 +106,15 @@ absl::Status Reporter::Report(const StepResult& r) {
     p.mutable_publish()->set_skipped(r.publish->skipped);
     p.mutable_publish()->set_dropped(r.publish->dropped);
   }
+  if (r.replicas) {
+    auto* rs = p.mutable_replicas();
+    rs->set_resumed_from(r.replicas->resumed_from);
+    rs->set_resumed_step(r.replicas->resumed_step);
+    rs->set_disk_checkpoint_reads(r.replicas->disk_checkpoint_reads);
+    rs->set_memory_bytes(r.replicas->memory_bytes);
+    rs->set_committed_step(r.replicas->committed_step);
+    rs->set_save_seconds(r.replicas->save_seconds);
+  }
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
   metrics_ << absl::StrCat(
                   "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
@@ -122,6 +131,13 @@ absl::Status Reporter::Report(const StepResult& r) {
                   r.device_memory_bytes >= 0 ? absl::StrCat(",\"device_memory_bytes\":", r.device_memory_bytes,
                                                             ",\"device_peak_memory_bytes\":", r.device_peak_memory_bytes) : "",
                   r.mfu >= 0 ? absl::StrCat(",\"mfu\":", Num(r.mfu)) : "",
+                  r.replicas ? absl::StrCat(",\"replicas\":{\"resumed_from\":\"", r.replicas->resumed_from,
+                                            "\",\"resumed_step\":", r.replicas->resumed_step,
+                                            ",\"disk_checkpoint_reads\":", r.replicas->disk_checkpoint_reads,
+                                            ",\"memory_bytes\":", r.replicas->memory_bytes,
+                                            ",\"committed_step\":", r.replicas->committed_step,
+                                            ",\"save_s\":", Num(r.replicas->save_seconds), "}")
+                            : "",
                   ",\"attempt\":", plan_.env.attempt, ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
            << "\n"
            << std::flush;

@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
@@ -25,6 +26,16 @@ namespace ember::worker {
 // A Publisher's counters (publisher.h), carried into the progress record.
 struct PublishCounts {
   int64_t published = 0, skipped = 0, dropped = 0;
+};
+
+// In-memory replicas' counters (replicas.h), carried into the progress record (jobs.v1.ReplicaStats).
+struct ReplicaCounts {
+  std::string resumed_from = "init";  // "memory" | "disk" | "init": where this attempt's state came from
+  int64_t resumed_step = 0;
+  int64_t disk_checkpoint_reads = 0;  // disk checkpoints this attempt read
+  int64_t memory_bytes = 0;           // /dev/shm bytes of this rank's replica files
+  int64_t committed_step = -1;        // newest step whose replica (own and buddy copy) is committed
+  double save_seconds = 0;            // training-thread time of the last Save
 };
 
 struct StepResult {
@@ -44,6 +55,7 @@ struct StepResult {
   double mfu = -1;  // GPU runs: model FLOPs utilisation vs the device's dense bf16 peak, 0..1
                     // (runtime/model/flops.h); -1: not computed (cpu, or a device not in the table)
   std::optional<PublishCounts> publish;  // set when the job publishes its weights
+  std::optional<ReplicaCounts> replicas;  // set with fault_tolerance.replicas: memory
 };
 
 // Tokens one optimizer step trains on, over every rank.

@@ -29,6 +29,7 @@
 #include "runtime/worker/cuda_trainer.h"
 #include "runtime/worker/model_state.h"
 #include "runtime/worker/publisher.h"
+#include "runtime/worker/replicas.h"
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/train_state.h"
@@ -324,7 +325,16 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
 // The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
 // logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
 // the optional safetensors or Hugging Face initialisation.
-absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::TokenLoader& loader) {
+absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, TrainState& state,
+                                     data::TokenLoader& loader, Replicas* replicas) {
+  // fault_tolerance.replicas: memory: the newest step every rank holds in memory first (replicas.h).
+  if (replicas != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> at, ResumeFromReplicas(plan, attempt, *replicas, state, loader));
+    if (at.has_value()) {
+      RETURN_IF_ERROR(state.SyncDevice());
+      return *at;
+    }
+  }
   absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
   if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
   int64_t step = 0;
@@ -333,6 +343,8 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::
     ASSIGN_OR_RETURN(step, Restore(*resume, state, loader));
     // recovery_bench reads this line: the restart time it reports excludes the load.
     spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
+    if (replicas != nullptr) replicas->counts() = {.resumed_from = "disk", .resumed_step = step, .disk_checkpoint_reads = 1,
+                                                   .memory_bytes = replicas->counts().memory_bytes};
   } else {
     if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, state));
     if (!plan.init_hf.empty()) RETURN_IF_ERROR(InitFromHf(plan.init_hf, state));
@@ -347,7 +359,8 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::
 absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder,
                      const Groups& groups, TrainState& state) {
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
-  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, state, loader));
+  ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, state));  // nullptr: off
+  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, attempt, state, loader, replicas.get()));
   Checkpointer checkpoints(plan, attempt, [&](int64_t at) { return Snapshot(state, loader, at, plan.fsdp.seed); });
   Reporter report(plan, attempt, state.state_bytes(), step);
   ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, state));
@@ -364,12 +377,16 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     r.checkpoint_save_s = checkpoints.last_save_seconds();
     r.flight_entries = static_cast<int64_t>(recorder.size());
     if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
+    if (replicas != nullptr) r.replicas = replicas->counts();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
-    if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
+    const bool replicate = replicas != nullptr && replicas->Due(step);
+    if (checkpoints.Due(step) || publisher != nullptr || replicate) RETURN_IF_ERROR(state.SyncHost());
+    if (replicate) RETURN_IF_ERROR(replicas->Save(step, state, loader));  // in-memory replicas (replicas.h)
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
   }
   RETURN_IF_ERROR(checkpoints.Finish());
+  if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
   report.Done(step);
   return absl::OkStatus();
 }
