@@ -95,13 +95,14 @@ absl::StatusOr<int> OpenReplicaDir(const std::string& path) {
       return s;
     }
     std::string bad;
-    if (st.st_uid == me) {
-      if (st.st_mode & 022) bad = "is writable by group or others";
-      if (last && (st.st_mode & 077)) bad = "must be mode 0700 (readable by no one else)";
-    } else if (st.st_uid == 0 && !last) {
-      if ((st.st_mode & 002) && !(st.st_mode & S_ISVTX)) bad = "is root's but world-writable without the sticky bit";
-    } else {
+    if (st.st_uid != me && !(st.st_uid == 0 && !last)) {
       bad = absl::StrCat("is owned by uid ", st.st_uid, ", not this user (", me, ")");
+    } else if (last && (st.st_mode & 077)) {
+      bad = "must be mode 0700 (no access for group or others)";
+    } else if ((st.st_mode & 022) && !(st.st_mode & S_ISVTX)) {
+      // Another user could rename our directory away and put theirs in its place; a sticky
+      // directory (/dev/shm, /tmp) forbids that.
+      bad = "is writable by group or others without the sticky bit";
     }
     if (!bad.empty()) {
       close(fd);

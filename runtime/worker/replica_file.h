@@ -14,8 +14,8 @@
 // slot only when its record is committed and the checksum of its bytes matches.
 //
 // Security: the directory comes from OpenReplicaDir (every component checked: no symlinks, owned by
-// this user or root, not writable by others unless root's sticky /dev/shm or /tmp; the last one
-// owned by this user, mode 0700); files are opened with O_NOFOLLOW, must be regular files of this
+// this user or root, not writable by group or others unless sticky like /dev/shm or /tmp; the last
+// one owned by this user, mode 0700); files are opened with O_NOFOLLOW, must be regular files of this
 // user, are created 0600 and must have exactly the expected size (else they are re-created empty).
 // Names are built from integers only (ReplicaFileName).
 //

@@ -169,16 +169,16 @@ absl::Status Replicas::Save(int64_t step, TrainState& state, const data::TokenLo
       off += static_cast<int64_t>(n);
     }
   }
-  transfer_ = std::thread([this, slot, step] { Transfer(slot, step); });
+  const uint64_t sum = ReplicaChecksum(dst, static_cast<size_t>(payload_));
+  own_->Commit(slot, step, sum);
+  transfer_ = std::thread([this, slot, step, sum] { Transfer(slot, step, sum); });
   in_flight_ = step;
   counts_.save_seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   return absl::OkStatus();
 }
 
-void Replicas::Transfer(int own_slot, int64_t step) {
+void Replicas::Transfer(int own_slot, int64_t step, uint64_t sum) {
   const uint8_t* src = own_->data(own_slot);
-  const uint64_t sum = ReplicaChecksum(src, static_cast<size_t>(payload_));
-  own_->Commit(own_slot, step, sum);
   if (copy_ == nullptr) return;
   // The buddy's copy: complete bytes first, then its commit record (a crash in between leaves the
   // slot uncommitted and the buddy's other slot, the previous step, intact).

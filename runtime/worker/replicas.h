@@ -13,8 +13,9 @@
 // host; the log says so at start.
 //
 // Timing: Save copies the state into the own file's free slot on the training thread (a memcpy),
-// then a transfer thread checksums it, commits it, copies it into the buddy file's free slot and
-// commits that, overlapped with the next step. The next Save first waits for that transfer, so at
+// checksums and commits it there (so once Save returns, the step's own copy is committed); then a
+// transfer thread copies it into the buddy file's free slot and commits that, overlapped with the
+// next step. The next Save first waits for that transfer, so at
 // most one is in flight and each file always holds one complete committed step besides the one
 // being written (double buffering).
 //
@@ -66,8 +67,8 @@ class Replicas {
   static int BuddyOf(int rank, int world, int local_world);
 
   bool Due(int64_t step) const { return step % every_steps_ == 0; }
-  // Copies the state after optimizer step `step` (host memory: SyncHost first) into the own file
-  // and starts its commit and the buddy copy. Returns the previous transfer's error, if any.
+  // Copies the state after optimizer step `step` (host memory: SyncHost first) into the own file,
+  // commits it, and starts the buddy copy. Returns the previous transfer's error, if any.
   absl::Status Save(int64_t step, TrainState& state, const data::TokenLoader& loader);
   // Waits for the transfer in flight (the job's end; tests). The transfer itself cannot fail (memory
   // copies into mapped files); the Status is for a future cross-host transfer.
@@ -86,7 +87,7 @@ class Replicas {
  private:
   Replicas(const Options& o, int dirfd, int64_t payload, uint64_t fingerprint,
            std::unique_ptr<ReplicaFile> own, std::unique_ptr<ReplicaFile> copy);
-  void Transfer(int own_slot, int64_t step);
+  void Transfer(int own_slot, int64_t step, uint64_t checksum);
 
   const Options opts_;
   const int dirfd_;
@@ -99,6 +100,12 @@ class Replicas {
   int64_t in_flight_ = -1;  // the step the transfer thread is committing
   ReplicaCounts counts_;
 };
+
+// SyncHost, then Save (the training loop's hook).
+inline absl::Status SyncAndSave(Replicas& r, int64_t step, TrainState& state, const data::TokenLoader& loader) {
+  absl::Status st = state.SyncHost();
+  return st.ok() ? r.Save(step, state, loader) : st;
+}
 
 // The newest step every rank of the attempt can restore from memory (-1: none), and the newest
 // disk checkpoint step any rank sees (0: none): each rank publishes "disk=<its disk step>;<its

@@ -243,7 +243,12 @@ TEST_CASE("the replica directory: no symlinks, not writable by others, 0700") {
   chmod((f.dir / "open").c_str(), 0777);
   auto bad = OpenReplicaDir((f.dir / "open" / "job").string());
   REQUIRE(!bad.ok());
-  REQUIRE(absl::StrContains(bad.status().message(), "writable by group or others"));
+  REQUIRE(absl::StrContains(bad.status().message(), "writable by group or others without the sticky bit"));
+  chmod((f.dir / "job").c_str(), 0750);
+  bad = OpenReplicaDir((f.dir / "job").string());
+  REQUIRE(!bad.ok());
+  REQUIRE(absl::StrContains(bad.status().message(), "must be mode 0700"));
+  chmod((f.dir / "job").c_str(), 0700);
   REQUIRE(!OpenReplicaDir("relative/dir").ok());
   REQUIRE(!OpenReplicaDir((f.dir / ".." / "x").string()).ok());
   // A replica file that is a symlink is refused, not followed.

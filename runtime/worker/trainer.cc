@@ -373,15 +373,15 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, state.Step(ctx, loader, step, LearningRate(plan.spec, step)));
     if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    // In-memory replicas (replicas.h): before the report, so a reported step is a committed one.
+    if (replicas != nullptr && replicas->Due(step)) RETURN_IF_ERROR(SyncAndSave(*replicas, step, state, loader));
     r.comm_memory_bytes = groups.CommMemoryBytes();
     r.checkpoint_save_s = checkpoints.last_save_seconds();
     r.flight_entries = static_cast<int64_t>(recorder.size());
     if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
     if (replicas != nullptr) r.replicas = replicas->counts();
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
-    const bool replicate = replicas != nullptr && replicas->Due(step);
-    if (checkpoints.Due(step) || publisher != nullptr || replicate) RETURN_IF_ERROR(state.SyncHost());
-    if (replicate) RETURN_IF_ERROR(replicas->Save(step, state, loader));  // in-memory replicas (replicas.h)
+    if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
   }

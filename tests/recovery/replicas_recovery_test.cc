@@ -1,0 +1,166 @@
+// In-memory replicas end to end (issue 35; runtime/worker/replicas.h), real ember-worker processes
+// under in-process daemons on loopback (tests/e2e cluster): fault_tolerance: {replicas: memory,
+// every_steps: 1}, no disk checkpoint before the end, kill -9 of rank 1 mid-run. The job must
+//   * resume from memory at the step every rank had finished (each rank writes its metrics line of
+//     a step after that step's replica is committed, so no step any rank reported is lost);
+//   * read no disk checkpoint (the progress record's and every rank's metrics counters);
+//   * end with exactly the final loss of the same job run uninterrupted without replicas
+//     (deterministic mode; the restored state is the bytes saved, so bitwise);
+//   * leave no replica files once it ended (the daemon's sweep).
+// With 2 ranks on one node, and 4 ranks on two nodes (buddies on the other node).
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "catch2/catch.hpp"
+#include "runtime/daemon/process.h"
+#include "runtime/job/env.h"
+#include "testing/cluster.h"
+#include "testing/harness.h"
+
+namespace ember::recovery {
+namespace {
+
+namespace v1 = jobs::v1;
+namespace fs = std::filesystem;
+using daemon::FindJobProcesses;
+
+absl::StatusOr<std::unique_ptr<e2e::TestCluster>> RealCluster(int nodes, int slots) {
+  e2e::ClusterOptions o;
+  o.nodes = nodes;
+  o.slots = slots;
+  o.worker = fs::absolute("runtime/worker/ember-worker").string();
+  auto c = e2e::TestCluster::Start(o);
+  if (!c.ok()) return c;
+  auto client = (*c)->Connect(0);
+  if (!client.ok()) return client.status();
+  WaitFor([&] { auto n = client->Nodes(); return n.ok() && n->size() == static_cast<size_t>(nodes); },
+          absl::Seconds(5));
+  return c;
+}
+
+// A number field of a metrics line ("\"name\":123"), or -1.
+int64_t Field(absl::string_view line, absl::string_view name) {
+  const std::string key = absl::StrCat("\"", name, "\":");
+  size_t at = line.find(key);
+  if (at == absl::string_view::npos) return -1;
+  absl::string_view rest = line.substr(at + key.size());
+  rest = rest.substr(0, rest.find_first_of(",}"));
+  int64_t v = -1;
+  return absl::SimpleAtoi(rest, &v) ? v : -1;
+}
+
+std::vector<std::string> MetricsLines(const std::string& job_dir, int rank) {
+  std::vector<std::string> out;
+  std::ifstream in(absl::StrCat(job_dir, "/metrics/rank-", rank, ".jsonl"));
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps lost, no disk read, same loss") {
+  const int world = GENERATE(2, 4);
+  INFO("world " << world);
+  auto cluster = RealCluster(world / 2, 2);
+  REQUIRE(cluster.ok());
+  auto c = (*cluster)->Connect(0);
+  REQUIRE(c.ok());
+  const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
+  const std::string name = absl::StrCat("rep-kill", world);
+  // The reference: no replicas, uninterrupted. checkpoint.every_steps 0: only the final save.
+  auto ref = c->Submit(TinySpec(name, world, 24, 0, "max_restarts: 2\n"), name + "-ref", files);
+  REQUIRE(ref.ok());
+  auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
+  REQUIRE(ref_done.ok());
+  REQUIRE(ref_done->state() == v1::SUCCEEDED);
+  REQUIRE(!ref_done->progress().has_replicas());
+
+  auto r = c->Submit(TinySpec(name, world, 24, 0,
+                              "max_restarts: 2\nfault_tolerance: {replicas: memory, every_steps: 1}\n"),
+                     name + "-run", files);
+  REQUIRE(r.ok());
+  const std::string id = r->job().id();
+  std::string state;
+  REQUIRE(WaitFor([&] {
+    auto j = c->Get(id);
+    if (j.ok() && j->state() != v1::RUNNING && j->state() != v1::PENDING && j->state() != v1::RESTARTING) {
+      state = absl::StrCat(j->reason(), "\n", ReadFile(absl::StrCat(j->job_dir(), "/logs/rank-0.log")));
+      return true;
+    }
+    return j.ok() && j->progress().step() >= 11;
+  }, absl::Seconds(60)));
+  INFO(state);
+  REQUIRE(state.empty());
+  const pid_t victim = RankPid(id, 0, 1);
+  REQUIRE(victim > 0);
+  REQUIRE(kill(victim, SIGKILL) == 0);
+  // The replica files exist while the job runs (one directory per daemon, under /dev/shm).
+  const fs::path shm = absl::StrCat("/dev/shm/ember-", geteuid());
+  auto replica_dirs = [&] {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& d : fs::directory_iterator(shm, ec)) {
+      if (fs::exists(d.path() / id)) out.push_back(d.path() / id);
+    }
+    return out;
+  };
+  REQUIRE(replica_dirs().size() == static_cast<size_t>(world / 2));
+
+  auto done = c->Wait(id, absl::Seconds(90));
+  REQUIRE(done.ok());
+  INFO(done->reason());
+  REQUIRE(done->state() == v1::SUCCEEDED);
+  REQUIRE(done->attempts_size() == 2);
+  REQUIRE(absl::StartsWith(done->attempts(0).reason(), "rank 1 on "));
+
+  // Steps every rank had finished in attempt 0: the least of each rank's last step there.
+  int64_t finished_by_all = std::numeric_limits<int64_t>::max(), finished_by_any = 0;
+  for (int rank = 0; rank < world; ++rank) {
+    int64_t last = 0;
+    bool resumed_line = false;
+    for (const std::string& l : MetricsLines(done->job_dir(), rank)) {
+      if (Field(l, "attempt") == 0) last = std::max(last, Field(l, "step"));
+      if (Field(l, "attempt") == 1 && !resumed_line) {
+        // Every rank's first line of the new attempt: resumed from memory, no checkpoint read.
+        resumed_line = true;
+        INFO(l);
+        REQUIRE(absl::StrContains(l, "\"resumed_from\":\"memory\""));
+        REQUIRE(Field(l, "disk_checkpoint_reads") == 0);
+        REQUIRE(Field(l, "memory_bytes") > 0);
+      }
+    }
+    REQUIRE(resumed_line);
+    finished_by_all = std::min(finished_by_all, last);
+    finished_by_any = std::max(finished_by_any, last);
+    const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-", rank, ".log"));
+    REQUIRE(absl::StrContains(log, "resumed from memory"));
+    REQUIRE(!absl::StrContains(log, "checkpoint load took"));
+    REQUIRE(absl::StrContains(log, "covers a lost process, not a lost host"));
+  }
+  REQUIRE(finished_by_all >= 11);
+  const auto& rs = done->progress().replicas();
+  REQUIRE(rs.resumed_from() == "memory");
+  REQUIRE(rs.disk_checkpoint_reads() == 0);
+  // 0 steps lost: the resumed step is at least every step each rank had reported finished.
+  REQUIRE(rs.resumed_step() >= finished_by_all);
+  REQUIRE(rs.resumed_step() <= finished_by_any);
+  WARN("world " << world << ": killed after step " << finished_by_all << ".." << finished_by_any
+                << ", resumed from memory at step " << rs.resumed_step() << "; replica memory per rank "
+                << rs.memory_bytes() << " bytes");
+  REQUIRE(done->progress().step() == 24);
+  REQUIRE(done->progress().loss() == ref_done->progress().loss());
+  REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
+  // The daemons remove the job's replica files once it ended.
+  REQUIRE(WaitFor([&] { return replica_dirs().empty(); }, absl::Seconds(10)));
+}
+
+}  // namespace
+}  // namespace ember::recovery
