@@ -17,10 +17,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
+#include "runtime/store/client.h"
+#include "runtime/store/server.h"
 
 namespace ember::worker {
 namespace {
@@ -258,6 +261,44 @@ TEST_CASE("the replica directory: no symlinks, not writable by others, 0700") {
   REQUIRE(!ReplicaFile::Open(*dirfd, "rank-0.own", 100, 1).ok());
   REQUIRE(!ReplicaFile::Open(*dirfd, "../x", 100, 1).ok());
   close(*dirfd);
+}
+
+// Last in this file: it starts a store server (gRPC threads), and the tests above fork.
+TEST_CASE("the agreement: the newest step every rank holds, and the newest disk step any rank sees") {
+  auto server = store::StoreServer::Start({});
+  REQUIRE(server.ok());
+  auto client = store::Client::Connect({.address = (*server)->address()});
+  REQUIRE(client.ok());
+  // Three ranks, each in its own thread (AgreeReplicaStep waits for every rank's key).
+  auto agree = [&](const std::string& prefix, std::vector<std::vector<int64_t>> steps, std::vector<int64_t> disk) {
+    std::vector<absl::StatusOr<ReplicaAgreement>> out(3, absl::UnknownError("not run"));
+    std::vector<std::thread> ts;
+    for (int r = 0; r < 3; ++r) {
+      ts.emplace_back([&, r] {
+        store::Client attempt = client->WithPrefix(prefix);
+        out[r] = AgreeReplicaStep(attempt, r, 3, steps[r], disk[r], absl::Seconds(10));
+      });
+    }
+    for (auto& t : ts) t.join();
+    for (int r = 1; r < 3; ++r) {
+      REQUIRE(out[r].ok());
+      REQUIRE(out[r]->step == out[0]->step);
+      REQUIRE(out[r]->disk_step == out[0]->disk_step);
+    }
+    REQUIRE(out[0].ok());
+    return *out[0];
+  };
+  // Rank 2 was killed before committing step 5: everyone resumes at 4.
+  ReplicaAgreement a = agree("a/", {{5, 4}, {5, 4}, {4, 3}}, {0, 0, 0});
+  REQUIRE(a.step == 4);
+  REQUIRE(a.disk_step == 0);
+  // Only rank 1 sees the disk checkpoint of step 6: every rank learns it (and takes the disk path).
+  a = agree("b/", {{5, 4}, {5, 4}, {5, 4}}, {0, 6, 0});
+  REQUIRE(a.step == 5);
+  REQUIRE(a.disk_step == 6);
+  // A rank with no replica (its files lost): no common step.
+  a = agree("c/", {{5, 4}, {}, {5, 4}}, {2, 2, 2});
+  REQUIRE(a.step == -1);
 }
 
 }  // namespace
