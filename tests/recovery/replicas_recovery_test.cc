@@ -7,7 +7,9 @@
 //   * end with exactly the final loss of the same job run uninterrupted without replicas
 //     (deterministic mode; the restored state is the bytes saved, so bitwise);
 //   * leave no replica files once it ended (the daemon's sweep).
-// With 2 ranks on one node, and 4 ranks on two nodes (buddies on the other node).
+// With 2 ranks on one node, and 4 ranks on two nodes (buddies on the other node) where the killed
+// rank's own file is deleted so it restores from its buddy's copy; and the fallback to the disk
+// checkpoint when both copies of a rank's state are gone.
 #include <signal.h>
 #include <unistd.h>
 
@@ -67,14 +69,18 @@ std::vector<std::string> MetricsLines(const std::string& job_dir, int rank) {
 }
 
 TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps lost, no disk read, same loss") {
-  const int world = GENERATE(2, 4);
-  INFO("world " << world);
+  // "own": every rank restores its own copy. "buddy": the killed rank's own file is deleted after
+  // the kill, so it pulls its state from its buddy's copy. "disk": both its files are deleted, no
+  // common step is left, and the job falls back to the disk checkpoint (every 8 steps).
+  auto [world, mode] = GENERATE(table<int, std::string>({{2, "own"}, {4, "buddy"}, {2, "disk"}}));
+  INFO("world " << world << ", " << mode);
+  const bool disk = mode == "disk";
   auto cluster = RealCluster(world / 2, 2);
   REQUIRE(cluster.ok());
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());
   const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
-  const std::string name = absl::StrCat("rep-kill", world);
+  const std::string name = absl::StrCat("rep-", mode, world);
   // The reference: no replicas, uninterrupted. checkpoint.every_steps 0: only the final save.
   auto ref = c->Submit(TinySpec(name, world, 24, 0, "max_restarts: 2\n"), name + "-ref", files);
   REQUIRE(ref.ok());
@@ -83,7 +89,7 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
   REQUIRE(ref_done->state() == v1::SUCCEEDED);
   REQUIRE(!ref_done->progress().has_replicas());
 
-  auto r = c->Submit(TinySpec(name, world, 24, 0,
+  auto r = c->Submit(TinySpec(name, world, 24, disk ? 8 : 0,
                               "max_restarts: 2\nfault_tolerance: {replicas: memory, every_steps: 1}\n"),
                      name + "-run", files);
   REQUIRE(r.ok());
@@ -113,6 +119,17 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
     return out;
   };
   REQUIRE(replica_dirs().size() == static_cast<size_t>(world / 2));
+  // Rank 1 is dead, so nothing writes its files; the next attempt starts >= 200 ms later.
+  if (mode != "own") {
+    int removed = 0;
+    for (const fs::path& d : replica_dirs()) {
+      for (const auto& f : fs::directory_iterator(d)) {
+        const std::string n = f.path().filename().string();
+        if (n == "rank-1.own" || (disk && absl::StartsWith(n, "rank-1."))) removed += fs::remove(f.path());
+      }
+    }
+    REQUIRE(removed == (disk ? 2 : 1));
+  }
 
   auto done = c->Wait(id, absl::Seconds(90));
   REQUIRE(done.ok());
@@ -132,8 +149,8 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
         // Every rank's first line of the new attempt: resumed from memory, no checkpoint read.
         resumed_line = true;
         INFO(l);
-        REQUIRE(absl::StrContains(l, "\"resumed_from\":\"memory\""));
-        REQUIRE(Field(l, "disk_checkpoint_reads") == 0);
+        REQUIRE(absl::StrContains(l, disk ? "\"resumed_from\":\"disk\"" : "\"resumed_from\":\"memory\""));
+        REQUIRE(Field(l, "disk_checkpoint_reads") == (disk ? 1 : 0));
         REQUIRE(Field(l, "memory_bytes") > 0);
       }
     }
@@ -141,12 +158,33 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
     finished_by_all = std::min(finished_by_all, last);
     finished_by_any = std::max(finished_by_any, last);
     const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-", rank, ".log"));
+    INFO("rank " << rank);
+    REQUIRE(absl::StrContains(log, "covers a lost process, not a lost host"));
+    if (disk) {
+      REQUIRE(absl::StrContains(log, "in-memory replicas: no step that every rank holds"));
+      REQUIRE(absl::StrContains(log, "checkpoint load took"));
+      continue;
+    }
     REQUIRE(absl::StrContains(log, "resumed from memory"));
     REQUIRE(!absl::StrContains(log, "checkpoint load took"));
-    REQUIRE(absl::StrContains(log, "covers a lost process, not a lost host"));
+    // The killed rank without its own file pulled its state from its buddy (rank 3 with 4 ranks
+    // on two nodes: another node's rank); every other rank restored its own copy.
+    const bool from_buddy = mode == "buddy" && rank == 1;
+    REQUIRE(absl::StrContains(log, "the own in-memory replica") == !from_buddy);
+    if (from_buddy) REQUIRE(absl::StrContains(log, "the buddy rank 3's in-memory replica"));
   }
   REQUIRE(finished_by_all >= 11);
   const auto& rs = done->progress().replicas();
+  if (disk) {
+    REQUIRE(rs.resumed_from() == "disk");
+    REQUIRE(rs.disk_checkpoint_reads() == 1);
+    REQUIRE(rs.resumed_step() % 8 == 0);  // a checkpoint step (every 8)
+    REQUIRE(rs.resumed_step() >= 8);
+    REQUIRE(rs.resumed_step() <= finished_by_all);
+    REQUIRE(done->progress().loss() == ref_done->progress().loss());
+    REQUIRE(WaitFor([&] { return replica_dirs().empty(); }, absl::Seconds(10)));
+    return;
+  }
   REQUIRE(rs.resumed_from() == "memory");
   REQUIRE(rs.disk_checkpoint_reads() == 0);
   // 0 steps lost: the resumed step is at least every step each rank had reported finished.
