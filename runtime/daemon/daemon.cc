@@ -286,6 +286,10 @@ void Daemon::Impl::DrainNow() {
     }
   }
   (void)AwaitLocalReleased();  // the control loop reaps and reports
+  // This node's in-memory replicas serve only ranks restarted here; a drained daemon runs none.
+  std::error_code ec;
+  const auto n = std::filesystem::remove_all(ReplicaRoot(), ec);
+  if (n > 0) spdlog::info("emberd {}: removed {} ({} in-memory replica entries)", opts.node_name, ReplicaRoot(), n);
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();

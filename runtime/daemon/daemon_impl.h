@@ -156,7 +156,7 @@ class Daemon::Impl {
   // subdirectory per job (the workers' EMBER_REPLICA_DIR). SweepReplicas (supervise.cc, every few
   // seconds) removes the subdirectory of every job that is not active with an attempt here, so a
   // job's files go when it ends, and a daemon restarted after a crash removes what its predecessor
-  // left on its first sweep.
+  // left on its first sweep. A drain (DrainNow) removes the whole root; a detach keeps it.
   std::string ReplicaRoot() const;
   void SweepReplicas(const std::map<std::string, Job>& records) ABSL_LOCKS_EXCLUDED(mu);
 
