@@ -119,7 +119,7 @@ int main(int argc, char** argv) {
     bool started = false;
     while (absl::Now() - t0 < absl::Seconds(120)) {
       auto j = c->Get(id);
-      if (j.ok() && j->progress().step() >= 1) {
+      if (j.ok() && j->progress().metrics().step() >= 1) {
         started = true;
         break;
       }

@@ -64,14 +64,17 @@ int64_t RssKiB() {
   return -1;
 }
 
+// A jobs.v1.StepMetrics line as the worker writes it (protobuf's JSON form: int64 as strings).
 std::string Line(int64_t step, int rank) {
   return absl::StrCat(
-      "{\"step\":", step, ",\"loss\":", 5.0 - step * 1e-4, ",\"local_loss\":", 5.0 + rank * 1e-3,
+      "{\"step\":\"", step, "\",\"loss\":", 5.0 - step * 1e-4, ",\"local_loss\":", 5.0 + rank * 1e-3,
       ",\"lr\":0.0003,\"grad_norm\":0.91,\"tokens_per_s\":123456,\"step_s\":0.21,"
-      "\"comm_wait_s\":0.04,\"peak_rss_bytes\":1234567890,\"state_bytes\":987654321,"
-      "\"bytes\":{\"all_gather\":{\"bf16\":33554432},\"reduce_scatter\":{\"f32\":67108864},"
-      "\"all_reduce\":{\"f32\":1024},\"reduce_scatter_promoted\":0},\"checkpoint_save_s\":2.5,"
-      "\"flight_entries\":2000}\n");
+      "\"comm_wait_s\":0.04,\"peak_rss_bytes\":\"1234567890\",\"state_bytes\":\"987654321\","
+      "\"comm_memory_bytes\":\"11536512\",\"collective_bytes\":[{\"collective\":\"all_gather\","
+      "\"dtype\":\"bf16\",\"bytes\":\"33554432\"},{\"collective\":\"reduce_scatter\",\"dtype\":"
+      "\"f32\",\"bytes\":\"67108864\"},{\"collective\":\"all_reduce\",\"dtype\":\"f32\",\"bytes\":"
+      "\"1024\"}],\"reduce_scatter_promoted_bytes\":\"0\",\"checkpoint_save_s\":2.5,"
+      "\"flight_entries\":\"2000\",\"attempt\":0,\"unix_ms\":\"1796659056431\"}\n");
 }
 
 }  // namespace

@@ -52,17 +52,22 @@ void WriteMetrics(const std::string& path, int steps, int rank) {
   std::mt19937 rng(rank + 1);
   std::normal_distribution<double> noise(0, 1);
   std::ofstream f(path, std::ios::trunc);
-  char line[512];
+  char line[1024];
   for (int s = 1; s <= steps; ++s) {
     double loss = 1.5 + 4 * std::exp(-s / (0.2 * steps)) + 0.05 * noise(rng);
     if (s % 9973 == 0) loss += 3;  // a spike the downsampled curve must keep
     const double step_s = 0.1 + 0.005 * std::fabs(noise(rng));
     std::snprintf(line, sizeof line,
-                  "{\"step\":%d,\"loss\":%.9g,\"local_loss\":%.9g,\"lr\":0.001,\"grad_norm\":1.1,"
-                  "\"tokens_per_s\":%.9g,\"step_s\":%.9g,\"comm_wait_s\":%.9g,"
-                  "\"peak_rss_bytes\":123456789,\"state_bytes\":4096,\"bytes\":{\"all_gather\":"
-                  "{\"f32\":86400},\"reduce_scatter\":{\"f32\":86400},\"all_reduce\":{\"f64\":16},"
-                  "\"reduce_scatter_promoted\":0},\"attempt\":0,\"unix_ms\":%lld}\n",
+                  // A jobs.v1.StepMetrics line as the worker writes it (int64 as strings).
+                  "{\"step\":\"%d\",\"loss\":%.17g,\"local_loss\":%.17g,\"lr\":0.001,\"grad_norm\":1.1,"
+                  "\"tokens_per_s\":%.17g,\"step_s\":%.9g,\"comm_wait_s\":%.9g,"
+                  "\"peak_rss_bytes\":\"123456789\",\"state_bytes\":\"4096\","
+                  "\"comm_memory_bytes\":\"11536512\",\"collective_bytes\":[{\"collective\":"
+                  "\"all_gather\",\"dtype\":\"f32\",\"bytes\":\"86400\"},{\"collective\":"
+                  "\"reduce_scatter\",\"dtype\":\"f32\",\"bytes\":\"86400\"},{\"collective\":"
+                  "\"all_reduce\",\"dtype\":\"f64\",\"bytes\":\"16\"}],"
+                  "\"reduce_scatter_promoted_bytes\":\"0\",\"flight_entries\":\"12\","
+                  "\"attempt\":0,\"unix_ms\":\"%lld\"}\n",
                   s, loss, loss, 64 * 32 / step_s, step_s, 0.3 * step_s,
                   1700000000000LL + 100LL * s);
     f << line;

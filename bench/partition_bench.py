@@ -33,7 +33,7 @@ def records(out):
             for line in f:
                 if line.strip():
                     r = json.loads(line)
-                    rows.append((rank, r["step"], r["attempt"], r["unix_ms"] / 1000.0))
+                    rows.append((rank, int(r["step"]), int(r["attempt"]), int(r["unix_ms"]) / 1000.0))  # int64s are JSON strings
     return rows
 
 

@@ -26,7 +26,7 @@ RUNNING=$(mh_wait_attempt "$JOB" 1) || fail "no attempt 1 running 30 s after the
 M="$T/jobs/$JOB/metrics"
 # The last step attempt 0 recorded (it cannot pass a step once a host is cut off), then every
 # attempt-1 rank's first record past it.
-step_of() { sed -n "s/^{\"step\":\([0-9]*\),.*\"attempt\":$1,.*/\1/p"; }
+step_of() { sed -n "s/^{\"step\":\"\{0,1\}\([0-9]*\)\"\{0,1\},.*\"attempt\":$1,.*/\1/p"; }
 A0=$(cat "$M"/rank-*.jsonl | step_of 0 | sort -n | tail -1)
 [ -n "$A0" ] || fail "no attempt-0 step records in $M"
 PAST=0

@@ -69,7 +69,7 @@ Round Measure(Client& c, int round, bool replicas) {
   int64_t step = 0;
   if (!WaitFor([&] {
         auto j = c.Get(id);
-        if (j.ok()) step = j->progress().step();
+        if (j.ok()) step = j->progress().metrics().step();
         return step >= absl::GetFlag(FLAGS_kill_at);
       }, absl::Seconds(120), absl::Milliseconds(5))) {
     std::fprintf(stderr, "job %s never reached step %d\n", id.c_str(), absl::GetFlag(FLAGS_kill_at));
@@ -91,7 +91,7 @@ Round Measure(Client& c, int round, bool replicas) {
     if (j.ok() && j->state() != jobs::v1::RUNNING && out.detect_s < 0) {
       out.detect_s = absl::ToDoubleSeconds(absl::Now() - t0);
     }
-    return j.ok() && j->attempts_size() == 2 && j->progress().step() > 0;
+    return j.ok() && j->attempts_size() == 2 && j->progress().metrics().step() > 0;
   }, absl::Seconds(60), absl::Milliseconds(5));
   const double restarted = absl::ToDoubleSeconds(absl::Now() - t0);
   auto done = c.Wait(id, absl::Seconds(180));

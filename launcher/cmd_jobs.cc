@@ -30,10 +30,11 @@ namespace v1 = ::ember::jobs::v1;
 namespace fs = std::filesystem;
 
 std::string ProgressLine(const v1::Progress& p) {
-  if (p.step() == 0) return "";
+  const v1::StepMetrics& m = p.metrics();
+  if (m.step() == 0) return "";
   std::string eta = p.eta_s() > 0 ? absl::StrFormat(" eta %.0fs", p.eta_s()) : "";
-  return absl::StrFormat("step %d/%d loss %.4f %.0f tok/s%s", p.step(), p.steps(), p.loss(),
-                         p.tokens_per_s(), eta);
+  return absl::StrFormat("step %d/%d loss %.4f %.0f tok/s%s", m.step(), p.steps(), m.loss(),
+                         m.tokens_per_s(), eta);
 }
 
 void PrintJob(const Ctl& ctl, const v1::Job& j, bool detail) {
@@ -85,10 +86,10 @@ int Follow(Ctl& ctl, Client& c, const std::string& id) {
       if (tty) {
         std::cerr << "\r\033[K" << line << std::flush;
       } else if (u.state() != last_state ||
-                 (it != u.ranks().end() && it->second.step() / 10 != last_step / 10)) {
+                 (it != u.ranks().end() && it->second.metrics().step() / 10 != last_step / 10)) {
         std::cerr << line << "\n";  // not a terminal: a line per state change / 10 steps
       }
-      if (it != u.ranks().end()) last_step = it->second.step();
+      if (it != u.ranks().end()) last_step = it->second.metrics().step();
     }
     last_state = u.state();
     return !Interrupted();

@@ -79,7 +79,7 @@ int RunPlot(Ctl& ctl) {
   if (!c.ok()) return ctl.Fail(c.status());
   auto series = c->GetSeries(job, *metric, max_points, attempt);
   if (!series.ok()) return ctl.Fail(series.status());
-  if (ctl.json()) {
+  if (ctl.json() || ctl.args().Has("--json")) {
     std::cout << Ctl::ToJson(*series) << "\n";
     return kOk;
   }
@@ -108,10 +108,11 @@ std::string TopFrame(const std::string& id, const v1::MetricsUpdate& u) {
                                   u.attempt(), u.reason().empty() ? "" : "  (" + u.reason() + ")");
   std::vector<daemon::RecentStats> stats;
   for (const auto& [r, p] : u.ranks()) {
+    const v1::StepMetrics& m = p.metrics();
     daemon::RecentStats st;
-    st.lines = p.step() > 0 ? 1 : 0;
-    st.step = p.step();
-    st.busy_s = std::max(0.0, p.step_seconds() - p.comm_wait_seconds());
+    st.lines = m.step() > 0 ? 1 : 0;
+    st.step = m.step();
+    st.busy_s = std::max(0.0, m.step_s() - m.comm_wait_s());
     stats.push_back(st);
   }
   const std::vector<bool> slow = daemon::FindStragglers(stats);
@@ -119,10 +120,11 @@ std::string TopFrame(const std::string& id, const v1::MetricsUpdate& u) {
                        "COMM WAIT", "TOK/S", "LOSS", "MEM");
   size_t i = 0;
   for (const auto& [r, p] : u.ranks()) {
-    const double wait_pct = p.step_seconds() > 0 ? 100 * p.comm_wait_seconds() / p.step_seconds() : 0;
-    s += absl::StrFormat("  %4d %8d %9.1fms %9.0f%% %10.0f %9.4f %8s%s\n", r, p.step(),
-                         1e3 * p.step_seconds(), wait_pct, p.tokens_per_s(), p.loss(),
-                         Human(p.peak_rss_bytes()), slow[i++] ? "  straggler" : "");
+    const v1::StepMetrics& m = p.metrics();
+    const double wait_pct = m.step_s() > 0 ? 100 * m.comm_wait_s() / m.step_s() : 0;
+    s += absl::StrFormat("  %4d %8d %9.1fms %9.0f%% %10.0f %9.4f %8s%s\n", r, m.step(),
+                         1e3 * m.step_s(), wait_pct, m.tokens_per_s(), m.loss(),
+                         Human(m.peak_rss_bytes()), slow[i++] ? "  straggler" : "");
   }
   if (u.ranks().empty()) s += "  (no rank has reported yet)\n";
   return s;

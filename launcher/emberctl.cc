@@ -77,13 +77,18 @@ const std::vector<Command>& Commands() {
       {"cancel", "", "cancel JOB", "stop every worker of the job",
        "  Stops every worker (SIGTERM, SIGKILL after the grace period) and frees its devices.\n",
        1, {}, RunCancel},
-      {"plot", "", "plot JOB [--metric M] [--out FILE.svg|FILE.png]",
+      {"plot", "", "plot JOB [--metric M] [--out FILE.svg|FILE.png] [--json]",
        "draw a metric's curve per rank (file, or braille on the terminal)",
        "  The job's metric over the steps, one line per rank, from the ranks' metrics files\n"
        "  (downsampled on the daemon: a band shows each bucket's min..max). Without --out it is\n"
-       "  drawn on the terminal in braille characters; --output json prints the series.\n",
+       "  drawn on the terminal in braille characters; --json (or --output json) prints the\n"
+       "  series (jobs.v1.Series as JSON).\n",
        1,
-       {{"--metric", "M", "loss (default), tokens_per_s, step_time, comm_wait, grad_norm, lr, memory"},
+       {{"--metric", "M",
+         "any numeric field of jobs.v1.StepMetrics (proto/jobs.proto): loss (default), "
+         "tokens_per_s, step_s, comm_wait_s, grad_norm, lr, ...; aliases step_time, comm_wait, "
+         "memory"},
+        {"--json", "", "print the series as JSON (as --output json)"},
         {"--out", "FILE", "write FILE.svg or FILE.png instead"},
         {"--rank", "R", "only rank R"},
         {"--attempt", "N", "only attempt N (default: every attempt)"},

@@ -35,6 +35,7 @@ runtime/onesided/ucx_connection.cc	"EMBER_LOCAL_WORLD_SIZE	as above (one-host jo
 runtime/onesided/ucx_connection.cc	"EMBER_STORE_ADDR	as above (the device that reaches the store)
 runtime/onesided/exposure_test.cc	"EMBER_WORLD_SIZE	the test sets the environment the agent reads (ucx_connection.cc)
 runtime/onesided/exposure_test.cc	"EMBER_LOCAL_WORLD_SIZE	as above
+kernels/cuda/interp/interp.cc	"EMBER_CUDA_INTERP_RACECHECK	the CUDA interpreter's shared-memory checker switch (docs/gpu-testing.md), not the worker's
 tests/e2e/job_files_test.cc	/files/	the test forges a job's upload keys in the store, as an attacker without the API would
 LIST
 )

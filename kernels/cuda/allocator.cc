@@ -13,8 +13,8 @@ constexpr size_t kLargeGranule = size_t{2} << 20;
 constexpr size_t kSmallLimit = size_t{1} << 20;
 }  // namespace
 
-CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend)
-    : backend_(std::move(backend)) {}
+CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Mode mode)
+    : backend_(std::move(backend)), mode_(mode) {}
 
 CachingAllocator::~CachingAllocator() {
   absl::MutexLock lock(&mu_);
@@ -30,10 +30,10 @@ size_t CachingAllocator::RoundSize(size_t bytes) {
 
 absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
-  const size_t size = RoundSize(bytes);
+  const size_t size = mode_ == Mode::kExact ? bytes : RoundSize(bytes);
   absl::MutexLock lock(&mu_);
   void* p = nullptr;
-  if (auto it = cached_.find(size); it != cached_.end()) {
+  if (auto it = cached_.find(size); mode_ == Mode::kCaching && it != cached_.end()) {
     p = it->second;
     cached_.erase(it);
     ++stats_.num_cache_hits;
@@ -74,6 +74,12 @@ absl::Status CachingAllocator::Free(void* p) {
   const size_t size = it->second;
   live_.erase(it);
   stats_.allocated_bytes -= size;
+  if (mode_ == Mode::kExact) {
+    backend_->Deallocate(p, size);
+    stats_.reserved_bytes -= size;
+    ++stats_.num_backend_frees;
+    return absl::OkStatus();
+  }
   cached_.emplace(size, p);
   return absl::OkStatus();
 }

@@ -50,7 +50,11 @@ class CachingAllocator {
     virtual void Deallocate(void* p, size_t bytes) = 0;
   };
 
-  explicit CachingAllocator(std::unique_ptr<Backend> backend);
+  // kExact hands every request to the backend at its exact size and returns freed blocks to it
+  // at once (no rounding, no cache): under the CUDA interpreter, so that each allocation ends at
+  // its guard page and an overrun faults instead of landing in a rounding granule.
+  enum class Mode { kCaching, kExact };
+  explicit CachingAllocator(std::unique_ptr<Backend> backend, Mode mode = Mode::kCaching);
   // Returns every block to the backend; blocks still allocated are returned too (their owners must
   // be gone by then).
   ~CachingAllocator();
@@ -73,6 +77,7 @@ class CachingAllocator {
   void EmptyCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<Backend> backend_;
+  const Mode mode_;
   mutable absl::Mutex mu_;
   std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);  // ptr -> rounded size
   std::multimap<size_t, void*> cached_ ABSL_GUARDED_BY(mu_);     // rounded size -> free block

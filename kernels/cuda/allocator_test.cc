@@ -98,5 +98,22 @@ TEST_CASE("a failed allocation empties the cache and retries; a bad free is reje
   CHECK(a.Free(nullptr).ok());
 }
 
+TEST_CASE("kExact passes exact sizes to the backend and frees at once (the interpreter's mode)") {
+  int64_t live = 0;
+  CachingAllocator a(std::make_unique<FakeBackend>(1 << 20, &live),
+                     CachingAllocator::Mode::kExact);
+  absl::StatusOr<void*> p = a.Allocate(13);
+  REQUIRE(p.ok());
+  CHECK(live == 13);  // not rounded to 512
+  CHECK(a.stats().reserved_bytes == 13);
+  REQUIRE(a.Free(*p).ok());
+  CHECK(live == 0);  // back to the backend, not cached
+  absl::StatusOr<void*> q = a.Allocate(13);
+  REQUIRE(q.ok());
+  CHECK(a.stats().num_cache_hits == 0);
+  CHECK(a.stats().num_backend_allocs == 2);
+  REQUIRE(a.Free(*q).ok());
+}
+
 }  // namespace
 }  // namespace ember::kernels::cuda

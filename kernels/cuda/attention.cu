@@ -47,7 +47,7 @@ __device__ __forceinline__ int64_t LastQuery(const Geo& g, int64_t j) {
 // Loads rows [r0, r0 + kTile) of a [T, stride] head view into sh[kTile][HD + 1] (zeros past T).
 template <int HD>
 __device__ __forceinline__ void LoadTile(const float* __restrict__ src, int64_t r0, const Geo& g,
-                                         int64_t stride, float (*sh)[HD + 1]) {
+                                         int64_t stride, SharedPtr<float[HD + 1]> sh) {
   for (int i = threadIdx.x; i < kTile * HD; i += blockDim.x) {
     const int r = i / HD, d = i % HD;
     sh[r][d] = r0 + r < g.T ? src[(r0 + r) * stride + d] : 0.0f;
@@ -60,7 +60,8 @@ __global__ void __launch_bounds__(kRows) ForwardKernel(const float* __restrict__
                                                        const float* __restrict__ v, Geo g,
                                                        float* __restrict__ o,
                                                        float* __restrict__ lse) {
-  __shared__ float Ks[kTile][HD + 1], Vs[kTile][HD + 1];
+  EMBER_SHARED(float, Ks, [kTile][HD + 1]);
+  EMBER_SHARED(float, Vs, [kTile][HD + 1]);
   const int64_t bh = blockIdx.y, b = bh / g.H, h = bh % g.H;
   const int64_t base = b * g.T * g.stride + h * HD;
   const int64_t kv_base = b * g.T * g.stride + h / g.group * HD;
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(kRows) ForwardKernel(const float* __restrict__
     if (!live) continue;
     const int64_t lo = Max64(k0, FirstKey(g, t)), hi = Min64(k0 + kTile - 1, t);
     for (int64_t j = lo; j <= hi; ++j) {
-      const float* kr = Ks[j - k0];
+      SharedPtr<const float> kr = Ks[j - k0];
       float s = 0.0f;
 #pragma unroll
       for (int d = 0; d < HD; ++d) s += qr[d] * kr[d];
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kRows) ForwardKernel(const float* __restrict__
       }
       const float p = expf(s - m);
       l += p;
-      const float* vr = Vs[j - k0];
+      SharedPtr<const float> vr = Vs[j - k0];
 #pragma unroll
       for (int d = 0; d < HD; ++d) acc[d] += p * vr[d];
     }
@@ -131,7 +132,10 @@ __global__ void __launch_bounds__(kRows) DqKernel(const float* __restrict__ q,
                                                   const float* __restrict__ lse,
                                                   const float* __restrict__ delta, Geo g,
                                                   float* __restrict__ dq) {
-  __shared__ float Ks[kTile][HD + 1], Vs[kTile][HD + 1], dOs[kRows][HD + 1], Qs[kRows][HD + 1];
+  EMBER_SHARED(float, Ks, [kTile][HD + 1]);
+  EMBER_SHARED(float, Vs, [kTile][HD + 1]);
+  EMBER_SHARED(float, dOs, [kRows][HD + 1]);
+  EMBER_SHARED(float, Qs, [kRows][HD + 1]);
   const int64_t bh = blockIdx.y, b = bh / g.H, h = bh % g.H;
   const int64_t base = b * g.T * g.stride + h * HD;
   const int64_t kv_base = b * g.T * g.stride + h / g.group * HD;
@@ -143,9 +147,9 @@ __global__ void __launch_bounds__(kRows) DqKernel(const float* __restrict__ q,
   float acc[HD];  // q and dout rows stay in shared memory (registers would spill at hd 64)
 #pragma unroll
   for (int d = 0; d < HD; ++d) acc[d] = 0.0f;
-  const float* qr = Qs[threadIdx.x];
+  SharedPtr<const float> qr = Qs[threadIdx.x];
   const float L = live ? lse[bh * g.T + t] : 0.0f, D = live ? delta[bh * g.T + t] : 0.0f;
-  const float* dor = dOs[threadIdx.x];
+  SharedPtr<const float> dor = dOs[threadIdx.x];
   const int64_t q_last = Min64(g.T, q0 + kRows) - 1;
   const int64_t k_first = FirstKey(g, q0) / kTile * kTile;
   for (int64_t k0 = k_first; k0 <= q_last; k0 += kTile) {
@@ -156,7 +160,7 @@ __global__ void __launch_bounds__(kRows) DqKernel(const float* __restrict__ q,
     if (!live) continue;
     const int64_t lo = Max64(k0, FirstKey(g, t)), hi = Min64(k0 + kTile - 1, t);
     for (int64_t j = lo; j <= hi; ++j) {
-      const float *kr = Ks[j - k0], *vr = Vs[j - k0];
+      SharedPtr<const float> kr = Ks[j - k0], vr = Vs[j - k0];
       float s = 0.0f, dp = 0.0f;
 #pragma unroll 8
       for (int d = 0; d < HD; ++d) {
@@ -184,9 +188,14 @@ __global__ void __launch_bounds__(kRows) DkDvKernel(const float* __restrict__ q,
                                                     const float* __restrict__ delta, Geo g,
                                                     float* __restrict__ dk,
                                                     float* __restrict__ dv) {
-  __shared__ float Qs[kTile][HD + 1], dOs[kTile][HD + 1], Ks[kRows][HD + 1], Vs[kRows][HD + 1];
-  __shared__ float dKs[kRows][HD + 1];  // this thread's dk row (registers would spill at hd 64)
-  __shared__ float Ls[kTile], Ds[kTile];
+  EMBER_SHARED(float, Qs, [kTile][HD + 1]);
+  EMBER_SHARED(float, dOs, [kTile][HD + 1]);
+  EMBER_SHARED(float, Ks, [kRows][HD + 1]);
+  EMBER_SHARED(float, Vs, [kRows][HD + 1]);
+  // dKs[threadIdx.x] is this thread's dk row (registers would spill at hd 64).
+  EMBER_SHARED(float, dKs, [kRows][HD + 1]);
+  EMBER_SHARED(float, Ls, [kTile]);
+  EMBER_SHARED(float, Ds, [kTile]);
   const int64_t bkv = blockIdx.y, b = bkv / g.KV, kvh = bkv % g.KV;
   const int64_t kv_base = b * g.T * g.stride + kvh * HD;
   const int64_t j0 = static_cast<int64_t>(blockIdx.x) * kRows, j = j0 + threadIdx.x;
@@ -194,10 +203,10 @@ __global__ void __launch_bounds__(kRows) DkDvKernel(const float* __restrict__ q,
   LoadTile<HD>(k + kv_base, j0, g, g.stride, Ks);  // read after the first barrier below
   LoadTile<HD>(v + kv_base, j0, g, g.stride, Vs);
   float dvr[HD];
-  float* dkr = dKs[threadIdx.x];
+  SharedPtr<float> dkr = dKs[threadIdx.x];
 #pragma unroll
   for (int d = 0; d < HD; ++d) dkr[d] = dvr[d] = 0.0f;
-  const float *kr = Ks[threadIdx.x], *vr = Vs[threadIdx.x];
+  SharedPtr<const float> kr = Ks[threadIdx.x], vr = Vs[threadIdx.x];
   const int64_t j_last = Min64(g.T, j0 + kRows) - 1;
   const int64_t t_first = j0 / kTile * kTile;
   const int64_t t_last = LastQuery(g, j_last);
@@ -218,7 +227,7 @@ __global__ void __launch_bounds__(kRows) DkDvKernel(const float* __restrict__ q,
       if (!live) continue;
       const int64_t lo = Max64(t0, j), hi = Min64(t0 + kTile - 1, LastQuery(g, j));
       for (int64_t t = lo; t <= hi; ++t) {
-        const float *qr = Qs[t - t0], *dor = dOs[t - t0];
+        SharedPtr<const float> qr = Qs[t - t0], dor = dOs[t - t0];
         float s = 0.0f, dp = 0.0f;
 #pragma unroll 8
         for (int d = 0; d < HD; ++d) {

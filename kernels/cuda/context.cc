@@ -66,7 +66,13 @@ struct ContextAccess {
 };
 
 std::unique_ptr<CachingAllocator> NewCudaAllocator() {
+#ifdef EMBER_CUDA_INTERP
+  // Exact-size cudaMalloc allocations, each ending at a guard page (kernels/cuda/interp).
+  return std::make_unique<CachingAllocator>(std::make_unique<CudaMallocBackend>(),
+                                            CachingAllocator::Mode::kExact);
+#else
   return std::make_unique<CachingAllocator>(std::make_unique<CudaMallocBackend>());
+#endif
 }
 
 absl::StatusOr<std::unique_ptr<CudaContext>> CudaContext::Create(int device) {

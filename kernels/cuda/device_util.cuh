@@ -15,7 +15,23 @@
 #define EMBER_LAUNCH(kernel, grid, block, smem, stream) kernel<<<grid, block, smem, stream>>>
 #endif
 
+// Shared memory: arrays are declared EMBER_SHARED(type, name, dims), e.g.
+// EMBER_SHARED(float, red, [32]), and pointers into them are SharedPtr<T> (T may be a row type,
+// float[65]). Under nvcc these are `__shared__ float red[32]` and a plain T*; under the
+// interpreter, checked arrays whose every access goes through its shared-memory race detector.
+#ifndef EMBER_CUDA_INTERP
+#define EMBER_SHARED(type, name, dims) __shared__ type name dims
+#endif
+
 namespace ember::kernels::cuda::detail {
+
+#ifdef EMBER_CUDA_INTERP
+template <typename T>
+using SharedPtr = ::ember_interp::SharedPtr<T>;
+#else
+template <typename T>
+using SharedPtr = T*;
+#endif
 
 #define EMBER_GRID_STRIDE(i, n)                                                         \
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
@@ -34,7 +50,7 @@ __device__ __forceinline__ float WarpMax(float v) {
 // Block-wide sum / max; every thread gets the result. blockDim.x is a multiple of 32, <= 1024.
 // `shared` holds 32 elements. Fixed tree order: deterministic.
 template <typename T>
-__device__ __forceinline__ T BlockSum(T v, T* shared) {
+__device__ __forceinline__ T BlockSum(T v, SharedPtr<T> shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   v = WarpSum(v);
   __syncthreads();  // shared may still be read by a previous reduction
@@ -43,7 +59,7 @@ __device__ __forceinline__ T BlockSum(T v, T* shared) {
   v = lane < nwarps ? shared[lane] : T(0);
   return WarpSum(v);
 }
-__device__ __forceinline__ float BlockMax(float v, float* shared) {
+__device__ __forceinline__ float BlockMax(float v, SharedPtr<float> shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
   v = WarpMax(v);
   __syncthreads();
@@ -63,7 +79,8 @@ __device__ __forceinline__ void OnlineAdd(float e, float& m, float& s) {
   }
 }
 // Block-wide merge of every thread's (m, s): returns the row max M; *S gets sum exp(x - M).
-__device__ __forceinline__ float BlockOnlineMerge(float m, float s, float* S, float* shared) {
+__device__ __forceinline__ float BlockOnlineMerge(float m, float s, float* S,
+                                                  SharedPtr<float> shared) {
   const float M = BlockMax(m, shared);
   *S = BlockSum(m == -INFINITY ? 0.0f : s * expf(m - M), shared);
   return M;

@@ -25,7 +25,7 @@ __global__ void InitRowsKernel(int64_t rows, float* state) {
 __global__ void UpdateRowsKernel(const float* __restrict__ z, int64_t rows, int64_t cols,
                                  int64_t v0, const int32_t* __restrict__ targets,
                                  int64_t ignore_index, float* __restrict__ state) {
-  __shared__ float red[32];
+  EMBER_SHARED(float, red, [32]);
   const int64_t r = blockIdx.x;
   const float* zr = z + r * cols;
   float m = -INFINITY, s = 0, sum = 0;
@@ -53,7 +53,7 @@ __global__ void FinishRowsKernel(int64_t rows, const int32_t* __restrict__ targe
                                  int64_t ignore_index, float eps, float zc,
                                  float* __restrict__ state, double* __restrict__ total,
                                  int* __restrict__ bad_target) {
-  __shared__ double red[32];
+  EMBER_SHARED(double, red, [32]);
   double loss = 0, count = 0;
   for (int64_t r = threadIdx.x; r < rows; r += blockDim.x) {
     const float lse = state[r] + logf(state[rows + r]);
@@ -79,7 +79,7 @@ __global__ void FinishRowsKernel(int64_t rows, const int32_t* __restrict__ targe
 
 __global__ void CountValidKernel(const int32_t* __restrict__ targets, int64_t N,
                                  int64_t ignore_index, double* __restrict__ valid) {
-  __shared__ double red[32];
+  EMBER_SHARED(double, red, [32]);
   double c = 0;
   for (int64_t i = threadIdx.x; i < N; i += blockDim.x) c += targets[i] != ignore_index ? 1 : 0;
   c = BlockSum(c, red);

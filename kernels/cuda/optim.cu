@@ -31,7 +31,7 @@ __global__ void AdamWKernel(const __grid_constant__ TensorBatchArgs b, AdamWArgs
 
 __global__ void SumSquaresKernel(const __grid_constant__ TensorBatchArgs b,
                                  double* __restrict__ partial) {
-  __shared__ double red[32];
+  EMBER_SHARED(double, red, [32]);
   const int t = b.chunk_tensor[blockIdx.x];
   const int64_t begin = b.chunk_index[blockIdx.x] * b.chunk;
   const int64_t end = min(b.n[t], begin + b.chunk);
@@ -48,7 +48,7 @@ __global__ void SumSquaresKernel(const __grid_constant__ TensorBatchArgs b,
 // One block: each thread sums a strided subset in order, then a fixed tree.
 __global__ void FinishNormKernel(const double* __restrict__ partial, int64_t n, double max_norm,
                                  double* __restrict__ out_norm, float* __restrict__ scale) {
-  __shared__ double red[32];
+  EMBER_SHARED(double, red, [32]);
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += partial[i];
   acc = BlockSum(acc, red);

@@ -32,7 +32,7 @@ __global__ void RmsNormForwardKernel(const float* __restrict__ x, const float* _
                                      int64_t C, float eps, float* __restrict__ y,
                                      float* __restrict__ rstd) {
   using T = typename Vec<V>::T;
-  __shared__ float red[32];
+  EMBER_SHARED(float, red, [32]);
   const int64_t row = blockIdx.x;
   const T* xr = reinterpret_cast<const T*>(x + row * C);
   const T* wv = reinterpret_cast<const T*>(w);
@@ -62,7 +62,7 @@ __global__ void RmsNormBackwardDxKernel(const float* __restrict__ x, const float
                                         const float* __restrict__ dy, int64_t C,
                                         float* __restrict__ dx) {
   using T = typename Vec<V>::T;
-  __shared__ float red[32];
+  EMBER_SHARED(float, red, [32]);
   const int64_t row = blockIdx.x;
   const T* xr = reinterpret_cast<const T*>(x + row * C);
   const T* dyr = reinterpret_cast<const T*>(dy + row * C);
@@ -118,7 +118,7 @@ template <int V>
 __global__ void SoftmaxForwardKernel(const float* __restrict__ x, int64_t C,
                                      float* __restrict__ y) {
   using T = typename Vec<V>::T;
-  __shared__ float red[32];
+  EMBER_SHARED(float, red, [32]);
   const int64_t row = blockIdx.x;
   const T* xr = reinterpret_cast<const T*>(x + row * C);
   T* yr = reinterpret_cast<T*>(y + row * C);
@@ -147,7 +147,7 @@ template <int V>
 __global__ void SoftmaxBackwardKernel(const float* __restrict__ y, const float* dy, int64_t C,
                                       float* dx) {
   using T = typename Vec<V>::T;
-  __shared__ float red[32];
+  EMBER_SHARED(float, red, [32]);
   const int64_t row = blockIdx.x;
   const T* yr = reinterpret_cast<const T*>(y + row * C);
   const T* dyr = reinterpret_cast<const T*>(dy + row * C);

@@ -119,6 +119,9 @@ std::string ValidUtf8(absl::string_view s) {
 }
 
 Value Str(absl::string_view s) { return Value::Str(ValidUtf8(s)); }
+// The metric the page's third chart shows first (any StepMetrics series can be picked).
+constexpr char kPickedMetric[] = "step_s";
+
 Value Num(double v) { return std::isfinite(v) ? Value::Double(v) : Value(); }
 
 bool ValidJobId(absl::string_view id) { return CheckJobId(id).ok(); }  // spec_policy.h
@@ -189,10 +192,14 @@ class JobPage {
       if (rec.ok()) {
         v1::Job& job = rec->first;
         initial.Set("detail", DetailJson(&job));
-        for (const char* m : {"loss", "tokens_per_s"}) {
+        for (const char* m : {"loss", "tokens_per_s", kPickedMetric}) {
           v1::Series s;
           if (ReadSeries(d_, job, m, 1000, -1, &s).ok()) initial.Set(m, SeriesJson(s));
         }
+        // The third chart's choices: every StepMetrics series (series.h), first the default.
+        Value metrics = Value::MakeArray();
+        for (const std::string& m : MetricNames()) metrics.Push(Str(m));
+        initial.Set("metrics", std::move(metrics)).Set("pick", Str(kPickedMetric));
         initial.Set("logs", LogsJson(job, 0, 200));
       }
     }
@@ -293,9 +300,9 @@ class JobPage {
                    .Set("reason", Str(j.reason()))
                    .Set("world_size", Value::Int(j.world_size()))
                    .Set("device_type", Str(j.device_type()))
-                   .Set("step", Value::Int(j.progress().step()))
+                   .Set("step", Value::Int(j.progress().metrics().step()))
                    .Set("steps", Value::Int(j.progress().steps()))
-                   .Set("loss", Num(j.progress().loss()))
+                   .Set("loss", Num(j.progress().metrics().loss()))
                    .Set("submit_unix_ms", Value::Int(j.submit_unix_ms())));
     }
     return Value::MakeObject().Set("jobs", std::move(arr));
@@ -402,10 +409,10 @@ class JobPage {
                   .Set("submit_unix_ms", Value::Int(job->submit_unix_ms()))
                   .Set("end_unix_ms", Value::Int(job->end_unix_ms()))
                   .Set("progress", Value::MakeObject()
-                                       .Set("step", Value::Int(p.step()))
+                                       .Set("step", Value::Int(p.metrics().step()))
                                        .Set("steps", Value::Int(p.steps()))
-                                       .Set("loss", Num(p.loss()))
-                                       .Set("tokens_per_s", Num(p.tokens_per_s()))
+                                       .Set("loss", Num(p.metrics().loss()))
+                                       .Set("tokens_per_s", Num(p.metrics().tokens_per_s()))
                                        .Set("eta_s", Num(p.eta_s())))
                   .Set("attempts", std::move(attempts))
                   .Set("checkpoints", Checkpoints(*job))

@@ -40,6 +40,8 @@ const char kJobPageBody[] = R"HTML(
 <div class="grid">
 <section><h2>Loss</h2><svg id="chart-loss" class="chart" data-points="0"></svg></section>
 <section><h2>Tokens/s</h2><svg id="chart-tokens_per_s" class="chart" data-points="0"></svg></section>
+<section><h2><select id="metric-pick"></select></h2>
+<svg id="chart-pick" class="chart" data-points="0"></svg></section>
 <section><h2>Step time per rank <span class="muted" id="bar-rule"></span></h2>
 <svg id="bars" class="bars"></svg></section>
 <section><h2>Attempts</h2><table id="attempts"><thead><tr><th>#</th><th>ran</th><th>nodes</th>
@@ -270,26 +272,34 @@ function jobPage(init) {
   const id = decodeURIComponent(location.pathname.slice("/jobs/".length));
   const api = "/api/jobs/" + encodeURIComponent(id);
   $("job-view").hidden = false;
-  const apply = (d, loss, tps, logs) => {
+  // Any series (every numeric field of jobs.v1.StepMetrics, listed by the server) in a third chart.
+  const pick = $("metric-pick");
+  for (const m of init.metrics || []) pick.appendChild(el("option", {value: m}, m));
+  pick.value = init.pick || "";
+  const apply = (d, loss, tps, picked, logs) => {
     renderDetail(d);
     drawChart($("chart-loss"), loss);
     drawChart($("chart-tokens_per_s"), tps);
+    drawChart($("chart-pick"), picked);
+    $("chart-pick").setAttribute("data-metric", (picked && picked.metric) || "");
     renderLogs(logs);
   };
-  if (init.detail) apply(init.detail, init.loss, init.tokens_per_s, init.logs);
+  if (init.detail) apply(init.detail, init.loss, init.tokens_per_s, init[init.pick], init.logs);
   else $("job-title").textContent = "no job " + id;
   markRendered();
   let updates = 0, state = init.detail ? init.detail.state : "";
   const done = () => ["SUCCEEDED", "FAILED", "CANCELLED"].includes(state);
   $("log-rank").addEventListener("change", () => poll());
+  pick.addEventListener("change", () => poll());
   async function poll() {
     try {
       const rank = $("log-rank").value || 0;
-      const [d, loss, tps, logs] = await Promise.all([
+      const [d, loss, tps, picked, logs] = await Promise.all([
         getJson(api), getJson(api + "/series?metric=loss&max_points=1000"),
         getJson(api + "/series?metric=tokens_per_s&max_points=1000"),
+        getJson(api + "/series?metric=" + encodeURIComponent(pick.value) + "&max_points=1000"),
         getJson(api + "/logs?rank=" + rank + "&tail=200")]);
-      apply(d, loss, tps, logs);
+      apply(d, loss, tps, picked, logs);
       state = d.state;
       document.body.setAttribute("data-updates", String(++updates));
     } catch (e) { if (e) console.log(e); }

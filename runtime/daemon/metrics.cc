@@ -10,12 +10,15 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
 #include "prometheus/counter.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 #include "runtime/base/json.h"
+#include "runtime/daemon/series.h"
 
 namespace ember::daemon {
 namespace {
@@ -28,11 +31,6 @@ double ThreadCpuSeconds() {
   timespec ts{};
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + ts.tv_nsec * 1e-9;
-}
-
-double NumOr(const json::Value& v, absl::string_view key, double def) {
-  const json::Value* f = v.Find(key);
-  return f != nullptr && f->is_number() ? f->as_double() : def;
 }
 
 bool IsTerminal(jobs::v1::JobState s) {
@@ -48,8 +46,16 @@ class Families {
  public:
   explicit Families(int max_series) : budget_(max_series) {}
 
+  // A family with no sample yet (its HELP and TYPE lines show regardless).
+  void Declare(const std::string& name, const std::string& help, MetricType type) {
+    if (index_.count(name) == 0) {
+      index_.emplace(name, families_.size());
+      families_.push_back(MetricFamily{name, help, type, {}});
+    }
+  }
+
   // Adds a sample; false (and counted as dropped) once the budget is spent.
-  bool Add(const std::string& name, const char* help, MetricType type,
+  bool Add(const std::string& name, const std::string& help, MetricType type,
            std::vector<ClientMetric::Label> labels, double value) {
     if (!std::isfinite(value)) return true;  // NaN/Inf: leave the series out this scrape
     if (budget_ <= 0) {
@@ -168,82 +174,113 @@ void AddJobs(const MetricsSnapshot& s, int finished, Families* f) {
   }
 }
 
-// This node's ranks, from their metrics files. Rank 0 also gives the job-level training series.
+std::string FieldHelp(const google::protobuf::FieldDescriptor& f) {
+  const std::string unit = PrometheusName(f).second != 1 ? " (converted to seconds)" : "";
+  return absl::StrCat("jobs.v1.StepMetrics.", f.name(), unit,
+                      " of the rank's last report (proto/jobs.proto)");
+}
+
+double FieldValue(const jobs::v1::StepMetrics& m, const google::protobuf::FieldDescriptor& f) {
+  using FD = google::protobuf::FieldDescriptor;
+  const google::protobuf::Reflection& r = *m.GetReflection();
+  switch (f.cpp_type()) {
+    case FD::CPPTYPE_INT32: return r.GetInt32(m, &f);
+    case FD::CPPTYPE_INT64: return static_cast<double>(r.GetInt64(m, &f));
+    case FD::CPPTYPE_UINT32: return r.GetUInt32(m, &f);
+    case FD::CPPTYPE_UINT64: return static_cast<double>(r.GetUInt64(m, &f));
+    case FD::CPPTYPE_FLOAT: return r.GetFloat(m, &f);
+    case FD::CPPTYPE_DOUBLE: return r.GetDouble(m, &f);
+    default: return std::nan("");
+  }
+}
+
+// This node's ranks, from their metrics files: every numeric StepMetrics field the line has.
+// Rank 0 also gives the job-level training series.
 void AddRanks(const MetricsSnapshot& s, Families* f) {
+  const auto& fields = StepMetricFields();
+  for (const auto* field : fields) {
+    f->Declare(PrometheusName(*field).first, FieldHelp(*field), kGauge);
+  }
   for (const LocalRank& r : s.ranks) {
     absl::StatusOr<RankReport> rep = ReadLastRankReport(r.metrics_path);
     if (!rep.ok()) continue;  // not reported yet
+    const jobs::v1::StepMetrics& m = rep->metrics;
     const std::vector<ClientMetric::Label> l = {{"job_id", r.job}, {"rank", std::to_string(r.rank)}};
-    f->Add("ember_rank_step", "last reported optimizer step", kGauge, l, rep->step);
-    f->Add("ember_rank_attempt", "attempt the rank belongs to", kGauge, l, r.attempt);
-    f->Add("ember_rank_loss", "this rank's loss over its micro-batches at the last report",
-           kGauge, l, rep->local_loss);
-    f->Add("ember_rank_step_seconds", "wall time of the last reported step", kGauge, l,
-           rep->step_s);
-    f->Add("ember_rank_comm_wait_seconds",
-           "time in collectives on the training thread during the last reported step", kGauge, l,
-           rep->comm_wait_s);
-    f->Add("ember_rank_tokens_per_second", "job tokens/s at the last report, as this rank timed it",
-           kGauge, l, rep->tokens_per_s);
-    if (rep->peak_rss_bytes >= 0) {
-      f->Add("ember_rank_peak_rss_bytes", "peak resident memory of the worker", kGauge, l,
-             static_cast<double>(rep->peak_rss_bytes));
-    }
-    if (rep->checkpoint_save_s >= 0) {
-      f->Add("ember_rank_checkpoint_save_seconds",
-             "duration of the last checkpoint save (async: until the copy started)", kGauge, l,
-             rep->checkpoint_save_s);
-    }
-    if (rep->flight_entries >= 0) {
-      f->Add("ember_rank_flight_recorder_entries", "entries held by the rank's flight recorder",
-             kGauge, l, static_cast<double>(rep->flight_entries));
+    const google::protobuf::Reflection& refl = *m.GetReflection();
+    for (const auto* field : fields) {
+      if (!refl.HasField(m, field)) continue;  // not measured
+      const auto [name, factor] = PrometheusName(*field);
+      f->Add(name, FieldHelp(*field), kGauge, l, FieldValue(m, *field) * factor);
     }
     f->Add("ember_rank_report_age_seconds", "seconds since the rank last reported", kGauge, l,
            rep->age_s);
-    for (const auto& [collective, dtype, bytes] : rep->bytes) {
+    for (const jobs::v1::CollectiveBytes& c : m.collective_bytes()) {
       f->Add("ember_rank_collective_bytes", "bytes moved by collectives in the last reported step",
              kGauge,
-             {{"job_id", r.job}, {"rank", std::to_string(r.rank)}, {"collective", collective},
-              {"dtype", dtype}},
-             static_cast<double>(bytes));
+             {{"job_id", r.job}, {"rank", std::to_string(r.rank)}, {"collective", c.collective()},
+              {"dtype", c.dtype()}},
+             static_cast<double>(c.bytes()));
     }
     if (r.rank == 0) {
       const std::vector<ClientMetric::Label> j = {{"job_id", r.job}};
-      f->Add("ember_job_step", "last optimizer step rank 0 reported", kGauge, j, rep->step);
-      f->Add("ember_job_loss", "training loss (mean over every rank) at the last report", kGauge,
-             j, rep->loss);
-      f->Add("ember_job_tokens_per_second", "tokens trained per second over every rank", kGauge, j,
-             rep->tokens_per_s);
+      f->Add("ember_job_step", "last optimizer step rank 0 reported", kGauge, j,
+             static_cast<double>(m.step()));
+      if (m.has_loss()) {
+        f->Add("ember_job_loss", "training loss (mean over every rank) at the last report", kGauge,
+               j, m.loss());
+      }
+      if (m.has_tokens_per_s()) {
+        f->Add("ember_job_tokens_per_second", "tokens trained per second over every rank", kGauge,
+               j, m.tokens_per_s());
+      }
     }
   }
 }
 
 }  // namespace
 
-absl::StatusOr<RankReport> ParseRankReport(absl::string_view line) {
-  absl::StatusOr<json::Value> v = json::Parse(line);
-  if (!v.ok()) return v.status();
-  if (!v->is_object()) return absl::InvalidArgumentError("metrics line is not a JSON object");
-  const json::Value* step = v->Find("step");
-  if (step == nullptr || !step->is_number()) {
-    return absl::InvalidArgumentError("metrics line has no numeric \"step\"");
+std::pair<std::string, double> PrometheusName(const google::protobuf::FieldDescriptor& field) {
+  std::string n = field.name();
+  double factor = 1;
+  if (absl::EndsWith(n, "_per_s")) {
+    n = absl::StrCat(n.substr(0, n.size() - 1), "second");
+  } else if (absl::EndsWith(n, "_ms")) {
+    n = absl::StrCat(n.substr(0, n.size() - 3), "_seconds");
+    factor = 1e-3;
+  } else if (absl::EndsWith(n, "_s")) {
+    n = absl::StrCat(n.substr(0, n.size() - 2), "_seconds");
   }
+  return {absl::StrCat("ember_rank_", n), factor};
+}
+
+absl::StatusOr<RankReport> ParseRankReport(absl::string_view line) {
   RankReport r;
-  r.step = step->IntOr(-1);
-  const double nan = std::nan("");
-  r.loss = NumOr(*v, "loss", nan);
-  r.local_loss = NumOr(*v, "local_loss", r.loss);
-  r.tokens_per_s = NumOr(*v, "tokens_per_s", nan);
-  r.step_s = NumOr(*v, "step_s", nan);
-  r.comm_wait_s = NumOr(*v, "comm_wait_s", nan);
-  r.peak_rss_bytes = static_cast<int64_t>(NumOr(*v, "peak_rss_bytes", -1));
-  r.checkpoint_save_s = NumOr(*v, "checkpoint_save_s", -1);
-  r.flight_entries = static_cast<int64_t>(NumOr(*v, "flight_entries", -1));
-  if (const json::Value* bytes = v->Find("bytes"); bytes != nullptr && bytes->is_object()) {
-    for (const auto& [collective, by_dtype] : bytes->object()) {
-      if (!by_dtype.is_object()) continue;  // e.g. reduce_scatter_promoted (a number)
-      for (const auto& [dtype, n] : by_dtype.object()) {
-        if (n.is_number()) r.bytes.emplace_back(collective, dtype, n.IntOr(0));
+  google::protobuf::util::JsonParseOptions o;
+  o.ignore_unknown_fields = true;  // a newer worker's fields; the old format's "bytes" object
+  auto st = google::protobuf::util::JsonStringToMessage(std::string(line), &r.metrics, o);
+  if (!st.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics line is not a jobs.v1.StepMetrics in JSON: ", st.ToString()));
+  }
+  if (!r.metrics.has_step()) return absl::InvalidArgumentError("metrics line has no \"step\"");
+  if (r.metrics.collective_bytes_size() == 0 && line.find("\"bytes\":{") != absl::string_view::npos) {
+    // The format before StepMetrics: "bytes":{"all_gather":{"bf16":4096},...,
+    // "reduce_scatter_promoted":0}.
+    absl::StatusOr<json::Value> v = json::Parse(line);
+    const json::Value* bytes = v.ok() ? v->Find("bytes") : nullptr;
+    if (bytes != nullptr && bytes->is_object()) {
+      for (const auto& [collective, by_dtype] : bytes->object()) {
+        if (collective == "reduce_scatter_promoted" && by_dtype.is_number()) {
+          r.metrics.set_reduce_scatter_promoted_bytes(by_dtype.IntOr(0));
+        }
+        if (!by_dtype.is_object()) continue;
+        for (const auto& [dtype, n] : by_dtype.object()) {
+          if (!n.is_number()) continue;
+          jobs::v1::CollectiveBytes* c = r.metrics.add_collective_bytes();
+          c->set_collective(collective);
+          c->set_dtype(dtype);
+          c->set_bytes(n.IntOr(0));
+        }
       }
     }
   }

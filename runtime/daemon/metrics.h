@@ -9,7 +9,9 @@
 // Sources: the snapshot the daemon takes (node inventory, NVML, this node's ranks, and on the
 // scheduler every job record) and, per local rank, the newest line of the rank's metrics file
 // <job_dir>/metrics/rank-<r>.jsonl (runtime/worker/step_io.h), read at scrape time (its last few
-// KiB). Labels stay bounded: `job` only for active jobs and the newest `finished_jobs` finished
+// KiB). Every numeric field of that line's jobs.v1.StepMetrics is a gauge ember_rank_<field>
+// (PrometheusName), found through the message's descriptor, and its family is declared (HELP and
+// TYPE) in every scrape even when no rank has it. Labels stay bounded: `job` only for active jobs and the newest `finished_jobs` finished
 // ones, `rank` only for ranks running on this node (so < world size), and at most `max_series`
 // series per scrape (the rest are dropped and counted in ember_metrics_series_dropped).
 //
@@ -22,10 +24,12 @@
 #include <memory>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/descriptor.h"
 #include "proto/jobs.pb.h"
 #include "runtime/daemon/nvml.h"
 
@@ -37,18 +41,19 @@ class Histogram;
 
 namespace ember::daemon {
 
-// The newest report of one rank (a line of rank-<r>.jsonl). -1 / NaN where the line lacks it.
+// The newest report of one rank: a line of rank-<r>.jsonl.
 struct RankReport {
-  int64_t step = -1;
-  double loss = 0, local_loss = 0, tokens_per_s = 0, step_s = 0, comm_wait_s = 0;
-  int64_t peak_rss_bytes = -1;
-  double checkpoint_save_s = -1;  // the last checkpoint save (or async start) before this report
-  int64_t flight_entries = -1;    // entries held by the rank's flight recorder
-  std::vector<std::tuple<std::string, std::string, int64_t>> bytes;  // collective, dtype, bytes/step
+  jobs::v1::StepMetrics metrics;
   double age_s = -1;              // seconds since the file was last written
 };
 
-// Parses one jsonl line. InvalidArgument naming what is wrong.
+// The /metrics name of a StepMetrics field and the factor its value is multiplied by:
+// ember_rank_<name> with a trailing _per_s spelled _per_second, _s spelled _seconds, and _ms
+// spelled _seconds (factor 1e-3). docs/operations.md lists them.
+std::pair<std::string, double> PrometheusName(const google::protobuf::FieldDescriptor& field);
+
+// Parses one jsonl line (StepMetrics' JSON form; unknown keys are ignored; a line of the format
+// before StepMetrics reads too, its "bytes" object included). InvalidArgument naming what is wrong.
 absl::StatusOr<RankReport> ParseRankReport(absl::string_view line);
 // The last complete line of `path` (looked for in its last 64 KiB), parsed, with age_s from the
 // file's mtime. NotFound when the file is missing or holds no complete line yet.

@@ -42,26 +42,51 @@ double Value(const std::string& text, const std::string& series) {
   return std::nan("");
 }
 
-TEST_CASE("a metrics line parses into a rank report") {
+TEST_CASE("a metrics line of the format before StepMetrics parses into a rank report") {
   auto r = ParseRankReport(kLine);
   REQUIRE(r.ok());
-  REQUIRE(r->step == 40);
-  REQUIRE(r->loss == 2.5);
-  REQUIRE(r->local_loss == 2.25);
-  REQUIRE(r->comm_wait_s == 0.125);
-  REQUIRE(r->checkpoint_save_s == 1.5);
-  REQUIRE(r->flight_entries == 77);
-  REQUIRE(r->bytes.size() == 3);
-  REQUIRE(std::get<0>(r->bytes[0]) == "all_gather");
-  REQUIRE(std::get<1>(r->bytes[0]) == "bf16");
-  REQUIRE(std::get<2>(r->bytes[0]) == 4096);
+  const jobs::v1::StepMetrics& m = r->metrics;
+  REQUIRE(m.step() == 40);
+  REQUIRE(m.loss() == 2.5);
+  REQUIRE(m.local_loss() == 2.25);
+  REQUIRE(m.comm_wait_s() == 0.125);
+  REQUIRE(m.checkpoint_save_s() == 1.5);
+  REQUIRE(m.flight_entries() == 77);
+  REQUIRE(!m.has_grad_norm());  // null
+  REQUIRE(m.collective_bytes_size() == 3);
+  REQUIRE(m.collective_bytes(0).collective() == "all_gather");
+  REQUIRE(m.collective_bytes(0).dtype() == "bf16");
+  REQUIRE(m.collective_bytes(0).bytes() == 4096);
+  REQUIRE(m.has_reduce_scatter_promoted_bytes());
   REQUIRE(!ParseRankReport("{\"loss\":1}").ok());
   REQUIRE(!ParseRankReport("not json").ok());
   auto old = ParseRankReport("{\"step\":3,\"loss\":1}");  // a line from before the new fields
   REQUIRE(old.ok());
-  REQUIRE(old->checkpoint_save_s == -1);
-  REQUIRE(old->flight_entries == -1);
-  REQUIRE(std::isnan(old->step_s));
+  REQUIRE(!old->metrics.has_checkpoint_save_s());
+  REQUIRE(!old->metrics.has_flight_entries());
+  REQUIRE(!old->metrics.has_step_s());
+}
+
+TEST_CASE("a StepMetrics line (protobuf's JSON form) parses into a rank report") {
+  auto r = ParseRankReport(
+      "{\"step\":\"7\",\"loss\":1.5,\"peak_rss_bytes\":\"123456789012\",\"collective_bytes\":"
+      "[{\"collective\":\"all_gather\",\"dtype\":\"f32\",\"bytes\":\"64\"}],\"mfu\":0.25,"
+      "\"attempt\":0,\"a_field_from_a_newer_worker\":3}");
+  REQUIRE(r.ok());
+  REQUIRE(r->metrics.step() == 7);
+  REQUIRE(r->metrics.peak_rss_bytes() == 123456789012);
+  REQUIRE(r->metrics.collective_bytes(0).bytes() == 64);
+  REQUIRE(r->metrics.mfu() == 0.25);
+  REQUIRE(r->metrics.has_attempt());
+}
+
+TEST_CASE("Prometheus names of StepMetrics fields spell units out") {
+  const auto* d = jobs::v1::StepMetrics::descriptor();
+  auto name = [&](const char* f) { return PrometheusName(*d->FindFieldByName(f)); };
+  REQUIRE(name("step_s").first == "ember_rank_step_seconds");
+  REQUIRE(name("tokens_per_s").first == "ember_rank_tokens_per_second");
+  REQUIRE(name("unix_ms") == std::pair<std::string, double>("ember_rank_unix_seconds", 1e-3));
+  REQUIRE(name("local_loss") == std::pair<std::string, double>("ember_rank_local_loss", 1));
 }
 
 TEST_CASE("the newest complete line of a metrics file is read, a partial one ignored") {
@@ -76,7 +101,7 @@ TEST_CASE("the newest complete line of a metrics file is read, a partial one ign
   }
   auto r = ReadLastRankReport(path);
   REQUIRE(r.ok());
-  REQUIRE(r->step == 40);
+  REQUIRE(r->metrics.step() == 40);
   REQUIRE(r->age_s >= 0);
   REQUIRE(r->age_s < 60);
   { std::ofstream f(path); f << "{\"step\":1"; }
@@ -160,12 +185,18 @@ TEST_CASE("a scrape shows node, GPU, job and rank series with bounded labels") {
   }
   REQUIRE(Value(text, "ember_job_loss{job_id=\"job-run\"}") == 2.5);
   REQUIRE(Value(text, "ember_job_step{job_id=\"job-run\"}") == 40);
-  REQUIRE(Value(text, "ember_rank_loss{job_id=\"job-run\",rank=\"1\"}") == 2.25);
+  REQUIRE(Value(text, "ember_rank_loss{job_id=\"job-run\",rank=\"1\"}") == 2.5);
+  REQUIRE(Value(text, "ember_rank_local_loss{job_id=\"job-run\",rank=\"1\"}") == 2.25);
+  REQUIRE(Value(text, "ember_rank_state_bytes{job_id=\"job-run\",rank=\"1\"}") == 10);
+  REQUIRE(std::isnan(Value(text, "ember_rank_grad_norm{job_id=\"job-run\",rank=\"1\"}")));  // null
+  // Every numeric field's family is declared, with or without a sample.
+  REQUIRE(text.find("# TYPE ember_rank_mfu gauge") != std::string::npos);
+  REQUIRE(text.find("# TYPE ember_rank_publish_dropped gauge") != std::string::npos);
   REQUIRE(Value(text, "ember_rank_comm_wait_seconds{job_id=\"job-run\",rank=\"1\"}") == 0.125);
   REQUIRE(Value(text, "ember_rank_collective_bytes{job_id=\"job-run\",rank=\"0\",collective="
                       "\"all_gather\",dtype=\"bf16\"}") == 4096);
   REQUIRE(Value(text, "ember_rank_checkpoint_save_seconds{job_id=\"job-run\",rank=\"0\"}") == 1.5);
-  REQUIRE(Value(text, "ember_rank_flight_recorder_entries{job_id=\"job-run\",rank=\"0\"}") == 77);
+  REQUIRE(Value(text, "ember_rank_flight_entries{job_id=\"job-run\",rank=\"0\"}") == 77);
   REQUIRE(std::isnan(Value(text, "ember_rank_step{job_id=\"job-run\",rank=\"5\"}")));
   REQUIRE(Value(text, "ember_daemon_restarts_total") == 1);
   REQUIRE(Value(text, "ember_store_op_duration_seconds_count{op=\"heartbeat\"}") == 1);

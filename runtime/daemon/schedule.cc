@@ -187,7 +187,7 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
   // The failing rank's own last step (other ranks race on to a later step before they stop).
   if (auto v = store->Get(keys::Progress(id, n, act.cause ? act.cause->rank() : 0)); v.ok()) {
     jobs::v1::Progress p;
-    if (p.ParseFromString(*v)) report.last_step = p.step();
+    if (p.ParseFromString(*v)) report.last_step = p.metrics().step();
   }
   bool recorded = false;
   auto r = UpdateRecord(id, [&](Job* j) {

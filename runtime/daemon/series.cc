@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "proto/jobs.pb.h"
 
 namespace ember::daemon {
 namespace {
@@ -62,8 +64,19 @@ size_t SkipValue(absl::string_view line, size_t i) {
   return i;
 }
 
+// A JSON number, null, or a string holding a number (protobuf's JSON form of int64 and of
+// NaN/Infinity).
 std::optional<double> ParseNumber(absl::string_view v) {
   if (v.substr(0, 4) == "null") return std::nan("");
+  if (!v.empty() && v.front() == '"') {
+    v.remove_prefix(1);
+    const size_t q = v.find('"');
+    if (q == absl::string_view::npos) return std::nullopt;
+    v = v.substr(0, q);
+    if (v == "NaN") return std::nan("");
+    if (v == "Infinity") return HUGE_VAL;
+    if (v == "-Infinity") return -HUGE_VAL;
+  }
   double d = 0;
   const auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), d);
   if (ec != std::errc() || end == v.data()) return std::nullopt;
@@ -72,19 +85,56 @@ std::optional<double> ParseNumber(absl::string_view v) {
 
 }  // namespace
 
-const char* const kMetricNames[kNumMetrics] = {"loss",      "tokens_per_s", "step_s",
-                                               "comm_wait_s", "grad_norm",  "lr",
-                                               "local_loss", "peak_rss_bytes"};
+const std::vector<const google::protobuf::FieldDescriptor*>& StepMetricFields() {
+  static const auto* fields = [] {
+    using FD = google::protobuf::FieldDescriptor;
+    auto* v = new std::vector<const FD*>;
+    const google::protobuf::Descriptor* d = jobs::v1::StepMetrics::descriptor();
+    for (int i = 0; i < d->field_count(); ++i) {
+      const FD* f = d->field(i);
+      if (f->is_repeated()) continue;
+      switch (f->cpp_type()) {
+        case FD::CPPTYPE_INT32: case FD::CPPTYPE_INT64: case FD::CPPTYPE_UINT32:
+        case FD::CPPTYPE_UINT64: case FD::CPPTYPE_DOUBLE: case FD::CPPTYPE_FLOAT:
+          v->push_back(f);
+          break;
+        default:
+          break;
+      }
+    }
+    std::sort(v->begin(), v->end(), [](const FD* a, const FD* b) { return a->number() < b->number(); });
+    return v;
+  }();
+  return *fields;
+}
+
+const std::vector<std::string>& MetricNames() {
+  static const auto* names = [] {
+    auto* v = new std::vector<std::string>;
+    for (const auto* f : StepMetricFields()) v->push_back(f->name());
+    return v;
+  }();
+  return *names;
+}
+
+int NumMetrics() { return static_cast<int>(MetricNames().size()); }
 
 int MetricIndex(absl::string_view canonical) {
-  for (int i = 0; i < kNumMetrics; ++i) {
-    if (canonical == kMetricNames[i]) return i;
-  }
-  return -1;
+  static const auto* index = [] {
+    auto* m = new absl::flat_hash_map<std::string, int>;
+    for (int i = 0; i < NumMetrics(); ++i) (*m)[MetricNames()[i]] = i;
+    return m;
+  }();
+  auto it = index->find(canonical);
+  return it == index->end() ? -1 : it->second;
 }
 
 bool ParseMetricsLine(absl::string_view line, MetricsLine* out) {
-  *out = MetricsLine();
+  out->has_step = out->has_attempt = false;
+  out->step = 0;
+  out->attempt = 0;
+  out->has.assign(NumMetrics(), 0);
+  out->value.assign(NumMetrics(), 0.0);
   size_t i = line.find('{');
   if (i == absl::string_view::npos) return false;
   ++i;
@@ -99,13 +149,19 @@ bool ParseMetricsLine(absl::string_view line, MetricsLine* out) {
     const size_t end = SkipValue(line, v);
     const absl::string_view value = line.substr(v, end - v);
     i = end + 1;  // past the ','
-    if (value.empty() || value[0] == '{' || value[0] == '[' || value[0] == '"') continue;
+    if (value.empty() || value[0] == '{' || value[0] == '[') continue;
+    const std::optional<double> d = ParseNumber(value);
+    if (!d) continue;
     if (key == "step") {
-      if (auto d = ParseNumber(value)) { out->has_step = std::isfinite(*d); out->step = static_cast<int64_t>(*d); }
+      out->has_step = std::isfinite(*d);
+      out->step = static_cast<int64_t>(*d);
     } else if (key == "attempt") {
-      if (auto d = ParseNumber(value)) { out->has_attempt = true; out->attempt = static_cast<int>(*d); }
-    } else if (const int m = MetricIndex(key); m >= 0) {
-      if (auto d = ParseNumber(value)) { out->has[m] = true; out->value[m] = *d; }
+      out->has_attempt = true;
+      out->attempt = static_cast<int>(*d);
+    }
+    if (const int m = MetricIndex(key); m >= 0) {
+      out->has[m] = 1;
+      out->value[m] = *d;
     }
   }
   return out->has_step;
@@ -116,12 +172,11 @@ absl::StatusOr<std::string> CanonicalMetric(absl::string_view name) {
   if (name == "step_time") return std::string("step_s");
   if (name == "comm_wait") return std::string("comm_wait_s");
   if (name == "memory") return std::string("peak_rss_bytes");
-  for (const char* m : kMetricNames) {
-    if (name == m) return std::string(m);
-  }
+  if (MetricIndex(name) >= 0) return std::string(name);
   return absl::InvalidArgumentError(absl::StrCat(
-      "metric: '", name, "' is not one of ", absl::StrJoin(kMetricNames, ", "),
-      " (or the aliases step_time, comm_wait, memory)"));
+      "metric: '", name, "' is not one of ", absl::StrJoin(MetricNames(), ", "),
+      " (the numeric fields of jobs.v1.StepMetrics, proto/jobs.proto; or the aliases step_time, "
+      "comm_wait, memory)"));
 }
 
 std::optional<double> LineNumber(absl::string_view line, absl::string_view key) {
@@ -137,6 +192,10 @@ std::optional<double> LineNumber(absl::string_view line, absl::string_view key) 
   absl::string_view rest = line.substr(at + key.size() + 3);
   while (!rest.empty() && rest.front() == ' ') rest.remove_prefix(1);
   if (rest.substr(0, 4) == "null") return std::nan("");
+  if (!rest.empty() && rest.front() == '"') {  // protobuf's JSON form of int64 and NaN
+    rest.remove_prefix(1);
+    if (rest.substr(0, 4) == "NaN\"") return std::nan("");
+  }
   char buf[40];
   const size_t n = std::min(rest.size(), sizeof buf - 1);
   std::memcpy(buf, rest.data(), n);
@@ -325,8 +384,8 @@ absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const st
     e->inode = st.st_ino;
     e->offset = 0;
     e->partial.clear();
-    e->ds.assign(kNumMetrics, Downsampler(kCapacity));
-    std::fill(std::begin(e->lines), std::end(e->lines), 0);
+    e->ds.assign(NumMetrics(), Downsampler(kCapacity));
+    e->lines.assign(NumMetrics(), 0);
   }
   constexpr int64_t kChunk = 4 << 20;
   std::string text;
@@ -343,7 +402,7 @@ absl::StatusOr<Downsampled> SeriesReader::Read(const std::string& path, const st
     const size_t rest = ForEachLine(text, 0, [&](absl::string_view line) {
       if (!ParseMetricsLine(line, &ml)) return;
       if (attempt >= 0 && (!ml.has_attempt || ml.attempt != attempt)) return;
-      for (int i = 0; i < kNumMetrics; ++i) {
+      for (int i = 0; i < NumMetrics(); ++i) {
         if (!ml.has[i]) continue;
         e->ds[i].Add(ml.step, ml.value[i]);
         ++e->lines[i];

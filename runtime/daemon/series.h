@@ -1,7 +1,10 @@
 // Metric series of a job's ranks, read from the worker's <job_dir>/metrics/rank-<r>.jsonl (one JSON
-// object per logged step: step, loss, tokens_per_s, step_s, comm_wait_s, attempt, ...; written by
+// object per logged step: jobs.v1.StepMetrics in protobuf's JSON form, written by
 // runtime/worker/step_io.cc), downsampled in bounded memory so that a 100k-step job is a few
-// thousand points that still show every spike (min and max per bucket).
+// thousand points that still show every spike (min and max per bucket). The metrics are the
+// numeric fields of StepMetrics, found through its descriptor: a new field is a new series with no
+// change here. Lines of the format before StepMetrics (plain JSON numbers, "bytes" object) read
+// the same way.
 //
 //   SeriesReader reader;                                    // one per daemon
 //   ASSIGN_OR_RETURN(Downsampled d, reader.Read(path, "loss", /*attempt=*/-1, 1000));
@@ -9,7 +12,7 @@
 //
 // Bounds: a Downsampler keeps at most `capacity` buckets whatever the number of points; the
 // reader caches one Downsampler per metric for each (file, attempt), at most kMaxCachedFiles of
-// them (about 1 MiB each at most), reads every metric in one pass and only what was appended
+// them (about 110 KiB per metric present in the file, at most), reads every metric in one pass and only what was appended
 // since the last call (a file that shrank or was replaced is read again).
 // Thread-safety: Downsampler is thread-compatible; SeriesReader is thread-safe.
 #ifndef EMBER_RUNTIME_DAEMON_SERIES_H_
@@ -28,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/descriptor.h"
 
 namespace ember::daemon {
 
@@ -36,18 +40,22 @@ namespace ember::daemon {
 // accepted names for anything else.
 absl::StatusOr<std::string> CanonicalMetric(absl::string_view name);
 
-// The metrics a series can be read for, canonical names (CanonicalMetric); kMetricIndex of one.
-inline constexpr int kNumMetrics = 8;
-extern const char* const kMetricNames[kNumMetrics];
-int MetricIndex(absl::string_view canonical);  // -1 when not one
+// The metrics a series can be read for: every singular numeric field of jobs.v1.StepMetrics
+// (proto/jobs.proto), by field name, in field-number order; MetricIndex of one (-1 when not one).
+const std::vector<std::string>& MetricNames();
+int NumMetrics();
+int MetricIndex(absl::string_view canonical);
+// The same fields' descriptors (MetricNames()[i] is StepMetricFields()[i]->name()).
+const std::vector<const google::protobuf::FieldDescriptor*>& StepMetricFields();
 
-// One metrics line's top-level numbers (nested objects such as "bytes" are skipped).
+// One metrics line's top-level numbers (nested objects and arrays are skipped). A number may be a
+// JSON number, null (NaN) or a string holding one (protobuf's JSON form of int64, "NaN").
 struct MetricsLine {
   bool has_step = false, has_attempt = false;
   int64_t step = 0;
   int attempt = 0;
-  bool has[kNumMetrics] = {};
-  double value[kNumMetrics] = {};  // NaN for null
+  std::vector<char> has;      // NumMetrics() entries
+  std::vector<double> value;  // NaN for null
 };
 // One pass over `line`; false when it has no "step".
 bool ParseMetricsLine(absl::string_view line, MetricsLine* out);
@@ -132,8 +140,8 @@ class SeriesReader {
     uint64_t inode ABSL_GUARDED_BY(mu) = 0;
     std::string partial ABSL_GUARDED_BY(mu);  // an unterminated last line
     std::vector<Downsampler> ds ABSL_GUARDED_BY(mu) =
-        std::vector<Downsampler>(kNumMetrics, Downsampler(kCapacity));
-    int64_t lines[kNumMetrics] ABSL_GUARDED_BY(mu) = {};
+        std::vector<Downsampler>(NumMetrics(), Downsampler(kCapacity));
+    std::vector<int64_t> lines ABSL_GUARDED_BY(mu) = std::vector<int64_t>(NumMetrics(), 0);
   };
   using Key = std::pair<std::string, int>;  // path, attempt (-1 = every one)
 

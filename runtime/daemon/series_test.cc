@@ -5,9 +5,12 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "google/protobuf/util/json_util.h"
+#include "proto/jobs.pb.h"
 #include "catch2/catch.hpp"
 
 namespace ember::daemon {
@@ -61,6 +64,56 @@ TEST_CASE("ParseMetricsLine reads top-level numbers in one pass and skips nested
   CHECK(!ParseMetricsLine("{\"loss\":1}", &m));
   CHECK(!ParseMetricsLine("garbage", &m));
   CHECK(MetricIndex("bogus") == -1);
+}
+
+// Every numeric field of StepMetrics, set to a distinct value and printed by protobuf's JSON
+// printer (int64 as strings), reads back as its metric with that value; unset fields are absent.
+TEST_CASE("ParseMetricsLine reads every numeric StepMetrics field of protobuf's JSON form") {
+  using FD = google::protobuf::FieldDescriptor;
+  const google::protobuf::Descriptor* d = jobs::v1::StepMetrics::descriptor();
+  jobs::v1::StepMetrics msg;
+  const google::protobuf::Reflection* r = msg.GetReflection();
+  std::map<std::string, double> want;
+  int numeric = 0;
+  for (int i = 0; i < d->field_count(); ++i) {
+    const FD* f = d->field(i);
+    if (f->is_repeated()) continue;
+    const double v = f->name() == "step" ? 12 : 1000 + 3 * i;  // even fields stay unset
+    if (f->name() != "step" && i % 2 == 0) {
+      ++numeric;
+      continue;
+    }
+    switch (f->cpp_type()) {
+      case FD::CPPTYPE_INT32: r->SetInt32(&msg, f, static_cast<int32_t>(v)); break;
+      case FD::CPPTYPE_INT64: r->SetInt64(&msg, f, 123456789012345 + static_cast<int64_t>(v)); break;
+      case FD::CPPTYPE_DOUBLE: r->SetDouble(&msg, f, v + 0.1); break;
+      default: FAIL("StepMetrics has a field type this test does not set: " << f->name());
+    }
+    ++numeric;
+    want[f->name()] = f->cpp_type() == FD::CPPTYPE_INT64 ? 123456789012345 + v
+                      : f->cpp_type() == FD::CPPTYPE_DOUBLE ? v + 0.1 : v;
+  }
+  jobs::v1::CollectiveBytes* c = msg.add_collective_bytes();
+  c->set_collective("all_gather");
+  c->set_bytes(9);
+  std::string line;
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;
+  REQUIRE(google::protobuf::util::MessageToJsonString(msg, &line, o).ok());
+  INFO(line);
+  CHECK(NumMetrics() == numeric);
+  MetricsLine m;
+  REQUIRE(ParseMetricsLine(line, &m));
+  for (int i = 0; i < NumMetrics(); ++i) {
+    const std::string& name = MetricNames()[i];
+    INFO(name);
+    auto it = want.find(name);
+    REQUIRE(static_cast<bool>(m.has[i]) == (it != want.end()));
+    if (it != want.end()) {
+      CHECK(m.value[i] == it->second);
+      CHECK(LineNumber(line, name) == it->second);
+    }
+  }
 }
 
 TEST_CASE("CanonicalMetric maps aliases and names the accepted ones") {

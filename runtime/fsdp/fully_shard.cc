@@ -75,6 +75,7 @@ struct ShardedPart::Param {
   ParamPrecision prec;
   Tensor master, grad, m, v;  // [chunk * row_numel] fp32, zero padded
   Tensor full;                // [rows * row_numel] fp32 compute values, while gathered
+  const float* view = nullptr;  // instead of `full`: the master itself (one rank, fp32: no copy)
   Tensor full_grad;           // [rows * row_numel] fp32, from the first backward until reduced
   std::vector<float> dbg_gathered, dbg_reduced, dbg_local;
   int64_t shard_numel() const { return chunk * row_numel; }
@@ -218,6 +219,11 @@ absl::Status ShardedPart::Wait(const std::shared_ptr<comm::Work>& w) {
 void ShardedPart::IssueGather(Unit& u) {
   if (u.gathered || !u.ag_pending.empty()) return;
   for (const Group& g : u.ag) {
+    if (groups_.shard == nullptr && g.dt == DataType::kF32) {
+      // One rank in fp32: the master is the whole parameter already; compute reads it in place.
+      for (Param* q : g.params) q->view = q->master.data<float>();
+      continue;
+    }
     Pending p{&g, Tensor::Empty(g.dt, {g.shard_numel}), Tensor::Empty(g.dt, {world_ * g.shard_numel}), nullptr};
     int64_t off = 0;
     for (Param* q : g.params) {
@@ -242,6 +248,9 @@ void ShardedPart::IssueGather(Unit& u) {
 }
 
 absl::Status ShardedPart::FinishGather(Unit& u) {
+  if (opts_.keep_debug_copies)
+    for (Param* q : u.params)
+      if (q->view != nullptr) q->dbg_gathered.assign(q->view, q->view + q->rows * q->row_numel);
   for (Pending& p : u.ag_pending) {
     if (p.work) RETURN_IF_ERROR(base::Annotate(Wait(p.work), absl::StrCat("all-gather of ", u.name)));
     const Group& g = *p.group;
@@ -275,6 +284,7 @@ void ShardedPart::Reshard(Unit& u) {
   for (Param* q : u.params) {
     if (q->full.defined()) gathered_bytes_ -= static_cast<int64_t>(q->full.nbytes());
     q->full.Reset();
+    q->view = nullptr;
   }
   u.gathered = false;
 }
@@ -336,12 +346,12 @@ absl::Status ShardedPart::After(Phase phase, int du, float* x, int64_t n) {
 
 const float* ShardedPart::Weight(int p) {
   auto it = by_index_.find(p);
-  if (it == by_index_.end() || !it->second->full.defined()) {
+  if (it == by_index_.end() || (!it->second->full.defined() && it->second->view == nullptr)) {
     // A driver/hook protocol bug, never input-dependent: fail loudly rather than read freed memory.
     std::fprintf(stderr, "FullyShard: weight %d read while not gathered\n", p);
     std::abort();
   }
-  return it->second->full.data<float>();
+  return it->second->view != nullptr ? it->second->view : it->second->full.data<float>();
 }
 
 float* ShardedPart::Grad(int p) {

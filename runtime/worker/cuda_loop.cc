@@ -129,22 +129,23 @@ class CudaState final : public TrainState {
     tok_.resize(B * T);
     tgt_.resize(B * T);
     StepResult r;
-    r.step = step;
-    r.lr = lr;
+    r.set_step(step);
+    r.set_lr(lr);
     const absl::Time t0 = absl::Now();
     RETURN_IF_ERROR(loader.Next(tok_.data(), tgt_.data()));
     RETURN_IF_ERROR(gpu_->ZeroGrad());
     ASSIGN_OR_RETURN(float loss, gpu_->ForwardBackward(tok_.data(), tgt_.data(), B, T));
     kernels::AdamWOptions opt = plan_.fsdp.adamw;
     opt.lr = lr;
-    ASSIGN_OR_RETURN(r.grad_norm, gpu_->AdamWStep(opt, plan_.fsdp.clip_norm));
-    if (plan_.fsdp.clip_norm <= 0) r.grad_norm = std::nan("");  // GptCuda computes it only to clip
-    r.loss = r.local_loss = loss;
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+    ASSIGN_OR_RETURN(const double grad_norm, gpu_->AdamWStep(opt, plan_.fsdp.clip_norm));
+    if (plan_.fsdp.clip_norm > 0) r.set_grad_norm(grad_norm);  // GptCuda computes it only to clip
+    r.set_loss(loss);
+    r.set_local_loss(loss);
+    r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
     const kernels::cuda::AllocatorStats mem = ctx_->allocator().stats();
-    r.device_memory_bytes = mem.allocated_bytes;
-    r.device_peak_memory_bytes = mem.peak_allocated_bytes;
-    if (peak_.ok()) r.mfu = flops_per_token_ * TokensPerStep(plan_) / r.seconds / peak_->flops;
+    r.set_device_memory_bytes(mem.allocated_bytes);
+    r.set_device_peak_memory_bytes(mem.peak_allocated_bytes);
+    if (peak_.ok()) r.set_mfu(flops_per_token_ * TokensPerStep(plan_) / r.step_s() / peak_->flops);
     return r;
   }
 

@@ -177,12 +177,12 @@ TEST_CASE("a subscriber killed or stopped mid-run never stalls the job; skipped 
       REQUIRE(v.ok());
       jobs::v1::Progress p;
       REQUIRE(p.ParseFromString(*v));
-      REQUIRE(p.has_publish());
+      REQUIRE(p.metrics().has_publish_published());
       std::map<std::string, int64_t> s = Stats(*client, job, r);
-      CHECK(p.publish().published() >= 1);
-      CHECK(p.publish().published() <= s["published"]);
-      CHECK(p.publish().skipped() <= s["skipped"]);
-      CHECK(p.publish().dropped() <= s["dropped"]);
+      CHECK(p.metrics().publish_published() >= 1);
+      CHECK(p.metrics().publish_published() <= s["published"]);
+      CHECK(p.metrics().publish_skipped() <= s["skipped"]);
+      CHECK(p.metrics().publish_dropped() <= s["dropped"]);
     }
     // The subscriber's key is gone.
     auto left = client->ListKeys(job::keys::AttemptPrefix(job, 0) + std::string(job::keys::kWeightsSubscribers));

@@ -291,7 +291,7 @@ absl::StatusOr<std::optional<int64_t>> ResumeFromReplicas(const Plan& plan, stor
   }
   ASSIGN_OR_RETURN(const std::string from, replicas.Restore(agreed, state, loader));
   ReplicaCounts& c = replicas.counts();
-  c.resumed_from = "memory";
+  c.from_memory = true;
   c.resumed_step = agreed;
   c.committed_step = agreed;
   spdlog::info("resumed from memory: the {} in-memory replica of step {} (optimizer step {}) in {}; no disk "

@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "google/protobuf/util/json_util.h"
 #include "proto/jobs.pb.h"
 #include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
@@ -26,27 +27,72 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(ru.ru_maxrss) * 1024;
 }
 
-std::string BytesJson(const std::map<std::string, int64_t>& m) {
+// "f32=123,bf16=456" for one collective's bytes; "-" when it moved none.
+std::string BytesHuman(const jobs::v1::StepMetrics& m, absl::string_view collective) {
   std::vector<std::string> parts;
-  for (const auto& [k, v] : m) parts.push_back(absl::StrCat("\"", k, "\":", v));
-  return absl::StrCat("{", absl::StrJoin(parts, ","), "}");
-}
-
-std::string BytesHuman(const std::map<std::string, int64_t>& m) {
-  std::vector<std::string> parts;
-  for (const auto& [k, v] : m) parts.push_back(absl::StrCat(k, "=", v));
+  for (const jobs::v1::CollectiveBytes& c : m.collective_bytes()) {
+    if (c.collective() == collective) parts.push_back(absl::StrCat(c.dtype(), "=", c.bytes()));
+  }
   return parts.empty() ? "-" : absl::StrJoin(parts, ",");
 }
 
-// %.9g keeps fp32 values exact in JSON.
-std::string Num(double v) {
-  if (!std::isfinite(v)) return "null";
-  char b[64];
-  std::snprintf(b, sizeof b, "%.9g", v);
-  return b;
+}  // namespace
+
+void SetCommBytes(const fsdp::CommBytes& b, StepResult* r) {
+  r->clear_collective_bytes();
+  auto add = [r](const char* collective, const std::map<std::string, int64_t>& by_dtype) {
+    for (const auto& [dtype, bytes] : by_dtype) {
+      jobs::v1::CollectiveBytes* c = r->add_collective_bytes();
+      c->set_collective(collective);
+      c->set_dtype(dtype);
+      c->set_bytes(bytes);
+    }
+  };
+  add("all_gather", b.all_gather);
+  add("reduce_scatter", b.reduce_scatter);
+  add("all_reduce", b.all_reduce);
+  r->set_reduce_scatter_promoted_bytes(b.reduce_scatter_promoted);
 }
 
-}  // namespace
+void SetPublishCounts(const PublishCounts& c, StepResult* r) {
+  r->set_publish_published(c.published);
+  r->set_publish_skipped(c.skipped);
+  r->set_publish_dropped(c.dropped);
+}
+
+void SetReplicaCounts(const ReplicaCounts& c, StepResult* r) {
+  r->set_replica_resumed_from_memory(c.from_memory ? 1 : 0);
+  r->set_replica_resumed_step(c.resumed_step);
+  r->set_replica_disk_checkpoint_reads(c.disk_checkpoint_reads);
+  r->set_replica_memory_bytes(c.memory_bytes);
+  if (c.committed_step >= 0) r->set_replica_committed_step(c.committed_step);
+  r->set_replica_save_s(c.save_seconds);
+}
+
+std::string MetricsJson(const jobs::v1::StepMetrics& m) {
+  google::protobuf::util::JsonPrintOptions o;
+  o.preserve_proto_field_names = true;  // the stable names: step_s, not stepS
+  std::string out;
+  (void)google::protobuf::util::MessageToJsonString(m, &out, o);  // fails only on invalid UTF-8
+  return out;
+}
+
+std::string LogLine(const jobs::v1::StepMetrics& m, int64_t steps, double eta_s) {
+  return absl::StrCat(
+      absl::StrFormat("step %d/%d loss %.4f lr %.3g grad_norm %s tok/s %.0f", m.step(), steps,
+                      m.loss(), m.lr(),
+                      m.has_grad_norm() ? absl::StrFormat("%.3f", m.grad_norm()) : "-",
+                      m.tokens_per_s()),
+      m.has_mfu() ? absl::StrFormat(" mfu %.2f%%", 100 * m.mfu()) : "",
+      " eta ", absl::FormatDuration(absl::Seconds(std::round(eta_s))),
+      absl::StrFormat(" peak_rss %.1fMB comm_wait %.0f%% ag[%s] rs[%s]", m.peak_rss_bytes() / 1e6,
+                      m.step_s() > 0 ? 100 * m.comm_wait_s() / m.step_s() : 0.0,
+                      BytesHuman(m, "all_gather"), BytesHuman(m, "reduce_scatter")),
+      m.has_device_memory_bytes()
+          ? absl::StrCat(" device_mem ", m.device_memory_bytes() / 1000000, "MB (peak ",
+                         m.device_peak_memory_bytes() / 1000000, "MB)")
+          : "");
+}
 
 double TokensPerStep(const Plan& plan) {
   const spec::JobSpec& s = plan.spec;
@@ -74,73 +120,22 @@ bool Reporter::Due(int64_t step) const {
   return step % plan_.spec.log_every() == 0 || step == plan_.spec.steps();
 }
 
-absl::Status Reporter::Report(const StepResult& r) {
+absl::Status Reporter::Report(StepResult r) {
   const spec::JobSpec& s = plan_.spec;
-  const double tps = TokensPerStep(plan_) / r.seconds;
-  const double avg = absl::ToDoubleSeconds(absl::Now() - start_) / static_cast<double>(r.step - first_);
-  const double eta = avg * static_cast<double>(s.steps() - r.step);
-  const auto& b = r.bytes;
-  const int64_t rss = PeakRssBytes();
-  spdlog::info("step {}/{} loss {:.4f} lr {:.3g} grad_norm {:.3f} tok/s {:.0f}{} eta {} peak_rss {:.1f}MB "
-               "comm_wait {:.0f}% ag[{}] rs[{}]{}",
-               r.step, s.steps(), r.loss, r.lr, r.grad_norm, tps,
-               r.mfu < 0 ? "" : absl::StrFormat(" mfu %.2f%%", 100 * r.mfu),
-               absl::FormatDuration(absl::Seconds(std::round(eta))), rss / 1e6,
-               100 * r.comm_wait_s / r.seconds, BytesHuman(b.all_gather), BytesHuman(b.reduce_scatter),
-               r.device_memory_bytes < 0 ? "" : absl::StrCat(" device_mem ", r.device_memory_bytes / 1000000, "MB (peak ",
-                                                             r.device_peak_memory_bytes / 1000000, "MB)"));
+  const double avg = absl::ToDoubleSeconds(absl::Now() - start_) / static_cast<double>(r.step() - first_);
+  const double eta = avg * static_cast<double>(s.steps() - r.step());
+  r.set_tokens_per_s(TokensPerStep(plan_) / r.step_s());
+  r.set_peak_rss_bytes(PeakRssBytes());
+  r.set_state_bytes(state_bytes_);
+  r.set_attempt(plan_.env.attempt);
+  r.set_unix_ms(absl::ToUnixMillis(absl::Now()));
+  spdlog::info("{}", LogLine(r, s.steps(), eta));
   jobs::v1::Progress p;
-  p.set_step(r.step);
   p.set_steps(s.steps());
-  p.set_loss(r.loss);
-  p.set_lr(r.lr);
-  p.set_grad_norm(r.grad_norm);
-  p.set_tokens_per_s(tps);
   p.set_eta_s(eta);
-  p.set_peak_rss_bytes(rss);
-  p.set_comm_memory_bytes(r.comm_memory_bytes);
-  p.set_step_seconds(r.seconds);
-  p.set_comm_wait_seconds(r.comm_wait_s);
-  if (r.publish) {
-    p.mutable_publish()->set_published(r.publish->published);
-    p.mutable_publish()->set_skipped(r.publish->skipped);
-    p.mutable_publish()->set_dropped(r.publish->dropped);
-  }
-  if (r.replicas) {
-    auto* rs = p.mutable_replicas();
-    rs->set_resumed_from(r.replicas->resumed_from);
-    rs->set_resumed_step(r.replicas->resumed_step);
-    rs->set_disk_checkpoint_reads(r.replicas->disk_checkpoint_reads);
-    rs->set_memory_bytes(r.replicas->memory_bytes);
-    rs->set_committed_step(r.replicas->committed_step);
-    rs->set_save_seconds(r.replicas->save_seconds);
-  }
+  *p.mutable_metrics() = r;
   RETURN_IF_ERROR(attempt_.Set(job::keys::ProgressOf(plan_.env.rank), p.SerializeAsString()));
-  metrics_ << absl::StrCat(
-                  "{\"step\":", r.step, ",\"loss\":", Num(r.loss), ",\"local_loss\":", Num(r.local_loss),
-                  ",\"lr\":", Num(r.lr), ",\"grad_norm\":", Num(r.grad_norm), ",\"tokens_per_s\":", Num(tps),
-                  ",\"step_s\":", Num(r.seconds), ",\"comm_wait_s\":", Num(r.comm_wait_s),
-                  ",\"peak_rss_bytes\":", rss, ",\"state_bytes\":", state_bytes_,
-                  ",\"comm_memory_bytes\":", r.comm_memory_bytes,
-                  ",\"bytes\":{\"all_gather\":", BytesJson(b.all_gather),
-                  ",\"reduce_scatter\":", BytesJson(b.reduce_scatter),
-                  ",\"all_reduce\":", BytesJson(b.all_reduce),
-                  ",\"reduce_scatter_promoted\":", b.reduce_scatter_promoted, "}",
-                  r.checkpoint_save_s >= 0 ? absl::StrCat(",\"checkpoint_save_s\":", Num(r.checkpoint_save_s)) : "",
-                  r.flight_entries >= 0 ? absl::StrCat(",\"flight_entries\":", r.flight_entries) : "",
-                  r.device_memory_bytes >= 0 ? absl::StrCat(",\"device_memory_bytes\":", r.device_memory_bytes,
-                                                            ",\"device_peak_memory_bytes\":", r.device_peak_memory_bytes) : "",
-                  r.mfu >= 0 ? absl::StrCat(",\"mfu\":", Num(r.mfu)) : "",
-                  r.replicas ? absl::StrCat(",\"replicas\":{\"resumed_from\":\"", r.replicas->resumed_from,
-                                            "\",\"resumed_step\":", r.replicas->resumed_step,
-                                            ",\"disk_checkpoint_reads\":", r.replicas->disk_checkpoint_reads,
-                                            ",\"memory_bytes\":", r.replicas->memory_bytes,
-                                            ",\"committed_step\":", r.replicas->committed_step,
-                                            ",\"save_s\":", Num(r.replicas->save_seconds), "}")
-                            : "",
-                  ",\"attempt\":", plan_.env.attempt, ",\"unix_ms\":", absl::ToUnixMillis(absl::Now()), "}")
-           << "\n"
-           << std::flush;
+  metrics_ << MetricsJson(r) << "\n" << std::flush;
   return absl::OkStatus();
 }
 

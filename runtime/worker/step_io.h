@@ -16,60 +16,63 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
+#include "proto/jobs.pb.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/store/client.h"
 #include "runtime/worker/trainer.h"
 
 namespace ember::worker {
 
-// One optimizer step's numbers, as the loop measured them.
-// A Publisher's counters (publisher.h), carried into the progress record.
+// A Publisher's counters (publisher.h), carried into the step's metrics.
 struct PublishCounts {
   int64_t published = 0, skipped = 0, dropped = 0;
 };
 
-// In-memory replicas' counters (replicas.h), carried into the progress record (jobs.v1.ReplicaStats).
+// One optimizer step's numbers, as the loop measured them: the one schema of a step's numbers
+// (jobs.v1.StepMetrics, proto/jobs.proto). The loop sets what it measured (step, loss, local_loss,
+// lr, grad_norm when computed, step_s, comm_wait_s, bytes, memory, ...); Report adds what the
+// Reporter knows (tokens_per_s, peak_rss_bytes, state_bytes, attempt, unix_ms). Unset = not
+// measured.
+using StepResult = jobs::v1::StepMetrics;
+
+// Sets the step's collective bytes (collective_bytes, reduce_scatter_promoted_bytes) from FSDP's
+// counters.
+void SetCommBytes(const fsdp::CommBytes& b, StepResult* r);
+// Sets publish_published/skipped/dropped.
+void SetPublishCounts(const PublishCounts& c, StepResult* r);
+
+// In-memory replicas' counters (replicas.h), carried into the step's replica_* fields.
 struct ReplicaCounts {
-  std::string resumed_from = "init";  // "memory" | "disk" | "init": where this attempt's state came from
-  int64_t resumed_step = 0;
+  bool from_memory = false;           // this attempt's state came from memory
+  int64_t resumed_step = 0;           // the step it resumed after (0: fresh start)
   int64_t disk_checkpoint_reads = 0;  // disk checkpoints this attempt read
   int64_t memory_bytes = 0;           // /dev/shm bytes of this rank's replica files
   int64_t committed_step = -1;        // newest step whose replica (own and buddy copy) is committed
   double save_seconds = 0;            // training-thread time of the last Save
 };
+// Sets replica_resumed_from_memory, _resumed_step, _disk_checkpoint_reads, _memory_bytes,
+// _committed_step (when >= 0) and replica_save_s.
+void SetReplicaCounts(const ReplicaCounts& c, StepResult* r);
 
-struct StepResult {
-  int64_t step = 0;
-  double loss = 0;        // mean over every rank
-  double local_loss = 0;  // this rank's, over its micro-batches
-  float lr = 0;
-  double grad_norm = 0;   // NaN when not computed (pipeline jobs: no clipping)
-  double seconds = 0;
-  double comm_wait_s = 0;     // FSDP: time in collectives on the training thread
-  fsdp::CommBytes bytes;      // FSDP: bytes moved by collectives in this step
-  int64_t comm_memory_bytes = 0;  // held by the communicators outside any allocator
-  double checkpoint_save_s = -1;  // the last checkpoint save before this step (-1: none yet)
-  int64_t flight_entries = -1;    // entries in the flight recorder (-1: not known)
-  int64_t device_memory_bytes = -1;       // GPU runs: the device allocator's allocated bytes (-1: cpu)
-  int64_t device_peak_memory_bytes = -1;  // and its high-water mark
-  double mfu = -1;  // GPU runs: model FLOPs utilisation vs the device's dense bf16 peak, 0..1
-                    // (runtime/model/flops.h); -1: not computed (cpu, or a device not in the table)
-  std::optional<PublishCounts> publish;  // set when the job publishes its weights
-  std::optional<ReplicaCounts> replicas;  // set with fault_tolerance.replicas: memory
-};
+// The JSON form of `m`: one line (no newline), proto field names, unset fields left out.
+std::string MetricsJson(const jobs::v1::StepMetrics& m);
+// The log line of a report, formatted from `m` (a fixed selection: step, loss, lr, grad_norm,
+// tok/s, mfu, eta, peak_rss, comm wait, all-gather/reduce-scatter bytes, device memory).
+std::string LogLine(const jobs::v1::StepMetrics& m, int64_t steps, double eta_s);
 
 // Tokens one optimizer step trains on, over every rank.
 double TokensPerStep(const Plan& plan);
 
-// Reporting every log_every steps and at the last: the log line (step, loss, tokens/s, ETA), the
-// progress record (jobs.v1.Progress under the attempt's progress/<rank>, which emberctl shows)
-// and a line of <job_dir>/metrics/rank-<r>.jsonl. `attempt` must outlive the Reporter.
+// Reporting every log_every steps and at the last, all three from one jobs.v1.StepMetrics: the log
+// line (LogLine), the progress record (jobs.v1.Progress {steps, eta_s, metrics} under the
+// attempt's progress/<rank>, which emberctl shows) and its JSON form (MetricsJson) as a line of
+// <job_dir>/metrics/rank-<r>.jsonl. `attempt` must outlive the Reporter.
 class Reporter {
  public:
   Reporter(const Plan& plan, store::Client& attempt, int64_t state_bytes, int64_t first_step);
   void Start() const;
   bool Due(int64_t step) const;
-  absl::Status Report(const StepResult& r);
+  absl::Status Report(StepResult r);
   void Done(int64_t step) const;
 
  private:

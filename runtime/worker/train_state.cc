@@ -33,21 +33,23 @@ class FsdpState final : public TrainState {
     const int64_t B = plan_.spec.batch_size(), T = plan_.model.context;
     const int64_t M = plan_.spec.parallelism().micro_batches();
     StepResult r;
-    r.step = step;
-    r.lr = lr;
+    r.set_step(step);
+    r.set_lr(lr);
     model_->ResetCommBytes();
     model_->ResetCommWait();
     const absl::Time t0 = absl::Now();
     for (int64_t k = 0; k < M; ++k) {
       RETURN_IF_ERROR(loader.Next(tok_.data(), tgt_.data()));
       ASSIGN_OR_RETURN(float l, model_->ForwardBackward(ctx, tok_.data(), tgt_.data(), B, T, k == M - 1));
-      r.local_loss += static_cast<double>(l) / M;
+      r.set_local_loss(r.local_loss() + static_cast<double>(l) / M);
     }
-    ASSIGN_OR_RETURN(r.loss, model_->AllReduceMean(r.local_loss));
-    ASSIGN_OR_RETURN(r.grad_norm, model_->OptimizerStep(ctx, lr));
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    r.comm_wait_s = absl::ToDoubleSeconds(model_->comm_wait());
-    r.bytes = model_->comm_bytes();
+    ASSIGN_OR_RETURN(const double loss, model_->AllReduceMean(r.local_loss()));
+    r.set_loss(loss);
+    ASSIGN_OR_RETURN(const double grad_norm, model_->OptimizerStep(ctx, lr));
+    r.set_grad_norm(grad_norm);
+    r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
+    r.set_comm_wait_s(absl::ToDoubleSeconds(model_->comm_wait()));
+    SetCommBytes(model_->comm_bytes(), &r);
     return r;
   }
 
@@ -85,18 +87,19 @@ class PipelineState final : public TrainState {
   absl::StatusOr<StepResult> Step(const kernels::ExecContext& ctx, data::TokenLoader& loader, int64_t step,
                                   float lr) override {
     StepResult r;
-    r.step = step;
-    r.lr = lr;
+    r.set_step(step);
+    r.set_lr(lr);
     model_->set_learning_rate(lr);
     model_->ResetCommStats();
     const absl::Time t0 = absl::Now();
     RETURN_IF_ERROR(loader.Next(tok_.data(), tgt_.data()));
-    ASSIGN_OR_RETURN(r.loss, model_->Step(ctx, tok_.data(), tgt_.data()));
-    r.local_loss = r.loss;
-    r.grad_norm = model_->last_grad_norm();
-    r.seconds = absl::ToDoubleSeconds(absl::Now() - t0);
-    r.comm_wait_s = absl::ToDoubleSeconds(model_->comm_wait());
-    r.bytes = model_->comm_bytes();
+    ASSIGN_OR_RETURN(const double loss, model_->Step(ctx, tok_.data(), tgt_.data()));
+    r.set_loss(loss);
+    r.set_local_loss(loss);
+    if (std::isfinite(model_->last_grad_norm())) r.set_grad_norm(model_->last_grad_norm());  // NaN: not computed
+    r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
+    r.set_comm_wait_s(absl::ToDoubleSeconds(model_->comm_wait()));
+    SetCommBytes(model_->comm_bytes(), &r);
     return r;
   }
 

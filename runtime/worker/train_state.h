@@ -29,8 +29,8 @@ class TrainState {
 
   // One optimizer step at learning rate `lr`: this rank's batches from `loader`, forward and
   // backward, the loss averaged over every rank, the global gradient norm, clipping, the update.
-  // Fills step, lr, loss, local_loss, grad_norm, seconds and what the layout measures (comm wait and
-  // bytes, device memory, MFU).
+  // Sets the StepMetrics fields it measures: step, lr, loss, local_loss, grad_norm (when computed),
+  // step_s and what the layout measures (comm wait and bytes, device memory, MFU).
   virtual absl::StatusOr<StepResult> Step(const kernels::ExecContext& ctx, data::TokenLoader& loader,
                                           int64_t step, float lr) = 0;
 

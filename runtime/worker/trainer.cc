@@ -343,8 +343,10 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, T
     ASSIGN_OR_RETURN(step, Restore(*resume, state, loader));
     // recovery_bench reads this line: the restart time it reports excludes the load.
     spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
-    if (replicas != nullptr) replicas->counts() = {.resumed_from = "disk", .resumed_step = step, .disk_checkpoint_reads = 1,
-                                                   .memory_bytes = replicas->counts().memory_bytes};
+    if (replicas != nullptr) {
+      replicas->counts().resumed_step = step;
+      replicas->counts().disk_checkpoint_reads = 1;
+    }
   } else {
     if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, state));
     if (!plan.init_hf.empty()) RETURN_IF_ERROR(InitFromHf(plan.init_hf, state));
@@ -372,14 +374,14 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     ++step;
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, state.Step(ctx, loader, step, LearningRate(plan.spec, step)));
-    if (!std::isfinite(r.loss)) return absl::InternalError(absl::StrCat("loss is ", r.loss, " at step ", step));
+    if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
     // In-memory replicas (replicas.h): before the report, so a reported step is a committed one.
     if (replicas != nullptr && replicas->Due(step)) RETURN_IF_ERROR(SyncAndSave(*replicas, step, state, loader));
-    r.comm_memory_bytes = groups.CommMemoryBytes();
-    r.checkpoint_save_s = checkpoints.last_save_seconds();
-    r.flight_entries = static_cast<int64_t>(recorder.size());
-    if (publisher != nullptr) r.publish = publisher->counts();  // up to the previous step
-    if (replicas != nullptr) r.replicas = replicas->counts();
+    r.set_comm_memory_bytes(groups.CommMemoryBytes());
+    if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
+    r.set_flight_entries(static_cast<int64_t>(recorder.size()));
+    if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step
+    if (replicas != nullptr) SetReplicaCounts(replicas->counts(), &r);
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));

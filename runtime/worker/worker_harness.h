@@ -109,15 +109,16 @@ inline std::vector<int> RunJob(const std::string& addr, const std::string& job_i
   return WaitAll(pids, absl::Seconds(120));
 }
 
-// step -> global loss from rank 0's metrics.
+// step -> global loss from rank 0's metrics (jobs.v1.StepMetrics lines, read by hand).
 inline std::map<int64_t, double> Losses(const std::string& dir) {
   std::map<int64_t, double> out;
   std::ifstream f(dir + "/metrics/rank-0.jsonl");
   for (std::string line; std::getline(f, line);) {
     auto field = [&](const std::string& k) {
       size_t p = line.find("\"" + k + "\":") + k.size() + 3;
+      if (line[p] == '"') ++p;  // protobuf's JSON form quotes int64 values
       double v = 0;
-      REQUIRE(absl::SimpleAtod(line.substr(p, line.find_first_of(",}", p) - p), &v));
+      REQUIRE(absl::SimpleAtod(line.substr(p, line.find_first_of("\",}", p) - p), &v));
       return v;
     };
     out[static_cast<int64_t>(field("step"))] = field("loss");

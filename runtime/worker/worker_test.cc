@@ -54,13 +54,13 @@ TEST_CASE("1, 2 and 4 worker processes train to the same losses; progress key", 
     REQUIRE(v.ok());
     jobs::v1::Progress p;
     REQUIRE(p.ParseFromString(*v));
-    CHECK(p.step() == 20);
+    CHECK(p.metrics().step() == 20);
     CHECK(p.steps() == 20);
-    CHECK(p.loss() == Approx(losses[4][20]).epsilon(1e-6));  // the global loss, as in the metrics
-    CHECK(p.tokens_per_s() > 0);
+    CHECK(p.metrics().loss() == Approx(losses[4][20]).epsilon(1e-6));  // the global loss, as in the metrics
+    CHECK(p.metrics().tokens_per_s() > 0);
     CHECK(p.eta_s() == 0);  // the last step
-    CHECK(p.peak_rss_bytes() > 0);
-    CHECK(p.comm_memory_bytes() > 0);  // 4 ranks on one host: each maps its shm segment
+    CHECK(p.metrics().peak_rss_bytes() > 0);
+    CHECK(p.metrics().comm_memory_bytes() > 0);  // 4 ranks on one host: each maps its shm segment
   }
 }
 
@@ -190,8 +190,8 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the u
       REQUIRE(v.ok());
       jobs::v1::Progress p;
       REQUIRE(p.ParseFromString(*v));
-      CHECK(p.step() == 10);
-      CHECK(p.loss() == Approx(got.at(10)).epsilon(1e-6));
+      CHECK(p.metrics().step() == 10);
+      CHECK(p.metrics().loss() == Approx(got.at(10)).epsilon(1e-6));
     }
     CHECK(*ckpt::ResolveLatest(dir + "/checkpoints") == dir + "/checkpoints/step-10");
     // The step-10 checkpoint resumes in another schedule (1F1B -> GPipe, with preallocated

@@ -63,7 +63,7 @@ TEST_CASE("a 4-rank job over two daemons succeeds with logs and a checkpoint") {
   REQUIRE(done->state() == v1::SUCCEEDED);
   REQUIRE(done->attempts_size() == 1);
   REQUIRE(done->attempts(0).assignment().nodes_size() == 2);  // gang across both nodes
-  REQUIRE(done->progress().step() == 10);
+  REQUIRE(done->progress().metrics().step() == 10);
   for (int rank = 0; rank < 4; ++rank) {
     REQUIRE(fs::exists(absl::StrCat(done->job_dir(), "/checkpoints/step-10/rank-", rank)));
   }

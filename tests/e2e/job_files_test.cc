@@ -53,7 +53,7 @@ TEST_CASE("an upload named job.yaml cannot shadow the validated spec; job files 
   REQUIRE(done.ok());
   INFO(done->reason());
   REQUIRE(done->state() == v1::SUCCEEDED);
-  CHECK(done->progress().step() == 6);  // the worker ran the submitted spec, not the upload
+  CHECK(done->progress().metrics().step() == 6);  // the worker ran the submitted spec, not the upload
   const std::string dir = done->job_dir();
   CHECK(Slurp(dir + "/job.yaml") == spec);
   CHECK(Slurp(dir + "/uploads/job.yaml") == evil);

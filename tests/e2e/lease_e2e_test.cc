@@ -125,7 +125,7 @@ std::string SubmitRunning(Client& c, const std::string& spec) {
   const std::string id = r->job().id();
   REQUIRE(WaitFor([&] {
     auto j = c.Get(id);
-    return j.ok() && j->state() == v1::RUNNING && j->progress().step() > 0;
+    return j.ok() && j->state() == v1::RUNNING && j->progress().metrics().step() > 0;
   }, absl::Seconds(20)));
   return id;
 }
@@ -138,7 +138,7 @@ v1::Job WaitAttempt(Client& c, const std::string& id, int n, absl::Duration time
     auto j = c.Get(id);
     if (!j.ok()) return false;
     last = *j;
-    return j->attempts_size() == n + 1 && j->state() == v1::RUNNING && j->progress().step() > 0;
+    return j->attempts_size() == n + 1 && j->state() == v1::RUNNING && j->progress().metrics().step() > 0;
   }, timeout);
   INFO("state " << v1::JobState_Name(last.state()) << ", attempts " << last.attempts_size()
                 << ", reason '" << last.reason() << "'");

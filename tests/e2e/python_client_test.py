@@ -57,7 +57,7 @@ class PythonClientTest(unittest.TestCase):
         done = self.c.wait(job.id, timeout=60)
         self.assertEqual(done.state_name, "SUCCEEDED", done)
         self.assertEqual(done.world_size, 2)
-        self.assertEqual(self.c.status(job.id).proto.progress.step, 6)
+        self.assertEqual(self.c.status(job.id).proto.progress.metrics.step, 6)
         self.assertIn(job.id, [j.id for j in self.c.list()])
 
     def test_3_invalid_spec_names_the_field(self):

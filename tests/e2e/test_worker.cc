@@ -113,14 +113,14 @@ int main() {
     double loss = 5.0 / (1.0 + 0.1 * step);
     double secs = absl::ToDoubleSeconds(absl::Now() - start);
     ember::jobs::v1::Progress p;
-    p.set_step(step);
+    p.mutable_metrics()->set_step(step);
     p.set_steps(hang ? 0 : steps);
-    p.set_loss(loss);
-    p.set_lr(0.001);
-    p.set_grad_norm(1.0);
-    p.set_tokens_per_s(step * 1000 / std::max(secs, 1e-3));
+    p.mutable_metrics()->set_loss(loss);
+    p.mutable_metrics()->set_lr(0.001);
+    p.mutable_metrics()->set_grad_norm(1.0);
+    p.mutable_metrics()->set_tokens_per_s(step * 1000 / std::max(secs, 1e-3));
     p.set_eta_s(hang ? 0.0 : (steps - step) * 0.02);
-    p.set_peak_rss_bytes(1000000);
+    p.mutable_metrics()->set_peak_rss_bytes(1000000);
     (void)attempt.Set(job::keys::ProgressOf(rank), p.SerializeAsString());
     std::cout << "step " << step << " loss " << loss << std::endl;
     if (rank == fail_rank && step == 2) {

@@ -47,9 +47,9 @@ void TrainsToSucceeded(const std::string& yaml, const std::string& name, int nod
   double first_loss = 0, last_loss = 0;
   auto s = c->StreamMetrics(r->job().id(), true, 100, [&](const jobs::v1::MetricsUpdate& u) {
     auto it = u.ranks().find(0);
-    if (it != u.ranks().end() && it->second.step() > 0) {
-      if (first_loss == 0) first_loss = it->second.loss();
-      last_loss = it->second.loss();
+    if (it != u.ranks().end() && it->second.metrics().step() > 0) {
+      if (first_loss == 0) first_loss = it->second.metrics().loss();
+      last_loss = it->second.metrics().loss();
     }
     return true;
   });

@@ -266,8 +266,9 @@ mh_job() {
     | python3 -c "import json,sys; j=json.load(sys.stdin); $2"
 }
 
-# mh_losses FILE: "step loss" per line of a worker's metrics/rank-N.jsonl.
-mh_losses() { sed -n 's/^{"step":\([0-9]*\),"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
+# mh_losses FILE: "step loss" per line of a worker's metrics/rank-N.jsonl (jobs.v1.StepMetrics in
+# protobuf's JSON form: step, an int64, is a quoted string; older files have it unquoted).
+mh_losses() { sed -n 's/^{"step":"\{0,1\}\([0-9]*\)"\{0,1\},"loss":\([^,]*\),.*/\1 \2/p' "$1"; }
 
 # mh_spec NAME STEPS RESOURCES [EXTRA]: the spec of testing/harness.cc TinySpec (tiny GPT,
 # deterministic, a log line per step) at world 4; RESOURCES is appended inside `resources: {...}`
@@ -311,7 +312,7 @@ mh_partition_job() {
   local placed=""
   mh_ckpt_job mh-part "$1"
   for _ in $(seq 300); do
-    placed=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("step",0)) >= '"$2"' else "")' 2>/dev/null)
+    placed=$(mh_job "$JOB" 'a=j["attempts"][-1]; print(" ".join(sorted(n["node"] for n in a["assignment"]["nodes"])) if int(j.get("progress",{}).get("metrics",{}).get("step",0)) >= '"$2"' else "")' 2>/dev/null)
     [ -n "$placed" ] && break
     sleep 0.1
   done

@@ -55,7 +55,7 @@ cat "$T/stale.out"
 [ -e "$CKPT/.tmp-step-$STEPS" ] && fail "the stale writer left $CKPT/.tmp-step-$STEPS"
 FINAL=""
 for _ in $(seq 600); do
-  FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("step",0), len(j["attempts"]))' 2>/dev/null)
+  FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("metrics",{}).get("step",0), len(j["attempts"]))' 2>/dev/null)
   case "$FINAL" in SUCCEEDED*|FAILED*|CANCELLED*) break ;; esac
   sleep 0.1
 done

@@ -24,7 +24,7 @@ DROP_S=${DROP_S:-6}
 STEPS=3000  # ~5 ms a step: enough that the job cannot finish during the 6 s drop
 mh_ckpt_job mh-flap "$STEPS"
 dump() { mh_ctl 1 --output json status "$JOB"; tail -n 5 "$T"/host*.log "$T/store.log"; }
-step() { mh_job "$JOB" 'print(int(j.get("progress",{}).get("step",0)))' 2>/dev/null || echo 0; }
+step() { mh_job "$JOB" 'print(int(j.get("progress",{}).get("metrics",{}).get("step",0)))' 2>/dev/null || echo 0; }
 wait_step() {  # wait_step N SECONDS: until the job's progress reaches step N
   for _ in $(seq $(( $2 * 10 ))); do
     [ "$(step)" -ge "$1" ] && return 0
@@ -66,7 +66,7 @@ done
 [ -n "$RESTARTED" ] || { dump; fail "after a ${DROP_S} s store drop: '$OUT', want a restart (attempt 1)"; }
 FINAL=""
 for _ in $(seq 900); do
-  FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("step",0), len(j["attempts"]))')
+  FINAL=$(mh_job "$JOB" 'print(j["state"], j.get("progress",{}).get("metrics",{}).get("step",0), len(j["attempts"]))')
   case "$FINAL" in SUCCEEDED*|FAILED*|CANCELLED*) break ;; esac
   sleep 0.1
 done

@@ -101,7 +101,7 @@ RunningJob StartTwoNodesAndJob(Cluster& c, const std::string& spec,
   out.id = r->job().id();
   REQUIRE(WaitFor([&] {
     auto j = cl->Get(out.id);
-    if (!j.ok() || j->progress().step() < 5) return false;
+    if (!j.ok() || j->progress().metrics().step() < 5) return false;
     out.holder = Holder(*j);
     return !out.holder.empty();
   }, absl::Seconds(15)));
@@ -152,7 +152,7 @@ TEST_CASE("kill -9 and restart of a daemon running the real ember-worker: re-att
   REQUIRE(absl::StrContains(ReadFile(c->daemons[holder]->log()), "re-attached to 2 running"));
   REQUIRE(done->state() == v1::SUCCEEDED);
   REQUIRE(done->attempts_size() == 1);  // never restarted: re-attached
-  REQUIRE(done->progress().step() == kRealSteps);
+  REQUIRE(done->progress().metrics().step() == kRealSteps);
   // The exit status of a non-child came from the worker's own worker_exit key: 0 for both ranks.
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }

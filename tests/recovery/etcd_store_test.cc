@@ -74,15 +74,15 @@ TEST_CASE("a job over two daemons whose store is a 3-member etcd survives the lo
   const std::string id = r->job().id();
   REQUIRE(WaitFor([&] {
     auto j = cl->Get(id);
-    return j.ok() && j->progress().step() >= 20;
+    return j.ok() && j->progress().metrics().step() >= 20;
   }, absl::Seconds(30)));
 
   etcd.Kill(0);  // the member every daemon's etcd client dials first; 2 of 3 keep the quorum
   auto mid = cl->Get(id);  // answered through the store after the loss
   REQUIRE(mid.ok());
-  INFO("step after the kill: " << mid->progress().step());
+  INFO("step after the kill: " << mid->progress().metrics().step());
   REQUIRE(mid->state() == v1::RUNNING);  // the loss happened mid-job
-  REQUIRE(mid->progress().step() < kSteps);
+  REQUIRE(mid->progress().metrics().step() < kSteps);
 
   auto done = cl->Wait(id, absl::Seconds(60));
   REQUIRE(done.ok());
@@ -91,7 +91,7 @@ TEST_CASE("a job over two daemons whose store is a 3-member etcd survives the lo
   REQUIRE(done->state() == v1::SUCCEEDED);
   REQUIRE(done->attempts_size() == 1);                        // no restart
   REQUIRE(done->attempts(0).assignment().nodes_size() == 2);  // ranks on both daemons
-  REQUIRE(done->progress().step() == kSteps);
+  REQUIRE(done->progress().metrics().step() == kSteps);
 
   // The job's records live in etcd under the prefix (not in a daemon's memory).
   const std::string keys = etcd.Etcdctl(1, absl::StrCat("get --prefix --keys-only '", prefix, "'"));

@@ -44,7 +44,7 @@ TEST_CASE("SIGUSR1 makes a real worker dump its flight recorder and keep trainin
   int64_t step_at_signal = 0;
   REQUIRE(WaitFor([&] {
     auto j = c->Get(id);
-    step_at_signal = j.ok() ? j->progress().step() : 0;
+    step_at_signal = j.ok() ? j->progress().metrics().step() : 0;
     return step_at_signal >= 3;
   }, absl::Seconds(60)));
   const pid_t rank0 = RankPid(id, 0, 0);
@@ -58,7 +58,7 @@ TEST_CASE("SIGUSR1 makes a real worker dump its flight recorder and keep trainin
   // Still the same process, still training.
   REQUIRE(WaitFor([&] {
     auto j = c->Get(id);
-    return j.ok() && j->progress().step() >= step_at_signal + 5;
+    return j.ok() && j->progress().metrics().step() >= step_at_signal + 5;
   }, absl::Seconds(30)));
   REQUIRE(RankPid(id, 0, 0) == rank0);
   auto j = c->Get(id);
@@ -91,7 +91,7 @@ TEST_CASE("absolute data paths under a data root are read; others are refused na
   REQUIRE(done.ok());
   INFO(done->reason());
   REQUIRE(done->state() == v1::SUCCEEDED);
-  REQUIRE(done->progress().step() == 6);
+  REQUIRE(done->progress().metrics().step() == 6);
   // Outside every root: refused before anything runs, naming the field and the roots.
   auto bad = c->Submit(absl::StrReplaceAll(spec, {{"data/tiny_corpus.txt", "/etc/hostname"}}));
   INFO(bad.status());

@@ -56,13 +56,13 @@ auto RunRefThenKillRank1(Client& c, const std::string& spec, const std::string& 
   REQUIRE(ref_done.ok());
   INFO(ref_done->reason());
   REQUIRE(ref_done->state() == v1::SUCCEEDED);
-  REQUIRE(ref_done->progress().step() == 24);
+  REQUIRE(ref_done->progress().metrics().step() == 24);
   auto r = c.Submit(spec, name + "-run", files);
   REQUIRE(r.ok());
   *id = r->job().id();
   REQUIRE(WaitFor([&] {
     auto j = c.Get(*id);
-    return j.ok() && j->progress().step() >= 11;
+    return j.ok() && j->progress().metrics().step() >= 11;
   }, absl::Seconds(60)));
   const pid_t victim = RankPid(*id, 0, 1);
   REQUIRE(victim > 0);
@@ -107,8 +107,8 @@ TEST_CASE("kill -9 of a worker: others stop and dump, restart from the checkpoin
   const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-0.log"));
   REQUIRE(absl::StrContains(log, "resumed from"));
   // Deterministic mode: exactly the loss of the uninterrupted run.
-  REQUIRE(done->progress().step() == 24);
-  REQUIRE(done->progress().loss() == ref_done.progress().loss());
+  REQUIRE(done->progress().metrics().step() == 24);
+  REQUIRE(done->progress().metrics().loss() == ref_done.progress().metrics().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
   WARN("kill -9 -> other ranks stopped in " << absl::FormatDuration(stopped));
 }
@@ -151,8 +151,8 @@ TEST_CASE("kill -9 of a pipeline stage rank: restart from the checkpoint, same l
   REQUIRE(absl::StrContains(reason, "; flight recorder: rank 1 left no dump"));
   const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-0.log"));
   REQUIRE(absl::StrContains(log, "resumed from"));
-  REQUIRE(done->progress().step() == 24);
-  REQUIRE(done->progress().loss() == ref_done.progress().loss());
+  REQUIRE(done->progress().metrics().step() == 24);
+  REQUIRE(done->progress().metrics().loss() == ref_done.progress().metrics().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
 }
 
@@ -197,7 +197,7 @@ TEST_CASE("emberctl dump: every rank of a running job dumps into the attempt's d
   const std::string id = r->job().id();
   REQUIRE(WaitFor([&] {
     auto j = c->Get(id);
-    return j.ok() && j->progress().step() >= 2;
+    return j.ok() && j->progress().metrics().step() >= 2;
   }, absl::Seconds(30)));
   auto d = c->Dump(id);
   REQUIRE(d.ok());

@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "catch2/catch.hpp"
 #include "runtime/daemon/process.h"
 #include "runtime/job/env.h"
@@ -57,6 +58,8 @@ int64_t Field(absl::string_view line, absl::string_view name) {
   if (at == absl::string_view::npos) return -1;
   absl::string_view rest = line.substr(at + key.size());
   rest = rest.substr(0, rest.find_first_of(",}"));
+  absl::ConsumePrefix(&rest, "\"");  // protobuf's JSON writes int64 as strings
+  absl::ConsumeSuffix(&rest, "\"");
   int64_t v = -1;
   return absl::SimpleAtoi(rest, &v) ? v : -1;
 }
@@ -87,7 +90,8 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
   auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
   REQUIRE(ref_done.ok());
   REQUIRE(ref_done->state() == v1::SUCCEEDED);
-  REQUIRE(!ref_done->progress().has_replicas());
+  REQUIRE(ref_done->progress().metrics().step() == 24);
+  REQUIRE(!ref_done->progress().metrics().has_replica_memory_bytes());
 
   auto r = c->Submit(TinySpec(name, world, 24, disk ? 8 : 0,
                               "max_restarts: 2\nfault_tolerance: {replicas: memory, every_steps: 1}\n"),
@@ -101,7 +105,7 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
       state = absl::StrCat(j->reason(), "\n", ReadFile(absl::StrCat(j->job_dir(), "/logs/rank-0.log")));
       return true;
     }
-    return j.ok() && j->progress().step() >= 11;
+    return j.ok() && j->progress().metrics().step() >= 11;
   }, absl::Seconds(60)));
   INFO(state);
   REQUIRE(state.empty());
@@ -149,9 +153,9 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
         // Every rank's first line of the new attempt: resumed from memory, no checkpoint read.
         resumed_line = true;
         INFO(l);
-        REQUIRE(absl::StrContains(l, disk ? "\"resumed_from\":\"disk\"" : "\"resumed_from\":\"memory\""));
-        REQUIRE(Field(l, "disk_checkpoint_reads") == (disk ? 1 : 0));
-        REQUIRE(Field(l, "memory_bytes") > 0);
+        REQUIRE(Field(l, "replica_resumed_from_memory") == (disk ? 0 : 1));
+        REQUIRE(Field(l, "replica_disk_checkpoint_reads") == (disk ? 1 : 0));
+        REQUIRE(Field(l, "replica_memory_bytes") > 0);
       }
     }
     REQUIRE(resumed_line);
@@ -174,27 +178,27 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
     if (from_buddy) REQUIRE(absl::StrContains(log, "the buddy rank 3's in-memory replica"));
   }
   REQUIRE(finished_by_all >= 11);
-  const auto& rs = done->progress().replicas();
+  const auto& rs = done->progress().metrics();
   if (disk) {
-    REQUIRE(rs.resumed_from() == "disk");
-    REQUIRE(rs.disk_checkpoint_reads() == 1);
-    REQUIRE(rs.resumed_step() % 8 == 0);  // a checkpoint step (every 8)
-    REQUIRE(rs.resumed_step() >= 8);
-    REQUIRE(rs.resumed_step() <= finished_by_all);
-    REQUIRE(done->progress().loss() == ref_done->progress().loss());
+    REQUIRE(rs.replica_resumed_from_memory() == 0);
+    REQUIRE(rs.replica_disk_checkpoint_reads() == 1);
+    REQUIRE(rs.replica_resumed_step() % 8 == 0);  // a checkpoint step (every 8)
+    REQUIRE(rs.replica_resumed_step() >= 8);
+    REQUIRE(rs.replica_resumed_step() <= finished_by_all);
+    REQUIRE(done->progress().metrics().loss() == ref_done->progress().metrics().loss());
     REQUIRE(WaitFor([&] { return replica_dirs().empty(); }, absl::Seconds(10)));
     return;
   }
-  REQUIRE(rs.resumed_from() == "memory");
-  REQUIRE(rs.disk_checkpoint_reads() == 0);
+  REQUIRE(rs.replica_resumed_from_memory() == 1);
+  REQUIRE(rs.replica_disk_checkpoint_reads() == 0);
   // 0 steps lost: the resumed step is at least every step each rank had reported finished.
-  REQUIRE(rs.resumed_step() >= finished_by_all);
-  REQUIRE(rs.resumed_step() <= finished_by_any);
+  REQUIRE(rs.replica_resumed_step() >= finished_by_all);
+  REQUIRE(rs.replica_resumed_step() <= finished_by_any);
   WARN("world " << world << ": killed after step " << finished_by_all << ".." << finished_by_any
-                << ", resumed from memory at step " << rs.resumed_step() << "; replica memory per rank "
-                << rs.memory_bytes() << " bytes");
-  REQUIRE(done->progress().step() == 24);
-  REQUIRE(done->progress().loss() == ref_done->progress().loss());
+                << ", resumed from memory at step " << rs.replica_resumed_step() << "; replica memory per rank "
+                << rs.replica_memory_bytes() << " bytes");
+  REQUIRE(done->progress().metrics().step() == 24);
+  REQUIRE(done->progress().metrics().loss() == ref_done->progress().metrics().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
   // The daemons remove the job's replica files once it ended.
   REQUIRE(WaitFor([&] { return replica_dirs().empty(); }, absl::Seconds(10)));

@@ -33,7 +33,7 @@ def jsonl(job_dir, rank, metric):
                 break  # being written
             o = json.loads(line)
             if o.get(metric) is not None:
-                out[o["step"]] = float(o[metric])
+                out[int(o["step"])] = float(o[metric])  # int64: a JSON string
     return out
 
 
@@ -58,6 +58,9 @@ class Dom(HTMLParser):
     def __init__(self):
         super().__init__()
         self.svg = None
+        self.svg_attrs = {}  # svg id -> attrs
+        self.options = {}  # select id -> [option values]
+        self.select = None
         self.curves = {}  # (svg id, rank) -> attrs
         self.bars = {}  # rank -> attrs
         self.tags = []
@@ -71,6 +74,12 @@ class Dom(HTMLParser):
             self.body = a
         if tag == "svg":
             self.svg = a.get("id")
+            self.svg_attrs[self.svg] = a
+        if tag == "select":
+            self.select = a.get("id")
+            self.options[self.select] = []
+        if tag == "option" and self.select:
+            self.options[self.select].append(a.get("value"))
         if tag == "polyline" and "curve" in a.get("class", "").split():
             self.curves[(self.svg, int(a["data-rank"]))] = a
         if tag == "g" and "rank-bar" in a.get("class", "").split():
@@ -117,8 +126,14 @@ def main():
         d = Dom()
         with open(args.file, encoding="utf-8") as f:
             d.feed(f.read())
+        # The third chart: any StepMetrics field, picked from every one (step_s first).
+        picked = d.svg_attrs.get("chart-pick", {}).get("data-metric")
+        check(picked == "step_s", "the picked chart shows %r, not step_s" % picked)
+        for m in ("loss", "grad_norm", "comm_wait_s", "peak_rss_bytes", "mfu", "unix_ms"):
+            check(m in d.options.get("metric-pick", []), "the metric picker lacks %s" % m)
         for r in range(args.ranks):
-            for svg, metric in (("chart-loss", "loss"), ("chart-tokens_per_s", "tokens_per_s")):
+            for svg, metric in (("chart-loss", "loss"), ("chart-tokens_per_s", "tokens_per_s"),
+                                ("chart-pick", "step_s")):
                 a = d.curves.get((svg, r))
                 check(a is not None, "no %s curve for rank %d" % (svg, r))
                 if a:

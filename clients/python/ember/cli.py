@@ -56,7 +56,7 @@ def _print_job(job, as_json):
     p = job.proto.progress
     line = "%s  %-10s %-10s ranks=%d" % (job.id, job.name, job.state_name, job.world_size)
     if p.steps:
-        line += "  step %d/%d loss %.4f" % (p.step, p.steps, p.loss)
+        line += "  step %d/%d loss %.4f" % (p.metrics.step, p.steps, p.metrics.loss)
     if job.reason:
         line += "  (%s)" % job.reason
     print(line)

@@ -1,15 +1,24 @@
 // The CUDA interpreter's stand-in for cuBLASLt: the declarations context.cc and ops.cc use,
-// implemented by a plain host matmul in interp.cc (column-major, f32/bf16 inputs, fp32
-// accumulation, bias and tanh-GELU epilogues); anything else is CUBLAS_STATUS_NOT_SUPPORTED.
+// implemented in interp.cc by a host matmul (column-major, f32/bf16 inputs, fp32 accumulation,
+// bias and tanh-GELU epilogues) that first validates its arguments as cuBLASLt documents them
+// and refuses what cuBLASLt refuses (CUBLAS_STATUS_INVALID_VALUE / NOT_SUPPORTED; the reason is
+// printed on stderr and kept in ember_interp::LastCublasLtError()). Enum values are cuBLASLt's.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 
 #include "kernels/cuda/interp/cuda_interp.h"
 
-enum cublasStatus_t { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_SUPPORTED = 15 };
-enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1 };
-enum cublasComputeType_t { CUBLAS_COMPUTE_32F = 68 };
+enum cublasStatus_t {
+  CUBLAS_STATUS_SUCCESS = 0,
+  CUBLAS_STATUS_NOT_INITIALIZED = 1,
+  CUBLAS_STATUS_ALLOC_FAILED = 3,
+  CUBLAS_STATUS_INVALID_VALUE = 7,
+  CUBLAS_STATUS_EXECUTION_FAILED = 13,
+  CUBLAS_STATUS_NOT_SUPPORTED = 15,
+};
+enum cublasOperation_t { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 };
+enum cublasComputeType_t { CUBLAS_COMPUTE_16F = 64, CUBLAS_COMPUTE_32F = 68 };
 enum cublasLtEpilogue_t {
   CUBLASLT_EPILOGUE_DEFAULT = 1,
   CUBLASLT_EPILOGUE_BIAS = 4,
@@ -23,7 +32,13 @@ enum cublasLtMatmulDescAttributes_t {
   CUBLASLT_MATMUL_DESC_BIAS_POINTER = 8,
   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE = 26,
 };
-enum cublasLtMatmulPreferenceAttributes_t { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 };
+enum cublasLtMatmulPreferenceAttributes_t {
+  CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES = 5,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES = 6,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES = 7,
+  CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES = 8,
+};
 struct cublasLtContext;
 using cublasLtHandle_t = cublasLtContext*;
 struct cublasLtMatmulDescOpaque_t;
@@ -71,3 +86,8 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                               cublasLtMatrixLayout_t c, void* D, cublasLtMatrixLayout_t dd,
                               const cublasLtMatmulAlgo_t* algo, void* ws, size_t ws_bytes,
                               cudaStream_t s);
+
+namespace ember_interp {
+// Why the last cuBLASLt call of this process was refused ("" if none was).
+std::string LastCublasLtError();
+}  // namespace ember_interp
