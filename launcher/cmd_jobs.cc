@@ -21,6 +21,9 @@
 #include "absl/synchronization/notification.h"
 #include "launcher/cli.h"
 #include "launcher/standalone.h"
+#include "runtime/base/status_macros.h"
+#include "runtime/jobspec/spec.h"
+#include "runtime/jobspec/yaml_proto.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ember::cli {
@@ -106,31 +109,23 @@ int Follow(Ctl& ctl, Client& c, const std::string& id) {
   return ExitFor(job->state());
 }
 
-// Reads a spec and the small relative files it names (uploaded into the job directory).
-absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
+// Reads and parses a spec (once: what is submitted is this parsed spec, spec::ToYaml) and the
+// small relative files its fields name, uploaded into the job directory: data.path,
+// data.text_path, checkpoint.init_from_safetensors, worker.script, and the files of the
+// checkpoint.init_from directory. --nproc sets parallelism.world_size.
+absl::Status ReadSpec(const std::string& path, int nproc, spec::JobSpec* spec,
                       std::map<std::string, std::string>* files) {
   std::ifstream f(path);
   if (!f) return absl::NotFoundError("cannot read " + path);
   std::stringstream ss;
   ss << f.rdbuf();
-  *yaml = ss.str();
-  YAML::Node root;
-  try {
-    root = YAML::Load(*yaml);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": ", e.what()));
-  }
-  if (nproc > 0 && root.IsMap()) {
-    root["parallelism"]["world_size"] = nproc;
-    YAML::Emitter out;
-    out << root;
-    *yaml = out.c_str();
-  }
-  fs::path base = fs::absolute(path).parent_path();
-  auto upload = [&](const char* section, const char* key) {
-    if (!root.IsMap() || !root[section] || !root[section].IsMap() || !root[section][key]) return;
-    std::string rel = root[section][key].as<std::string>("");
-    if (rel.empty() || rel[0] == '/' || absl::StrContains(rel, "..")) return;
+  auto parsed = spec::ParseJobSpec(ss.str(), nproc);
+  if (!parsed.ok()) return base::Annotate(parsed.status(), path);
+  *spec = *std::move(parsed);
+  const fs::path base = fs::absolute(path).parent_path();
+  auto relative = [](const std::string& rel) { return !rel.empty() && rel[0] != '/' && !absl::StrContains(rel, ".."); };
+  auto upload = [&](const std::string& rel) {
+    if (!relative(rel)) return;
     fs::path p = base / rel;
     std::error_code ec;
     if (!fs::is_regular_file(p, ec) || fs::file_size(p, ec) > (8u << 20)) return;
@@ -139,16 +134,15 @@ absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
     b << in.rdbuf();
     (*files)[rel] = b.str();
   };
-  upload("data", "path");
-  upload("data", "text_path");
-  upload("checkpoint", "init_from_safetensors");
-  upload("worker", "script");
+  upload(spec->data().path());
+  upload(spec->data().text_path());
+  upload(spec->checkpoint().init_from_safetensors());
+  upload(spec->worker().script());
   // checkpoint.init_from names a Hugging Face directory: its files (config.json, the safetensors,
   // the index) go up when each is small; larger models belong under an emberd --data-root.
-  if (root.IsMap() && root["checkpoint"] && root["checkpoint"].IsMap() && root["checkpoint"]["init_from"]) {
-    const std::string rel = root["checkpoint"]["init_from"].as<std::string>("");
+  if (const std::string& rel = spec->checkpoint().init_from(); relative(rel)) {
     std::error_code ec;
-    if (!rel.empty() && rel[0] != '/' && !absl::StrContains(rel, "..") && fs::is_directory(base / rel, ec)) {
+    if (fs::is_directory(base / rel, ec)) {
       for (const auto& e : fs::directory_iterator(base / rel, ec)) {
         if (!e.is_regular_file(ec) || e.file_size(ec) > (8u << 20)) continue;
         std::ifstream in(e.path(), std::ios::binary);
@@ -163,7 +157,7 @@ absl::Status ReadSpec(const std::string& path, int nproc, std::string* yaml,
 
 // A script given directly (`run --standalone train.py -- ARGS`): the spec a user would write for
 // it, with the script uploaded under its base name.
-absl::Status ScriptSpec(const Ctl& ctl, const std::string& path, int nproc, std::string* yaml,
+absl::Status ScriptSpec(const Ctl& ctl, const std::string& path, int nproc, spec::JobSpec* spec,
                         std::map<std::string, std::string>* files) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError("cannot read " + path);
@@ -197,17 +191,17 @@ absl::Status ScriptSpec(const Ctl& ctl, const std::string& path, int nproc, std:
   out << YAML::Key << "resources" << YAML::Value << YAML::BeginMap << YAML::Key << "device_type"
       << YAML::Value << "cpu" << YAML::EndMap;
   out << YAML::Key << "max_restarts" << YAML::Value << restarts << YAML::EndMap;
-  *yaml = out.c_str();
+  ASSIGN_OR_RETURN(*spec, spec::ParseJobSpec(out.c_str()));
   return absl::OkStatus();
 }
 
 bool IsScriptPath(const std::string& path) { return absl::EndsWith(path, ".py"); }
 
 // The job of `run`/`submit`: a spec file, or a script (then ARGS after "--" are its arguments).
-absl::Status ReadJob(const Ctl& ctl, int nproc, std::string* yaml,
+absl::Status ReadJob(const Ctl& ctl, int nproc, spec::JobSpec* spec,
                      std::map<std::string, std::string>* files) {
   const std::string path = Ctl::UserPath(ctl.rest()[0]);
-  if (IsScriptPath(path)) return ScriptSpec(ctl, path, nproc, yaml, files);
+  if (IsScriptPath(path)) return ScriptSpec(ctl, path, nproc, spec, files);
   for (const char* o : {"--python", "--max-restarts", "--name"}) {
     if (ctl.args().Has(o)) {
       return absl::InvalidArgumentError(absl::StrCat(o, " is for a script (.py); set it in the spec"));
@@ -216,7 +210,7 @@ absl::Status ReadJob(const Ctl& ctl, int nproc, std::string* yaml,
   if (!ctl.args().passthrough.empty()) {
     return absl::InvalidArgumentError("arguments after -- are for a script (.py); use worker.args");
   }
-  return ReadSpec(path, nproc, yaml, files);
+  return ReadSpec(path, nproc, spec, files);
 }
 
 void PrintJobs(const Ctl& ctl, const std::vector<v1::Job>& jobs) {
@@ -240,9 +234,9 @@ int RunStandalone(Ctl& ctl) {
   }
   int nproc = 0;
   if (!ctl.IntOption("--nproc", 1, &nproc)) return kUsage;
-  std::string yaml;
+  spec::JobSpec spec;
   std::map<std::string, std::string> files;
-  absl::Status s = ReadJob(ctl, nproc, &yaml, &files);
+  absl::Status s = ReadJob(ctl, nproc, &spec, &files);
   if (!s.ok()) return ctl.Fail(s);
   StandaloneOptions so;
   so.allow_root_scripts = a.Has("--allow-root-scripts");
@@ -260,11 +254,11 @@ int RunStandalone(Ctl& ctl) {
     sa.sa_handler = OnInterrupt;
     sigaction(sig, &sa, nullptr);
   }
-  auto cluster = StandaloneCluster::Start(so, yaml);
+  auto cluster = StandaloneCluster::Start(so, spec);
   if (!cluster.ok()) return ctl.Fail(cluster.status());
   auto c = (*cluster)->Connect();
   if (!c.ok()) return ctl.Fail(c.status());
-  auto r = c->Submit(yaml, "", files);
+  auto r = c->Submit(spec::ToYaml(spec), "", files);
   if (!r.ok()) return ctl.Fail(r.status());
   if ((*cluster)->root_script()) {  // one line, also with --json (on stderr)
     std::cerr << "emberctl: the script runs as root, as emberctl does (a standalone run is your own "
@@ -302,13 +296,13 @@ int RunSubmit(Ctl& ctl) {
   if (nproc > 0 && !IsScriptPath(ctl.rest()[0])) {
     return ctl.UsageError("--nproc is for a script (.py); set parallelism.world_size in the spec");
   }
-  std::string yaml;
+  spec::JobSpec spec;
   std::map<std::string, std::string> files;
-  absl::Status s = ReadJob(ctl, nproc, &yaml, &files);
+  absl::Status s = ReadJob(ctl, nproc, &spec, &files);
   if (!s.ok()) return ctl.Fail(s);
   auto c = ctl.Connect();
   if (!c.ok()) return ctl.Fail(c.status());
-  auto r = c->Submit(yaml, ctl.args().Get("--id"), files);
+  auto r = c->Submit(spec::ToYaml(spec), ctl.args().Get("--id"), files);
   if (!r.ok()) return ctl.Fail(r.status());
   if (ctl.json()) std::cout << Ctl::ToJson(*r) << "\n";
   else std::cout << r->job().id() << (r->already_existed() ? " (already submitted)" : "") << "\n";

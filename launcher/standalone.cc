@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/spec.h"
 #include "spdlog/spdlog.h"
 
@@ -47,6 +48,11 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0) {
 absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
     StandaloneOptions options, const std::string& spec_yaml) {
   ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(spec_yaml));
+  return Start(std::move(options), spec);
+}
+
+absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
+    StandaloneOptions options, const spec::JobSpec& spec) {
   daemon::DaemonOptions o;
   o.node_name = "standalone";
   o.host_store = true;
@@ -72,7 +78,7 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());
   bool cuda = spec.resources().device_type() == "cuda" ||
-              spec.parallelism().backend().rfind("nccl", 0) == 0;
+              spec::IsNccl(spec::BackendOf(spec));
   if (!cuda) {
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     const long limit = options.max_ranks > 0 ? options.max_ranks : kRanksPerCore * cores;

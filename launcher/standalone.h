@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "launcher/client.h"
 #include "runtime/daemon/daemon.h"
+#include "runtime/jobspec/spec.h"
 
 namespace ember {
 
@@ -46,11 +47,14 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0);
 
 class StandaloneCluster {
  public:
-  // `spec_yaml` sizes the node (world size, cpu or cuda); it is not submitted here.
+  // The spec (parsed, or `spec_yaml` parsed here) sizes the node (world size, cpu or cuda); it is
+  // not submitted here.
   // INVALID_ARGUMENT naming parallelism.world_size when it asks for more CPU ranks than
   // max_ranks. Every worker gets SIGKILL when the cluster's process dies, whatever kills it.
   static absl::StatusOr<std::unique_ptr<StandaloneCluster>> Start(StandaloneOptions options,
                                                                    const std::string& spec_yaml);
+  static absl::StatusOr<std::unique_ptr<StandaloneCluster>> Start(StandaloneOptions options,
+                                                                   const spec::JobSpec& spec);
   ~StandaloneCluster();
 
   absl::StatusOr<Client> Connect() const;

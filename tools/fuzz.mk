@@ -13,7 +13,8 @@ CKPT := checkpoint/fuzz_targets.cc checkpoint/safetensors.cc checkpoint/dtype.cc
 GEN := $(OUT)/gen/proto/job_spec.pb.cc $(OUT)/gen/proto/store.pb.cc $(OUT)/gen/proto/store_wal.pb.cc
 SRC_safetensors := tests/fuzz/safetensors_fuzz.cc $(CKPT)
 SRC_checkpoint_metadata := tests/fuzz/checkpoint_metadata_fuzz.cc $(CKPT)
-SRC_spec := tests/fuzz/spec_fuzz.cc runtime/jobspec/spec.cc runtime/jobspec/yaml_proto.cc runtime/jobspec/pipeline_layout.cc runtime/base/status_macros.cc runtime/base/utf8.cc \
+SRC_spec := tests/fuzz/spec_fuzz.cc runtime/jobspec/spec.cc runtime/jobspec/yaml_proto.cc runtime/jobspec/pipeline_layout.cc \
+            runtime/jobspec/parallel_dims.cc runtime/jobspec/enums.cc runtime/jobspec/resolve.cc runtime/base/status_macros.cc runtime/base/utf8.cc \
             $(OUT)/gen/proto/job_spec.pb.cc
 SRC_wal := tests/fuzz/wal_fuzz.cc runtime/store/wal.cc runtime/base/status_macros.cc
 SRC_fast_path := tests/fuzz/fast_path_fuzz.cc runtime/store/fast_path.cc \

@@ -19,7 +19,12 @@ CachingAllocator::CachingAllocator(std::unique_ptr<Backend> backend, Mode mode)
 CachingAllocator::~CachingAllocator() {
   absl::MutexLock lock(&mu_);
   EmptyCacheLocked();
-  for (auto& [p, size] : live_) backend_->Deallocate(p, size);
+  for (Pending& q : pending_) {
+    for (void* e : q.events) backend_->DestroyEvent(e);
+    backend_->Deallocate(q.p, q.size);
+  }
+  pending_.clear();
+  for (auto& [p, b] : live_) backend_->Deallocate(p, b.size);
   live_.clear();
 }
 
@@ -28,12 +33,13 @@ size_t CachingAllocator::RoundSize(size_t bytes) {
   return (bytes + g - 1) / g * g;
 }
 
-absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
+absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   const size_t size = mode_ == Mode::kExact ? bytes : RoundSize(bytes);
   absl::MutexLock lock(&mu_);
+  ReapPendingLocked();
   void* p = nullptr;
-  if (auto it = cached_.find(size); mode_ == Mode::kCaching && it != cached_.end()) {
+  if (auto it = cached_.find({stream, size}); mode_ == Mode::kCaching && it != cached_.end()) {
     p = it->second;
     cached_.erase(it);
     ++stats_.num_cache_hits;
@@ -54,7 +60,7 @@ absl::StatusOr<void*> CachingAllocator::Allocate(size_t bytes) {
     stats_.reserved_bytes += size;
     ++stats_.num_backend_allocs;
   }
-  live_.emplace(p, size);
+  live_.emplace(p, Block{size, stream, {}});
   stats_.allocated_bytes += size;
   ++stats_.num_allocs;
   stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
@@ -71,17 +77,57 @@ absl::Status CachingAllocator::Free(void* p) {
         absl::StrCat("CachingAllocator::Free: pointer ", reinterpret_cast<uintptr_t>(p),
                      " was not allocated here or was already freed"));
   }
-  const size_t size = it->second;
+  Block b = std::move(it->second);
   live_.erase(it);
-  stats_.allocated_bytes -= size;
-  if (mode_ == Mode::kExact) {
-    backend_->Deallocate(p, size);
-    stats_.reserved_bytes -= size;
+  stats_.allocated_bytes -= b.size;
+  if (mode_ == Mode::kExact) {  // the interpreter's mode: every block back to the backend at once
+    backend_->Deallocate(p, b.size);
+    stats_.reserved_bytes -= b.size;
     ++stats_.num_backend_frees;
     return absl::OkStatus();
   }
-  cached_.emplace(size, p);
+  if (b.other_streams.empty()) {
+    cached_.emplace(CacheKey{b.stream, b.size}, p);
+    return absl::OkStatus();
+  }
+  // Reusable on b.stream once the work queued so far on the other streams is done.
+  Pending q{p, b.size, b.stream, {}};
+  for (void* s : b.other_streams) {
+    if (void* e = backend_->RecordEvent(s)) q.events.push_back(e);
+  }
+  pending_.push_back(std::move(q));
   return absl::OkStatus();
+}
+
+absl::Status CachingAllocator::RecordStream(void* p, void* stream) {
+  absl::MutexLock lock(&mu_);
+  auto it = live_.find(p);
+  if (it == live_.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CachingAllocator::RecordStream: pointer ", reinterpret_cast<uintptr_t>(p),
+                     " is not a live block of this allocator"));
+  }
+  Block& b = it->second;
+  if (stream != b.stream &&
+      std::find(b.other_streams.begin(), b.other_streams.end(), stream) == b.other_streams.end()) {
+    b.other_streams.push_back(stream);
+  }
+  return absl::OkStatus();
+}
+
+void CachingAllocator::ReapPendingLocked() {
+  std::vector<Pending> keep;
+  for (Pending& q : pending_) {
+    bool done = true;
+    for (void* e : q.events) done = done && backend_->EventDone(e);
+    if (!done) {
+      keep.push_back(std::move(q));
+      continue;
+    }
+    for (void* e : q.events) backend_->DestroyEvent(e);
+    cached_.emplace(CacheKey{q.stream, q.size}, q.p);
+  }
+  pending_.swap(keep);
 }
 
 void CachingAllocator::EmptyCache() {
@@ -90,7 +136,8 @@ void CachingAllocator::EmptyCache() {
 }
 
 void CachingAllocator::EmptyCacheLocked() {
-  for (auto& [size, p] : cached_) {
+  for (auto& [key, p] : cached_) {
+    const size_t size = key.second;
     backend_->Deallocate(p, size);
     stats_.reserved_bytes -= size;
     ++stats_.num_backend_frees;

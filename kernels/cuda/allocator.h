@@ -6,9 +6,12 @@
 // memory comes from a Backend (cudaMalloc/cudaFree for the GPU, see cuda_ops.h NewCudaAllocator;
 // a counting fake in tests), so every rule here is tested on CPU (allocator_test.cc).
 //
-// Stream order: reuse is safe for work queued on ONE stream (a block freed after its last use was
-// queued can be handed out for later work on the same stream). Callers that use a block on several
-// streams must synchronise before Free.
+// Stream order (PyTorch's record-stream semantics): a block belongs to the stream it was allocated
+// for, and a freed block is handed out again only for that stream, where later work is queued
+// after its last use. A block also used on other streams (an NCCL communicator's stream reading a
+// gradient, a side copy stream) must say so with RecordStream before Free: Free then records an
+// event on each of those streams and the block returns to the cache only once every event
+// completed (checked at the next Allocate; never a host sync).
 //
 // Thread safety: all methods are thread-safe (one mutex).
 //
@@ -22,6 +25,8 @@
 #include <map>
 #include <memory>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
@@ -48,6 +53,11 @@ class CachingAllocator {
     // Returns memory of at least `bytes` or an error (ResourceExhausted when out of memory).
     virtual absl::StatusOr<void*> Allocate(size_t bytes) = 0;
     virtual void Deallocate(void* p, size_t bytes) = 0;
+    // Events for RecordStream (cudaEventRecord / cudaEventQuery / cudaEventDestroy). A backend
+    // without streams keeps the defaults (no event: the block is reusable at once).
+    virtual void* RecordEvent(void* stream) { (void)stream; return nullptr; }
+    virtual bool EventDone(void* event) { (void)event; return true; }
+    virtual void DestroyEvent(void* event) { (void)event; }
   };
 
   // kExact hands every request to the backend at its exact size and returns freed blocks to it
@@ -62,8 +72,13 @@ class CachingAllocator {
   CachingAllocator& operator=(const CachingAllocator&) = delete;
 
   // bytes == 0 returns nullptr. On backend failure the cache is emptied and the allocation retried
-  // once; the error then says how much was asked and how much is held.
-  absl::StatusOr<void*> Allocate(size_t bytes);
+  // once; the error then says how much was asked and how much is held. `stream` (a cudaStream_t;
+  // null: the default stream) is the stream the block is used on; only blocks freed on it are
+  // reused.
+  absl::StatusOr<void*> Allocate(size_t bytes, void* stream = nullptr);
+  // p (allocated here, not yet freed) is also used by work queued on `stream`; Free waits for
+  // that work (through an event) before the block can be reused. No-op for p's own stream.
+  absl::Status RecordStream(void* p, void* stream);
   // p must come from Allocate on this allocator (nullptr is ignored); InvalidArgument otherwise.
   absl::Status Free(void* p);
   // Returns the cached (free) blocks to the backend.
@@ -74,13 +89,28 @@ class CachingAllocator {
   static size_t RoundSize(size_t bytes);
 
  private:
+  struct Block {
+    size_t size = 0;                  // rounded
+    void* stream = nullptr;           // allocated for
+    std::vector<void*> other_streams;  // RecordStream
+  };
+  struct Pending {                    // freed, waiting for events on other streams
+    void* p;
+    size_t size;
+    void* stream;
+    std::vector<void*> events;
+  };
+  using CacheKey = std::pair<void*, size_t>;  // (stream, rounded size)
   void EmptyCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves pending blocks whose events all completed into the cache.
+  void ReapPendingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<Backend> backend_;
   const Mode mode_;
   mutable absl::Mutex mu_;
-  std::unordered_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);  // ptr -> rounded size
-  std::multimap<size_t, void*> cached_ ABSL_GUARDED_BY(mu_);     // rounded size -> free block
+  std::unordered_map<void*, Block> live_ ABSL_GUARDED_BY(mu_);
+  std::multimap<CacheKey, void*> cached_ ABSL_GUARDED_BY(mu_);  // free blocks
+  std::vector<Pending> pending_ ABSL_GUARDED_BY(mu_);
   AllocatorStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

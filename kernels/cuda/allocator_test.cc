@@ -3,6 +3,9 @@
 
 #include <cstdlib>
 #include <map>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include <catch2/catch.hpp>
 
@@ -115,5 +118,68 @@ TEST_CASE("kExact passes exact sizes to the backend and frees at once (the inter
   REQUIRE(a.Free(*q).ok());
 }
 
+// Events the test completes by hand: stand-ins for cudaEventRecord on another stream.
+class StreamBackend : public FakeBackend {
+ public:
+  explicit StreamBackend(int64_t* live) : FakeBackend(int64_t{1} << 30, live) {}
+  void* RecordEvent(void* stream) override {
+    events_.push_back({stream, false});
+    return reinterpret_cast<void*>(events_.size());  // 1-based id
+  }
+  bool EventDone(void* e) override { return events_[reinterpret_cast<size_t>(e) - 1].second; }
+  void DestroyEvent(void*) override { ++destroyed_; }
+  // Completes every event recorded on `stream` (its queued work finished).
+  void Finish(void* stream) {
+    for (auto& [s, done] : events_)
+      if (s == stream) done = true;
+  }
+  int recorded() const { return static_cast<int>(events_.size()); }
+  int destroyed_ = 0;
+
+ private:
+  std::vector<std::pair<void*, bool>> events_;
+};
+
+TEST_CASE("record stream: a block used on another stream is reused only after that stream's work") {
+  int64_t live = 0;
+  auto owned = std::make_unique<StreamBackend>(&live);
+  StreamBackend* be = owned.get();
+  CachingAllocator a(std::move(owned));
+  void* compute = reinterpret_cast<void*>(0x100);
+  void* comm = reinterpret_cast<void*>(0x200);  // e.g. the NCCL communicator's stream
+
+  // One stream only: freed, then reused at once for the same stream.
+  void* p = *a.Allocate(4096, compute);
+  REQUIRE(a.Free(p).ok());
+  CHECK(*a.Allocate(4096, compute) == p);
+  REQUIRE(a.Free(p).ok());
+  // Another stream does not get a block freed on `compute` (no order between the two).
+  void* other = *a.Allocate(4096, comm);
+  CHECK(other != p);
+  REQUIRE(a.Free(other).ok());
+
+  // The gradient is reduced on the communicator's stream, then freed on compute.
+  void* g = *a.Allocate(4096, compute);
+  CHECK(g == p);
+  REQUIRE(a.RecordStream(g, comm).ok());
+  REQUIRE(a.RecordStream(g, compute).ok());  // its own stream: nothing to record
+  REQUIRE(a.Free(g).ok());
+  CHECK(be->recorded() == 1);
+  // While the reduction may still read it, a new request on compute gets other memory.
+  void* q = *a.Allocate(4096, compute);
+  CHECK(q != g);
+  REQUIRE(a.Free(q).ok());
+  be->Finish(comm);
+  void* r1 = *a.Allocate(4096, compute);
+  void* r2 = *a.Allocate(4096, compute);
+  CHECK(((r1 == g) || (r2 == g)));  // back in the cache once the event completed
+  CHECK(be->destroyed_ == 1);
+  REQUIRE(a.Free(r1).ok());
+  REQUIRE(a.Free(r2).ok());
+  CHECK(a.stats().allocated_bytes == 0);
+  CHECK_FALSE(a.RecordStream(g, comm).ok());  // not live any more
+}
+
 }  // namespace
 }  // namespace ember::kernels::cuda
+

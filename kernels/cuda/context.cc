@@ -1,4 +1,6 @@
 // CudaContext, the cudaMalloc allocator backend and the cuBLASLt GEMM (cuda_ops.h).
+#include <atomic>
+#include <cstdint>
 #include <string>
 #include <utility>
 
@@ -12,6 +14,19 @@
 #endif
 
 namespace ember::kernels::cuda {
+
+namespace {
+std::atomic<GemmAlignmentObserver> g_gemm_alignment_observer{nullptr};
+}  // namespace
+
+uint32_t PointerAlignment(const void* p) {
+  const uintptr_t v = reinterpret_cast<uintptr_t>(p);
+  if (v == 0) return 256;
+  const uintptr_t low = v & (~v + 1);  // lowest set bit
+  return static_cast<uint32_t>(low >= 256 ? 256 : low);
+}
+
+void SetGemmAlignmentObserver(GemmAlignmentObserver f) { g_gemm_alignment_observer.store(f); }
 
 #ifndef EMBER_WITH_CUDA
 
@@ -53,6 +68,28 @@ class CudaMallocBackend : public CachingAllocator::Backend {
     return p;
   }
   void Deallocate(void* p, size_t) override { cudaFree(p); }
+#ifndef EMBER_CUDA_INTERP  // the interpreter runs every stream's work at once: no events needed
+  // Record-stream events (allocator.h): disable timing (cheaper), polled, never synchronized.
+  void* RecordEvent(void* stream) override {
+    cudaEvent_t e = nullptr;
+    if (cudaEventCreateWithFlags(&e, cudaEventDisableTiming) != cudaSuccess ||
+        cudaEventRecord(e, static_cast<cudaStream_t>(stream)) != cudaSuccess) {
+      // Without an event the block cannot be ordered: wait for the stream instead.
+      cudaGetLastError();
+      if (e != nullptr) cudaEventDestroy(e);
+      cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+      return nullptr;
+    }
+    return e;
+  }
+  bool EventDone(void* e) override {
+    const cudaError_t r = cudaEventQuery(static_cast<cudaEvent_t>(e));
+    if (r == cudaErrorNotReady) return false;
+    if (r != cudaSuccess) cudaGetLastError();  // a sticky device error: nothing runs any more
+    return true;
+  }
+  void DestroyEvent(void* e) override { cudaEventDestroy(static_cast<cudaEvent_t>(e)); }
+#endif
 };
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
@@ -196,6 +233,19 @@ absl::Status Gemm(CudaContext& ctx, GemmInput in, bool trans_a, bool trans_b, in
   const size_t ws = ContextAccess::WorkspaceBytes(ctx);
   EMBER_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)), "set workspace");
+  // Alignment of the actual pointers (cuBLASLt's A is our B, its B our A; C and D are C), so the
+  // heuristic returns only kernels valid for them instead of assuming 256 bytes. The values of
+  // CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES (5..8 in cublasLt.h; the interpreter's
+  // header does not name them).
+  const GemmAlignment al{PointerAlignment(A), PointerAlignment(B), PointerAlignment(C),
+                         PointerAlignment(C)};
+  const uint32_t lt_align[4] = {al.b, al.a, al.c, al.d};
+  for (int i = 0; i < 4; ++i) {
+    EMBER_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
+        d.pref, static_cast<cublasLtMatmulPreferenceAttributes_t>(5 + i), &lt_align[i],
+        sizeof(lt_align[i])), "set MIN_ALIGNMENT");
+  }
+  if (GemmAlignmentObserver f = g_gemm_alignment_observer.load()) f(al);
   cublasLtMatmulHeuristicResult_t heur;
   int found = 0;
   EMBER_LT_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(ContextAccess::Lt(ctx), d.op, d.a, d.b,

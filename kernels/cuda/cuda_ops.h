@@ -120,6 +120,19 @@ absl::Status Gemm(CudaContext& ctx, GemmInput in, bool trans_a, bool trans_b, in
                   float beta, float* C, int64_t ldc, GemmEpilogue epilogue = GemmEpilogue::kNone,
                   const float* bias = nullptr);
 
+// cuBLASLt's heuristic assumes 256-byte-aligned pointers unless told otherwise, and may then pick
+// a kernel that faults or misreads on an offset pointer (MoE expert slices, fused cross-entropy
+// chunks). Gemm sets CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_{A,B,C,D}_BYTES from the actual pointers:
+// the largest power of two dividing the address, at most 256 (256 for null).
+uint32_t PointerAlignment(const void* p);
+// The alignments Gemm passed for its operands (ours: a = A, b = B, c = d = C).
+struct GemmAlignment {
+  uint32_t a = 0, b = 0, c = 0, d = 0;
+};
+// Test hook: called by every Gemm with the alignments it gave the heuristic (null: none).
+using GemmAlignmentObserver = void (*)(const GemmAlignment&);
+void SetGemmAlignmentObserver(GemmAlignmentObserver f);
+
 // Fused linear cross-entropy (kernels/cross_entropy.h contract, fp32 h and W): logits exist only
 // as one token_chunk x vocab_chunk tile (plan.h PlanLce with opt.token_chunk, opt.vocab_chunk and
 // budget_bytes); tiles are recomputed for the backward. Syncs once at the end to return the loss.

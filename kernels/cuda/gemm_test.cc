@@ -71,6 +71,49 @@ TEST_CASE("cuda bf16 linear with bias and GELU epilogues matches the CPU") {
             .code() == absl::StatusCode::kInvalidArgument);
 }
 
+GemmAlignment g_seen;
+int g_calls = 0;
+
+TEST_CASE("cuda GEMM on offset pointers: the heuristic is told their alignment, results match") {
+  CudaContext* ctx = GpuOrSkip("gemm_offset");
+  if (ctx == nullptr) return;
+  SetGemmAlignmentObserver([](const GemmAlignment& a) {
+    g_seen = a;
+    ++g_calls;
+  });
+  // Rows of a bigger buffer, as MoE expert slices and LCE chunks pass them: offsets of 1, 3 and 5
+  // floats (4, 12 and 20 bytes) from 256-byte-aligned allocations.
+  const int64_t M = 16, N = 24, K = 40;
+  std::vector<float> a = Random((M + 1) * K, 7), b = Random((K + 3) * N, 8);
+  DeviceBuffer<float> da(ctx, a), db(ctx, b), dc(ctx, M * N + 5);
+  const float* A = da.get() + 1;
+  const float* B = db.get() + 3;
+  float* C = dc.get() + 5;
+  auto got = RunTwice<float>(ctx, {{&dc, std::vector<float>(M * N + 5, 0.0f)}}, [&] {
+    return Gemm(*ctx, GemmInput::kF32, false, false, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+  });
+  SetGemmAlignmentObserver(nullptr);
+  REQUIRE(g_calls >= 1);
+  auto align = [](const void* p) {  // independent: the largest power of two <= 256 dividing p
+    uint32_t x = 1;
+    while (x < 256 && reinterpret_cast<uintptr_t>(p) % (2 * x) == 0) x *= 2;
+    return x;
+  };
+  CHECK(g_seen.a == align(A));
+  CHECK(g_seen.b == align(B));
+  CHECK(g_seen.c == align(C));
+  CHECK(g_seen.d == align(C));
+  CHECK(g_seen.a < 256);  // the offsets really are misaligned for the default assumption
+  std::vector<float> want(M * N, 0.0f);
+  kernels::Gemm(kCpu, false, false, M, N, K, 1.0f, a.data() + 1, K, b.data() + 3, N, 0.0f,
+                want.data(), N);
+  std::vector<float> out(got[0].begin() + 5, got[0].end());
+  CHECK(ErrRatio(out, want, 1e-5) <= 1);
+  CHECK(PointerAlignment(nullptr) == 256);
+  CHECK(PointerAlignment(reinterpret_cast<void*>(0x1000)) == 256);
+  CHECK(PointerAlignment(reinterpret_cast<void*>(0x1008)) == 8);
+}
+
 }  // namespace
 }  // namespace ember::kernels::cuda
 

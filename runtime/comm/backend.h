@@ -43,6 +43,9 @@ struct OpDesc {
   int root = 0;              // broadcast
   int64_t seq = 0;           // collective sequence number (same on every rank)
   void* stream = nullptr;    // device backends: the submitting thread's current stream
+  // Device backends: the op's deadline once enqueued (its group's watchdog fails it after this;
+  // zero: the backend's op_timeout). ProcessGroup sets it from the op's options.
+  absl::Duration timeout = absl::ZeroDuration();
 };
 
 struct BackendOptions {

@@ -8,10 +8,12 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/comm/comm_driver.h"
 #include "spdlog/spdlog.h"
@@ -30,22 +32,89 @@ const char* ModeName(DeviceMode m) {
   return "?";
 }
 
+// A device op's events as the Work sees them: the driver's, plus the abort status if the op was
+// still running when its communicators were revoked (its end event then completes, but the op
+// never finished: Wait must not report success).
+class PolicyEvents : public DeviceEvents {
+ public:
+  explicit PolicyEvents(std::vector<std::shared_ptr<DeviceEvents>> inner)
+      : inner_(std::move(inner)) {}
+  void Fail(const absl::Status& why) {
+    absl::MutexLock l(&mu_);
+    if (failed_.ok()) failed_ = why;
+  }
+  absl::Status failed() {
+    absl::MutexLock l(&mu_);
+    return failed_;
+  }
+  absl::Status StreamWait() override {
+    RETURN_IF_ERROR(failed());
+    for (auto& e : inner_) RETURN_IF_ERROR(e->StreamWait());
+    return absl::OkStatus();
+  }
+  absl::Status Synchronize(absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    absl::Status st;
+    for (auto& e : inner_) {
+      absl::Status s = e->Synchronize(deadline - absl::Now());
+      if (st.ok()) st = s;
+    }
+    RETURN_IF_ERROR(failed());
+    return st;
+  }
+  bool Done() override {
+    for (auto& e : inner_)
+      if (!e->Done()) return false;
+    return true;
+  }
+  bool TimesNs(int64_t* s, int64_t* e) override {
+    int64_t lo = INT64_MAX, hi = 0;
+    for (auto& ev : inner_) {
+      int64_t a = 0, b = 0;
+      if (!ev->TimesNs(&a, &b)) return false;
+      lo = std::min(lo, a);
+      hi = std::max(hi, b);
+    }
+    *s = lo;
+    *e = hi;
+    return !inner_.empty();
+  }
+
+ private:
+  const std::vector<std::shared_ptr<DeviceEvents>> inner_;
+  absl::Mutex mu_;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);
+};
+
 // The communicators of one backend, shared with the process registry so that an abort anywhere
 // reaches them while the backend lives.
 struct CommSet {
   absl::Mutex mu;
   absl::Status aborted ABSL_GUARDED_BY(mu);
   std::vector<std::shared_ptr<Communicator>> comms ABSL_GUARDED_BY(mu);
+  std::vector<std::weak_ptr<PolicyEvents>> ops ABSL_GUARDED_BY(mu);  // enqueued device ops
 
-  // Adds a communicator; if the set is already aborted, aborts it and returns the abort status.
+  // Adds a communicator; if the set is already aborted, revokes it and returns the abort status.
   absl::Status Add(const std::shared_ptr<Communicator>& c) {
     absl::MutexLock l(&mu);
     if (!aborted.ok()) {
-      c->Abort(aborted);
+      c->Revoke(aborted);
       return aborted;
     }
     comms.push_back(c);
     return absl::OkStatus();
+  }
+  void AddOp(const std::shared_ptr<PolicyEvents>& e) {
+    absl::MutexLock l(&mu);
+    if (ops.size() >= 64) {
+      std::vector<std::weak_ptr<PolicyEvents>> keep;
+      for (auto& w : ops) {
+        auto o = w.lock();
+        if (o && !o->Done()) keep.push_back(w);
+      }
+      ops.swap(keep);
+    }
+    ops.push_back(e);
   }
   absl::Status status() {
     absl::MutexLock l(&mu);
@@ -64,8 +133,10 @@ class Registry {
     absl::MutexLock l(&mu_);
     sets_.push_back(s);
   }
-  // Marks every set aborted (no new op or communicator starts on any), then aborts every
-  // communicator, outside the registry's lock.
+  // Marks every set aborted (no new op or communicator starts on any) and its unfinished ops
+  // failed, then revokes every communicator, outside the registry's lock. Revoke, not abort: the
+  // handles stay valid for threads still inside a call on them (the watchdog aborts while the
+  // training thread enqueues) and for Shrink; the last reference frees each one.
   void AbortAll(const absl::Status& why) {
     std::vector<std::shared_ptr<CommSet>> live;
     {
@@ -84,8 +155,12 @@ class Registry {
       absl::MutexLock l(&s->mu);
       if (s->aborted.ok()) s->aborted = why;
       comms.insert(comms.end(), s->comms.begin(), s->comms.end());
+      for (auto& w : s->ops) {
+        auto o = w.lock();
+        if (o && !o->Done()) o->Fail(why);
+      }
     }
-    for (auto& c : comms) c->Abort(why);
+    for (auto& c : comms) c->Revoke(why);
   }
 
  private:
@@ -96,8 +171,30 @@ class Registry {
 struct InFlight {
   std::shared_ptr<DeviceEvents> events;
   absl::Time enqueued;
+  absl::Duration timeout;
   std::string what;
 };
+
+// NCCL's non-blocking contract: after a call returned in progress, poll ncclCommGetAsyncError
+// until it returns anything else before the next call on that communicator (or an event recorded
+// behind it). Gives up after `timeout` (DEADLINE_EXCEEDED) or when `set` is aborted meanwhile.
+absl::Status Complete(Communicator& c, absl::Status call, CommSet* set,
+                      absl::Duration timeout, const std::string& what) {
+  if (!IsInProgress(call)) return call;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (int i = 0;; ++i) {
+    absl::Status s = c.AsyncError();
+    if (!IsInProgress(s)) {
+      return s.ok() ? s : base::Annotate(s, absl::StrCat(what, " on ", c.Describe()));
+    }
+    if (absl::Status a = set->status(); !a.ok()) return a;
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          what, " on ", c.Describe(), " still in progress after ", absl::FormatDuration(timeout)));
+    }
+    if (i > 100) absl::SleepFor(absl::Microseconds(200));
+  }
+}
 
 class DeviceBackend : public Backend {
  public:
@@ -127,15 +224,17 @@ class DeviceBackend : public Backend {
   }
 
   absl::Status Run(const OpDesc& op) override {
+    RETURN_IF_ERROR(CheckStream(op.stream, OpTypeName(op.type)));
     RETURN_IF_ERROR(EnsureMain());
     std::vector<std::shared_ptr<Communicator>> comms;
     {
       absl::MutexLock l(&main_mu_);
       comms = main_;
     }
-    std::shared_ptr<DeviceEvents> ev;
+    const std::string what = OpTypeName(op.type);
+    absl::Status call;
     if (comms.size() == 1) {
-      RETURN_IF_ERROR(comms[0]->Collective(op, &ev));
+      call = comms[0]->Collective(op);
     } else {
       // nccl-legacy with k devices: in/out are arrays of k per-device pointers.
       std::vector<OpDesc> ops(comms.size(), op);
@@ -145,12 +244,27 @@ class DeviceBackend : public Backend {
         if (op.out) ops[d].out = static_cast<void* const*>(op.out)[d];
         raw.push_back(comms[d].get());
       }
-      RETURN_IF_ERROR(driver_->GroupCollective(raw, ops));
+      call = driver_->GroupCollective(raw, ops);
+    }
+    if (!call.ok() && !IsInProgress(call)) return call;
+    // Every communicator of the call must have completed it before its end event is recorded.
+    for (auto& c : comms) {
+      RETURN_IF_ERROR(Complete(*c, call, set_.get(), o_.op_timeout, what));
+    }
+    std::vector<std::shared_ptr<DeviceEvents>> inner;
+    for (auto& c : comms) {
+      ASSIGN_OR_RETURN(std::shared_ptr<DeviceEvents> e, c->EndOp(op.stream, /*p2p=*/false));
+      if (e) inner.push_back(std::move(e));
+    }
+    std::shared_ptr<PolicyEvents> ev;
+    if (inner.size() == comms.size()) {
+      ev = std::make_shared<PolicyEvents>(std::move(inner));
+      set_->AddOp(ev);
     }
     absl::MutexLock l(&ev_mu_);
     last_events_ = ev;
     if (ev) {
-      in_flight_.push_back({ev, absl::Now(),
+      in_flight_.push_back({ev, absl::Now(), op.timeout > absl::ZeroDuration() ? op.timeout : o_.op_timeout,
                             absl::StrCat(OpTypeName(op.type), " seq ", op.seq, " count ", op.count,
                                          " ", DTypeName(op.dtype))});
     }
@@ -189,15 +303,20 @@ class DeviceBackend : public Backend {
     }
     for (auto& c : comms) {
       absl::Status s = c->AsyncError();
-      if (!s.ok()) return base::Annotate(s, absl::StrCat("communicator ", c->Describe()));
+      // In progress: a call another thread is completing (or a revoke settling), not an error.
+      if (!s.ok() && !IsInProgress(s)) {
+        return base::Annotate(s, absl::StrCat("communicator ", c->Describe()));
+      }
     }
     absl::MutexLock l(&ev_mu_);
     while (!in_flight_.empty() && in_flight_.front().events->Done()) in_flight_.pop_front();
-    if (!in_flight_.empty() && absl::Now() - in_flight_.front().enqueued > o_.op_timeout) {
+    // Ops finish in order on the stream, but each has its own deadline.
+    for (const InFlight& f : in_flight_) {
+      if (f.events->Done() || absl::Now() - f.enqueued <= f.timeout) continue;
       return absl::DeadlineExceededError(absl::StrCat(
-          "watchdog: ", in_flight_.front().what, " in group '", o_.group_name, "' rank ", o_.rank,
-          "/", o_.size, " not finished on ", absl::StrJoin(devices_, ","), " after ",
-          absl::FormatDuration(o_.op_timeout)));
+          "watchdog: ", f.what, " in group '", o_.group_name, "' rank ", o_.rank, "/", o_.size,
+          " not finished on ", absl::StrJoin(devices_, ","), " after ",
+          absl::FormatDuration(f.timeout)));
     }
     return absl::OkStatus();
   }
@@ -239,6 +358,18 @@ class DeviceBackend : public Backend {
     if (MainCount() != 1) {
       return absl::UnimplementedError("shrink of an nccl-legacy group with several devices");
     }
+    // A revoked parent (after an abort) stays valid; NCCL shrinks it once it is quiescent
+    // (AsyncError no longer in progress). An error there (a dead peer) is the driver's cue for
+    // NCCL_SHRINK_ABORT.
+    const absl::Time deadline = absl::Now() + o_.bootstrap_timeout;
+    while (IsInProgress(parent->AsyncError())) {
+      if (absl::Now() > deadline) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "shrink of group '", o_.group_name, "': the parent communicator ", parent->Describe(),
+            " did not become quiescent within ", absl::FormatDuration(o_.bootstrap_timeout)));
+      }
+      absl::SleepFor(absl::Microseconds(200));
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
                      driver_->Shrink(*parent, excluded, InitOptions(child.group_name)));
     return Child(std::move(child), std::move(c));
@@ -268,6 +399,17 @@ class DeviceBackend : public Backend {
     bool connecting ABSL_GUARDED_BY(mu) = false;
     std::deque<PendingP2P> pending ABSL_GUARDED_BY(mu);
   };
+
+  // Device ops order against the submitter's stream; the legacy (null) stream does not order
+  // against the non-blocking streams compute runs on, so an op submitted there could read inputs
+  // not yet written.
+  absl::Status CheckStream(void* stream, const std::string& what) const {
+    if (stream != nullptr) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        what, " in group '", o_.group_name, "' (", ModeName(mode_), ") submitted with no current "
+        "stream: call comm::SetCurrentStream(<the compute stream>) on this thread first (the "
+        "legacy default stream does not order against non-blocking streams)"));
+  }
 
   CommInitOptions InitOptions(std::string tag) const {
     CommInitOptions io;
@@ -350,13 +492,23 @@ class DeviceBackend : public Backend {
     return s;
   }
 
-  static void Issue(Communicator& c, int peer, PendingP2P& op) {
+  // Issues a send/recv on `c` from the submitter's stream; when the call returned, completes it
+  // (polls while in progress) and makes the submitter's stream wait on it before `done`.
+  void Issue(const std::shared_ptr<Communicator>& c, int peer, PendingP2P& op) {
     void* prev = CurrentStream();
     SetCurrentStream(op.stream);
+    const char* what = op.send ? "send" : "recv";
+    // Runs on the driver's thread (cpu) or here (NCCL); holds what it needs, not the backend.
+    auto finish = [c, set = set_, timeout = o_.op_timeout, stream = op.stream, what,
+                   done = std::move(op.done)](absl::Status s) {
+      s = Complete(*c, std::move(s), set.get(), timeout, what);
+      if (s.ok()) s = c->EndOp(stream, /*p2p=*/true).status();
+      done(std::move(s));
+    };
     if (op.send) {
-      c.PostSend(op.data, op.bytes, peer, op.tag, std::move(op.done));
+      c->PostSend(op.data, op.bytes, peer, op.tag, std::move(finish));
     } else {
-      c.PostRecv(op.data, op.bytes, peer, op.tag, std::move(op.done));
+      c->PostRecv(op.data, op.bytes, peer, op.tag, std::move(finish));
     }
     SetCurrentStream(prev);
   }
@@ -365,10 +517,13 @@ class DeviceBackend : public Backend {
             std::function<void(absl::Status)> done) {
     PendingP2P op{send, data, bytes, tag, std::move(done), CurrentStream()};
     const char* what = send ? "send to " : "recv from ";
+    if (absl::Status st = CheckStream(op.stream, send ? "send" : "recv"); !st.ok()) {
+      return op.done(st);
+    }
     if (mode_ == DeviceMode::kEager) {
       absl::Status st = EnsureMain();
       if (!st.ok()) return op.done(base::Annotate(st, absl::StrCat(what, peer)));
-      return Issue(*Main(), peer, op);
+      return Issue(Main(), peer, op);
     }
     if (devices_.size() != 1) {
       return op.done(absl::UnimplementedError(
@@ -381,7 +536,7 @@ class DeviceBackend : public Backend {
     const int peer_rank = peer < o_.rank ? 0 : 1;
     PairSlot& slot = *pairs_[peer];
     absl::MutexLock l(&slot.mu);
-    if (slot.comm) return Issue(*slot.comm, peer_rank, op);
+    if (slot.comm) return Issue(slot.comm, peer_rank, op);
     slot.pending.push_back(std::move(op));
     if (slot.connecting) return;
     slot.connecting = true;
@@ -396,7 +551,7 @@ class DeviceBackend : public Backend {
       if (c.ok()) slot.comm = *c;
       for (PendingP2P& op : ops) {
         if (c.ok()) {
-          Issue(**c, peer_rank, op);
+          Issue(*c, peer_rank, op);
         } else {
           op.done(base::Annotate(c.status(), absl::StrCat("connecting to peer ", peer)));
         }
@@ -470,6 +625,18 @@ namespace {
 thread_local void* t_stream = nullptr;
 }  // namespace
 void SetCurrentStream(void* stream) { t_stream = stream; }
+
+namespace {
+constexpr absl::string_view kInProgressPayload = "type.ember/comm.in_progress";
+}  // namespace
+absl::Status InProgressError(absl::string_view what) {
+  absl::Status s = absl::UnavailableError(absl::StrCat(what, ": in progress (ncclInProgress)"));
+  s.SetPayload(kInProgressPayload, absl::Cord("1"));
+  return s;
+}
+bool IsInProgress(const absl::Status& s) {
+  return !s.ok() && s.GetPayload(kInProgressPayload).has_value();
+}
 void* CurrentStream() { return t_stream; }
 
 void RegisterNcclDriverFactory(CommDriverFactory f) { g_nccl_factory.store(f); }

@@ -14,7 +14,13 @@
 // - "nccl" or "nccl-lazy" given several devices fails, pointing at nccl-legacy.
 // - Abort (from the group, the watchdog, or an async error) aborts every communicator of every
 //   device backend of this process together: all are marked aborted first (no new op starts on
-//   any), then each is aborted, so one group's abort cannot wait on another's pending op.
+//   any; ops still running fail with the abort's status), then each is revoked (ncclCommRevoke:
+//   the handle stays valid for threads inside a call and for Shrink), so one group's abort cannot
+//   wait on another's pending op. A handle is freed only with its last reference.
+// - NCCL's non-blocking contract: a call that returns in progress is polled (AsyncError) to
+//   completion before the next call on its communicator and before its end event is recorded.
+// - Device ops need a current stream (SetCurrentStream): one submitted on the legacy stream fails
+//   with FAILED_PRECONDITION.
 // - Split uses the driver's split (non-members get FAILED_PRECONDITION, not a hang); Shrink the
 //   driver's shrink (survivors only).
 //

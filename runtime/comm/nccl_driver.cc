@@ -2,8 +2,14 @@
 // the policy (when, which communicator, what to abort together) is device_backend.cc's.
 //
 // - Communicators are created non-blocking (ncclConfig_t::blocking = 0) and polled with
-//   ncclCommGetAsyncError until ready; past the timeout they are aborted (DEADLINE_EXCEEDED).
-//   ncclCommSplit and ncclCommShrink go the same way.
+//   ncclCommGetAsyncError until ready; past the timeout the new handle is aborted
+//   (DEADLINE_EXCEEDED). ncclCommSplit and ncclCommShrink go the same way; a failed split or
+//   shrink never aborts the parent (its owner frees it, once).
+// - Calls on a ready communicator return ncclInProgress as InProgressError (comm_driver.h); the
+//   policy polls AsyncError until OK and only then calls EndOp, which records the end event.
+// - Revoke is ncclCommRevoke (NCCL >= 2.28; the handle stays valid); Abort is ncclCommAbort (the
+//   handle is freed). The destructor destroys a revoked communicator once quiescent (finalize is
+//   invalid after revoke), finalizes and destroys a healthy one, and aborts otherwise.
 // - Each communicator has its own non-blocking stream; an op first makes that stream wait on the
 //   submitter's stream (OpDesc::stream), records start/end CUDA events around the op, and the
 //   Work waits on the end event (CudaEvents). Under CUDA graph capture of the submitter's stream
@@ -28,6 +34,9 @@
 #if NCCL_VERSION_CODE < NCCL_VERSION(2, 27, 0)
 #define EMBER_NCCL_NO_SHRINK 1
 #endif
+#if NCCL_VERSION_CODE < NCCL_VERSION(2, 28, 0)
+#define EMBER_NCCL_NO_REVOKE 1
+#endif
 
 namespace ember::comm {
 namespace {
@@ -35,8 +44,11 @@ namespace {
 using nccl_internal::CudaEvents;
 using nccl_internal::CudaStatus;
 
+// ncclInProgress is not done: it becomes InProgressError, which the caller must complete by
+// polling ncclCommGetAsyncError (the policy's Complete, or WaitReady for inits).
 absl::Status NcclStatus(ncclResult_t r, const char* what, ncclComm_t comm = nullptr) {
-  if (r == ncclSuccess || r == ncclInProgress) return absl::OkStatus();
+  if (r == ncclSuccess) return absl::OkStatus();
+  if (r == ncclInProgress) return InProgressError(what);
   const char* last = comm ? ncclGetLastError(comm) : "";
   return absl::InternalError(absl::StrCat("NCCL ", ncclGetErrorString(r), " in ", what,
                                           last && *last ? absl::StrCat(": ", last) : ""));
@@ -75,7 +87,11 @@ ncclConfig_t NonBlocking(const std::string& tag) {
   return c;
 }
 
-// Polls a non-blocking communicator until it is ready; aborts it past `timeout`.
+// A management call (init, split, shrink, group end) that WaitReady completes next.
+absl::Status Issued(absl::Status s) { return IsInProgress(s) ? absl::OkStatus() : s; }
+
+// Polls a non-blocking communicator until it is ready. Never aborts: on failure the caller aborts
+// the handle it owns (a new one), so no handle is aborted twice.
 absl::Status WaitReady(ncclComm_t comm, absl::Duration timeout, const std::string& what) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
@@ -83,16 +99,11 @@ absl::Status WaitReady(ncclComm_t comm, absl::Duration timeout, const std::strin
     ncclResult_t r = ncclCommGetAsyncError(comm, &state);
     if (r != ncclSuccess) return NcclStatus(r, "ncclCommGetAsyncError", comm);
     if (state == ncclSuccess) return absl::OkStatus();
-    if (state != ncclInProgress) {
-      absl::Status s = NcclStatus(state, what.c_str(), comm);
-      ncclCommAbort(comm);
-      return s;
-    }
+    if (state != ncclInProgress) return NcclStatus(state, what.c_str(), comm);
     if (absl::Now() > deadline) {
-      ncclCommAbort(comm);
       return absl::DeadlineExceededError(absl::StrCat(
           what, " not ready after ", absl::FormatDuration(timeout),
-          " (a rank did not take part, or the network is unreachable); aborted"));
+          " (a rank did not take part, or the network is unreachable)"));
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -138,17 +149,22 @@ class NcclCommunicator : public Communicator {
   }
 
   ~NcclCommunicator() override {
-    if (!aborted_.load()) {
-      ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
-      // Non-blocking communicators: finalize and poll (bounded), then destroy; abort otherwise.
-      bool finalized = state == ncclSuccess && ncclCommFinalize(comm_) != ncclInternalError &&
-                       WaitFinalized(comm_, absl::Seconds(10));
-      if (finalized) {
-        ncclCommDestroy(comm_);
+    // The last reference: no other thread can be inside a call on comm_ now.
+    if (!freed_.load()) {
+      bool destroyed = false;
+      if (revoked_.load()) {
+        // Finalize is invalid after revoke; destroy once quiescent, abort if it never is.
+        if (WaitFinalized(comm_, absl::Seconds(10))) destroyed = ncclCommDestroy(comm_) == ncclSuccess;
       } else {
-        ncclCommAbort(comm_);
+        ncclResult_t state = ncclSuccess;
+        ncclCommGetAsyncError(comm_, &state);
+        // Non-blocking communicators: finalize and poll (bounded), then destroy; abort otherwise.
+        const bool finalized = state == ncclSuccess &&
+                               ncclCommFinalize(comm_) != ncclInternalError &&
+                               WaitFinalized(comm_, absl::Seconds(10));
+        if (finalized) destroyed = ncclCommDestroy(comm_) == ncclSuccess;
       }
+      if (!destroyed) ncclCommAbort(comm_);
     }
     cudaSetDevice(device_);
     if (scratch_) cudaFree(scratch_);
@@ -161,25 +177,39 @@ class NcclCommunicator : public Communicator {
   ncclComm_t comm() const { return comm_; }
   int device() const { return device_; }
 
-  absl::Status Collective(const OpDesc& op, std::shared_ptr<DeviceEvents>* events) override {
-    if (aborted_.load()) return absl::AbortedError(absl::StrCat("communicator ", tag_, " aborted"));
+  absl::Status Collective(const OpDesc& op) override {
+    if (freed_.load()) return absl::InternalError(absl::StrCat("communicator ", tag_, " was freed"));
+    if (revoked_.load()) return absl::AbortedError(absl::StrCat("communicator ", tag_, " revoked"));
     cudaSetDevice(device_);
     cudaStream_t caller = static_cast<cudaStream_t>(op.stream);
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     RETURN_IF_ERROR(CudaStatus(cudaStreamIsCapturing(caller, &capture), "cudaStreamIsCapturing"));
-    const bool capturing = capture == cudaStreamCaptureStatusActive;
+    capturing_ = capture == cudaStreamCaptureStatusActive;
+    pending_ev_.reset();
     RETURN_IF_ERROR(Join(stream_, caller));  // the op's inputs come from the caller's stream
-    std::shared_ptr<CudaEvents> ev;
-    if (!capturing && events) {
-      ASSIGN_OR_RETURN(ev, CudaEvents::Start(device_, stream_, ref_, ref_host_ns_));
+    if (!capturing_) {
+      ASSIGN_OR_RETURN(pending_ev_, CudaEvents::Start(device_, stream_, ref_, ref_host_ns_));
     }
-    RETURN_IF_ERROR(Enqueue(op));
-    if (capturing) return Join(caller, stream_);  // rejoin the capture; no timing events
-    if (ev) {
-      RETURN_IF_ERROR(ev->RecordEnd(stream_));
-      *events = ev;
+    return Enqueue(op);  // may be in progress: the policy polls before EndOp
+  }
+
+  absl::StatusOr<std::shared_ptr<DeviceEvents>> EndOp(void* caller, bool p2p) override {
+    cudaSetDevice(device_);
+    cudaStream_t c = static_cast<cudaStream_t>(caller);
+    if (p2p || capturing_) {
+      // p2p: no events; the submitter's stream waits on the op at once, so work it enqueues after
+      // the Work completed sees the received bytes. Capture: rejoin it; no timing events. (p2p
+      // leaves capturing_, a collective's, alone.)
+      if (!p2p) capturing_ = false;
+      RETURN_IF_ERROR(Join(c, stream_));
+      return std::shared_ptr<DeviceEvents>();
     }
-    return absl::OkStatus();
+    if (pending_ev_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat("EndOp on ", tag_, " without an op"));
+    }
+    std::shared_ptr<CudaEvents> ev = std::move(pending_ev_);
+    RETURN_IF_ERROR(ev->RecordEnd(stream_));
+    return std::shared_ptr<DeviceEvents>(std::move(ev));
   }
 
   void PostSend(const void* data, size_t bytes, int peer, int tag,
@@ -192,18 +222,30 @@ class NcclCommunicator : public Communicator {
   }
 
   absl::Status AsyncError() override {
-    if (aborted_.load()) return absl::OkStatus();  // the policy reports the abort itself
+    if (freed_.load()) return absl::OkStatus();  // the policy reports the abort itself
     ncclResult_t state = ncclSuccess;
     ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
     if (r != ncclSuccess) return NcclStatus(r, "ncclCommGetAsyncError", comm_);
     return NcclStatus(state, "communicator (async error)", comm_);
   }
 
+  void Revoke(const absl::Status& why) override {
+#ifdef EMBER_NCCL_NO_REVOKE
+    Abort(why);  // NCCL < 2.28: no revoke; the handle is freed (Shrink after it is refused)
+#else
+    if (freed_.load() || revoked_.exchange(true)) return;
+    spdlog::warn("comm: ncclCommRevoke({}): {}", tag_, why.ToString());
+    ncclCommRevoke(comm_, NCCL_REVOKE_DEFAULT);
+#endif
+  }
+
   void Abort(const absl::Status& why) override {
-    if (aborted_.exchange(true)) return;
+    if (freed_.exchange(true)) return;
     spdlog::warn("comm: ncclCommAbort({}): {}", tag_, why.ToString());
     ncclCommAbort(comm_);
   }
+  bool freed() const { return freed_.load(); }
+  bool revoked() const { return revoked_.load(); }
 
   size_t MemoryBytes() const override { return mem_bytes_; }
   std::string Describe() const override {
@@ -252,16 +294,14 @@ class NcclCommunicator : public Communicator {
   }
 
   absl::Status P2P(bool send, void* data, size_t bytes, int peer) {
-    if (aborted_.load()) return absl::AbortedError(absl::StrCat("communicator ", tag_, " aborted"));
+    if (freed_.load()) return absl::InternalError(absl::StrCat("communicator ", tag_, " was freed"));
+    if (revoked_.load()) return absl::AbortedError(absl::StrCat("communicator ", tag_, " revoked"));
     cudaSetDevice(device_);
     cudaStream_t caller = static_cast<cudaStream_t>(CurrentStream());
     RETURN_IF_ERROR(Join(stream_, caller));
     ncclResult_t r = send ? ncclSend(data, bytes, ncclUint8, peer, comm_, stream_)
                           : ncclRecv(data, bytes, ncclUint8, peer, comm_, stream_);
-    RETURN_IF_ERROR(NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm_));
-    // No events for p2p: the submitter's stream waits on the op at once, so work it enqueues
-    // after the Work completed sees the received bytes.
-    return Join(caller, stream_);
+    return NcclStatus(r, send ? "ncclSend" : "ncclRecv", comm_);  // then EndOp(p2p) joins
   }
 
   const ncclComm_t comm_;
@@ -272,7 +312,9 @@ class NcclCommunicator : public Communicator {
   cudaEvent_t ref_ = nullptr;
   int64_t ref_host_ns_ = 0;
   void* scratch_ = nullptr;
-  std::atomic<bool> aborted_{false};
+  std::atomic<bool> freed_{false}, revoked_{false};
+  bool capturing_ = false;                  // of the last Collective (one caller at a time)
+  std::shared_ptr<CudaEvents> pending_ev_;  // its start event, until EndOp
 };
 
 class NcclDriver : public CommDriver {
@@ -316,25 +358,25 @@ class NcclDriver : public CommDriver {
     absl::Status st = NcclStatus(ncclGroupStart(), "ncclGroupStart");
     for (size_t i = 0; st.ok() && i < ranks.size(); ++i) {
       cudaSetDevice(ords[i]);
-      st = NcclStatus(ncclCommInitRankConfig(&comms[i], size, uid, ranks[i], &cfg),
-                      "ncclCommInitRankConfig");
+      st = Issued(NcclStatus(ncclCommInitRankConfig(&comms[i], size, uid, ranks[i], &cfg),
+                             "ncclCommInitRankConfig"));
     }
-    absl::Status end = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
+    absl::Status end = Issued(NcclStatus(ncclGroupEnd(), "ncclGroupEnd"));
     if (st.ok()) st = end;
+    for (size_t i = 0; st.ok() && i < comms.size(); ++i) {
+      if (comms[i] == nullptr) continue;
+      st = WaitReady(comms[i], o.timeout, absl::StrCat("ncclCommInitRankConfig(", o.tag, " rank ",
+                                                       ranks[i], "/", size, ")"));
+    }
+    if (!st.ok()) {
+      for (ncclComm_t c : comms)
+        if (c != nullptr) ncclCommAbort(c);  // each new handle once; none is wrapped yet
+      return st;
+    }
     std::vector<std::unique_ptr<Communicator>> out;
     for (size_t i = 0; i < comms.size(); ++i) {
-      if (comms[i] == nullptr) continue;
-      absl::Status ready = st.ok() ? WaitReady(comms[i], o.timeout,
-                                               absl::StrCat("ncclCommInitRankConfig(", o.tag, " rank ",
-                                                            ranks[i], "/", size, ")"))
-                                   : st;
-      if (!ready.ok()) {
-        if (st.ok()) st = ready;
-        continue;
-      }
       out.push_back(Wrap(comms[i], ords[i], ranks[i], size, o.tag, free_before[i]));
     }
-    if (!st.ok()) return st;
     for (auto& c : out) RETURN_IF_ERROR(static_cast<NcclCommunicator&>(*c).Setup());
     return out;
   }
@@ -345,14 +387,18 @@ class NcclDriver : public CommDriver {
     cudaSetDevice(p.device());
     const size_t before = FreeBytes(p.device());
     ncclConfig_t cfg = NonBlocking(o.tag);
+    if (p.freed()) return absl::FailedPreconditionError("ncclCommSplit of a freed communicator");
     ncclComm_t c = nullptr;
-    RETURN_IF_ERROR(NcclStatus(
+    RETURN_IF_ERROR(Issued(NcclStatus(
         ncclCommSplit(p.comm(), color < 0 ? NCCL_SPLIT_NOCOLOR : color, key, &c, &cfg),
-        "ncclCommSplit", p.comm()));
-    // The split is collective on the parent: wait for it there, then for the child.
+        "ncclCommSplit", p.comm())));
+    // The child first (aborted here on failure: it is ours), then the parent, which is only
+    // waited for: on failure its owner revokes and frees it, once (aborting it here too freed it
+    // twice: once here and once in its destructor).
+    absl::StatusOr<std::unique_ptr<Communicator>> child = nullptr;
+    if (color >= 0 && c != nullptr) child = Ready(c, p.device(), o, before, "ncclCommSplit child");
     RETURN_IF_ERROR(WaitReady(p.comm(), o.timeout, absl::StrCat("ncclCommSplit(", o.tag, ")")));
-    if (color < 0 || c == nullptr) return nullptr;
-    return Ready(c, p.device(), o, before, "ncclCommSplit child");
+    return child;
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(Communicator& parent,
@@ -367,13 +413,20 @@ class NcclDriver : public CommDriver {
     ncclConfig_t cfg = NonBlocking(o.tag);
     std::vector<int> ex = excluded;
     ncclComm_t c = nullptr;
-    // The parent may be in error (a peer died): NCCL_SHRINK_ABORT stops its pending ops first.
+    // A freed parent cannot shrink (NCCL < 2.28 has no revoke: an abort frees it).
+    if (p.freed()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ncclCommShrink of ", p.Describe(), ": the parent was aborted (freed); NCCL >= 2.28 "
+          "revokes instead (ncclCommRevoke) so that shrink can follow an abort"));
+    }
+    // A revoked parent is quiescent by now (the policy polled it): default shrink. A parent in
+    // error (a peer died, not revoked): NCCL_SHRINK_ABORT stops its pending ops first.
     ncclResult_t state = ncclSuccess;
     ncclCommGetAsyncError(p.comm(), &state);
     const int flags = state == ncclSuccess ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
-    RETURN_IF_ERROR(NcclStatus(ncclCommShrink(p.comm(), ex.data(), static_cast<int>(ex.size()), &c,
-                                              &cfg, flags),
-                               "ncclCommShrink", p.comm()));
+    RETURN_IF_ERROR(Issued(NcclStatus(ncclCommShrink(p.comm(), ex.data(), static_cast<int>(ex.size()),
+                                                     &c, &cfg, flags),
+                                      "ncclCommShrink", p.comm())));
     return Ready(c, p.device(), o, before, "ncclCommShrink");
 #endif
   }
@@ -382,7 +435,8 @@ class NcclDriver : public CommDriver {
                                const std::vector<OpDesc>& ops) override {
     RETURN_IF_ERROR(NcclStatus(ncclGroupStart(), "ncclGroupStart"));
     absl::Status st;
-    for (size_t i = 0; st.ok() && i < comms.size(); ++i) st = comms[i]->Collective(ops[i], nullptr);
+    for (size_t i = 0; st.ok() && i < comms.size(); ++i) st = Issued(comms[i]->Collective(ops[i]));
+    // In progress: the policy polls every communicator before EndOp.
     absl::Status end = NcclStatus(ncclGroupEnd(), "ncclGroupEnd");
     return st.ok() ? end : st;
   }
@@ -392,7 +446,10 @@ class NcclDriver : public CommDriver {
   absl::StatusOr<std::unique_ptr<Communicator>> Ready(ncclComm_t c, int device,
                                                       const CommInitOptions& o, size_t before,
                                                       const char* what) {
-    RETURN_IF_ERROR(WaitReady(c, o.timeout, absl::StrCat(what, "(", o.tag, ")")));
+    if (absl::Status s = WaitReady(c, o.timeout, absl::StrCat(what, "(", o.tag, ")")); !s.ok()) {
+      ncclCommAbort(c);  // the new handle only
+      return s;
+    }
     int r = 0, n = 0;
     ncclCommUserRank(c, &r);
     ncclCommCount(c, &n);

@@ -183,6 +183,7 @@ std::shared_ptr<Work> ProcessGroup::Submit(OpDesc desc, size_t bytes, OpOptions 
   op->name = OpTypeName(desc.type);
   op->bytes = bytes;
   op->timeout = o.timeout > absl::ZeroDuration() ? o.timeout : opts_.timeout;
+  op->desc.timeout = op->timeout;
   bool run_inline = false;
   absl::Status fail;
   {
@@ -314,6 +315,7 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, void* data, size_t coun
   op->name = send ? "send" : "recv";
   op->bytes = count * DTypeSize(t);
   op->timeout = o.timeout > absl::ZeroDuration() ? o.timeout : opts_.timeout;
+  op->desc.timeout = op->timeout;
   int64_t seq = ++p2p_seq_;
   op->desc.seq = seq;
   op->desc.root = peer;

@@ -7,7 +7,7 @@
 //   submissions/<submission id>           job id (idempotent Submit)
 //   joblist/<job>, active/<job>           indexes: every job; jobs not yet finished
 //   jobs/<job>/record                     Job (binary proto), written with compare-and-set
-//   jobs/<job>/spec_yaml                  what was submitted
+//   jobs/<job>/spec_yaml                  the resolved spec (spec::Resolve at Submit; <job>/job.yaml)
 //
 // The keys the daemon shares with the workers (jobs/<job>/files/, jobs/<job>/attempt/<n>/...: stop,
 // failure, exit/<r>, progress/<r>, worker_exit/<r>, fr/dump_request) are defined once in

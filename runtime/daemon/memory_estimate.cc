@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "runtime/jobspec/enums.h"
 
 namespace ember::daemon {
 namespace {
@@ -26,19 +27,20 @@ MemoryEstimate EstimateMemory(const spec::v1::JobSpec& spec, int world) {
   int64_t hidden = m.mlp_hidden();
   int64_t mlp_params = 0;
   // The parameters as runtime/model's ParamSpecs lays them out (checked against it in the test).
-  if (m.mlp() == "swiglu") {
+  const spec::Mlp mlp = spec::MlpOf(spec);
+  if (mlp == spec::Mlp::kSwiGlu) {
     if (hidden == 0) hidden = (8 * d / 3 + 15) / 16 * 16;
     mlp_params = 3 * d * hidden;
   } else {
     if (hidden == 0) hidden = 4 * d;
     mlp_params = 2 * d * hidden;
   }
-  if (m.mlp() == "moe") mlp_params = mlp_params * m.moe_experts() + d * m.moe_experts();
+  if (mlp == spec::Mlp::kMoe) mlp_params = mlp_params * m.moe_experts() + d * m.moe_experts();
   // qkv ((H + 2 KV) hd rows), proj, MLP, two norms
   const int64_t kv = m.n_kv_heads() > 0 ? m.n_kv_heads() : heads;
   const int64_t layer = (heads + 2 * kv) * (d / heads) * d + d * d + mlp_params + 2 * d;
   MemoryEstimate e;
-  const bool llama = m.arch() == "llama";
+  const bool llama = spec::ArchOf(spec) == spec::Arch::kLlama;
   // wte, wpe (gpt), blocks, ln_f, lm_head (untied)
   e.params = V * d + (llama ? 0 : T * d) + L * layer + d + (m.tie_embeddings() || !llama ? 0 : V * d);
   const int64_t w = std::max(1, world);
@@ -49,7 +51,7 @@ MemoryEstimate EstimateMemory(const spec::v1::JobSpec& spec, int world) {
   // gradient once.
   const int64_t B = spec.batch_size();
   const int64_t window = m.attention_window() > 0 ? std::min<int64_t>(m.attention_window(), T) : T;
-  const int64_t per_token_layer = 12 * d + 2 * (m.mlp() == "moe" ? hidden * m.moe_top_k() : hidden) +
+  const int64_t per_token_layer = 12 * d + 2 * (mlp == spec::Mlp::kMoe ? hidden * m.moe_top_k() : hidden) +
                                   heads * window;
   e.activation_bytes = 4 * B * T * (L * per_token_layer + 2 * V);
   return e;

@@ -17,7 +17,9 @@
 #include "runtime/daemon/memory_estimate.h"
 #include "runtime/daemon/spec_policy.h"
 #include "runtime/job/env.h"
+#include "runtime/jobspec/resolve.h"
 #include "runtime/jobspec/spec.h"
+#include "runtime/model/from_spec.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::daemon {
@@ -297,7 +299,19 @@ class JobsService final : public v1::Jobs::Service {
     if (req.spec_yaml().size() > (1 << 20)) {
       return absl::InvalidArgumentError("spec_yaml: larger than 1 MiB");
     }
-    ASSIGN_OR_RETURN(spec::JobSpec spec, spec::ParseJobSpec(req.spec_yaml()));
+    // The spec resolved once (runtime/model/from_spec.h): defaults, the device's backend, the
+    // world (from the node inventory when the spec leaves it open), the parallel dims, the support
+    // matrix and the model's checks. Everything a rank would refuse at start is refused here,
+    // naming the field; what is stored (and written as <job>/job.yaml) is this resolved spec.
+    spec::JobSpec spec;
+    {
+      ASSIGN_OR_RETURN(spec::JobSpec parsed, spec::ParseJobSpec(req.spec_yaml()));
+      ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());
+      spec::Facts facts;
+      for (const auto& n : nodes)
+        for (const auto& dv : n.devices()) ++facts.devices[dv.kind()];
+      ASSIGN_OR_RETURN(spec, spec::Resolve(parsed, facts));
+    }
     RETURN_IF_ERROR(CheckSpecPaths(spec, d_->opts.data_roots));
     if (spec::IsScriptJob(spec)) {  // the node that runs it checks again before it forks
       RETURN_IF_ERROR(CheckScriptEnv(spec));
@@ -329,36 +343,10 @@ class JobsService final : public v1::Jobs::Service {
     job.set_job_dir(d_->JobDir(job.id()));
     job.set_submit_unix_ms(NowMs());
     job.set_user(ctx->peer());
-    std::string type = spec.resources().device_type();
-    if (type.empty()) {
-      const std::string& b = spec.parallelism().backend();
-      type = (b.rfind("nccl", 0) == 0) ? "cuda" : "cpu";
-    }
-    // The backend follows the devices: an empty one is `nccl` on cuda (PyTorch 2.15's default
-    // NCCL process group) and `cpu` on cpu; an explicit mismatch is refused naming both fields.
-    const std::string& backend = spec.parallelism().backend();
-    if (backend.empty()) {
-      job.mutable_spec()->mutable_parallelism()->set_backend(type == "cuda" ? "nccl" : "cpu");
-    } else if ((type == "cuda") != (backend.rfind("nccl", 0) == 0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parallelism.backend: '", backend, "' does not run on resources.device_type '", type,
-          "' (cuda takes nccl, nccl-lazy or nccl-legacy; cpu takes cpu); change one of them"));
-    }
+    const std::string type = spec.resources().device_type();
     job.set_device_type(type);
-    int world = spec.parallelism().world_size();
-    if (world == 0 && spec.resources().devices_per_node() > 0) {
-      world = spec.resources().devices_per_node() * std::max(1, spec.resources().nodes());
-    }
-    if (world == 0) {  // "all devices placed": every device of the kind the cluster has now
-      ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());
-      for (const auto& n : nodes)
-        for (const auto& dv : n.devices()) world += dv.kind() == type ? 1 : 0;
-      world = std::max(world, 1);
-    }
+    const int world = spec.parallelism().world_size();
     job.set_world_size(world);
-    // What each rank would refuse at its start about the world it runs in (the spec's other
-    // checks ran in ParseJobSpec): refused here, naming the field, not by every rank.
-    if (!spec::IsScriptJob(spec)) RETURN_IF_ERROR(spec::CheckWorldSize(spec, world));
     // Refuse what no set of the registered nodes could ever hold: it would wait forever.
     {
       ASSIGN_OR_RETURN(auto nodes, d_->ReadNodes());
@@ -385,7 +373,7 @@ class JobsService final : public v1::Jobs::Service {
     for (const auto& [name, data] : req.files()) {
       RETURN_IF_ERROR(d_->store->Set(keys::File(job.id(), name), data));
     }
-    RETURN_IF_ERROR(d_->store->Set(keys::SpecYaml(job.id()), req.spec_yaml()));
+    RETURN_IF_ERROR(d_->store->Set(keys::SpecYaml(job.id()), spec::ResolvedYaml(spec)));
     RETURN_IF_ERROR(d_->store->Set(keys::Record(job.id()), job.SerializeAsString()));
     RETURN_IF_ERROR(d_->store->Set(keys::JobList(job.id()), ""));
     RETURN_IF_ERROR(d_->store->Set(keys::Active(job.id()), ""));

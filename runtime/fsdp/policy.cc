@@ -5,25 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "runtime/base/dtype.h"
+#include "runtime/base/glob.h"
 
 namespace ember::fsdp {
 
-bool GlobMatch(const std::string& p, const std::string& s) {
-  size_t i = 0, j = 0, star = std::string::npos, mark = 0;
-  while (j < s.size()) {
-    if (i < p.size() && (p[i] == '?' || p[i] == s[j])) {
-      ++i, ++j;
-    } else if (i < p.size() && p[i] == '*') {
-      star = i++, mark = j;
-    } else if (star != std::string::npos) {
-      i = star + 1, j = ++mark;
-    } else {
-      return false;
-    }
-  }
-  while (i < p.size() && p[i] == '*') ++i;
-  return i == p.size();
-}
+bool GlobMatch(const std::string& p, const std::string& s) { return base::GlobMatch(p, s); }
 
 ParamPrecision MixedPrecisionPolicy::Resolve(const std::string& name) const {
   ParamPrecision r;

@@ -49,7 +49,7 @@ struct MixedPrecisionPolicy {
   ParamPrecision Resolve(const std::string& name) const;
 };
 
-// Glob match: '*' any run (also across '.'), '?' one character.
+// Glob match: '*' any run (also across '.'), '?' one character (base::GlobMatch, runtime/base/glob.h).
 bool GlobMatch(const std::string& pattern, const std::string& name);
 
 // "f32"/"bf16"/"f16" (also "fp32", "float32", "bfloat16", "fp16", "float16"); InvalidArgument

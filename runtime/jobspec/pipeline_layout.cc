@@ -1,6 +1,7 @@
 #include "runtime/jobspec/pipeline_layout.h"
 
 #include "absl/strings/str_cat.h"
+#include "runtime/jobspec/enums.h"
 
 namespace ember::spec {
 namespace {
@@ -17,7 +18,7 @@ PipelineLayout PipelineLayoutOf(const v1::JobSpec& spec) {
   pl.ranks = std::max(1, p.pipeline_stages());
   pl.schedule = p.pipeline_schedule().empty() ? "1f1b" : p.pipeline_schedule();
   pl.virtual_stages = p.pipeline_virtual_stages() > 0     ? p.pipeline_virtual_stages()
-                      : pl.schedule == "interleaved_1f1b" ? 2
+                      : ParseSchedule("", pl.schedule).value_or(Schedule::k1F1B) == Schedule::kInterleaved1F1B ? 2
                                                           : 1;
   pl.micro_batches = p.pipeline_micro_batches() > 0 ? p.pipeline_micro_batches() : pl.ranks;
   return pl;
@@ -33,11 +34,8 @@ absl::Status ValidatePipelineLayout(const v1::JobSpec& spec) {
     }
   }
   const PipelineLayout pl = PipelineLayoutOf(spec);
-  if (pl.schedule != "gpipe" && pl.schedule != "1f1b" && pl.schedule != "interleaved_1f1b" &&
-      pl.schedule != "zbh1") {
-    return Bad("pipeline_schedule", absl::StrCat("'", pl.schedule, "' is not allowed; use one of "
-                                                 "gpipe, 1f1b, interleaved_1f1b, zbh1"));
-  }
+  auto kind = ParseSchedule("parallelism.pipeline_schedule", pl.schedule);
+  if (!kind.ok()) return kind.status();
   const bool pipeline = p.strategy() == "pipeline";
   if (pipeline && !pl.enabled()) {
     return Bad("pipeline_stages", absl::StrCat(p.pipeline_stages(),
@@ -50,7 +48,7 @@ absl::Status ValidatePipelineLayout(const v1::JobSpec& spec) {
         "world_size / pipeline_stages ranks)"));
   }
   if (!pl.enabled()) return absl::OkStatus();
-  if (pl.virtual_stages != 1 && pl.schedule != "interleaved_1f1b") {
+  if (pl.virtual_stages != 1 && *kind != Schedule::kInterleaved1F1B) {
     return Bad("pipeline_virtual_stages",
                absl::StrCat(pl.virtual_stages, " chunks per rank need pipeline_schedule "
                             "interleaved_1f1b, not ", pl.schedule));
@@ -62,12 +60,12 @@ absl::Status ValidatePipelineLayout(const v1::JobSpec& spec) {
                             " model stages (", pl.ranks, " pipeline_stages x ", pl.virtual_stages,
                             " virtual stages); use a multiple of ", S, " layers"));
   }
-  if ((pl.schedule == "1f1b" || pl.schedule == "zbh1") && pl.micro_batches < pl.ranks) {
+  if ((*kind == Schedule::k1F1B || *kind == Schedule::kZBH1) && pl.micro_batches < pl.ranks) {
     return Bad("pipeline_micro_batches",
                absl::StrCat(pl.micro_batches, " micro-batches is fewer than the ", pl.ranks,
                             " stages, which ", pl.schedule, " needs; use at least ", pl.ranks));
   }
-  if (pl.schedule == "interleaved_1f1b" && pl.micro_batches % pl.ranks != 0) {
+  if (*kind == Schedule::kInterleaved1F1B && pl.micro_batches % pl.ranks != 0) {
     return Bad("pipeline_micro_batches",
                absl::StrCat(pl.micro_batches, " micro-batches is not a multiple of the ",
                             pl.ranks, " pipeline stages, which interleaved_1f1b needs"));

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/enums.h"
+#include "runtime/jobspec/parallel_dims.h"
 #include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/jobspec/yaml_proto.h"
 #include "yaml-cpp/yaml.h"
@@ -38,8 +40,6 @@ absl::Status Range(const std::string& path, double v, double lo, double hi) {
   }
   return absl::OkStatus();
 }
-
-const std::vector<std::string> kDtypes = {"f32", "bf16", "f16"};
 
 bool EnvName(const std::string& n) {
   if (n.empty() || n.size() > 128 || (n[0] >= '0' && n[0] <= '9')) return false;
@@ -86,7 +86,7 @@ absl::Status ValidateWorker(const spec::v1::WorkerConfig& w) {
 
 // model.arch and the fields only llama uses (n_kv_heads, rope_*, tie_embeddings).
 absl::Status ValidateArch(const v1::ModelConfig& m) {
-  RETURN_IF_ERROR(OneOf("model.arch", m.arch(), {"gpt", "llama"}));
+  RETURN_IF_ERROR(ParseArch("model.arch", m.arch()).status());
   RETURN_IF_ERROR(Range("model.n_kv_heads", m.n_kv_heads(), 1, m.n_heads()));
   if (m.n_heads() % m.n_kv_heads() != 0) {
     return Bad("model.n_kv_heads", absl::StrCat(m.n_kv_heads(), " does not divide model.n_heads=",
@@ -178,7 +178,7 @@ void ApplyDefaults(JobSpec* s) {
   if (!s->has_log_every()) s->set_log_every(1);
   if (!s->has_collective_timeout_s()) s->set_collective_timeout_s(600);
   auto* ft = s->mutable_fault_tolerance();
-  if (ft->replicas() == "memory" && !ft->has_every_steps()) ft->set_every_steps(1);
+  if (ReplicaModeOf(*s) == ReplicaMode::kMemory && !ft->has_every_steps()) ft->set_every_steps(1);
   if (!s->worker().script().empty() && s->worker().python().empty()) {
     s->mutable_worker()->set_python(std::string(kDefaultPython));
   }
@@ -208,7 +208,7 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
     return Bad("model.d_model", absl::StrCat(m.d_model(), " is not divisible by model.n_heads=",
                                              m.n_heads()));
   }
-  RETURN_IF_ERROR(OneOf("model.mlp", m.mlp(), {"gelu", "swiglu", "moe"}));
+  RETURN_IF_ERROR(ParseMlp("model.mlp", m.mlp()).status());
   RETURN_IF_ERROR(Range("model.mlp_hidden", m.mlp_hidden(), 0, 1 << 20));
   RETURN_IF_ERROR(Range("model.attention_window", m.attention_window(), 0, 1 << 20));
   if (m.mlp() == "moe") {
@@ -267,22 +267,32 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("parallelism.world_size", p.world_size(), 0, 1 << 16));
   RETURN_IF_ERROR(Range("parallelism.micro_batches", p.micro_batches(), 1, 1 << 16));
   RETURN_IF_ERROR(ValidatePipelineLayout(s));  // pipeline_layout.h
+  RETURN_IF_ERROR(Range("parallelism.dp_replicate", p.dp_replicate(), 0, 1 << 16));
+  if (p.dp_replicate() > 1 && p.strategy() == "none") {
+    return Bad("parallelism.dp_replicate", absl::StrCat(p.dp_replicate(), " replicas with strategy 'none' (one rank); "
+                                                        "use strategy fsdp (HSDP) or leave dp_replicate 0"));
+  }
+  if (const int64_t pr = int64_t{PipelineLayoutOf(s).ranks} * std::max(1, p.dp_replicate());
+      p.world_size() != 0 && p.world_size() % pr != 0) {
+    return Bad("parallelism.dp_replicate",
+               absl::StrCat(p.world_size(), " ranks (world_size) is not pipeline_stages x dp_replicate (", pr,
+                            ") x a shard size; use a dp_replicate that divides world_size / pipeline_stages"));
+  }
   if (!p.backend().empty()) {
-    RETURN_IF_ERROR(OneOf("parallelism.backend", p.backend(),
-                          {"cpu", "nccl", "nccl-lazy", "nccl-legacy"}));
+    RETURN_IF_ERROR(ParseBackend("parallelism.backend", p.backend()).status());
   }
   const auto& pr = s.precision();
-  RETURN_IF_ERROR(OneOf("precision.param_dtype", pr.param_dtype(), kDtypes));
-  RETURN_IF_ERROR(OneOf("precision.output_dtype", pr.output_dtype(), kDtypes));
+  RETURN_IF_ERROR(ParseDtype("precision.param_dtype", pr.param_dtype()).status());
+  RETURN_IF_ERROR(ParseDtype("precision.output_dtype", pr.output_dtype()).status());
   if (!pr.reduce_dtype().empty()) {
-    RETURN_IF_ERROR(OneOf("precision.reduce_dtype", pr.reduce_dtype(), kDtypes));
+    RETURN_IF_ERROR(ParseDtype("precision.reduce_dtype", pr.reduce_dtype()).status());
   }
   for (int i = 0; i < pr.overrides_size(); ++i) {
     const auto& ov = pr.overrides(i);
     std::string base = absl::StrCat("precision.overrides[", i, "]");
     if (ov.pattern().empty()) return Bad(base + ".pattern", "must not be empty");
-    if (!ov.param_dtype().empty()) RETURN_IF_ERROR(OneOf(base + ".param_dtype", ov.param_dtype(), kDtypes));
-    if (!ov.reduce_dtype().empty()) RETURN_IF_ERROR(OneOf(base + ".reduce_dtype", ov.reduce_dtype(), kDtypes));
+    if (!ov.param_dtype().empty()) RETURN_IF_ERROR(ParseDtype(base + ".param_dtype", ov.param_dtype()).status());
+    if (!ov.reduce_dtype().empty()) RETURN_IF_ERROR(ParseDtype(base + ".reduce_dtype", ov.reduce_dtype()).status());
   }
   const auto& c = s.checkpoint();
   if (absl::StartsWith(c.dir(), "/") || absl::StrContains(c.dir(), "..")) {
@@ -302,30 +312,14 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   }
   RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
   RETURN_IF_ERROR(Range("publish.every_steps", s.publish().every_steps(), 0, 1e9));
-  if (s.publish().every_steps() > 0 && PipelineLayoutOf(s).enabled()) {
-    return Bad("publish.every_steps", "live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
-  }
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
   const auto& ft = s.fault_tolerance();
-  RETURN_IF_ERROR(OneOf("fault_tolerance.replicas", ft.replicas(), {"", "none", "memory"}));
-  if (ft.has_every_steps() && ft.replicas() != "memory") {
+  ASSIGN_OR_RETURN(const ReplicaMode replicas, ParseReplicaMode("fault_tolerance.replicas", ft.replicas()));
+  if (ft.has_every_steps() && replicas != ReplicaMode::kMemory) {
     return Bad("fault_tolerance.every_steps", "applies to replicas: memory only; set fault_tolerance.replicas: memory or drop every_steps");
   }
-  if (ft.replicas() == "memory") RETURN_IF_ERROR(Range("fault_tolerance.every_steps", ft.every_steps(), 1, 1e9));
-  // What ember-worker cannot train, refused here (at Submit and when a rank loads the spec) rather
-  // than by every rank at its start.
-  if (PipelineLayoutOf(s).enabled()) {
-    if (o.grad_clip() > 0) {
-      return Bad("optimizer.grad_clip", absl::StrCat(o.grad_clip(), ": pipeline jobs do not clip gradients yet; use 0"));
-    }
-    if (pr.param_dtype() != "f32" || pr.overrides_size() > 0 || !pr.reduce_dtype().empty()) {
-      return Bad("precision", "pipeline jobs train in f32 only; leave precision unset");
-    }
-    if (!c.init_from_safetensors().empty()) {
-      return Bad("checkpoint.init_from_safetensors", "not supported for pipeline jobs yet");
-    }
-    if (!c.init_from().empty()) return Bad("checkpoint.init_from", "not supported for pipeline jobs yet");
-  }
+  if (replicas == ReplicaMode::kMemory) RETURN_IF_ERROR(Range("fault_tolerance.every_steps", ft.every_steps(), 1, 1e9));
+  // What ember-worker cannot train (yet) is the support matrix: resolve.h CheckSupported.
   if (!c.init_from().empty() && (m.arch() != "llama" || m.mlp() != "swiglu")) {
     return Bad("checkpoint.init_from", absl::StrCat(
         "'", c.init_from(), "' is read as a Hugging Face Llama directory; the job's model must be "
@@ -347,11 +341,8 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
 
 absl::Status CheckWorldSize(const JobSpec& s, int world) {
   const auto& par = s.parallelism();
-  if (const PipelineLayout pl = PipelineLayoutOf(s); pl.enabled() && world % pl.ranks != 0) {
-    return Bad("parallelism.pipeline_stages", absl::StrCat(
-        pl.ranks, " stages on ", world, " ranks: the world must be pipeline_stages x FSDP size; "
-        "use a multiple of ", pl.ranks, " ranks"));
-  }
+  // pipeline_stages x dp_replicate must divide the world (ParallelDims names the field).
+  RETURN_IF_ERROR(ParallelDims::FromSpec(s, world).status());
   if (par.strategy() == "none" && world != 1) {
     return Bad("parallelism.strategy", absl::StrCat("'none' needs one rank, the job has ", world));
   }
@@ -362,7 +353,9 @@ absl::Status CheckWorldSize(const JobSpec& s, int world) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) { return ParseJobSpec(text, 0); }
+
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text, int world_size) {
   if (text.size() > kMaxSpecBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("spec is ", text.size(), " bytes; the limit is ", kMaxSpecBytes));
@@ -379,6 +372,7 @@ absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text) {
   }
   JobSpec spec;
   RETURN_IF_ERROR(FillFromYaml(root, &spec, "spec"));
+  if (world_size > 0) spec.mutable_parallelism()->set_world_size(world_size);
   ApplyDefaults(&spec);
   RETURN_IF_ERROR(ValidateJobSpec(spec));
   return spec;

@@ -23,10 +23,14 @@ inline constexpr char kDefaultPython[] = "/usr/bin/python3";
 // A script job (worker.script set): the daemon runs the user's program instead of ember-worker.
 inline bool IsScriptJob(const JobSpec& spec) { return !spec.worker().script().empty(); }
 
-// Parses YAML (JSON is valid YAML), rejects unknown keys, duplicate keys (naming the line), wrong
+// Parses YAML (JSON is valid YAML) for emberctl and tests; the daemon then resolves it
+// (resolve.h, runtime/model/from_spec.h), which also applies the support matrix. Rejects unknown keys, duplicate keys (naming the line), wrong
 // types, non-finite floats and an empty spec, applies defaults to unset fields and validates.
 // Inputs larger than 1 MiB are rejected.
 absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text);
+// The same with parallelism.world_size set to `world_size` (> 0) before defaults and validation
+// (emberctl --nproc).
+absl::StatusOr<JobSpec> ParseJobSpec(const std::string& text, int world_size);
 
 // Reads and parses a file (NotFound / PermissionDenied name the path).
 absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
@@ -35,11 +39,10 @@ absl::StatusOr<JobSpec> LoadJobSpec(const std::string& path);
 // fields whose default is not 0 (they are `optional` in the proto), so ValidateJobSpec sees it.
 void ApplyDefaults(JobSpec* spec);
 
-// Checks ranges and allowed values, and refuses combinations that ember-worker cannot train
-// (a pipeline job with optimizer.grad_clip, precision other than f32, init_from or
-// init_from_safetensors; checkpoint.init_from on a model other than llama/swiglu), so that Submit
-// refuses them (INVALID_ARGUMENT naming the field) instead of every rank failing at its start.
-// Assumes defaults were applied.
+// Checks ranges, allowed values and combinations that can never mean anything
+// (checkpoint.init_from on a model other than llama/swiglu, ...): INVALID_ARGUMENT naming the
+// field. What ember-worker cannot train YET (a pipeline job with grad_clip, HSDP, ...) is the
+// support matrix, checked by spec::Resolve (resolve.h CheckSupported). Assumes defaults applied.
 absl::Status ValidateJobSpec(const JobSpec& spec);
 
 // What a built-in job (not a script job) needs of the number of ranks it runs on: `world` a

@@ -1,13 +1,16 @@
 #include "runtime/jobspec/yaml_proto.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "google/protobuf/reflection.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/base/utf8.h"
 
 namespace ember::spec {
 namespace {
@@ -46,6 +49,11 @@ absl::Status SetScalar(const YAML::Node& node, const FieldDescriptor* f, Message
   try {
     switch (f->cpp_type()) {
       case FieldDescriptor::CPPTYPE_STRING:
+        // Proto strings are UTF-8 (a record with other bytes does not serialize), and YAML text
+        // cannot carry other bytes back (ToYaml): refused here, where the field can be named.
+        if (const size_t bad = base::FirstInvalidUtf8(text); bad != std::string::npos) {
+          return Bad(root, path, absl::StrCat("not valid UTF-8 (byte ", bad, ")"));
+        }
         repeated ? r->AddString(msg, f, text) : r->SetString(msg, f, text);
         return absl::OkStatus();
       case FieldDescriptor::CPPTYPE_BOOL: {
@@ -143,7 +151,81 @@ absl::Status FillMessage(const YAML::Node& node, Message* msg, const std::string
   return absl::OkStatus();
 }
 
+void EmitScalar(YAML::Emitter& out, const Message& m, const FieldDescriptor* f, int index) {
+  const Reflection* r = m.GetReflection();
+  const bool rep = index >= 0;
+  switch (f->cpp_type()) {
+    case FieldDescriptor::CPPTYPE_STRING:
+      out << YAML::DoubleQuoted << (rep ? r->GetRepeatedString(m, f, index) : r->GetString(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_BOOL:
+      out << ((rep ? r->GetRepeatedBool(m, f, index) : r->GetBool(m, f)) ? "true" : "false");
+      break;
+    case FieldDescriptor::CPPTYPE_INT32:
+      out << absl::StrCat(rep ? r->GetRepeatedInt32(m, f, index) : r->GetInt32(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_INT64:
+      out << absl::StrCat(rep ? r->GetRepeatedInt64(m, f, index) : r->GetInt64(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_FLOAT:  // 9 significant digits read back to the same float
+      out << absl::StrFormat("%.9g", rep ? r->GetRepeatedFloat(m, f, index) : r->GetFloat(m, f));
+      break;
+    case FieldDescriptor::CPPTYPE_DOUBLE:
+      out << absl::StrFormat("%.17g", rep ? r->GetRepeatedDouble(m, f, index) : r->GetDouble(m, f));
+      break;
+    default:
+      out << YAML::Null;
+      break;
+  }
+}
+
+void EmitMessage(YAML::Emitter& out, const Message& m) {
+  const Reflection* r = m.GetReflection();
+  std::vector<const FieldDescriptor*> fields;
+  r->ListFields(m, &fields);  // the set ones, by field number
+  out << YAML::BeginMap;
+  for (const FieldDescriptor* f : fields) {
+    out << YAML::Key << f->name() << YAML::Value;
+    if (f->is_map()) {
+      out << YAML::BeginMap;
+      const int n = r->FieldSize(m, f);
+      // Sorted by key, so the text does not depend on the map's iteration order.
+      std::vector<std::pair<std::string, std::string>> kv;
+      for (int i = 0; i < n; ++i) {
+        const Message& e = r->GetRepeatedMessage(m, f, i);
+        const auto* ed = e.GetDescriptor();
+        kv.push_back({e.GetReflection()->GetString(e, ed->FindFieldByName("key")),
+                      e.GetReflection()->GetString(e, ed->FindFieldByName("value"))});
+      }
+      std::sort(kv.begin(), kv.end());
+      for (const auto& [k, v] : kv) out << YAML::Key << YAML::DoubleQuoted << k << YAML::Value << YAML::DoubleQuoted << v;
+      out << YAML::EndMap;
+    } else if (f->is_repeated()) {
+      out << YAML::BeginSeq;
+      for (int i = 0; i < r->FieldSize(m, f); ++i) {
+        if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+          EmitMessage(out, r->GetRepeatedMessage(m, f, i));
+        } else {
+          EmitScalar(out, m, f, i);
+        }
+      }
+      out << YAML::EndSeq;
+    } else if (f->cpp_type() == FieldDescriptor::CPPTYPE_MESSAGE) {
+      EmitMessage(out, r->GetMessage(m, f));
+    } else {
+      EmitScalar(out, m, f, -1);
+    }
+  }
+  out << YAML::EndMap;
+}
+
 }  // namespace
+
+std::string ToYaml(const Message& msg) {
+  YAML::Emitter out;
+  EmitMessage(out, msg);
+  return std::string(out.c_str()) + "\n";
+}
 
 absl::Status FillFromYaml(const YAML::Node& node, Message* msg, const std::string& root_name) {
   return FillMessage(node, msg, root_name, "", 0);

@@ -8,7 +8,7 @@
 // Errors are INVALID_ARGUMENT and start with the field path ("model.mlp: ...", "data_root[2]:
 // ...", or `root_name` for the document itself): unknown fields (listing the allowed ones),
 // duplicate keys (naming the line), wrong types ("'abc' is not a valid int32"), lists where a value
-// is expected and the reverse, non-finite floats, more than 1024 list entries, nesting deeper than
+// is expected and the reverse, non-finite floats, strings that are not valid UTF-8, more than 1024 list entries, nesting deeper than
 // 8. Thread-safe (pure functions).
 #ifndef EMBER_RUNTIME_JOBSPEC_YAML_PROTO_H_
 #define EMBER_RUNTIME_JOBSPEC_YAML_PROTO_H_
@@ -37,6 +37,11 @@ absl::Status FillFromYaml(const YAML::Node& node, google::protobuf::Message* msg
 // flags that set message fields.
 absl::Status SetFieldFromText(const std::string& text, const google::protobuf::FieldDescriptor* f,
                               google::protobuf::Message* msg, const std::string& path);
+
+// The reverse: *msg as YAML, every field that is set (proto3 fields with presence when present,
+// others when not zero/empty), in field-number order; floats printed so they read back exactly.
+// FillFromYaml(YAML::Load(ToYaml(m)), &m2) gives m2 == m.
+std::string ToYaml(const google::protobuf::Message& msg);
 
 }  // namespace ember::spec
 

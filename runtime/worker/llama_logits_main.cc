@@ -23,6 +23,7 @@
 #include "checkpoint/hf_layout.h"
 #include "kernels/ops.h"
 #include "kernels/rope.h"
+#include "runtime/model/from_spec.h"
 #include "runtime/base/flags.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/model/gpt.h"
@@ -65,7 +66,7 @@ absl::Status Load(model::Gpt& m) {
 
 absl::Status Main() {
   ASSIGN_OR_RETURN(spec::JobSpec s, spec::LoadJobSpec(absl::GetFlag(FLAGS_spec)));
-  ASSIGN_OR_RETURN(model::GptConfig cfg, ModelConfig(s));
+  ASSIGN_OR_RETURN(model::GptConfig cfg, model::ConfigFromSpec(s));
   ASSIGN_OR_RETURN(auto m, model::Gpt::Create(cfg, static_cast<uint64_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_init_seed)))));
   RETURN_IF_ERROR(Load(*m));
   if (const std::string po = absl::GetFlag(FLAGS_params_out); !po.empty()) {

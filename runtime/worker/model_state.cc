@@ -1,3 +1,4 @@
+#include "runtime/model/from_spec.h"
 #include "runtime/worker/model_state.h"
 
 #include <cstring>
@@ -121,7 +122,7 @@ ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c) {
 }
 
 absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s) {
-  ASSIGN_OR_RETURN(model::GptConfig c, ModelConfig(s));
+  ASSIGN_OR_RETURN(model::GptConfig c, model::ConfigFromSpec(s));
   if (c.arch != model::GptConfig::Arch::kLlama || c.mlp != model::GptConfig::Mlp::kSwiGlu) {
     return absl::FailedPreconditionError(
         "the spec's model is not model.arch: llama with mlp: swiglu; only those export as Hugging Face Llama");

@@ -15,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/job/keys.h"
+#include "runtime/jobspec/enums.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -70,7 +71,7 @@ int Replicas::BuddyOf(int rank, int world, int local_world) {
 
 absl::StatusOr<std::unique_ptr<Replicas>> Replicas::Open(const Plan& plan, TrainState& state) {
   const auto& ft = plan.spec.fault_tolerance();
-  if (ft.replicas() != "memory") return nullptr;
+  if (spec::ReplicaModeOf(plan.spec) != spec::ReplicaMode::kMemory) return nullptr;
   Options o;
   o.dir = plan.env.replica_dir;
   if (o.dir.empty()) {

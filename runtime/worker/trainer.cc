@@ -22,7 +22,10 @@
 #include "runtime/comm/store_rendezvous.h"
 #include "runtime/flight/recorder.h"
 #include "runtime/job/keys.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/pipeline_layout.h"
+#include "runtime/jobspec/resolve.h"
+#include "runtime/model/from_spec.h"
 #include "runtime/pipeline/schedule.h"
 #include "runtime/pipeline/stage.h"
 #include "runtime/store/client.h"
@@ -77,43 +80,6 @@ absl::Status CheckTokenizer(const spec::JobSpec& s, const data::TokenFile& f) {
 
 }  // namespace
 
-absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& s) {
-  const auto& m = s.model();
-  model::GptConfig c;
-  c.vocab_size = m.vocab_size();
-  c.context = m.context_length();
-  c.n_layer = m.n_layers();
-  c.n_head = m.n_heads();
-  c.d_model = m.d_model();
-  c.mlp = m.mlp() == "swiglu" ? model::GptConfig::Mlp::kSwiGlu
-          : m.mlp() == "moe"  ? model::GptConfig::Mlp::kMoe
-                              : model::GptConfig::Mlp::kGelu;
-  c.d_ff = m.mlp_hidden();
-  if (m.mlp() == "moe") {
-    c.n_expert = m.moe_experts();
-    c.top_k = m.moe_top_k();
-  }
-  c.window = m.attention_window();
-  c.init_std = m.init_std();
-  c.norm_eps = m.norm_eps();
-  c.arch = m.arch() == "llama" ? model::GptConfig::Arch::kLlama : model::GptConfig::Arch::kGpt;
-  c.n_kv_head = m.n_kv_heads();
-  c.rope_theta = m.rope_theta();
-  c.tie_embeddings = m.tie_embeddings();
-  if (m.rope_scaling().type() == "llama3") {
-    c.rope_scaling.llama3 = true;
-    c.rope_scaling.factor = m.rope_scaling().factor();
-    c.rope_scaling.low_freq_factor = m.rope_scaling().low_freq_factor();
-    c.rope_scaling.high_freq_factor = m.rope_scaling().high_freq_factor();
-    c.rope_scaling.original_max_position = m.rope_scaling().original_max_position();
-  }
-  c.loss.label_smoothing = s.loss().label_smoothing();
-  c.loss.z_loss = s.loss().z_loss();
-  c.loss.ignore_index = s.loss().ignore_index();
-  if (absl::Status st = c.Validate(); !st.ok()) return base::Annotate(st, "model");
-  return c;
-}
-
 kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& s) {
   const auto& o = s.optimizer();
   kernels::AdamWOptions a;
@@ -127,22 +93,33 @@ kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& s) {
 
 namespace {
 
+// A precision dtype of the spec (spec::ParseDtype, the one parser) as FSDP's element type.
+absl::StatusOr<fsdp::DataType> DtypeOf(const std::string& field, const std::string& text) {
+  ASSIGN_OR_RETURN(const spec::Dtype d, spec::ParseDtype(field, text));
+  switch (d) {
+    case spec::Dtype::kBF16: return fsdp::DataType::kBF16;
+    case spec::Dtype::kF16: return fsdp::DataType::kF16;
+    case spec::Dtype::kF32: break;
+  }
+  return fsdp::DataType::kF32;
+}
+
 absl::StatusOr<fsdp::MixedPrecisionPolicy> Policy(const spec::v1::PrecisionPolicy& p) {
   fsdp::MixedPrecisionPolicy mp;
-  ASSIGN_OR_RETURN(mp.param_dtype, fsdp::ParseFloatDtype("precision.param_dtype", p.param_dtype()));
-  ASSIGN_OR_RETURN(mp.output_dtype, fsdp::ParseFloatDtype("precision.output_dtype", p.output_dtype()));
+  ASSIGN_OR_RETURN(mp.param_dtype, DtypeOf("precision.param_dtype", p.param_dtype()));
+  ASSIGN_OR_RETURN(mp.output_dtype, DtypeOf("precision.output_dtype", p.output_dtype()));
   if (!p.reduce_dtype().empty()) {
-    ASSIGN_OR_RETURN(mp.reduce_dtype, fsdp::ParseFloatDtype("precision.reduce_dtype", p.reduce_dtype()));
+    ASSIGN_OR_RETURN(mp.reduce_dtype, DtypeOf("precision.reduce_dtype", p.reduce_dtype()));
   }
   for (int i = 0; i < p.overrides_size(); ++i) {
     const auto& o = p.overrides(i);
     const std::string f = absl::StrCat("precision.overrides[", i, "].");
     fsdp::PrecisionOverride po{o.pattern(), std::nullopt, std::nullopt};
     if (!o.param_dtype().empty()) {
-      ASSIGN_OR_RETURN(po.param_dtype, fsdp::ParseFloatDtype(f + "param_dtype", o.param_dtype()));
+      ASSIGN_OR_RETURN(po.param_dtype, DtypeOf(f + "param_dtype", o.param_dtype()));
     }
     if (!o.reduce_dtype().empty()) {
-      ASSIGN_OR_RETURN(po.reduce_dtype, fsdp::ParseFloatDtype(f + "reduce_dtype", o.reduce_dtype()));
+      ASSIGN_OR_RETURN(po.reduce_dtype, DtypeOf(f + "reduce_dtype", o.reduce_dtype()));
     }
     mp.overrides.push_back(std::move(po));
   }
@@ -188,34 +165,33 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   std::string path = !spec_path.empty() ? spec_path
                      : !env.job_spec.empty() ? env.job_spec
                                              : absl::StrCat(env.job_dir, "/job.yaml");
-  ASSIGN_OR_RETURN(p.spec, spec::LoadJobSpec(path));
+  // The daemon's resolved spec, taken as written (no defaults applied again); a job.yaml that was
+  // never resolved (no `resolved` marker: a hand-run worker, an old job directory) is resolved
+  // once here, against this rank's world (docs/job-spec.md, "Resolution").
+  spec::Facts facts;
+  facts.world_size = env.world_size;
+  bool resolved_here = false;
+  ASSIGN_OR_RETURN(p.spec, spec::LoadWorkerSpec(path, facts, &resolved_here));
+  if (resolved_here) {
+    spdlog::info("{}: no resolved marker (not written by emberd's Submit); resolved it for {} ranks: {}", path,
+                 env.world_size, p.spec.resolved().layout());
+  }
   const spec::JobSpec& s = p.spec;
   ASSIGN_OR_RETURN(const int gpu, CudaDeviceIndex(env.device));  // cuda:N; -1 for another name
   if (env.device != "cpu" && gpu < 0) {
     return Bad(job::kEnvDevice, absl::StrCat("'", env.device, "': this ember-worker trains on cpu or cuda:N; use one of those"));
   }
   const auto& par = s.parallelism();
-  // The spec's own checks (pipeline with grad_clip, ...) ran in LoadJobSpec, as at Submit; the
-  // world-size ones with the world this rank runs in (the daemon ran them with the same number).
-  RETURN_IF_ERROR(spec::CheckWorldSize(s, env.world_size));
+  // The spec's checks and the support matrix ran at Submit (spec::Resolve) and again in
+  // LoadWorkerSpec; here only that this rank's world is the one the spec was resolved for.
+  RETURN_IF_ERROR(spec::CheckResolvedFor(s, env.world_size));
   if (gpu < 0 && !par.backend().empty() && par.backend() != "cpu") {
     return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
-  ASSIGN_OR_RETURN(p.model, ModelConfig(s));
+  ASSIGN_OR_RETURN(p.model, model::ConfigFromSpec(s));
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
-  // An override that matches no parameter is almost always a wrong name (e.g. "*norm*" for the
-  // norms, which are named ln1/ln2/ln_f): refuse it rather than silently training in bf16.
-  const std::vector<model::ParamSpec> params = model::ParamSpecs(p.model);
-  for (size_t i = 0; i < p.fsdp.mp.overrides.size(); ++i) {
-    const std::string& pat = p.fsdp.mp.overrides[i].pattern;
-    bool any = false;
-    for (const auto& ps : params) any = any || fsdp::GlobMatch(pat, ps.name);
-    if (!any) {
-      return Bad(absl::StrCat("precision.overrides[", i, "].pattern"),
-                 absl::StrCat("'", pat, "' matches no parameter; names look like ", params.front().name,
-                              ", blocks.0.ln1.weight, ln_f.weight (docs/model.md)"));
-    }
-  }
+  // Precision override patterns that match no parameter (and the model's own checks), as Submit.
+  RETURN_IF_ERROR(model::CheckModel(s));
   // Unset switches default to on (runtime/jobspec ApplyDefaults); each is taken as written.
   p.fsdp.reshard_after_forward = !par.has_reshard_after_forward() || par.reshard_after_forward();
   p.fsdp.prefetch = !par.has_prefetch() || par.prefetch();
@@ -223,6 +199,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   p.fsdp.adamw = AdamWOptionsFor(s);
   p.fsdp.clip_norm = s.optimizer().grad_clip();
   p.fsdp.seed = static_cast<uint64_t>(s.seed());
+  p.dp_replicate = std::max(1, par.dp_replicate());  // HSDP replicas, as resolved (ParallelDims)
   if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
 
   const auto& d = s.data();

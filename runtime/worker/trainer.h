@@ -44,14 +44,14 @@ struct Plan {
   int dp_replicate = 1;  // HSDP replicas (parallelism.dp_replicate); 1: plain FSDP
 };
 
-// Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml) and checks everything a
-// worker can check alone: spec fields, device, parallelism vs the environment, the data file and
-// its token range. INVALID_ARGUMENT / NOT_FOUND name the field, variable or path.
+// Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml): the daemon's resolved
+// spec as written, or one without the resolved marker resolved once here for env.world_size
+// (spec::LoadWorkerSpec). Then checks what only a rank can: its world against the resolved one,
+// device, the data file and its token range. INVALID_ARGUMENT / NOT_FOUND name the field, variable or path.
 absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_path);
 
-// The model and optimizer settings of a (defaulted, validated) spec. ModelConfig is
-// INVALID_ARGUMENT naming the field when GptConfig::Validate refuses it.
-absl::StatusOr<model::GptConfig> ModelConfig(const spec::JobSpec& spec);
+// The optimizer settings of a resolved spec (its model: model::ConfigFromSpec,
+// runtime/model/from_spec.h).
 kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
 
 // Learning rate at optimizer step `step` (1-based): linear warmup, then constant or cosine down to

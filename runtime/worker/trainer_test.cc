@@ -1,5 +1,6 @@
 // The spec -> model/optimizer settings of ember-worker (trainer.h). The environment's tests are in
 // runtime/job/job_test.cc.
+#include "runtime/model/from_spec.h"
 #include "runtime/worker/trainer.h"
 
 #include <catch2/catch.hpp>
@@ -20,7 +21,7 @@ TEST_CASE("the job spec's defaults are the model's, the loss's and the optimizer
   s.set_name("d");
   spec::ApplyDefaults(&s);
   REQUIRE(spec::ValidateJobSpec(s).ok());
-  auto c = ModelConfig(s);
+  auto c = model::ConfigFromSpec(s);
   REQUIRE(c.ok());
   const model::GptConfig g;
   CHECK(c->vocab_size == g.vocab_size);
@@ -45,7 +46,7 @@ TEST_CASE("the job spec's defaults are the model's, the loss's and the optimizer
     l.set_name("l");
     l.mutable_model()->set_arch("llama");
     spec::ApplyDefaults(&l);
-    auto lc = ModelConfig(l);
+    auto lc = model::ConfigFromSpec(l);
     REQUIRE(lc.ok());
     const model::GptConfig want = model::LlamaConfig();
     CHECK(lc->arch == want.arch);
@@ -56,7 +57,7 @@ TEST_CASE("the job spec's defaults are the model's, the loss's and the optimizer
     CHECK(lc->rope_scaling.llama3 == want.rope_scaling.llama3);
     l.mutable_model()->mutable_rope_scaling()->set_type("llama3");
     spec::ApplyDefaults(&l);
-    lc = ModelConfig(l);
+    lc = model::ConfigFromSpec(l);
     REQUIRE(lc.ok());
     const kernels::RopeScaling r;  // Llama 3.1's values
     CHECK(lc->rope_scaling.llama3);
@@ -67,7 +68,7 @@ TEST_CASE("the job spec's defaults are the model's, the loss's and the optimizer
   }
   s.mutable_model()->set_mlp("moe");
   spec::ApplyDefaults(&s);
-  c = ModelConfig(s);
+  c = model::ConfigFromSpec(s);
   REQUIRE(c.ok());
   CHECK(c->n_expert == g.n_expert);
   CHECK(c->top_k == g.top_k);
@@ -150,7 +151,8 @@ TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU ste
     return;
   }
   CHECK(s.ok());
-  CHECK(prep("cuda_fsdp1", ok_model, "parallelism: {strategy: fsdp, backend: nccl}\n", gpu).ok());
+  // (backend nccl runs on device_type cuda only: Resolve refuses the mismatch, as Submit does)
+  CHECK(prep("cuda_fsdp1", ok_model, "parallelism: {strategy: fsdp, backend: nccl}\nresources: {device_type: cuda}\n", gpu).ok());
   CHECK(prep("cuda_llama", ", arch: llama, d_model: 128, n_heads: 2, n_kv_heads: 1, mlp: swiglu", "", gpu).ok());
   CHECK(prep("cuda_clip", ok_model, "optimizer: {grad_clip: 1.0, schedule: cosine, warmup_steps: 2}\n", gpu).ok());
   // The same spec on cpu: still accepted, and a head size the GPU lacks is fine there.

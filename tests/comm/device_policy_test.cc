@@ -68,6 +68,24 @@ TEST_CASE("an asynchronous communicator error aborts the group with its message"
   s.Expect("async", "nccl", 2);
 }
 
+// The fake NCCL (CpuCommDriver, strict) fails a rank loudly on a misuse; these run the bugs it
+// exposed (docs/comm.md lists bug, test, fix).
+TEST_CASE("in progress: calls returning ncclInProgress are polled before the end event") {
+  Store s;
+  s.Expect("inprogress", "nccl", 2);
+  s.Expect("inprogress", "nccl-lazy", 3);
+}
+
+TEST_CASE("legacy stream: device ops without a current stream are refused") {
+  Store s;
+  s.Expect("legacy_stream", "nccl", 2);
+}
+
+TEST_CASE("abort from another thread while the training thread is inside calls") {
+  Store s;
+  s.Expect("race", "nccl", 2);
+}
+
 TEST_CASE("shrink: the survivors of a dead rank all_reduce correctly (cpu and nccl policy)") {
   Store s;
   s.Expect("shrink", "cpu", 3);

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -27,7 +28,10 @@
 #include "runtime/store/client.h"
 #include "tests/comm/worker_rendezvous.h"
 
-ABSL_FLAG(std::string, scenario, "creation", "creation|legacy|split|abort|async|shrink");
+ABSL_FLAG(std::string, scenario, "creation",
+          "creation|legacy|split|abort|async|shrink|inprogress|legacy_stream|race");
+ABSL_FLAG(double, in_progress, 0.3, "fake NCCL: probability that a collective returns in progress");
+ABSL_FLAG(uint64_t, seed, 1, "fake NCCL: seed of the in-progress draws (plus the rank)");
 ABSL_FLAG(std::string, backend, "nccl", "nccl|nccl-lazy|nccl-legacy (shrink: also cpu)");
 ABSL_FLAG(int, rank, 0, "");
 ABSL_FLAG(int, size, 2, "");
@@ -74,7 +78,9 @@ GroupOptions Options(const std::string& name, const std::string& backend) {
 void CheckAllReduce(ProcessGroup& pg, const std::string& what, int64_t want_factor) {
   std::vector<int64_t> v(1000);
   for (size_t i = 0; i < v.size(); ++i) v[i] = (pg.rank() + 1) * static_cast<int64_t>(i + 1);
-  absl::Status s = pg.AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)->Wait(absl::Seconds(30));
+  // The op completes later on the communicator's stream: the host waits for it (block_host).
+  absl::Status s = pg.AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)
+                       ->Wait(absl::Seconds(30), /*block_host=*/true);
   CHECK_OR_FAIL(s.ok(), what, ": ", s.ToString());
   bool good = true;
   for (size_t i = 0; i < v.size(); ++i) good = good && v[i] == want_factor * static_cast<int64_t>(i + 1);
@@ -148,7 +154,8 @@ absl::Status Legacy() {
     b1[i] = (2 * g_rank + 2) * static_cast<int64_t>(i + 1);
   }
   void* bufs[2] = {b0.data(), b1.data()};
-  RETURN_IF_ERROR(pg->AllReduce(bufs, b0.size(), DataType::kI64, ReduceOp::kSum)->Wait(absl::Seconds(30)));
+  RETURN_IF_ERROR(pg->AllReduce(bufs, b0.size(), DataType::kI64, ReduceOp::kSum)
+                      ->Wait(absl::Seconds(30), /*block_host=*/true));
   const int64_t want = SumFactor(2 * g_size);
   CHECK_OR_FAIL(b0[9] == want * 10 && b1[9] == want * 10, "two-device sum ", b0[9], " ", b1[9]);
   CHECK_OR_FAIL(Count("init main") == 2, "one communicator per device: ", LogText());
@@ -194,6 +201,11 @@ absl::Status Split(const std::string& backend) {
                   "split without rank ", g_size - 1, ": ", lone.status().ToString());
     CHECK_OR_FAIL(secs < 10, "split error after ", secs, " s");
   }
+  // A failed split leaves the parent alone (nccl driver: only the new handle is aborted; the
+  // fake fails the process on a second abort of any handle).
+  CheckAllReduce(*pg, "world after a failed split", SumFactor(g_size));
+  CHECK_OR_FAIL(Count("abort main") == 0 && Count("revoke main") == 0,
+                "the parent was not aborted by the failed split: ", LogText());
   return absl::OkStatus();
 }
 
@@ -211,19 +223,23 @@ absl::Status AbortAll(const std::string& backend) {
   if (g_rank == 0) {
     std::vector<int64_t> v(10, 1);
     auto w = a->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum, {.timeout = absl::Seconds(1)});
-    absl::Status s = w->Wait(absl::Seconds(20));
+    // Enqueued at once; the host learns that it never finished when the watchdog's abort
+    // completes its end event.
+    absl::Status s = w->Wait(absl::Seconds(20), /*block_host=*/true);
     CHECK_OR_FAIL(absl::IsDeadlineExceeded(s), "hung op: ", s.ToString());
     // The other group learns of the abort from its watchdog (the backend's AsyncError).
     absl::SleepFor(absl::Milliseconds(500));
     s = b->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)->Wait(absl::Seconds(20));
     CHECK_OR_FAIL(absl::IsAborted(s), "other group after the abort: ", s.ToString());
     std::vector<std::string> log = g_driver->Log();
-    auto first = std::find_if(log.begin(), log.end(), [](const std::string& l) { return absl::StartsWith(l, "abort"); });
+    // Revoked (ncclCommRevoke), not freed: threads inside a call keep a valid handle.
+    auto first = std::find_if(log.begin(), log.end(), [](const std::string& l) { return absl::StartsWith(l, "revoke"); });
     const int aborts = static_cast<int>(std::count_if(first, log.end(), [](const std::string& l) {
-      return absl::StartsWith(l, "abort");
+      return absl::StartsWith(l, "revoke");
     }));
     CHECK_OR_FAIL(aborts == comms && aborts == static_cast<int>(log.end() - first),
-                  "every communicator aborted together (", comms, "): ", LogText());
+                  "every communicator revoked together (", comms, "): ", LogText());
+    CHECK_OR_FAIL(Count("abort ") == 0, "no handle freed while the groups live: ", LogText());
     RETURN_IF_ERROR(g_rdzv->Set("reported", "1"));
   } else {
     RETURN_IF_ERROR(g_rdzv->Get("reported", absl::Seconds(30)).status());
@@ -247,15 +263,32 @@ absl::Status Async(const std::string& backend) {
   return absl::OkStatus();
 }
 
-// The last rank leaves; the survivors shrink the group and all_reduce correctly.
+// The last rank leaves; the survivors' op fails, the watchdog aborts the group (every
+// communicator of the process), and the survivors shrink it and all_reduce correctly: shrink
+// after an abort (nccl: the parent handle must still be valid, i.e. revoked, not freed).
 absl::Status Shrink(const std::string& backend) {
-  ASSIGN_OR_RETURN(auto pg, ProcessGroup::Create(g_rdzv, g_rank, g_size, Options("world", backend)));
+  GroupOptions o = Options("world", backend);
+  o.watchdog_period = absl::Milliseconds(20);
+  ASSIGN_OR_RETURN(auto pg, ProcessGroup::Create(g_rdzv, g_rank, g_size, o));
   CheckAllReduce(*pg, "before", SumFactor(g_size));
   RETURN_IF_ERROR(pg->Barrier()->Wait(absl::Seconds(30)));
   if (g_rank == g_size - 1) _exit(0);  // dies without a word
   std::vector<int64_t> v(10, 1);
-  absl::Status s = pg->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)->Wait(absl::Seconds(30));
+  absl::Status s = pg->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)
+                       ->Wait(absl::Seconds(30), /*block_host=*/true);
   CHECK_OR_FAIL(!s.ok(), "all_reduce with a dead rank succeeded");
+  if (backend != "cpu") {
+    // The op's error is the communicator's async error: the watchdog aborts the group.
+    absl::Status again;
+    for (int i = 0; i < 100 && again.ok(); ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+      again = pg->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)
+                  ->Wait(absl::Seconds(30), /*block_host=*/true);
+      if (!again.ok() && !absl::IsAborted(again)) again = absl::OkStatus();
+    }
+    CHECK_OR_FAIL(absl::IsAborted(again), "group not aborted after the failed op: ", again.ToString());
+    CHECK_OR_FAIL(Count("revoke main") == 1, "the parent was revoked: ", LogText());
+  }
   auto self = pg->Shrink({g_rank});
   CHECK_OR_FAIL(absl::IsInvalidArgument(self.status()), "excluding oneself: ", self.status().ToString());
   ASSIGN_OR_RETURN(auto small, pg->Shrink({g_size - 1}));
@@ -264,6 +297,100 @@ absl::Status Shrink(const std::string& backend) {
   CheckAllReduce(*small, "after shrink", SumFactor(g_size - 1));
   // ...twice, to show the group keeps working.
   CheckAllReduce(*small, "after shrink, again", SumFactor(g_size - 1));
+  return absl::OkStatus();
+}
+
+// NCCL's non-blocking contract: collectives return in progress at random (most of them here) and
+// complete later on the communicator's stream. Every result must be right: after
+// Wait(block_host), and after Wait (the compute stream waits on the op) plus a sync of the
+// compute stream; all_gather and reduce_scatter too.
+absl::Status InProgress(const std::string& backend) {
+  ASSIGN_OR_RETURN(auto pg, ProcessGroup::Create(g_rdzv, g_rank, g_size, Options("world", backend)));
+  FakeStream* compute = g_driver->StreamOf(CurrentStream());
+  const int n = g_size;
+  for (int it = 0; it < 40; ++it) {
+    std::vector<int64_t> v(4096);
+    for (size_t i = 0; i < v.size(); ++i) v[i] = (g_rank + 1) * static_cast<int64_t>(i + it);
+    auto w = pg->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum);
+    absl::Status s;
+    if (it % 2 == 0) {
+      s = w->Wait(absl::Seconds(30), /*block_host=*/true);
+    } else {
+      s = w->Wait(absl::Seconds(30));  // the compute stream waits on the op's end event
+      if (s.ok() && !compute->Synchronize(absl::Seconds(30))) s = absl::DeadlineExceededError("sync");
+    }
+    CHECK_OR_FAIL(s.ok(), "all_reduce ", it, ": ", s.ToString());
+    bool good = true;
+    for (size_t i = 0; i < v.size(); ++i) good = good && v[i] == SumFactor(n) * static_cast<int64_t>(i + it);
+    CHECK_OR_FAIL(good, "all_reduce ", it, ": v[1]=", v[1], " want ", SumFactor(n) * (1 + it));
+    if (!good) break;
+    std::vector<float> mine(64, static_cast<float>(g_rank + it)), all(64 * n, -1);
+    s = pg->AllGatherSingle(mine.data(), all.data(), mine.size(), DataType::kF32)
+            ->Wait(absl::Seconds(30), /*block_host=*/true);
+    CHECK_OR_FAIL(s.ok(), "all_gather ", it, ": ", s.ToString());
+    for (int r = 0; r < n; ++r)
+      CHECK_OR_FAIL(all[64 * r + 5] == static_cast<float>(r + it), "all_gather ", it, " rank ", r,
+                    ": ", all[64 * r + 5]);
+  }
+  CHECK_OR_FAIL(g_driver->InProgressCount() > 20, "in-progress calls: ", g_driver->InProgressCount());
+  return pg->Barrier()->Wait(absl::Seconds(30), /*block_host=*/true);
+}
+
+// A collective or send from a thread without a current stream (the legacy stream) is refused with
+// FAILED_PRECONDITION naming SetCurrentStream, not enqueued unordered against compute.
+absl::Status LegacyStream(const std::string& backend) {
+  ASSIGN_OR_RETURN(auto pg, ProcessGroup::Create(g_rdzv, g_rank, g_size, Options("world", backend)));
+  CheckAllReduce(*pg, "with a stream", SumFactor(g_size));
+  void* saved = CurrentStream();
+  SetCurrentStream(nullptr);
+  std::vector<int64_t> v(10, 1);
+  absl::Status s = pg->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum)
+                       ->Wait(absl::Seconds(30), /*block_host=*/true);
+  CHECK_OR_FAIL(absl::IsFailedPrecondition(s) && absl::StrContains(s.message(), "SetCurrentStream"),
+                "collective on the legacy stream: ", s.ToString());
+  // (The refused collective aborted its group; the send goes to another.)
+  SetCurrentStream(saved);
+  ASSIGN_OR_RETURN(auto other, ProcessGroup::Create(g_rdzv, g_rank, g_size, Options("other", backend)));
+  SetCurrentStream(nullptr);
+  int32_t x = 0;
+  s = other->Send(&x, 1, DataType::kI32, (g_rank + 1) % g_size, 3)->Wait(absl::Seconds(30));
+  CHECK_OR_FAIL(absl::IsFailedPrecondition(s), "send on the legacy stream: ", s.ToString());
+  SetCurrentStream(saved);
+  return absl::OkStatus();
+}
+
+// The watchdog's abort (here another thread's) while the training thread is inside calls on the
+// same communicators: the handles must stay valid (revoked, not freed) until the last user is
+// gone. The fake fails the process if a handle is freed while a call uses it.
+absl::Status Race(const std::string& backend) {
+  GroupOptions o = Options("world", backend);
+  o.watchdog_period = absl::Milliseconds(5);
+  ASSIGN_OR_RETURN(auto a, ProcessGroup::Create(g_rdzv, g_rank, g_size, o));
+  ASSIGN_OR_RETURN(auto b, ProcessGroup::Create(g_rdzv, g_rank, g_size, Options("other", backend)));
+  CheckAllReduce(*a, "a", SumFactor(g_size));
+  CheckAllReduce(*b, "b", SumFactor(g_size));
+  RETURN_IF_ERROR(g_rdzv->Set(absl::StrCat("race/ready/", g_rank), "1"));
+  for (int r = 0; r < g_size; ++r)
+    RETURN_IF_ERROR(g_rdzv->Get(absl::StrCat("race/ready/", r), absl::Seconds(30)).status());
+  void* stream = CurrentStream();
+  int ok_ops = 0, failed_ops = 0;
+  std::thread train([&] {
+    SetCurrentStream(stream);
+    std::vector<int64_t> v(256, 1);
+    for (int i = 0; i < 400; ++i) {
+      absl::Status s = b->AllReduce(v.data(), v.size(), DataType::kI64, ReduceOp::kSum,
+                                    {.timeout = absl::Seconds(5)})
+                           ->Wait(absl::Seconds(20), /*block_host=*/true);
+      (s.ok() ? ok_ops : failed_ops)++;
+      if (!s.ok() && failed_ops > 20) break;
+    }
+  });
+  absl::SleepFor(absl::Milliseconds(40 + 10 * g_rank));
+  a->Abort("test: the watchdog aborts while the training thread enqueues");
+  train.join();
+  CHECK_OR_FAIL(failed_ops > 0, "ops after the abort failed: ok ", ok_ops, " failed ", failed_ops);
+  CHECK_OR_FAIL(g_driver->Violations().empty(), "violations: ",
+                absl::StrJoin(g_driver->Violations(), "; "));
   return absl::OkStatus();
 }
 
@@ -282,7 +409,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   g_rdzv = *rdzv;
-  g_driver = std::make_shared<CpuCommDriver>(g_rdzv, BackendOptions{});
+  FakeNcclOptions fake;  // strict: a misuse of the fake NCCL aborts this process
+  fake.in_progress = absl::GetFlag(FLAGS_in_progress);
+  fake.seed = absl::GetFlag(FLAGS_seed) + static_cast<uint64_t>(g_rank);
+  g_driver = std::make_shared<CpuCommDriver>(g_rdzv, BackendOptions{}, fake);
+  // Device ops order against the submitting thread's stream (the compute stream).
+  SetCurrentStream(g_driver->NewStream("compute"));
   absl::Status s;
   if (scenario == "creation") s = Creation(backend);
   else if (scenario == "legacy") s = Legacy();
@@ -290,6 +422,9 @@ int main(int argc, char** argv) {
   else if (scenario == "abort") s = AbortAll(backend);
   else if (scenario == "async") s = Async(backend);
   else if (scenario == "shrink") s = Shrink(backend);
+  else if (scenario == "inprogress") s = InProgress(backend);
+  else if (scenario == "legacy_stream") s = LegacyStream(backend);
+  else if (scenario == "race") s = Race(backend);
   else s = absl::InvalidArgumentError("unknown scenario " + scenario);
   if (!s.ok()) {
     std::fprintf(stderr, "[rank %d] %s/%s: %s\n", g_rank, scenario.c_str(), backend.c_str(),

@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "proto/jobs.pb.h"
+#include "runtime/jobspec/resolve.h"
 #include "runtime/jobspec/spec.h"
 #include "runtime/store/client.h"
 #include "testing/cluster.h"
@@ -55,7 +56,7 @@ TEST_CASE("an upload named job.yaml cannot shadow the validated spec; job files 
   REQUIRE(done->state() == v1::SUCCEEDED);
   CHECK(done->progress().metrics().step() == 6);  // the worker ran the submitted spec, not the upload
   const std::string dir = done->job_dir();
-  CHECK(Slurp(dir + "/job.yaml") == spec);
+  CHECK(Slurp(dir + "/job.yaml") == spec::ResolvedYaml(r->job().spec()));  // the resolved spec (issue 32)
   CHECK(Slurp(dir + "/uploads/job.yaml") == evil);
   CHECK(Slurp(dir + "/uploads/data/x.bin") == "abc");
   for (const std::string& d : {dir, dir + "/uploads", dir + "/uploads/data", dir + "/logs",
@@ -244,10 +245,10 @@ TEST_CASE("Submit refuses, naming the field, the specs every rank would refuse a
   REQUIRE(c.ok());
   const std::string model = "model: {n_layers: 2, d_model: 32, n_heads: 2, context_length: 16}\n";
   const std::pair<std::string, std::string> cases[] = {
-      {"name: pp-clip\n" + model +
+      {"name: pp-publish\n" + model +
            "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
-           "optimizer: {grad_clip: 1.0}\nsteps: 2\n",
-       "optimizer.grad_clip"},
+           "publish: {every_steps: 1}\nsteps: 2\n",
+       "publish.every_steps"},
       {"name: pp-init\n" + model +
            "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
            "checkpoint: {init_from_safetensors: w.safetensors}\nsteps: 2\n",

@@ -34,7 +34,9 @@ TEST_CASE("what no node set could ever hold is refused at submit, naming the lar
   REQUIRE(absl::StrContains(huge.status().message(), "65536 cpu devices can never be placed"));
   REQUIRE(absl::StrContains(huge.status().message(), "4 cpu devices in all"));
   REQUIRE(absl::StrContains(huge.status().message(), "at most 4 ranks"));
-  auto cuda = c->Submit(Spec("place-cuda", 1, 5) + "resources: {device_type: cuda}\n");
+  // (head size 32: a spec the GPU step supports, so placement is what refuses it)
+  auto cuda = c->Submit("name: place-cuda\nmodel: {n_layers: 1, d_model: 64, n_heads: 2, context_length: 16}\n"
+                        "parallelism: {strategy: fsdp, world_size: 1}\nsteps: 5\nresources: {device_type: cuda}\n");
   INFO(cuda.status());
   REQUIRE(absl::IsFailedPrecondition(cuda.status()));
   REQUIRE(absl::StrContains(cuda.status().message(), "no registered node has cuda devices"));
@@ -158,7 +160,14 @@ TEST_CASE("the backend follows the devices: empty picks nccl on cuda, a mismatch
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());
   REQUIRE(WaitFor([&] { auto n = c->Nodes(); return n.ok() && n->size() == 1; }, absl::Seconds(5)));
-  auto gpu = c->Submit(Spec("backend-gpu", 2, 3) + "resources: {device_type: cuda}\n");
+  // The GPU step trains one rank (the support matrix, runtime/jobspec/resolve.cc): a 2-rank cuda
+  // job is refused at Submit, naming the field, instead of by both ranks at start.
+  const std::string gpu_model = "model: {n_layers: 1, d_model: 64, n_heads: 2, context_length: 16}\nsteps: 3\n"
+                                "resources: {device_type: cuda}\n";
+  auto two = c->Submit("name: backend-gpu2\n" + gpu_model + "parallelism: {strategy: fsdp, world_size: 2}\n");
+  CHECK(absl::IsInvalidArgument(two.status()));
+  CHECK(absl::StartsWith(two.status().message(), "parallelism.world_size: 2 ranks on cuda"));
+  auto gpu = c->Submit("name: backend-gpu\n" + gpu_model + "parallelism: {strategy: fsdp, world_size: 1}\n");
   INFO(gpu.status());
   REQUIRE(gpu.ok());
   REQUIRE(gpu->job().spec().parallelism().backend() == "nccl");
@@ -166,7 +175,7 @@ TEST_CASE("the backend follows the devices: empty picks nccl on cuda, a mismatch
   auto cpu = c->Submit(Spec("backend-cpu", 1, 3));
   REQUIRE(cpu.ok());
   REQUIRE(cpu->job().spec().parallelism().backend() == "cpu");
-  // One rank per GPU: the cuda job's ranks hold cuda:0 and cuda:1.
+  // One rank per GPU: the cuda job's rank holds one of the node's two cuda devices.
   REQUIRE(WaitFor([&] { auto j = c->Get(gpu->job().id()); return j.ok() && j->state() == v1::SUCCEEDED; },
                   absl::Seconds(20)));
   auto done = c->Get(gpu->job().id());
@@ -175,7 +184,8 @@ TEST_CASE("the backend follows the devices: empty picks nccl on cuda, a mismatch
   for (const auto& n : done->attempts(0).assignment().nodes())
     for (const auto& d : n.devices()) devs.push_back(d);
   std::sort(devs.begin(), devs.end());
-  REQUIRE(devs == std::vector<std::string>{"cuda:0", "cuda:1"});
+  REQUIRE(devs.size() == 1);
+  REQUIRE((devs[0] == "cuda:0" || devs[0] == "cuda:1"));
   for (const char* bad : {"parallelism: {strategy: fsdp, world_size: 1, backend: cpu}\n"
                           "resources: {device_type: cuda}\n",
                           "parallelism: {strategy: fsdp, world_size: 1, backend: nccl-lazy}\n"

@@ -18,7 +18,8 @@ case "${1:-}" in
     bin="$(bazel info bazel-bin 2>/dev/null)"
     # Bazel's layout is kept (binary in kernels/cuda/, the project's shared libraries in
     # _solib_k8/, found through the binaries' $ORIGIN runpath), so the kernels' fatbin travels once.
-    rm -rf "$OUT" && mkdir -p "$OUT/kernels/cuda" "$OUT/_solib_k8" "$OUT/lib"
+    # Libraries outside _solib_k8 go to run.sh's one lib folder (tests/gpu/bin/lib).
+    rm -rf "$OUT" && mkdir -p "$OUT/kernels/cuda" "$OUT/_solib_k8" tests/gpu/bin/lib
     for t in $TESTS; do
       cp -f "$bin/kernels/cuda/$t" "$OUT/kernels/cuda/"
       if ldd "$OUT/kernels/cuda/$t" | grep -Eq 'grpc|protobuf'; then
@@ -29,24 +30,17 @@ case "${1:-}" in
         while read -r lib; do cp -fL "$lib" "$OUT/_solib_k8/"; done
       # Other non-system, non-CUDA shared libraries go along (glibc and the toolkit stay behind).
       ldd "$bin/kernels/cuda/$t" | awk '$3 ~ /^\// {print $3}' |
-        grep -Ev '/(libc|libm|libdl|librt|libpthread|ld-linux[^/]*)\.so|/libcu|/libnccl|_solib' |
-        while read -r lib; do cp -fL "$lib" "$OUT/lib/"; done
+        grep -Ev '/(libc|libm|libdl|librt|libpthread|libresolv|ld-linux[^/]*)\.so|/libcu|/libnccl|/libnvidia|_solib' |
+        while read -r lib; do cp -fL "$lib" tests/gpu/bin/lib/; done
     done
     du -sh "$OUT"  # OpenBLAS (the CPU reference) is most of it; the device tool carries 64 MiB
     echo "cuda_kernels: built $OUT"
     ;;
-  libpath)  # the LD_LIBRARY_PATH entries check uses (tests/gpu/run.sh's gpt_cuda_check too)
-    libs="$PWD/$OUT/lib:/usr/local/cuda/lib64"
-    for py in python3 /usr/bin/python3; do  # cuBLAS/cudart inside the nvidia-* wheels
-      site=$("$py" -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null) || continue
-      for d in $site; do
-        for l in "$d"/nvidia/*/lib "$d"/nvidia/cu13/lib; do [ -d "$l" ] && libs="$libs:$l"; done
-      done
-    done
-    echo "$libs"
+  libpath)  # run.sh's one library path (every step uses the same)
+    bash tests/gpu/run.sh libpath
     ;;
   check)
-    export LD_LIBRARY_PATH="$(bash "$0" libpath):${LD_LIBRARY_PATH:-}"
+    export LD_LIBRARY_PATH="$(bash tests/gpu/run.sh libpath):${LD_LIBRARY_PATH:-}"
     export EMBER_EXPECT_GPUS="${EMBER_EXPECT_GPUS:-1}"
     fail=0
     for t in $TESTS; do
