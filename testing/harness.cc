@@ -110,7 +110,9 @@ int EmberdProcess::Signal(int sig) {
   if (pid_ <= 0) return -1;
   kill(pid_, sig);
   int status = 0;
-  for (int i = 0; i < 1000; ++i) {
+  // Up to 30 s: a drain stops the node's ranks first, which a loaded 2-core CI machine (other
+  // tests beside this one) has been seen to take over 10 s for.
+  for (int i = 0; i < 3000; ++i) {
     if (waitpid(pid_, &status, WNOHANG) == pid_) {
       pid_ = -1;
       return WIFEXITED(status) ? WEXITSTATUS(status) : -1;

@@ -52,7 +52,7 @@ class EmberdProcess {
   ~EmberdProcess();  // SIGINT (drain), then SIGKILL after 5 s; reaps
 
   void Kill9();      // kill -9 and reap
-  // Sends `sig` and waits up to 10 s for the exit; returns the exit code (-1 if it did not exit).
+  // Sends `sig` and waits up to 30 s for the exit; returns the exit code (-1 if it did not exit).
   int Signal(int sig);
   const std::string& address() const { return address_; }
   const std::string& log() const { return log_; }

@@ -137,7 +137,7 @@ absl::StatusOr<pipeline::Schedule> PipelineSchedule(const spec::PipelineLayout& 
 
 absl::StatusOr<std::unique_ptr<TrainState>> MakeFsdpState(const Plan& plan, const Groups& groups) {
   fsdp::Groups g{groups.world.get(), groups.reduce_scatter.get(), groups.shard.get(), groups.replicate.get()};
-  ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.model, g, plan.fsdp));
+  ASSIGN_OR_RETURN(auto model, fsdp::FsdpGpt::Create(plan.arch, g, plan.fsdp));
   return std::unique_ptr<TrainState>(new FsdpState(plan, std::move(model)));
 }
 
@@ -156,7 +156,7 @@ absl::StatusOr<std::unique_ptr<TrainState>> MakePipelineState(const Plan& plan, 
   po.clip_norm = plan.fsdp.clip_norm;
   po.reshard_after_forward = plan.fsdp.reshard_after_forward;
   po.prefetch = plan.fsdp.prefetch;
-  ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.model, plan.fsdp.seed, schedule, groups.pipe(),
+  ASSIGN_OR_RETURN(auto model, pipeline::PipelineGpt::Create(plan.arch, plan.fsdp.seed, schedule, groups.pipe(),
                                                              plan.spec.batch_size(), plan.model.context, po));
   return std::unique_ptr<TrainState>(new PipelineState(plan, groups.world.get(), layout, std::move(model)));
 }

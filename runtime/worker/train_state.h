@@ -16,6 +16,8 @@
 #include "absl/status/statusor.h"
 #include "kernels/exec_context.h"
 #include "runtime/comm/process_group.h"
+#include "runtime/comm/rendezvous.h"
+#include "runtime/flight/recorder.h"
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/worker/step_io.h"
@@ -62,6 +64,13 @@ struct Groups {
   // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
   int64_t CommMemoryBytes() const;
 };
+
+// The groups of one attempt over `rdzv` (the attempt's store in a job; tests may run ranks as
+// threads over a file rendezvous), from the plan's ParallelDims. `recorder` may be null.
+absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rendezvous> rdzv,
+                                    flight::FlightRecorder* recorder);
+// The TrainState of the plan's layout and device: pipeline, GPU (ember-worker-cuda) or FSDP/HSDP.
+absl::StatusOr<std::unique_ptr<TrainState>> MakeTrainState(const Plan& plan, const Groups& groups);
 
 // FSDP (or HSDP with groups.shard/replicate) over groups.world.
 absl::StatusOr<std::unique_ptr<TrainState>> MakeFsdpState(const Plan& plan, const Groups& groups);

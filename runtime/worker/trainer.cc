@@ -36,6 +36,7 @@
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/train_state.h"
+#include "runtime/model/registry.h"
 #include "spdlog/spdlog.h"
 
 namespace ember::worker {
@@ -140,24 +141,18 @@ float LearningRate(const spec::JobSpec& s, int64_t step) {
   return static_cast<float>(floor + (lr - floor) * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
-namespace {
 
-// This rank's data order: a deterministic shuffle of (seed, position), resumable. Every rank of a
-// pipeline replica reads its replica's slice of the global batch: the step's micro-batches,
-// batch_size sequences each (world rank = replica x pipeline_stages + pipeline rank).
+// This rank's data order: a deterministic shuffle of (seed, position), resumable. The loader reads
+// this rank's data shard (ParallelDims: its dp index of dp ranks; every rank of a pipeline replica
+// reads its replica's slice, the step's pipeline micro-batches of batch_size sequences each).
 data::LoaderOptions LoaderFor(const Plan& p) {
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(p.spec);
-  if (pl.enabled()) {
-    return {.seq_len = p.model.context, .batch = p.spec.batch_size() * pl.micro_batches,
-            .rank = p.env.rank / pl.ranks, .world = std::max(1, p.env.world_size / pl.ranks),
-            .seed = p.fsdp.seed, .shuffle = true, .start_token = p.spec.data().start_position()};
-  }
-  return {.seq_len = p.model.context, .batch = p.spec.batch_size(), .rank = p.env.rank,
-          .world = p.env.world_size, .seed = p.fsdp.seed, .shuffle = true,
+  const spec::ParallelDims::DataShard shard = p.dims->DataShardOf(p.env.rank);
+  return {.seq_len = p.model.context, .batch = p.spec.batch_size() * (pl.enabled() ? pl.micro_batches : 1),
+          .rank = shard.rank, .world = shard.world, .seed = p.fsdp.seed, .shuffle = true,
           .start_token = p.spec.data().start_position()};
 }
 
-}  // namespace
 
 absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_path) {
   Plan p;
@@ -200,6 +195,12 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   p.fsdp.clip_norm = s.optimizer().grad_clip();
   p.fsdp.seed = static_cast<uint64_t>(s.seed());
   p.dp_replicate = std::max(1, par.dp_replicate());  // HSDP replicas, as resolved (ParallelDims)
+  ASSIGN_OR_RETURN(p.dims, spec::ParallelDims::FromSpec(s, env.world_size));
+  {
+    absl::StatusOr<std::shared_ptr<const model::Model>> arch = model::MakeModel(s);
+    if (!arch.ok()) return base::Annotate(arch.status(), "model");
+    p.arch = *arch;
+  }
   if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
 
   const auto& d = s.data();
@@ -257,40 +258,45 @@ int64_t HangStep(const job::WorkerEnv& env) {
   for (;;) absl::SleepFor(absl::Seconds(1));
 }
 
-absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
-                                    flight::FlightRecorder& recorder) {
+}  // namespace
+
+absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rendezvous> rdzv,
+                                    flight::FlightRecorder* recorder) {
   const job::WorkerEnv& env = plan.env;
   comm::GroupOptions go;
   go.name = "world";
   go.timeout = absl::Seconds(plan.spec.collective_timeout_s());
-  go.recorder = &recorder;
+  go.recorder = recorder;
   go.dump_dir = env.fr_dump_dir;
   go.global_rank = env.rank;
-  auto rdzv = comm::MakeStoreRendezvous(attempt);
   Groups g;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
-  const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
-  if (pl.enabled()) {
-    if (env.world_size > pl.ranks) {
-      const int replica = env.rank / pl.ranks, prank = env.rank % pl.ranks;
-      ASSIGN_OR_RETURN(g.pipeline, g.world->Split(replica, prank, absl::StrCat("pipeline", replica)));
-      ASSIGN_OR_RETURN(g.stage, g.world->Split(prank, replica, absl::StrCat("stage", prank)));
+  using Dims = spec::ParallelDims;
+  const Dims& dims = *plan.dims;
+  auto split = [&](Dims::Group kind) { return g.world->Split(dims.SplitOf(kind, env.rank).color,
+                                                              dims.SplitOf(kind, env.rank).key,
+                                                              dims.SplitOf(kind, env.rank).name); };
+  if (dims.pipeline()) {
+    // "pipeline<d>" (replica d's pp ranks) and "stage<p>" (pp rank p's replicas, over which its
+    // stages are sharded); with one replica the pipeline group is the world.
+    if (dims.dp() > 1) {
+      ASSIGN_OR_RETURN(g.pipeline, split(Dims::Group::kPipeline));
+      ASSIGN_OR_RETURN(g.stage, split(Dims::Group::kDp));
     }
     return g;
   }
-  // HSDP: dp_replicate groups of dp_shard consecutive ranks; rows sharded within a group, gradient
-  // shards all-reduced across the groups (world rank = replica * dp_shard + shard rank).
-  const int replicas = std::max(1, plan.dp_replicate);
+  // HSDP: rows sharded within "shard<p>.<r>", gradient shards all-reduced across
+  // "replicate<p>.<s>" (ParallelDims' layout: dp index = replicate x dp_shard + shard).
   comm::ProcessGroup* shard = g.world.get();
-  if (replicas > 1) {
-    const int per = env.world_size / replicas, replica = env.rank / per, srank = env.rank % per;
-    ASSIGN_OR_RETURN(g.shard, g.world->Split(replica, srank, absl::StrCat("shard", replica)));
-    ASSIGN_OR_RETURN(g.replicate, g.world->Split(srank, replica, absl::StrCat("replicate", srank)));
+  if (dims.hsdp()) {
+    ASSIGN_OR_RETURN(g.shard, split(Dims::Group::kShard));
+    ASSIGN_OR_RETURN(g.replicate, split(Dims::Group::kReplicate));
     shard = g.shard.get();
   }
   if (plan.separate_reduce_scatter && shard->size() > 1) {
-    if (replicas > 1) {
-      ASSIGN_OR_RETURN(g.reduce_scatter, shard->Split(0, shard->rank(), "reduce_scatter"));
+    if (dims.hsdp()) {
+      ASSIGN_OR_RETURN(g.reduce_scatter,
+                       shard->Split(0, shard->rank(), absl::StrCat(dims.SplitOf(Dims::Group::kShard, env.rank).name, ".reduce_scatter")));
     } else {
       go.name = "reduce_scatter";
       ASSIGN_OR_RETURN(g.reduce_scatter, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
@@ -298,6 +304,20 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, store::Client& attempt,
   }
   return g;
 }
+
+absl::StatusOr<std::unique_ptr<TrainState>> MakeTrainState(const Plan& plan, const Groups& groups) {
+  if (spec::PipelineLayoutOf(plan.spec).enabled()) return MakePipelineState(plan, groups);
+  if (plan.env.device != "cpu") {
+    const CudaStateFn make_cuda = GetCudaState();
+    if (make_cuda == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
+    }
+    return make_cuda(plan, groups);
+  }
+  return MakeFsdpState(plan, groups);
+}
+
+namespace {
 
 // The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
 // logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
@@ -372,19 +392,8 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
 
 // One attempt: the groups, the model state of the job's layout and device, the loop.
 absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
-  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, attempt, recorder));
-  std::unique_ptr<TrainState> state;
-  if (spec::PipelineLayoutOf(plan.spec).enabled()) {
-    ASSIGN_OR_RETURN(state, MakePipelineState(plan, groups));
-  } else if (plan.env.device != "cpu") {
-    const CudaStateFn make_cuda = GetCudaState();
-    if (make_cuda == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(job::kEnvDevice, "=", plan.env.device, ": this binary has no GPU training step; run ember-worker-cuda (built and installed beside ember-worker)"));
-    }
-    ASSIGN_OR_RETURN(state, make_cuda(plan, groups));
-  } else {
-    ASSIGN_OR_RETURN(state, MakeFsdpState(plan, groups));
-  }
+  ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, comm::MakeStoreRendezvous(attempt), &recorder));
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state, MakeTrainState(plan, groups));
   return RunLoop(plan, attempt, recorder, groups, *state);
 }
 

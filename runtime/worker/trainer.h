@@ -17,13 +17,16 @@
 #define EMBER_RUNTIME_WORKER_TRAINER_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/data/token_file.h"
 #include "runtime/fsdp/fsdp.h"
+#include "runtime/jobspec/parallel_dims.h"
 #include "runtime/jobspec/spec.h"
+#include "runtime/model/model.h"
 #include "runtime/job/env.h"
 #include "runtime/store/client.h"
 
@@ -42,6 +45,10 @@ struct Plan {
   int threads = 1;
   bool separate_reduce_scatter = true;
   int dp_replicate = 1;  // HSDP replicas (parallelism.dp_replicate); 1: plain FSDP
+  // The rank arithmetic of this job (pp x dp_replicate x dp_shard): groups, data shard, stages.
+  std::optional<spec::ParallelDims> dims;
+  // The model, built through the architecture registry from model.arch (runtime/model/registry.h).
+  std::shared_ptr<const model::Model> arch;
 };
 
 // Loads the spec (`spec_path`, else env.job_spec, else <job_dir>/job.yaml): the daemon's resolved
@@ -53,6 +60,9 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
 // The optimizer settings of a resolved spec (its model: model::ConfigFromSpec,
 // runtime/model/from_spec.h).
 kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
+
+// This rank's data order and shard (ParallelDims), for data::TokenLoader.
+data::LoaderOptions LoaderFor(const Plan& p);
 
 // Learning rate at optimizer step `step` (1-based): linear warmup, then constant or cosine down to
 // min_lr_ratio * lr at the last step.
