@@ -50,6 +50,13 @@ std::string Daemon::Impl::JobDir(const std::string& job) const {
   return absl::StrCat(opts.work_root, "/", job);
 }
 
+std::string Daemon::Impl::ReplicaRoot() const {
+  // FNV-1a of "<work_root>|<node>": stable across restarts, distinct per daemon on one machine.
+  uint64_t h = 1469598103934665603ull;
+  for (char c : absl::StrCat(opts.work_root, "|", opts.node_name)) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
+  return absl::StrCat("/dev/shm/ember-", geteuid(), "/", absl::Hex(h, absl::kZeroPad16));
+}
+
 // ------------------------------------------------------------------------------------------------
 // Start-up and registration
 
@@ -279,6 +286,10 @@ void Daemon::Impl::DrainNow() {
     }
   }
   (void)AwaitLocalReleased();  // the control loop reaps and reports
+  // This node's in-memory replicas serve only ranks restarted here; a drained daemon runs none.
+  std::error_code ec;
+  const auto n = std::filesystem::remove_all(ReplicaRoot(), ec);
+  if (n > 0) spdlog::info("emberd {}: removed {} ({} in-memory replica entries)", opts.node_name, ReplicaRoot(), n);
   stop.Notify();
   if (control_thread.joinable()) control_thread.join();
   if (heartbeat_thread.joinable()) heartbeat_thread.join();

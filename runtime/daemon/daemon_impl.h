@@ -138,6 +138,7 @@ class Daemon::Impl {
   std::map<std::string, Standby> standbys;  // key "<job>#<attempt they wait for>"
   int64_t oom_kills_seen = -1;
   absl::Time last_oom_kill = absl::InfinitePast();
+  absl::Time last_replica_sweep = absl::InfinitePast();
 
   // daemon.cc: start-up, the loops, registration, drain and detach.
   absl::Status Init();
@@ -150,6 +151,14 @@ class Daemon::Impl {
   void DrainNow() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
   void DetachNow() ABSL_LOCKS_EXCLUDED(mu, persist_mu);
   std::string JobDir(const std::string& job) const;
+  // In-memory replicas (fault_tolerance.replicas: memory; runtime/worker/replicas.h): this
+  // daemon's directory of them, /dev/shm/ember-<uid>/<hash of work_root and node>, one
+  // subdirectory per job (the workers' EMBER_REPLICA_DIR). SweepReplicas (supervise.cc, every few
+  // seconds) removes the subdirectory of every job that is not active with an attempt here, so a
+  // job's files go when it ends, and a daemon restarted after a crash removes what its predecessor
+  // left on its first sweep. A drain (DrainNow) removes the whole root; a detach keeps it.
+  std::string ReplicaRoot() const;
+  void SweepReplicas(const std::map<std::string, Job>& records) ABSL_LOCKS_EXCLUDED(mu);
 
   // lease.cc (lease thread): keeps the node lease alive on a connection of its own, redialled
   // after each failed try; a lost node (lease_policy.h: expired, credentials refused, or lease_ttl

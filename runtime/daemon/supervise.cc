@@ -9,6 +9,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <set>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -181,6 +183,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
     we.job_dir = dir;
     we.fr_dump_dir = fr_dir;
     we.upload_dir = uploads;
+    we.replica_dir = absl::StrCat(ReplicaRoot(), "/", job.id());  // fault_tolerance.replicas: memory
     if (!opts.auth_token.empty()) we.auth_token_file = token_file;
     // Workers dial the store as this daemon does: its CA, and its certificate for mTLS (paths
     // only; the key stays in its file).
@@ -326,6 +329,7 @@ void Daemon::Impl::Supervise() {
     for (const auto& [key, a] : local) started.insert(key);
   }
   ReapOrphans(/*kill=*/false);  // orphans re-parented here that ended (reap_orphans)
+  if (active.ok()) SweepReplicas(records);  // only with the store's answer: never on a failed read
   // 3. Script jobs' warm standbys for their next attempts (standby.cc).
   SuperviseStandbys(records, started, /*all=*/false);
   for (const LocalAttempt& a : pass) {
@@ -463,6 +467,32 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     spdlog::info("job {} attempt {}: local ranks done, devices released", a.job, a.attempt);
   }
   return changed;
+}
+
+void Daemon::Impl::SweepReplicas(const std::map<std::string, Job>& records) {
+  if (clock->Now() - last_replica_sweep < absl::Seconds(2)) return;
+  last_replica_sweep = clock->Now();
+  const std::string root = ReplicaRoot();
+  std::error_code ec;
+  if (!std::filesystem::is_directory(std::filesystem::symlink_status(root, ec))) return;
+  std::set<std::string> here;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [key, a] : local) {
+      if (!a.released) here.insert(a.job);
+    }
+  }
+  for (const auto& e : std::filesystem::directory_iterator(root, ec)) {
+    const std::string job = e.path().filename().string();
+    auto it = records.find(job);
+    const bool active = it != records.end() && !IsTerminal(it->second.state());
+    if (active || here.count(job)) continue;
+    // remove_all does not follow symlinks; the root is 0700 and this user's (OpenReplicaDir).
+    std::error_code rm;
+    const auto n = std::filesystem::remove_all(e.path(), rm);
+    if (rm) spdlog::warn("in-memory replicas of job {}: cannot remove {}: {}", job, e.path().string(), rm.message());
+    else spdlog::info("in-memory replicas of job {}: removed {} ({} files; the job is not running here)", job, e.path().string(), n);
+  }
 }
 
 absl::Status Daemon::Impl::MakeJobDirs(const std::string& job, int attempt,

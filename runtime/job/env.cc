@@ -36,6 +36,7 @@ std::vector<std::pair<std::string, std::string>> WorkerEnv::ToEnv() const {
   optional(kEnvTlsCa, tls.ca_file);
   optional(kEnvTlsCert, tls.cert_file);
   optional(kEnvTlsKey, tls.key_file);
+  optional(kEnvReplicaDir, replica_dir);
   return env;
 }
 
@@ -91,6 +92,10 @@ absl::StatusOr<WorkerEnv> WorkerEnv::FromEnv(const std::function<const char*(con
   RETURN_IF_ERROR(str(kEnvTlsCa, false, &e.tls.ca_file));
   RETURN_IF_ERROR(str(kEnvTlsCert, false, &e.tls.cert_file));
   RETURN_IF_ERROR(str(kEnvTlsKey, false, &e.tls.key_file));
+  RETURN_IF_ERROR(str(kEnvReplicaDir, false, &e.replica_dir));
+  if (!e.replica_dir.empty() && e.replica_dir[0] != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(kEnvReplicaDir, "='", e.replica_dir, "' must be an absolute path"));
+  }
   if (e.tls.cert_file.empty() != e.tls.key_file.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(kEnvTlsCert, " and ", kEnvTlsKey,
                                                    " go together (a client certificate and its key)"));
@@ -103,7 +108,7 @@ bool operator==(const WorkerEnv& a, const WorkerEnv& b) {
     return std::tie(e.store_addr, e.job_id, e.attempt, e.rank, e.world_size, e.local_rank,
                     e.local_world_size, e.node_rank, e.device, e.job_dir, e.auth_token_file,
                     e.job_spec, e.fr_dump_dir, e.tls.ca_file, e.tls.cert_file, e.tls.key_file,
-                    e.tls.verify_clients, e.upload_dir, e.fault);
+                    e.tls.verify_clients, e.upload_dir, e.fault, e.replica_dir);
   };
   return tie(a) == tie(b);
 }

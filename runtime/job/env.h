@@ -42,6 +42,7 @@ inline constexpr char kEnvWorkerFault[] = "EMBER_WORKER_FAULT";
 inline constexpr char kEnvTlsCa[] = "EMBER_TLS_CA";
 inline constexpr char kEnvTlsCert[] = "EMBER_TLS_CERT";
 inline constexpr char kEnvTlsKey[] = "EMBER_TLS_KEY";
+inline constexpr char kEnvReplicaDir[] = "EMBER_REPLICA_DIR";
 
 struct WorkerEnv {
   std::string store_addr;       // kEnvStoreAddr  host:port
@@ -66,6 +67,10 @@ struct WorkerEnv {
   // kEnvWorkerFault (tests only): "hang:rank=R,step=S[,attempt=A]" makes rank R stop making
   // progress at step S (alive, never joining the next collective) in attempt A (default 0).
   std::string fault;
+  // kEnvReplicaDir (optional): where fault_tolerance.replicas: memory keeps this job's replica
+  // files (runtime/worker/replicas.h); emberd sets /dev/shm/ember-<uid>/<daemon>/<job>; default
+  // /dev/shm/ember-<uid>/standalone/<job_id>.
+  std::string replica_dir;
 
   // Store keys of this job attempt: job::AttemptPrefix(job_id, attempt) (keys.h).
   std::string prefix() const;

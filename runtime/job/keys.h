@@ -15,6 +15,8 @@
 //     exit/<rank>           ExitOf        jobs.v1.RankExit of a rank that ended (daemon)
 //     progress/<rank>       ProgressOf    jobs.v1.Progress, binary (worker, every log_every steps)
 //     worker_exit/<rank>    WorkerExitOf  jobs.v1.WorkerExit, binary (worker, as it exits)
+//     replicas/<rank>       ReplicasOf    steps this rank can restore from in-memory replicas,
+//                                         "s1,s2" or "" (worker, at resume; runtime/worker/replicas.h)
 //     fr/dump_request       kDumpRequest  flight-recorder dump trigger (docs/flight-recorder.md);
 //                                         the comm layer names it again in runtime/comm/env_knobs.h
 //                                         (comm knows nothing of jobs; the worker static_asserts
@@ -56,6 +58,7 @@ inline constexpr absl::string_view kTorchMaster = "torch_master";
 inline std::string ExitOf(int rank) { return absl::StrCat("exit/", rank); }
 inline std::string ProgressOf(int rank) { return absl::StrCat("progress/", rank); }
 inline std::string WorkerExitOf(int rank) { return absl::StrCat("worker_exit/", rank); }
+inline std::string ReplicasOf(int rank) { return absl::StrCat("replicas/", rank); }
 inline constexpr absl::string_view kWorkerExitPrefix = "worker_exit/";
 inline constexpr absl::string_view kWeightsManifest = "weights/manifest";
 inline constexpr absl::string_view kWeightsSubscribers = "weights/sub/";

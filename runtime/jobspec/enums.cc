@@ -24,6 +24,7 @@ const Table<Backend> kBackend = {{Backend::kCpu, "cpu"},
                                  {Backend::kNccl, "nccl"},
                                  {Backend::kNcclLazy, "nccl-lazy"},
                                  {Backend::kNcclLegacy, "nccl-legacy"}};
+const Table<ReplicaMode> kReplicaMode = {{ReplicaMode::kNone, "none"}, {ReplicaMode::kMemory, "memory"}};
 
 template <typename E>
 absl::StatusOr<E> Parse(const Table<E>& t, const std::string& field, const std::string& text) {
@@ -49,12 +50,16 @@ absl::StatusOr<Mlp> ParseMlp(const std::string& f, const std::string& t) { retur
 absl::StatusOr<Schedule> ParseSchedule(const std::string& f, const std::string& t) { return Parse(kSchedule, f, t); }
 absl::StatusOr<Dtype> ParseDtype(const std::string& f, const std::string& t) { return Parse(kDtype, f, t); }
 absl::StatusOr<Backend> ParseBackend(const std::string& f, const std::string& t) { return Parse(kBackend, f, t); }
+absl::StatusOr<ReplicaMode> ParseReplicaMode(const std::string& f, const std::string& t) {
+  return t.empty() ? ReplicaMode::kNone : Parse(kReplicaMode, f, t);
+}
 
 const char* Name(Arch a) { return NameOf(kArch, a); }
 const char* Name(Mlp m) { return NameOf(kMlp, m); }
 const char* Name(Schedule s) { return NameOf(kSchedule, s); }
 const char* Name(Dtype d) { return NameOf(kDtype, d); }
 const char* Name(Backend b) { return NameOf(kBackend, b); }
+const char* Name(ReplicaMode r) { return NameOf(kReplicaMode, r); }
 
 Arch ArchOf(const v1::JobSpec& s) { return ParseArch("model.arch", s.model().arch()).value_or(Arch::kGpt); }
 Mlp MlpOf(const v1::JobSpec& s) { return ParseMlp("model.mlp", s.model().mlp()).value_or(Mlp::kGelu); }
@@ -63,6 +68,10 @@ Schedule ScheduleOf(const v1::JobSpec& s) {
 }
 Backend BackendOf(const v1::JobSpec& s) {
   return ParseBackend("parallelism.backend", s.parallelism().backend()).value_or(Backend::kCpu);
+}
+
+ReplicaMode ReplicaModeOf(const v1::JobSpec& s) {
+  return ParseReplicaMode("fault_tolerance.replicas", s.fault_tolerance().replicas()).value_or(ReplicaMode::kNone);
 }
 
 }  // namespace ember::spec

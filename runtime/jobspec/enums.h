@@ -1,6 +1,6 @@
 // The job spec's enumerated strings, each with ONE parser used everywhere (issue 32 item 8):
-// model.arch, model.mlp, parallelism.pipeline_schedule, the precision dtypes and
-// parallelism.backend. The spec keeps them as strings (the YAML keys users write); code that
+// model.arch, model.mlp, parallelism.pipeline_schedule, the precision dtypes,
+// parallelism.backend and fault_tolerance.replicas. The spec keeps them as strings (the YAML keys users write); code that
 // branches on them parses them here instead of comparing strings. Errors are INVALID_ARGUMENT
 // "<field>: '<text>' is not allowed; use one of a, b, c". Pure; thread-safe.
 //
@@ -20,12 +20,14 @@ enum class Mlp { kGelu, kSwiGlu, kMoe };                          // "gelu" | "s
 enum class Schedule { kGPipe, k1F1B, kInterleaved1F1B, kZBH1 };   // "gpipe" | "1f1b" | "interleaved_1f1b" | "zbh1"
 enum class Dtype { kF32, kBF16, kF16 };                           // "f32" | "bf16" | "f16"
 enum class Backend { kCpu, kNccl, kNcclLazy, kNcclLegacy };       // "cpu" | "nccl" | "nccl-lazy" | "nccl-legacy"
+enum class ReplicaMode { kNone, kMemory };                        // "none" (or "") | "memory"
 
 absl::StatusOr<Arch> ParseArch(const std::string& field, const std::string& text);
 absl::StatusOr<Mlp> ParseMlp(const std::string& field, const std::string& text);
 absl::StatusOr<Schedule> ParseSchedule(const std::string& field, const std::string& text);
 absl::StatusOr<Dtype> ParseDtype(const std::string& field, const std::string& text);
 absl::StatusOr<Backend> ParseBackend(const std::string& field, const std::string& text);
+absl::StatusOr<ReplicaMode> ParseReplicaMode(const std::string& field, const std::string& text);  // "" = none
 
 // The spelling a spec uses (the inverse of the parsers).
 const char* Name(Arch a);
@@ -33,6 +35,7 @@ const char* Name(Mlp m);
 const char* Name(Schedule s);
 const char* Name(Dtype d);
 const char* Name(Backend b);
+const char* Name(ReplicaMode r);
 
 // The device backends (NCCL: they run on resources.device_type cuda).
 inline bool IsNccl(Backend b) { return b != Backend::kCpu; }
@@ -44,6 +47,7 @@ Arch ArchOf(const ::ember::spec::v1::JobSpec& spec);
 Mlp MlpOf(const ::ember::spec::v1::JobSpec& spec);
 Schedule ScheduleOf(const ::ember::spec::v1::JobSpec& spec);
 Backend BackendOf(const ::ember::spec::v1::JobSpec& spec);
+ReplicaMode ReplicaModeOf(const ::ember::spec::v1::JobSpec& spec);  // fault_tolerance.replicas; none
 
 }  // namespace ember::spec
 

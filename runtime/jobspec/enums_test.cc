@@ -20,6 +20,10 @@ TEST_CASE("enums: one parser each, round trip through Name") {
   // The spellings users write (docs/job-spec.md), not the enum's order by accident.
   CHECK(std::string(Name(Schedule::kInterleaved1F1B)) == "interleaved_1f1b");
   CHECK(std::string(Name(Backend::kNcclLazy)) == "nccl-lazy");
+  for (ReplicaMode r : {ReplicaMode::kNone, ReplicaMode::kMemory}) CHECK(*ParseReplicaMode("f", Name(r)) == r);
+  CHECK(*ParseReplicaMode("f", "") == ReplicaMode::kNone);
+  CHECK(ParseReplicaMode("fault_tolerance.replicas", "disk").status().message() ==
+        "fault_tolerance.replicas: 'disk' is not allowed; use one of none, memory");
   CHECK(IsNccl(Backend::kNcclLegacy));
   CHECK_FALSE(IsNccl(Backend::kCpu));
   CHECK(ParseMlp("model.mlp", "relu").status().message() ==

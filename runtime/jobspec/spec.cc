@@ -177,6 +177,8 @@ void ApplyDefaults(JobSpec* s) {
   if (!s->has_batch_size()) s->set_batch_size(4);
   if (!s->has_log_every()) s->set_log_every(1);
   if (!s->has_collective_timeout_s()) s->set_collective_timeout_s(600);
+  auto* ft = s->mutable_fault_tolerance();
+  if (ReplicaModeOf(*s) == ReplicaMode::kMemory && !ft->has_every_steps()) ft->set_every_steps(1);
   if (!s->worker().script().empty() && s->worker().python().empty()) {
     s->mutable_worker()->set_python(std::string(kDefaultPython));
   }
@@ -311,6 +313,12 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
   RETURN_IF_ERROR(Range("publish.every_steps", s.publish().every_steps(), 0, 1e9));
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
+  const auto& ft = s.fault_tolerance();
+  ASSIGN_OR_RETURN(const ReplicaMode replicas, ParseReplicaMode("fault_tolerance.replicas", ft.replicas()));
+  if (ft.has_every_steps() && replicas != ReplicaMode::kMemory) {
+    return Bad("fault_tolerance.every_steps", "applies to replicas: memory only; set fault_tolerance.replicas: memory or drop every_steps");
+  }
+  if (replicas == ReplicaMode::kMemory) RETURN_IF_ERROR(Range("fault_tolerance.every_steps", ft.every_steps(), 1, 1e9));
   // What ember-worker cannot train (yet) is the support matrix: resolve.h CheckSupported.
   if (!c.init_from().empty() && (m.arch() != "llama" || m.mlp() != "swiglu")) {
     return Bad("checkpoint.init_from", absl::StrCat(

@@ -71,6 +71,18 @@ TEST_CASE("errors name the field and the allowed values") {
   s = ResolveFields(*s, Facts{.world_size = 2});
   REQUIRE(s.status().message().find("publish.every_steps: live weight publishing is not built for pipeline") == 0);
   REQUIRE(ParseJobSpec("model: {n_layers: 2}\nparallelism: {strategy: pipeline, pipeline_stages: 2}").ok());
+  // fault_tolerance: replicas memory defaults to every step; every_steps alone or < 1 is refused.
+  s = ParseJobSpec("fault_tolerance: {replicas: memory}");
+  REQUIRE(s.ok());
+  REQUIRE(s->fault_tolerance().every_steps() == 1);
+  REQUIRE(ParseJobSpec("fault_tolerance: {replicas: memory, every_steps: 10}")->fault_tolerance().every_steps() == 10);
+  REQUIRE(!ParseJobSpec("name: x")->fault_tolerance().has_every_steps());
+  s = ParseJobSpec("fault_tolerance: {replicas: disk}");
+  REQUIRE(s.status().message().find("fault_tolerance.replicas: 'disk' is not allowed") == 0);
+  s = ParseJobSpec("fault_tolerance: {replicas: memory, every_steps: 0}");
+  REQUIRE(s.status().message().find("fault_tolerance.every_steps: 0 is out of range") == 0);
+  s = ParseJobSpec("fault_tolerance: {every_steps: 2}");
+  REQUIRE(s.status().message().find("fault_tolerance.every_steps: applies to replicas: memory only") == 0);
   s = ParseJobSpec("{unclosed");
   REQUIRE(absl::IsInvalidArgument(s.status()));
 }

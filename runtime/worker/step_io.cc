@@ -60,6 +60,15 @@ void SetPublishCounts(const PublishCounts& c, StepResult* r) {
   r->set_publish_dropped(c.dropped);
 }
 
+void SetReplicaCounts(const ReplicaCounts& c, StepResult* r) {
+  r->set_replica_resumed_from_memory(c.from_memory ? 1 : 0);
+  r->set_replica_resumed_step(c.resumed_step);
+  r->set_replica_disk_checkpoint_reads(c.disk_checkpoint_reads);
+  r->set_replica_memory_bytes(c.memory_bytes);
+  if (c.committed_step >= 0) r->set_replica_committed_step(c.committed_step);
+  r->set_replica_save_s(c.save_seconds);
+}
+
 std::string MetricsJson(const jobs::v1::StepMetrics& m) {
   google::protobuf::util::JsonPrintOptions o;
   o.preserve_proto_field_names = true;  // the stable names: step_s, not stepS

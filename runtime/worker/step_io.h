@@ -41,6 +41,19 @@ void SetCommBytes(const fsdp::CommBytes& b, StepResult* r);
 // Sets publish_published/skipped/dropped.
 void SetPublishCounts(const PublishCounts& c, StepResult* r);
 
+// In-memory replicas' counters (replicas.h), carried into the step's replica_* fields.
+struct ReplicaCounts {
+  bool from_memory = false;           // this attempt's state came from memory
+  int64_t resumed_step = 0;           // the step it resumed after (0: fresh start)
+  int64_t disk_checkpoint_reads = 0;  // disk checkpoints this attempt read
+  int64_t memory_bytes = 0;           // /dev/shm bytes of this rank's replica files
+  int64_t committed_step = -1;        // newest step whose replica (own and buddy copy) is committed
+  double save_seconds = 0;            // training-thread time of the last Save
+};
+// Sets replica_resumed_from_memory, _resumed_step, _disk_checkpoint_reads, _memory_bytes,
+// _committed_step (when >= 0) and replica_save_s.
+void SetReplicaCounts(const ReplicaCounts& c, StepResult* r);
+
 // The JSON form of `m`: one line (no newline), proto field names, unset fields left out.
 std::string MetricsJson(const jobs::v1::StepMetrics& m);
 // The log line of a report, formatted from `m` (a fixed selection: step, loss, lr, grad_norm,

@@ -32,6 +32,7 @@
 #include "runtime/worker/cuda_trainer.h"
 #include "runtime/worker/model_state.h"
 #include "runtime/worker/publisher.h"
+#include "runtime/worker/replicas.h"
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/stop_watch.h"
 #include "runtime/worker/train_state.h"
@@ -321,7 +322,16 @@ namespace {
 // The step to continue after: the newest checkpoint that verifies (a damaged `latest` falls back,
 // logged; steps newer than the one resumed are never deleted, SaveOptions::keep_last), else 0 after
 // the optional safetensors or Hugging Face initialisation.
-absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::TokenLoader& loader) {
+absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, TrainState& state,
+                                     data::TokenLoader& loader, Replicas* replicas) {
+  // fault_tolerance.replicas: memory: the newest step every rank holds in memory first (replicas.h).
+  if (replicas != nullptr) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> at, ResumeFromReplicas(plan, attempt, *replicas, state, loader));
+    if (at.has_value()) {
+      RETURN_IF_ERROR(state.SyncDevice());
+      return *at;
+    }
+  }
   absl::StatusOr<std::string> resume = ckpt::FindResumeCheckpoint(plan.checkpoint_root);
   if (!resume.ok() && !absl::IsNotFound(resume.status())) return resume.status();
   int64_t step = 0;
@@ -330,6 +340,10 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::
     ASSIGN_OR_RETURN(step, Restore(*resume, state, loader));
     // recovery_bench reads this line: the restart time it reports excludes the load.
     spdlog::info("checkpoint load took {}", absl::FormatDuration(absl::Now() - t0));
+    if (replicas != nullptr) {
+      replicas->counts().resumed_step = step;
+      replicas->counts().disk_checkpoint_reads = 1;
+    }
   } else {
     if (!plan.init_safetensors.empty()) RETURN_IF_ERROR(InitFromSafetensors(plan.init_safetensors, state));
     if (!plan.init_hf.empty()) RETURN_IF_ERROR(InitFromHf(plan.init_hf, state));
@@ -344,7 +358,8 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, TrainState& state, data::
 absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder,
                      const Groups& groups, TrainState& state) {
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
-  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, state, loader));
+  ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, state));  // nullptr: off
+  ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, attempt, state, loader, replicas.get()));
   Checkpointer checkpoints(plan, attempt, [&](int64_t at) { return Snapshot(state, loader, at, plan.fsdp.seed); });
   Reporter report(plan, attempt, state.state_bytes(), step);
   ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, state));
@@ -357,16 +372,20 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     if (step == hang_at) Hang(plan.env, step);
     ASSIGN_OR_RETURN(StepResult r, state.Step(ctx, loader, step, LearningRate(plan.spec, step)));
     if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
+    // In-memory replicas (replicas.h): before the report, so a reported step is a committed one.
+    if (replicas != nullptr && replicas->Due(step)) RETURN_IF_ERROR(SyncAndSave(*replicas, step, state, loader));
     r.set_comm_memory_bytes(groups.CommMemoryBytes());
     if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
     r.set_flight_entries(static_cast<int64_t>(recorder.size()));
     if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step
+    if (replicas != nullptr) SetReplicaCounts(replicas->counts(), &r);
     if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
     if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
   }
   RETURN_IF_ERROR(checkpoints.Finish());
+  if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
   report.Done(step);
   return absl::OkStatus();
 }

@@ -1,0 +1,106 @@
+// A replica file: one rank's training state kept in host memory (a file under /dev/shm, mmap'd),
+// double-buffered, each buffer ("slot") with a commit record (step + checksum) that is written only
+// after the slot's bytes are complete. It outlives the process that wrote it, so a rank killed with
+// -9 (and every other rank, which the daemon restarts with it) finds its state there in the next
+// attempt (fault_tolerance.replicas: memory; replicas.h, docs/operations.md).
+//
+// Layout (little-endian, native): a 4096-byte header {magic "EMBREPL1", version, payload_bytes,
+// fingerprint, two commit records {committed, step, checksum}}, then slot 0 and slot 1, each
+// payload_bytes rounded up to 4096. The file's size is exact; anything else is not a replica file.
+//
+// Writing a step: BeginWrite picks the slot that does not hold the newest commit and clears its
+// record (so a crash mid-copy leaves that slot uncommitted and the other one intact), the caller
+// fills it, and Commit writes the record with a release store of `committed` last. A reader takes a
+// slot only when its record is committed and the checksum of its bytes matches.
+//
+// Security: the directory comes from OpenReplicaDir (every component checked: no symlinks, owned by
+// this user or root, not writable by group or others unless sticky like /dev/shm or /tmp; the last
+// one owned by this user, mode 0700); files are opened with O_NOFOLLOW, must be regular files of this
+// user, are created 0600 and must have exactly the expected size (else they are re-created empty).
+// Names are built from integers only (ReplicaFileName).
+//
+// Thread safety: a ReplicaFile is used by one thread at a time (the owner serialises the training
+// thread's BeginWrite/copy and the transfer thread's Commit). Different processes must not write
+// the same file at once (one writer per rank and attempt; ranks of older attempts are killed first).
+#ifndef EMBER_RUNTIME_WORKER_REPLICA_FILE_H_
+#define EMBER_RUNTIME_WORKER_REPLICA_FILE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ember::worker {
+
+// 64-bit checksum of `n` bytes (word-wise multiply-rotate; not cryptographic: it detects a torn or
+// partial copy, not an attacker, who cannot write this user's 0600 files anyway).
+uint64_t ReplicaChecksum(const void* data, size_t n);
+
+// Opens (creating missing components, 0700) the directory `path` (absolute) after checking every
+// component as described above. Returns an O_DIRECTORY descriptor the caller closes.
+// FAILED_PRECONDITION naming the component and what is wrong with it (a symlink, another owner,
+// writable by others).
+absl::StatusOr<int> OpenReplicaDir(const std::string& path);
+
+// "rank-<r>.own" (`holder` < 0) or "rank-<r>.buddy-<holder>": the file of rank r's state, its own
+// snapshot or the copy held for it by rank `holder`.
+std::string ReplicaFileName(int rank, int holder);
+
+class ReplicaFile {
+ public:
+  struct Slot {
+    int index = 0;
+    int64_t step = 0;
+    uint64_t checksum = 0;
+  };
+
+  // Opens or creates `name` in directory `dirfd` for a payload of `payload_bytes` with
+  // `fingerprint` (what the payload's layout is: ranks, shards). An existing file of another size,
+  // magic or fingerprint is re-created empty (no committed slot); *reset (if given) says so.
+  static absl::StatusOr<std::unique_ptr<ReplicaFile>> Open(int dirfd, const std::string& name,
+                                                           int64_t payload_bytes, uint64_t fingerprint,
+                                                           bool* reset = nullptr);
+  // Opens an existing file read-only for recovery; NOT_FOUND when absent, FAILED_PRECONDITION when
+  // it is not a replica file of this size and fingerprint.
+  static absl::StatusOr<std::unique_ptr<ReplicaFile>> OpenExisting(int dirfd, const std::string& name,
+                                                                   int64_t payload_bytes, uint64_t fingerprint);
+  ~ReplicaFile();
+  ReplicaFile(const ReplicaFile&) = delete;
+  ReplicaFile& operator=(const ReplicaFile&) = delete;
+
+  // Committed slots, newest step first, whose bytes match their checksum (verified on each call).
+  std::vector<Slot> Committed() const;
+  // The committed slot of `step` (checksum verified), or nullopt.
+  std::optional<Slot> Find(int64_t step) const;
+  // The commit records as written, without verifying the bytes (tests: what a reader would trust).
+  std::vector<Slot> RawCommitted() const;
+
+  // The slot to write next (the one not holding the newest commit), its record cleared.
+  int BeginWrite();
+  // Writes slot `index`'s commit record: step and checksum, then `committed` (release).
+  void Commit(int index, int64_t step, uint64_t checksum);
+
+  uint8_t* slot(int index) const;
+  const uint8_t* data(int index) const { return slot(index); }
+  int64_t payload_bytes() const { return payload_bytes_; }
+  int64_t file_bytes() const { return file_bytes_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  ReplicaFile(std::string name, uint8_t* base, int64_t file_bytes, int64_t payload_bytes);
+  struct Record;
+  Record* record(int index) const;
+
+  const std::string name_;
+  uint8_t* const base_;
+  const int64_t file_bytes_, payload_bytes_;
+};
+
+}  // namespace ember::worker
+
+#endif  // EMBER_RUNTIME_WORKER_REPLICA_FILE_H_
