@@ -17,8 +17,18 @@
 // global batch, same thread count). It lives in //bench rather than //runtime/pipeline because it
 // uses both //runtime/pipeline and //runtime/fsdp, which sit in the same layer.
 //
+// PP x FSDP parameter memory (issue 32, --pp_fsdp, on by default): PP=2 pipeline stages, each
+// sharded by fsdp::FullyShard over its stage group of FSDP=2 ranks (4 forked ranks, 1F1B, a model
+// of --pp_fsdp_layers layers, 2 steps). Per rank: the fp32 master shards (state_bytes() / 4) plus
+// FullyShard's high-water mark of gathered parameters, against the bound computed from the model's
+// parameter shapes: stage parameter bytes / 2 + 2 x the stage's largest unit (why x2: the target's
+// note). The worst rank (by measured / bound) is the target row. --pp_fsdp_shard=false (stages
+// replicated) and --pp_fsdp_reshard_after_forward=false make the row fail, as it should.
+//
 //   bazel run //bench:pipeline_bench -- [--json] [--quick] [--steps=4] [--rounds=3]
-//       [--micro_batches=8] [--stages=2] [--micro_batch_size=1]
+//       [--micro_batches=8] [--stages=2] [--micro_batch_size=1] [--pp_fsdp=true]
+//       [--pp_fsdp_layers=8] [--pp_fsdp_shard=true] [--pp_fsdp_reshard_after_forward=true]
+//       [--pp_fsdp_prefetch=true]
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -26,6 +36,9 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <set>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +55,15 @@ ABSL_FLAG(int, micro_batches, 8, "micro-batches per step (m)");
 ABSL_FLAG(int, stages, 2, "pipeline stages = ranks (p)");
 ABSL_FLAG(int, micro_batch_size, 1, "sequences per micro-batch");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds over all configurations; --quick: 1");
+ABSL_FLAG(bool, pp_fsdp, true, "also measure the PP=2 x FSDP=2 parameter memory row (4 ranks)");
+ABSL_FLAG(int, pp_fsdp_layers, 8, "PP x FSDP row: the model's layers (n_layer / 2 blocks per stage)");
+ABSL_FLAG(bool, pp_fsdp_shard, true,
+          "PP x FSDP row: shard each stage over its stage group; false replicates it (to show the "
+          "row failing)");
+ABSL_FLAG(bool, pp_fsdp_reshard_after_forward, true,
+          "PP x FSDP row: FullyShard's reshard_after_forward; false keeps units gathered until "
+          "their backward (to show the row failing)");
+ABSL_FLAG(bool, pp_fsdp_prefetch, true, "PP x FSDP row: FullyShard's prefetch");
 
 namespace ember {
 namespace {
@@ -202,6 +224,193 @@ absl::StatusOr<Result> Run(const Config& cfg) {
   return res;
 }
 
+
+// PP x FSDP parameter memory (issue 32): PP=2 pipeline stages, each FullyShard-sharded over a
+// stage group of FSDP=2 ranks (ZeRO-3 per stage); 4 forked ranks, world rank = replica * 2 +
+// pipeline rank, as runtime/pipeline/stage_test.cc lays them out.
+constexpr int kPpStages = 2, kPpShards = 2;
+
+model::GptConfig PpFsdpModel() {
+  model::GptConfig c = BenchModel();
+  c.n_layer = absl::GetFlag(FLAGS_pp_fsdp_layers);
+  return c;
+}
+
+// The bound, from the model alone (model::ParamSpecs names and shapes, fp32): the bytes of the
+// parameters of stage `s` and of its largest FSDP unit (a block, or the stage's root: wte and
+// [wpe] on stage 0, ln_f and the head (wte when tied) on the last stage).
+struct StageParams {
+  int64_t stage_bytes = 0, largest_unit_bytes = 0;
+};
+
+StageParams StageParamBytes(const model::GptConfig& cfg, int s, int stages) {
+  std::map<std::string, int64_t> bytes;
+  for (const model::ParamSpec& p : model::ParamSpecs(cfg))
+    bytes[p.name] = p.numel() * static_cast<int64_t>(sizeof(float));
+  const int64_t per = cfg.n_layer / stages;
+  StageParams out;
+  for (int64_t l = s * per; l < (s + 1) * per; ++l) {
+    int64_t b = 0;
+    for (const model::ParamSpec& p : model::BlockParamSpecs(cfg, l))
+      b += p.numel() * static_cast<int64_t>(sizeof(float));
+    out.stage_bytes += b;
+    out.largest_unit_bytes = std::max(out.largest_unit_bytes, b);
+  }
+  std::set<std::string> root;
+  if (s == 0) {
+    root.insert("wte.weight");
+    if (bytes.count("wpe.weight")) root.insert("wpe.weight");
+  }
+  if (s == stages - 1) {
+    root.insert("ln_f.weight");
+    if (bytes.count("ln_f.bias")) root.insert("ln_f.bias");
+    root.insert(cfg.tie_embeddings ? "wte.weight" : "lm_head.weight");
+  }
+  int64_t rb = 0;
+  for (const std::string& n : root) rb += bytes.at(n);
+  out.stage_bytes += rb;
+  out.largest_unit_bytes = std::max(out.largest_unit_bytes, rb);
+  return out;
+}
+
+// Runs in a forked child; writes "stage param_shard_bytes peak_gathered_bytes state_bytes".
+absl::Status PpFsdpRankMain(int rank, const std::string& dir, const std::string& out) {
+  auto rdzv = comm::MakeFileRendezvous(dir);
+  comm::GroupOptions go;
+  go.timeout = absl::Minutes(2);
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::ProcessGroup> world,
+                   comm::ProcessGroup::Create(rdzv, rank, kPpStages * kPpShards, go));
+  const int replica = rank / kPpStages, prank = rank % kPpStages;
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::ProcessGroup> pipe,
+                   world->Split(replica, prank, absl::StrCat("pipeline", replica)));
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::ProcessGroup> stage_group,
+                   world->Split(prank, replica, absl::StrCat("stage", prank)));
+  const model::GptConfig mc = PpFsdpModel();
+  const int64_t T = mc.context, mbs = absl::GetFlag(FLAGS_micro_batch_size);
+  ASSIGN_OR_RETURN(pipeline::Schedule sched,
+                   pipeline::BuildSchedule({pipeline::ScheduleKind::k1F1B, kPpStages, kPpStages,
+                                            MicroBatches()}));
+  pipeline::PipelineOptions po;
+  po.timeout = absl::Minutes(2);
+  po.data = {stage_group.get(), absl::GetFlag(FLAGS_pp_fsdp_shard)};
+  po.reshard_after_forward = absl::GetFlag(FLAGS_pp_fsdp_reshard_after_forward);
+  po.prefetch = absl::GetFlag(FLAGS_pp_fsdp_prefetch);
+  ASSIGN_OR_RETURN(auto stage, pipeline::PipelineGpt::Create(mc, 1, sched, pipe.get(), mbs, T, po));
+  std::vector<int32_t> tok, tgt;
+  Batch(Rows(), T, mc.vocab_size, &tok, &tgt);
+  kernels::ThreadPool threads(1);
+  kernels::ExecContext ctx{&threads, false};
+  for (int s = 0; s < 2; ++s) RETURN_IF_ERROR(stage->Step(ctx, tok.data(), tgt.data()).status());
+  if (stage->stages().size() != 1)
+    return absl::InternalError(absl::StrCat("rank ", rank, " holds ", stage->stages().size(), " stages"));
+  // FullyShard keeps four fp32 tensors of the same (padded) shard size per parameter: master,
+  // gradient, exp_avg, exp_avg_sq (runtime/fsdp/fully_shard.h); the master is a quarter.
+  const int64_t state = stage->state_bytes();
+  std::ofstream f(out);
+  f << stage->stages()[0] << " " << state / 4 << " " << stage->peak_gathered_bytes() << " " << state
+    << "\n";
+  return f ? absl::OkStatus() : absl::InternalError("cannot write " + out);
+}
+
+struct PpFsdpRank {
+  int stage = 0;
+  int64_t shard_bytes = 0, peak_gathered = 0, state_bytes = 0;
+};
+
+absl::StatusOr<std::vector<PpFsdpRank>> RunPpFsdp() {
+  const int world = kPpStages * kPpShards;
+  const std::string dir = absl::StrCat("/tmp/pipeline_bench-", getpid(), "-ppfsdp");
+  std::vector<pid_t> pids;
+  for (int r = 0; r < world; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) {
+      absl::Status st = PpFsdpRankMain(r, dir, absl::StrCat(dir, ".rank", r));
+      if (!st.ok()) std::fprintf(stderr, "pp x fsdp rank %d: %s\n", r, st.ToString().c_str());
+      _exit(st.ok() ? 0 : 1);
+    }
+    pids.push_back(pid);
+  }
+  bool failed = false;
+  for (pid_t p : pids) {
+    int st = 0;
+    waitpid(p, &st, 0);
+    failed |= !WIFEXITED(st) || WEXITSTATUS(st) != 0;
+  }
+  if (failed) return absl::InternalError("PP x FSDP: a rank failed (see stderr)");
+  std::vector<PpFsdpRank> out(world);
+  for (int r = 0; r < world; ++r) {
+    std::ifstream f(absl::StrCat(dir, ".rank", r));
+    f >> out[r].stage >> out[r].shard_bytes >> out[r].peak_gathered >> out[r].state_bytes;
+    if (!f) return absl::InternalError(absl::StrCat("PP x FSDP: rank ", r, " wrote no result"));
+  }
+  return out;
+}
+
+// Adds the PP x FSDP table and its target row to `report`.
+absl::Status PpFsdpRow(bench::Report& report) {
+  const bench::LoadAverage begin = bench::ReadLoadAverage();
+  ASSIGN_OR_RETURN(std::vector<PpFsdpRank> ranks, RunPpFsdp());
+  const bench::LoadAverage end = bench::ReadLoadAverage();
+  const model::GptConfig mc = PpFsdpModel();
+  const bool shard = absl::GetFlag(FLAGS_pp_fsdp_shard),
+             reshard = absl::GetFlag(FLAGS_pp_fsdp_reshard_after_forward),
+             prefetch = absl::GetFlag(FLAGS_pp_fsdp_prefetch);
+  // Two units' unsharded parameters at once: see the target's note.
+  constexpr int kUnitsGathered = 2;
+  bench::Table& t = report.AddTable(
+      absl::StrCat("PP=", kPpStages, " x FSDP=", kPpShards, " parameter bytes per rank (1F1B, ",
+                   MicroBatches(), " micro-batches, ", mc.n_layer, " layers, width ", mc.d_model,
+                   "; shard ", shard ? "on" : "OFF", ", reshard_after_forward ",
+                   reshard ? "on" : "OFF", ", prefetch ", prefetch ? "on" : "off", ")"),
+      {"rank", "stage", "param shard bytes", "peak gathered bytes", "measured", "stage param bytes",
+       "largest unit bytes", "bound", "measured / bound"});
+  t.SetLoad(begin, end);
+  t.AddNote("param shard bytes: the rank's persistent fp32 master shards (PipelineGpt::state_bytes() "
+            "/ 4: FullyShard keeps master, gradient, exp_avg and exp_avg_sq shards of one size); "
+            "peak gathered bytes: FullyShard's high-water mark of unsharded (gathered) parameters "
+            "over 2 steps (PipelineGpt::peak_gathered_bytes()); measured = their sum");
+  t.AddNote(absl::StrCat("bound = stage param bytes / ", kPpShards, " + ", kUnitsGathered,
+                         " x largest unit bytes, from model::ParamSpecs alone (fp32)"));
+  double worst_ratio = -1, worst_value = 0, worst_bound = 0;
+  int worst_rank = -1;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const StageParams sp = StageParamBytes(mc, ranks[r].stage, kPpStages);
+    const double bound = static_cast<double>(sp.stage_bytes) / kPpShards +
+                         kUnitsGathered * static_cast<double>(sp.largest_unit_bytes);
+    const double measured = static_cast<double>(ranks[r].shard_bytes + ranks[r].peak_gathered);
+    const double ratio = measured / bound;
+    t.AddRow({static_cast<int64_t>(r), ranks[r].stage, ranks[r].shard_bytes, ranks[r].peak_gathered,
+              measured, sp.stage_bytes, sp.largest_unit_bytes, bound, ratio});
+    if (ratio > worst_ratio) {
+      worst_ratio = ratio;
+      worst_value = measured;
+      worst_bound = bound;
+      worst_rank = static_cast<int>(r);
+    }
+  }
+  report.SetMeta("pp_fsdp", json::Value::Str(absl::StrCat(
+      "PP=", kPpStages, " x FSDP=", kPpShards, ", ", mc.n_layer, " layers, shard ",
+      shard ? "on" : "off", ", reshard_after_forward ", reshard ? "on" : "off", ", prefetch ",
+      prefetch ? "on" : "off")));
+  report.AddTarget(bench::Target::VsPeer(
+      "pp2_fsdp2_param_bytes_per_rank_vs_bound", worst_value, worst_bound, 1.0,
+      bench::kLowerIsBetter, "bytes", "",
+      absl::StrCat(
+          "compared: ours = measured parameter bytes of the worst rank (rank ", worst_rank,
+          ", by measured / its bound): its fp32 master shards (PipelineGpt::state_bytes() / 4) + "
+          "FullyShard's peak of gathered parameters; peer = computed from the model, not "
+          "measured: that rank's stage parameter bytes / FSDP size ", kPpShards, " + ",
+          kUnitsGathered, " x the stage's largest unit (",
+          mc.n_layer / kPpStages, " blocks per stage, width ", mc.d_model, "). x2 because two "
+          "units' unsharded parameters can exist at once: with prefetch (on) the next unit's "
+          "all-gather is in flight while a unit computes (its receive buffer is not in the "
+          "high-water mark), and the last stage keeps its last block gathered while the head "
+          "(the root unit) runs, as FSDP2 does. Padding of torch.chunk shards counts against us. "
+          "Fails when a stage is not sharded (--pp_fsdp_shard=false) or with "
+          "--pp_fsdp_reshard_after_forward=false")));
+  return absl::OkStatus();
+}
+
 int Main(int argc, char** argv) {
   bench::Report report("pipeline_bench", argc, argv);
   if (bench::Quick()) {
@@ -333,6 +542,10 @@ int Main(int argc, char** argv) {
       "set by us; compared: same model, global batch, 2 ranks and 1 compute thread per rank on "
       "both; a floor, not a claim of speed: same FLOPs, PP pays the bubble and activation copies, "
       "FSDP all-gathers and reduce-scatters; below 0.5 would mean the executor itself is slow"));
+  if (absl::GetFlag(FLAGS_pp_fsdp)) {
+    absl::Status st = PpFsdpRow(report);
+    if (!st.ok()) return report.Fail(st);
+  }
   return report.Finish();
 }
 

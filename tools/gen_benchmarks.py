@@ -29,6 +29,7 @@ ORDER = [
     ("recovery_bench", "Recovery", "//bench:recovery_bench"),
     ("recorder_bench", "Flight recorder", "//runtime/flight:recorder_bench"),
     ("pipeline_bench", "Pipeline parallelism", "//bench:pipeline_bench"),
+    ("regression_bench", "No speed regression from the composition (issue 32)", "//bench:regression_bench"),
     ("onesided_bench", "One-sided transfers", "//runtime/onesided:onesided_bench"),
     ("onesided_bench_tcp", "One-sided transfers over TCP", "//runtime/onesided:onesided_bench"),
     ("script_bench", "PyTorch scripts under Ember vs torchrun", "//bench:script_bench"),
