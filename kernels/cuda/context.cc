@@ -15,6 +15,7 @@
 
 namespace ember::kernels::cuda {
 
+#ifdef EMBER_WITH_CUDA  // cuda_ops.h declares the GEMM API only with CUDA
 namespace {
 std::atomic<GemmAlignmentObserver> g_gemm_alignment_observer{nullptr};
 }  // namespace
@@ -27,6 +28,7 @@ uint32_t PointerAlignment(const void* p) {
 }
 
 void SetGemmAlignmentObserver(GemmAlignmentObserver f) { g_gemm_alignment_observer.store(f); }
+#endif  // EMBER_WITH_CUDA
 
 #ifndef EMBER_WITH_CUDA
 
