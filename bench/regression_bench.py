@@ -118,6 +118,12 @@ def main_job(side, emberctl, worker, spec, tmp):
     if len(metrics) != 1 or len(logs) != 1:
         raise RuntimeError(f"main job ({side}): expected one job under {root}")
     rows = [json.loads(l) for l in open(metrics[0]) if l.strip()]
+    # jobs.v1.StepMetrics in protobuf's JSON form prints int64 fields as strings ("step": "12");
+    # the line format before it printed numbers. Read both.
+    for x in rows:
+        for k in ("step", "unix_ms", "attempt"):
+            if k in x:
+                x[k] = int(x[k])
     rows = [x for x in rows if x.get("attempt", 0) == 0]
     if len(rows) < 3:
         raise RuntimeError(f"main job ({side}): {len(rows)} metrics lines in {metrics[0]}")
