@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/pipeline_layout.h"
 #include "runtime/pipeline/schedule.h"
 #include "runtime/pipeline/stage.h"
@@ -123,13 +124,16 @@ class PipelineState final : public TrainState {
   std::vector<int32_t> tok_, tgt_;
 };
 
-// The pipeline's schedule for the spec's layout.
-absl::StatusOr<pipeline::Schedule> PipelineSchedule(const spec::PipelineLayout& pl) {
+// The pipeline's schedule for the spec's layout (the schedule name parsed once, spec::ScheduleOf).
+absl::StatusOr<pipeline::Schedule> PipelineSchedule(const spec::JobSpec& s, const spec::PipelineLayout& pl) {
   using pipeline::ScheduleKind;
-  const ScheduleKind kind = pl.schedule == "gpipe"              ? ScheduleKind::kGPipe
-                            : pl.schedule == "interleaved_1f1b" ? ScheduleKind::kInterleaved1F1B
-                            : pl.schedule == "zbh1"             ? ScheduleKind::kZBH1
-                                                                : ScheduleKind::k1F1B;
+  ScheduleKind kind = ScheduleKind::k1F1B;
+  switch (spec::ScheduleOf(s)) {
+    case spec::Schedule::kGPipe: kind = ScheduleKind::kGPipe; break;
+    case spec::Schedule::k1F1B: kind = ScheduleKind::k1F1B; break;
+    case spec::Schedule::kInterleaved1F1B: kind = ScheduleKind::kInterleaved1F1B; break;
+    case spec::Schedule::kZBH1: kind = ScheduleKind::kZBH1; break;
+  }
   return pipeline::BuildSchedule({kind, pl.stages(), pl.ranks, pl.micro_batches});
 }
 
@@ -146,7 +150,7 @@ absl::StatusOr<std::unique_ptr<TrainState>> MakePipelineState(const Plan& plan, 
   const std::string layout = absl::StrCat("stages=", pl.stages(), ",ranks=", pl.ranks, ",schedule=",
                                           pl.schedule, ",micro_batches=", pl.micro_batches,
                                           ",fsdp=", std::max(1, plan.env.world_size / pl.ranks));
-  ASSIGN_OR_RETURN(pipeline::Schedule schedule, PipelineSchedule(pl));
+  ASSIGN_OR_RETURN(pipeline::Schedule schedule, PipelineSchedule(plan.spec, pl));
   pipeline::PipelineOptions po;
   po.adamw = plan.fsdp.adamw;
   po.timeout = absl::Seconds(plan.spec.collective_timeout_s());
