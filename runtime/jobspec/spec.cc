@@ -312,6 +312,13 @@ absl::Status ValidateJobSpec(const JobSpec& s) {
   }
   RETURN_IF_ERROR(Range("checkpoint.every_steps", c.every_steps(), 0, 1e9));
   RETURN_IF_ERROR(Range("publish.every_steps", s.publish().every_steps(), 0, 1e9));
+  RETURN_IF_ERROR(Range("publish.wait_for_subscribers", s.publish().wait_for_subscribers(), 0, 1024));
+  RETURN_IF_ERROR(Range("publish.wait_timeout_s", s.publish().wait_timeout_s(), 0, 86400));
+  if (s.publish().wait_for_subscribers() > 0 && s.publish().every_steps() <= 0) {
+    return Bad("publish.wait_for_subscribers",
+               absl::StrCat(s.publish().wait_for_subscribers(), " needs publish.every_steps > 0 (publishing is off): "
+                            "set every_steps or remove wait_for_subscribers"));
+  }
   RETURN_IF_ERROR(Range("checkpoint.keep_last", c.keep_last(), 1, 1000));
   const auto& ft = s.fault_tolerance();
   ASSIGN_OR_RETURN(const ReplicaMode replicas, ParseReplicaMode("fault_tolerance.replicas", ft.replicas()));

@@ -65,6 +65,11 @@ TEST_CASE("errors name the field and the allowed values") {
   REQUIRE(ParseJobSpec("publish: {every_steps: 5}").ok());
   s = ParseJobSpec("publish: {every_steps: -1}");
   REQUIRE(s.status().message().find("publish.every_steps") == 0);
+  REQUIRE(ParseJobSpec("publish: {every_steps: 5, wait_for_subscribers: 2, wait_timeout_s: 30}").ok());
+  s = ParseJobSpec("publish: {wait_for_subscribers: 1}");
+  REQUIRE(s.status().message().find("publish.wait_for_subscribers") == 0);
+  s = ParseJobSpec("publish: {every_steps: 5, wait_for_subscribers: -1}");
+  REQUIRE(s.status().message().find("publish.wait_for_subscribers") == 0);
   s = ParseJobSpec("model: {n_layers: 2}\nparallelism: {strategy: pipeline, pipeline_stages: 2}\n"
                    "publish: {every_steps: 5}");
   REQUIRE(s.ok());  // valid; what the worker cannot run yet is the support matrix (Resolve)

@@ -95,7 +95,7 @@ TEST_CASE("a subscriber's snapshot of step N equals the checkpoint of step N; lo
   REQUIRE(RunJob(addr, "base", base, 2, 0) == std::vector<int>{0, 0});
 
   const std::string dir = NewJobDir("pub"), out = dir + "/snapshots";
-  WriteSpec(dir, kSteps, 2, "publish: {every_steps: 20}\n", kCheckpoints);
+  WriteSpec(dir, kSteps, 2, "publish: {every_steps: 20, wait_for_subscribers: 1}\n", kCheckpoints);
   const pid_t sub = SpawnSubscriber(addr, "pub", out);
   REQUIRE(RunJob(addr, "pub", dir, 2, 0) == std::vector<int>{0, 0});
   CHECK(WaitAll({sub}, absl::Seconds(60)) == std::vector<int>{0});  // ends when the ranks exit
@@ -103,6 +103,9 @@ TEST_CASE("a subscriber's snapshot of step N equals the checkpoint of step N; lo
   const std::set<int64_t> steps = Snapshots(out);
   REQUIRE(!steps.empty());
   WARN(steps.size() << " snapshots, steps " << *steps.begin() << ".." << *steps.rbegin());
+  // wait_for_subscribers: 1 held step 1 until the subscriber was connected, so the first publish
+  // step reached it (without the wait a subscriber starting on a busy host missed them all).
+  CHECK(*steps.begin() == 20);
   for (int64_t n : steps) {
     CHECK(n % 20 == 0);
     const std::string exported = absl::StrCat(dir, "/export-", n, ".safetensors");
@@ -132,7 +135,7 @@ TEST_CASE("a subscriber killed or stopped mid-run never stalls the job; skipped 
   for (int sig : {SIGKILL, SIGSTOP}) {
     const std::string job = sig == SIGKILL ? "sigkill" : "sigstop";
     const std::string dir = NewJobDir(job), out = dir + "/snapshots";
-    WriteSpec(dir, kSteps, 2, "publish: {every_steps: 20}\n", kCheckpoints);
+    WriteSpec(dir, kSteps, 2, "publish: {every_steps: 20, wait_for_subscribers: 1}\n", kCheckpoints);
     const pid_t sub = SpawnSubscriber(addr, job, out);
     bool hit = false;
     std::thread killer([&] {  // right after the first snapshot is written

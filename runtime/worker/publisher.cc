@@ -76,6 +76,26 @@ class PublisherImpl : public Publisher {
                  absl::ToDoubleMilliseconds(put_total_), absl::ToDoubleMilliseconds(ack_total_));
   }
 
+  // Until `n` subscribers are connected (the publisher thread discovers them) or `timeout` passes.
+  void WaitForSubscribers(int n, absl::Duration timeout) {
+    const absl::Time start = absl::Now();
+    int have;
+    {
+      absl::MutexLock l(&mu_);
+      auto enough = [this, n]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return static_cast<int>(live_.size()) >= n; };
+      mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+      have = static_cast<int>(live_.size());
+    }
+    if (have >= n) {
+      spdlog::info("rank {}: {} weights subscriber(s) connected after {}; training starts", plan_.env.rank, have,
+                   absl::FormatDuration(absl::Now() - start));
+    } else {
+      spdlog::warn("rank {}: publish.wait_for_subscribers is {} but {} connected within {}; training starts "
+                   "anyway (raise publish.wait_timeout_s, or check that the subscribers reach this job's store)",
+                   plan_.env.rank, n, have, absl::FormatDuration(timeout));
+    }
+  }
+
   absl::Status AtStep(int64_t step) override {
     if (step % plan_.spec.publish().every_steps() != 0) return absl::OkStatus();
     const absl::Time t0 = absl::Now();
@@ -331,8 +351,13 @@ absl::StatusOr<std::unique_ptr<Publisher>> StartPublisher(const Plan& plan, stor
   ao.parallel_copy_min_bytes = 0;  // one core: the training threads need the others
   ASSIGN_OR_RETURN(std::unique_ptr<onesided::Agent> agent, onesided::Agent::Create(ao));
   ASSIGN_OR_RETURN(onesided::Registration staging, agent->AllocateMemory(staging_bytes));
-  return std::unique_ptr<Publisher>(new PublisherImpl(plan, attempt, model, std::move(agent), std::move(staging),
-                                                      std::move(shards), std::move(remote_offsets)));
+  auto impl = std::make_unique<PublisherImpl>(plan, attempt, model, std::move(agent), std::move(staging),
+                                              std::move(shards), std::move(remote_offsets));
+  if (const int n = plan.spec.publish().wait_for_subscribers(); n > 0) {
+    const int secs = plan.spec.publish().wait_timeout_s();
+    impl->WaitForSubscribers(n, absl::Seconds(secs > 0 ? secs : 60));
+  }
+  return std::unique_ptr<Publisher>(std::move(impl));
 }
 
 }  // namespace ember::worker
