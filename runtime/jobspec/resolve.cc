@@ -90,6 +90,12 @@ const std::vector<SupportRule> kSupportMatrix = {
        return absl::StrCat(s.publish().every_steps(), " on cuda: GPU training does not publish weights yet; use 0 "
                            "or device cpu");
      }},
+    {"cuda+registered_arch", "model.arch", false,
+     [](const JobSpec& s) { return Cuda(s) && !IsBuiltinArch(s.model().arch()); },
+     [](const JobSpec& s) {
+       return absl::StrCat("'", s.model().arch(), "' on cuda: the GPU step is written for gpt and llama only; "
+                           "use device cpu (a registered architecture trains on the CPU stack)");
+     }},
     {"cuda+moe", "model.mlp", false,
      [](const JobSpec& s) { return Cuda(s) && MlpOf(s) == Mlp::kMoe; },
      [](const JobSpec&) { return std::string("'moe' on cuda: the GPU step has no MoE; use gelu or swiglu, or device cpu"); }},

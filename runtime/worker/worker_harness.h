@@ -49,6 +49,13 @@ inline void WriteSpec(const std::string& dir, int64_t steps, int batch, const st
     << extra;
 }
 
+// The ember-worker binary Spawn runs, relative to the runfiles root; a test of a worker built
+// with more architectures (tests/toy_arch) sets its own.
+inline std::string& WorkerBinary() {
+  static std::string bin = "runtime/worker/ember-worker";
+  return bin;
+}
+
 inline pid_t Spawn(const std::map<std::string, std::string>& env) {
   std::vector<std::string> vars;
   for (char** e = environ; *e; ++e) vars.push_back(*e);
@@ -58,7 +65,7 @@ inline pid_t Spawn(const std::map<std::string, std::string>& env) {
     std::vector<char*> envp;
     for (auto& v : vars) envp.push_back(v.data());
     envp.push_back(nullptr);
-    std::string bin = Src() + "runtime/worker/ember-worker";
+    std::string bin = Src() + WorkerBinary();
     char* argv[] = {bin.data(), const_cast<char*>("--log-level=warn"), nullptr};
     execve(bin.c_str(), argv, envp.data());
     _exit(127);

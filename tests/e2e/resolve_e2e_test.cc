@@ -60,6 +60,7 @@ const std::map<std::string, std::string> kTriggers = {
     {"cuda+grad_accumulation", "resources: {device_type: cuda}\nparallelism: {micro_batches: 2, world_size: 1}\n"},
     {"cuda+precision", "resources: {device_type: cuda}\nparallelism: {world_size: 1}\nprecision: {param_dtype: bf16}\n"},
     {"cuda+publish", "resources: {device_type: cuda}\nparallelism: {world_size: 1}\npublish: {every_steps: 5}\n"},
+    {"cuda+registered_arch", "resources: {device_type: cuda}\nparallelism: {world_size: 1}\nmodel: {arch: toy}\n"},
     {"cuda+moe",
      "resources: {device_type: cuda}\nparallelism: {world_size: 1}\n"
      "model: {mlp: moe, n_layers: 2, d_model: 64, n_heads: 2, context_length: 16}\n"},
