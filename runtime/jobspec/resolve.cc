@@ -43,7 +43,7 @@ const std::vector<SupportRule> kSupportMatrix = {
     {"pipeline+init_from", "checkpoint.init_from", false,
      [](const JobSpec& s) { return Pipeline(s) && !s.checkpoint().init_from().empty(); },
      [](const JobSpec&) { return std::string("not supported for pipeline jobs yet"); }},
-    {"pipeline+publish", "publish.every_steps", false,
+    {"pipeline+publish", "publish.every_steps", true,  // publisher.cc: every stage's tensors in one manifest
      [](const JobSpec& s) { return Pipeline(s) && s.publish().every_steps() > 0; },
      [](const JobSpec&) {
        return std::string("live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
