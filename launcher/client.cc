@@ -100,9 +100,10 @@ absl::StatusOr<std::vector<v1::Job>> Client::List(bool active_only, int limit) {
   return std::vector<v1::Job>(resp.jobs().begin(), resp.jobs().end());
 }
 
-absl::StatusOr<v1::Job> Client::Cancel(const std::string& id) {
+absl::StatusOr<v1::Job> Client::Cancel(const std::string& id, bool checkpoint) {
   v1::CancelJobRequest req;
   req.set_id(id);
+  req.set_checkpoint(checkpoint);
   v1::Job job;
   grpc::ClientContext ctx;
   Prepare(&ctx, true);

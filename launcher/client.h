@@ -45,7 +45,9 @@ class Client {
       const std::map<std::string, std::string>& files = {});
   absl::StatusOr<jobs::v1::Job> Get(const std::string& id);
   absl::StatusOr<std::vector<jobs::v1::Job>> List(bool active_only = false, int limit = 0);
-  absl::StatusOr<jobs::v1::Job> Cancel(const std::string& id);
+  // `checkpoint`: the running attempt's ranks checkpoint an agreed step and stop; the job ends
+  // CANCELLED once they have (poll Get). Without a running attempt: a plain cancel.
+  absl::StatusOr<jobs::v1::Job> Cancel(const std::string& id, bool checkpoint = false);
   absl::StatusOr<jobs::v1::DumpResponse> Dump(const std::string& id);
   absl::StatusOr<std::vector<jobs::v1::Node>> Nodes();
   // `metric` of every rank, downsampled to at most max_points per rank (0 = 1000); attempt < 0 =

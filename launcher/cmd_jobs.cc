@@ -361,10 +361,36 @@ int RunLogs(Ctl& ctl) {
 }
 
 int RunCancel(Ctl& ctl) {
+  int wait_s = 300;
+  if (!ctl.IntOption("--wait", 1, &wait_s)) return kUsage;
   auto c = ctl.Connect();
   if (!c.ok()) return ctl.Fail(c.status());
-  auto j = c->Cancel(ctl.rest()[0]);
+  const std::string& id = ctl.rest()[0];
+  const bool checkpoint = ctl.args().Has("--checkpoint");
+  auto j = c->Cancel(id, checkpoint);
   if (!j.ok()) return ctl.Fail(j.status());
+  if (checkpoint && j->state() == jobs::v1::RUNNING) {
+    // The ranks checkpoint the next step they all reach, then exit; the daemon marks the job.
+    if (!ctl.json()) std::cerr << "emberctl: job " << id << ": checkpoint requested; waiting up to " << wait_s << " s\n";
+    auto ended = [](jobs::v1::JobState st) {
+      return st == jobs::v1::SUCCEEDED || st == jobs::v1::FAILED || st == jobs::v1::CANCELLED;
+    };
+    const absl::Time deadline = absl::Now() + absl::Seconds(wait_s);
+    while (absl::Now() < deadline && !Interrupted()) {
+      absl::SleepFor(absl::Milliseconds(200));
+      auto now = c->Get(id);
+      if (now.ok()) j = std::move(now);
+      if (ended(j->state())) break;
+    }
+    if (!ended(j->state())) {
+      std::cerr << "emberctl: job " << id << " did not checkpoint within " << wait_s
+                << " s; cancelling without a checkpoint (raise --wait for a slow step)\n";
+      auto plain = c->Cancel(id, false);
+      if (!plain.ok()) return ctl.Fail(plain.status());
+      PrintJob(ctl, *plain, false);
+      return kOther;
+    }
+  }
   PrintJob(ctl, *j, false);
   return kOk;
 }

@@ -113,8 +113,11 @@ constexpr absl::Duration kStopGrace = absl::Seconds(3);
 constexpr absl::Duration kOrphanAfter = absl::Seconds(3);
 
 // SIGUSR1: Slurm's warning before the time limit (sbatch --signal=B:USR1@SECONDS; the batch
-// script execs emberctl, so it is the one warned). The job is stopped like a cancel, keeping its
-// checkpoints, and the Slurm job requeued; the requeued run resumes from checkpoints/latest.
+// script execs emberctl, so it is the one warned). The job checkpoints the next step all ranks
+// reach and stops (Cancel with checkpoint; within kDrainWait, else a plain cancel keeping the
+// last periodic checkpoint), and the Slurm job is requeued; the requeued run resumes from
+// checkpoints/latest.
+constexpr absl::Duration kDrainWait = absl::Seconds(90);
 std::atomic<bool>& RequeueAsked() {
   static std::atomic<bool> asked{false};
   return asked;
@@ -128,7 +131,7 @@ void OnRequeueSignal(int) {
 // the job again; the job needs --requeue, which `slurm sbatch` writes). Returns the exit code.
 int Requeue(const std::string& job_id) {
   std::string cmd = absl::StrCat("scontrol requeue '", job_id, "' 2>&1");
-  std::cerr << "emberctl: time-limit warning (SIGUSR1): job stopped at its last checkpoint; "
+  std::cerr << "emberctl: time-limit warning (SIGUSR1): job stopped at its checkpoint; "
                "requeueing Slurm job " << job_id << "\n" << std::flush;
   // Slurm answers the requeue by ending this run (SIGTERM), possibly before scontrol returns.
   // Exiting first would race it: a batch script that ends before the requeue takes effect makes
@@ -294,6 +297,15 @@ int RunSlurm(Ctl& ctl) {
       while (!followed.WaitForNotificationWithTimeout(absl::Milliseconds(50))) {
         if (Interrupted()) {
           explain();  // first: on a node failure Slurm kills this step within ~0.2 s
+          if (RequeueAsked()) {
+            // The time-limit warning: checkpoint the next step every rank reaches, then stop, so
+            // the requeued run loses no step (kDrainWait of the 120 s warning; then as a cancel).
+            std::cerr << "emberctl: time-limit warning (SIGUSR1): checkpointing the next step\n" << std::flush;
+            (void)c->Cancel(r->job().id(), /*checkpoint=*/true);
+            if (followed.WaitForNotificationWithTimeout(kDrainWait)) return;
+            std::cerr << "emberctl: no checkpoint within " << absl::FormatDuration(kDrainWait)
+                      << "; stopping at the last one\n" << std::flush;
+          }
           (void)c->Cancel(r->job().id());
           if (!followed.WaitForNotificationWithTimeout(kStopGrace)) {
             if (srun_alive()) kill(srun, SIGKILL);

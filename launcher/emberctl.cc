@@ -112,9 +112,13 @@ const std::vector<Command>& Commands() {
         {"--rank", "R", "only rank R"},
         {"--tail", "N", "the last N lines first"}},
        RunLogs},
-      {"cancel", "", "cancel JOB", "stop every worker of the job",
-       "  Stops every worker (SIGTERM, SIGKILL after the grace period) and frees its devices.\n",
-       1, {}, RunCancel},
+      {"cancel", "", "cancel JOB [--checkpoint [--wait S]]", "stop every worker of the job",
+       "  Stops every worker (SIGTERM, SIGKILL after the grace period) and frees its devices.\n"
+       "  --checkpoint: the ranks first save a checkpoint of the next step they all reach (no\n"
+       "  step lost: a resubmitted or requeued job resumes there), then stop; waits up to --wait\n"
+       "  seconds (300) for that, else cancels without it (exit 1).\n",
+       1, {{"--checkpoint", "", "checkpoint first"}, {"--wait", "S", "seconds to wait for the checkpoint (300)"}},
+       RunCancel},
       {"plot", "", "plot JOB [--metric M] [--out FILE.svg|FILE.png] [--json]",
        "draw a metric's curve per rank (file, or braille on the terminal)",
        "  The job's metric over the steps, one line per rank, from the ranks' metrics files\n"

@@ -38,6 +38,7 @@ inline std::string SpecYaml(absl::string_view job) {
 }
 
 using ::ember::job::keys::DumpRequest;
+using ::ember::job::keys::Drain;
 using ::ember::job::keys::Exit;
 using ::ember::job::keys::Failure;
 using ::ember::job::keys::Fence;

@@ -172,6 +172,15 @@ void Daemon::Impl::CheckAttempt(const Job& job, const std::set<std::string>& ali
     if (r.ok()) spdlog::info("job {} succeeded", id);
     return;
   }
+  if (act.kind == AttemptAction::kDrained) {
+    auto r = UpdateRecord(id, [&](Job* j) {
+      if (IsTerminal(j->state()) || j->attempts_size() != job.attempts_size()) return false;
+      scheduler.MarkDrained(j);
+      return true;
+    });
+    if (r.ok()) spdlog::info("job {} checkpointed and stopped on request", id);
+    return;
+  }
   if (!act.stop_reason.empty()) {
     (void)store->CompareSet(keys::Stop(id, n), std::nullopt, act.stop_reason);
     spdlog::warn("job {} attempt {}: {}; stopping every rank", id, n, act.stop_reason);

@@ -150,13 +150,20 @@ AttemptAction Scheduler::CheckAttempt(const AttemptSnapshot& s) {
     if (!s.alive.count(na.node())) continue;
     for (int i = 0; i < na.devices_size(); ++i) ranks_on_live_nodes.insert(na.first_rank() + i);
   }
-  bool all = true, all_zero = true, settled = true;
+  // Exit code 76 (ember-worker's kExitDrained): the rank saved the checkpoint of the step every
+  // rank agreed on after a drain request, and stopped; not a failure.
+  constexpr int kDrainedExit = 76;
+  bool all = true, all_zero = true, settled = true, any_drained = false;
   RankExit first_bad;
   for (int r = 0; r < job.world_size(); ++r) {
     const std::optional<RankExit>* e = r < static_cast<int>(s.exits.size()) ? &s.exits[r] : nullptr;
     if (e == nullptr || !e->has_value()) {
       all = false;
       if (ranks_on_live_nodes.count(r)) settled = false;
+      continue;
+    }
+    if ((*e)->signal() == 0 && (*e)->exit_code() == kDrainedExit) {
+      any_drained = true;
       continue;
     }
     if ((*e)->exit_code() != 0 || (*e)->signal() != 0) {
@@ -179,7 +186,7 @@ AttemptAction Scheduler::CheckAttempt(const AttemptSnapshot& s) {
   const std::string key = absl::StrCat(job.id(), "#", at.number());
   if (act.reason.empty()) {
     failing_since_.erase(key);
-    act.kind = all ? AttemptAction::kSucceeded : AttemptAction::kRunning;
+    act.kind = !all ? AttemptAction::kRunning : any_drained ? AttemptAction::kDrained : AttemptAction::kSucceeded;
     return act;
   }
   // Stop every rank now (they poll the stop key); decide once they have all reported (their
@@ -208,6 +215,14 @@ void Scheduler::StartAttempt(Job* j, int number, const jobs::v1::Assignment& pla
 void Scheduler::MarkSucceeded(Job* j) const {
   const int64_t now = NowMs();
   j->set_state(jobs::v1::SUCCEEDED);
+  j->mutable_attempts(j->attempts_size() - 1)->set_end_unix_ms(now);
+  j->set_end_unix_ms(now);
+}
+
+void Scheduler::MarkDrained(Job* j) const {
+  const int64_t now = NowMs();
+  j->set_state(jobs::v1::CANCELLED);
+  j->set_reason("cancelled after a checkpoint (cancel --checkpoint): resubmit with the same id, or requeue, to resume");
   j->mutable_attempts(j->attempts_size() - 1)->set_end_unix_ms(now);
   j->set_end_unix_ms(now);
 }

@@ -97,6 +97,7 @@ struct AttemptAction {
   enum Kind {
     kRunning,        // nothing yet
     kSucceeded,      // every rank exited 0: MarkSucceeded
+    kDrained,        // every rank exited 0 or 76 (checkpointed on a drain request), one 76: MarkDrained
     kFailing,        // failed; waiting for the ranks on live nodes to report (failure_settle)
     kDecideFailure,  // failed and settled: analyse the dumps, then RecordFailure
   };
@@ -138,6 +139,8 @@ class Scheduler {
   void StartAttempt(jobs::v1::Job* job, int number, const jobs::v1::Assignment& placed) const;
   // SUCCEEDED, with the current attempt's and the job's end time.
   void MarkSucceeded(jobs::v1::Job* job) const;
+  // CANCELLED after a checkpoint-and-stop (Cancel with checkpoint): the reason names it.
+  void MarkDrained(jobs::v1::Job* job) const;
   // Ends the current attempt with `r` and moves the job to RESTARTING (restart_unix_ms = now +
   // RestartBackoff; the reason says "(restarting as attempt n in 2s)") or FAILED (the reason says
   // why not retried: NoRetryReason, or "(after n attempts; max_restarts m)").

@@ -351,6 +351,24 @@ TEST_CASE("scheduler: every rank exiting 0 succeeds; a bad exit without a failur
   REQUIRE(act.cause->rank() == 1);
 }
 
+TEST_CASE("scheduler: ranks that checkpointed on a drain request (exit 76) end the job CANCELLED") {
+  base::FakeClock clock;
+  Scheduler s(Opts(), &clock);
+  jobs::v1::Job j = RunningJob(0, {{"node-a", 2}});
+  AttemptSnapshot snap = SnapshotOf(j, {"node-a"});
+  snap.exits[0] = Exit(0, "node-a", 76);
+  REQUIRE(s.CheckAttempt(snap).kind == AttemptAction::kRunning);  // rank 1 still running
+  snap.exits[1] = Exit(1, "node-a", 76);
+  REQUIRE(s.CheckAttempt(snap).kind == AttemptAction::kDrained);
+  snap.exits[1] = Exit(1, "node-a", 0);  // the drained step was the last one for rank 1
+  REQUIRE(s.CheckAttempt(snap).kind == AttemptAction::kDrained);
+  s.MarkDrained(&j);
+  REQUIRE(j.state() == jobs::v1::CANCELLED);
+  REQUIRE(j.reason().find("after a checkpoint") != std::string::npos);
+  snap.exits[1] = Exit(1, "node-a", 1);  // a real failure beside a drained rank is a failure
+  REQUIRE(s.CheckAttempt(snap).kind == AttemptAction::kDecideFailure);
+}
+
 TEST_CASE("scheduler: a hang verdict leads the reason; another verdict follows it") {
   base::FakeClock clock;
   Scheduler s(Opts(), &clock);

@@ -93,9 +93,15 @@ class JobsService final : public v1::Jobs::Service {
                       v1::Job* out) override {
     grpc::Status auth = base::CheckToken(ctx, d_->opts.auth_token, "Jobs.Cancel");
     if (!auth.ok()) return auth;
-    int stop_attempt = -1;
+    int stop_attempt = -1, drain_attempt = -1;
     auto job = d_->UpdateRecord(req->id(), [&](v1::Job* j) {
       if (IsTerminal(j->state())) return false;
+      if (req->checkpoint() && j->state() == v1::RUNNING && j->attempts_size() > 0) {
+        // The ranks checkpoint and exit 76; the scheduler then marks the job CANCELLED.
+        drain_attempt = j->attempts(j->attempts_size() - 1).number();
+        j->set_reason("cancelling: checkpoint requested");
+        return true;
+      }
       if (j->attempts_size() > 0) stop_attempt = j->attempts(j->attempts_size() - 1).number();
       j->set_state(v1::CANCELLED);
       j->set_reason("cancelled");
@@ -103,6 +109,13 @@ class JobsService final : public v1::Jobs::Service {
       return true;
     });
     if (!job.ok()) return ToGrpcStatus(NotFoundNamed(job.status(), req->id()));
+    if (drain_attempt >= 0) {
+      absl::Status st = d_->store->Set(keys::Drain(req->id(), drain_attempt), absl::StrCat("cancel --checkpoint from ", ctx->peer()));
+      if (!st.ok()) return ToGrpcStatus(base::Annotate(st, "writing the job's drain key"));
+      spdlog::info("job {} attempt {}: checkpoint-and-stop requested by {}", req->id(), drain_attempt, ctx->peer());
+      *out = *job;
+      return grpc::Status::OK;
+    }
     if (stop_attempt >= 0) (void)d_->store->Set(keys::Stop(req->id(), stop_attempt), "cancelled");
     spdlog::info("job {} cancelled by {}", req->id(), ctx->peer());
     *out = *job;

@@ -422,7 +422,8 @@ bool Daemon::Impl::SuperviseAttempt(LocalAttempt* ap, const std::map<std::string
     // A rank that fails on its own (not one we stopped, not one that obeyed the stop key with
     // exit code 75) is a root-cause candidate; the first writer of the failure key wins across
     // every node.
-    const bool obeyed_stop = w.signal == 0 && w.exit_code == 75;
+    // 76: checkpointed and stopped on a drain request (Cancel with checkpoint); not a failure either.
+    const bool obeyed_stop = w.signal == 0 && (w.exit_code == 75 || w.exit_code == 76);
     if (failed && !a.stopping && !obeyed_stop && !store->Get(keys::Stop(a.job, a.attempt)).ok()) {
       auto r = store->CompareSet(keys::Failure(a.job, a.attempt), std::nullopt,
                                  e.SerializeAsString());

@@ -11,6 +11,7 @@
 //                                          (proto/store.proto Fence): stale workers cannot write.
 //   jobs/<job>/attempt/<n>/                AttemptPrefix; below it, relative to it:
 //     stop                  kStop         reason every rank of the attempt must stop (any writer)
+//     drain                 kDrain        reason the ranks must checkpoint, then stop (emberd Cancel)
 //     failure               kFailure      first failing rank's jobs.v1.RankExit (first writer wins)
 //     exit/<rank>           ExitOf        jobs.v1.RankExit of a rank that ended (daemon)
 //     progress/<rank>       ProgressOf    jobs.v1.Progress, binary (worker, every log_every steps)
@@ -52,6 +53,9 @@ namespace ember::job::keys {
 
 // --- relative to AttemptPrefix(job, attempt) ---
 inline constexpr absl::string_view kStop = "stop";
+// Checkpoint, then stop (emberctl cancel --checkpoint, Slurm's time-limit warning): the ranks agree
+// on a step, save a checkpoint there and exit kExitDrained (76); the value is the reason.
+inline constexpr absl::string_view kDrain = "drain";
 inline constexpr absl::string_view kFailure = "failure";
 inline constexpr absl::string_view kDumpRequest = "fr/dump_request";
 inline constexpr absl::string_view kTorchStore = "torch/";
@@ -84,6 +88,9 @@ inline std::string Fence(absl::string_view job) { return absl::StrCat(JobPrefix(
 inline std::string AttemptsPrefix(absl::string_view job) { return absl::StrCat(JobPrefix(job), "attempt/"); }
 inline std::string AttemptPrefix(absl::string_view job, int attempt) {
   return absl::StrCat(AttemptsPrefix(job), attempt, "/");
+}
+inline std::string Drain(absl::string_view job, int attempt) {
+  return absl::StrCat(AttemptPrefix(job, attempt), kDrain);
 }
 inline std::string Stop(absl::string_view job, int attempt) {
   return absl::StrCat(AttemptPrefix(job, attempt), kStop);

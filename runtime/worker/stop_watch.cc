@@ -100,9 +100,14 @@ bool StopWatcher::Poll(std::string* why) {
   }
   store::CallOptions o;
   o.timeout = absl::Seconds(2);
-  auto v = job_.Get(job::keys::kStop, o);
-  if (v.ok()) {
-    *why = v->empty() ? "job stopped" : *v;
+  // One round trip for both keys.
+  auto v = job_.MultiGet({std::string(job::keys::kStop), std::string(job::keys::kDrain)}, o);
+  if (!v.ok() || v->size() != 2) return false;
+  if ((*v)[1].has_value() && !drain_.exchange(true)) {
+    spdlog::info("rank {}: checkpoint-and-stop requested ({}); stopping after the next agreed step", rank_, *(*v)[1]);
+  }
+  if ((*v)[0].has_value()) {
+    *why = (*v)[0]->empty() ? "job stopped" : *(*v)[0];
     return true;
   }
   return false;

@@ -40,6 +40,9 @@
 namespace ember::worker {
 
 inline constexpr int kExitStopped = 75;
+// The job was told to checkpoint and stop (the attempt's `drain` key): every rank saved the
+// checkpoint of the step they agreed on and exited with this code.
+inline constexpr int kExitDrained = 76;
 
 // Routes SIGTERM to a flag and a self-pipe (async-signal-safe) that every started StopWatcher's
 // signal thread waits on. Call once, before threads start; later calls do nothing.
@@ -60,6 +63,8 @@ class StopWatcher {
   void Start();
   // Blocks up to `timeout` for a stop (which ends the process); returns if none came.
   void AwaitStop(absl::Duration timeout);
+  // True once the attempt's `drain` key was seen (the poll thread reads it with the stop key).
+  bool drain_requested() const { return drain_.load(std::memory_order_relaxed); }
   // Writes the recorder dump now (best effort) with `reason`.
   void Dump(const std::string& reason);
 
@@ -74,6 +79,7 @@ class StopWatcher {
   const int rank_;
   const absl::Duration period_;
   std::atomic<bool> done_{false};
+  std::atomic<bool> drain_{false};
   absl::Notification quit_;
   int quit_pipe_[2] = {-1, -1};  // the destructor writes to [1] to wake the signal thread
   std::thread thread_;          // polls the store

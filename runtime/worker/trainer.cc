@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -365,8 +366,12 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, T
 // The one training loop, for every layout (stopping is StopWatcher's: it ends the process from its
 // own thread when the attempt's stop key appears, see Train): resume, then steps with the hang
 // hook, the progress report, checkpoints on the spec's cadence and live weight publishing.
+// `drain_requested` (StopWatcher): when any rank has seen the attempt's drain key, every rank
+// learns it at the same step (a one-double all-reduce per step), saves that step's checkpoint and
+// returns with *drained set.
 absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder,
-                     const Groups& groups, TrainState& state) {
+                     const Groups& groups, TrainState& state, const std::function<bool()>& drain_requested,
+                     bool* drained) {
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
   ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, state));  // nullptr: off
   ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, attempt, state, loader, replicas.get()));
@@ -393,6 +398,21 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
+    if (step < plan.spec.steps()) {
+      ASSIGN_OR_RETURN(const double drain, state.AllReduceMean(drain_requested() ? 1.0 : 0.0));
+      if (drain > 0) {
+        if (!checkpoints.Due(step)) {
+          RETURN_IF_ERROR(state.SyncHost());
+          RETURN_IF_ERROR(checkpoints.Save(step));
+        }
+        RETURN_IF_ERROR(checkpoints.Finish());
+        if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
+        report.Done(step);
+        spdlog::info("rank {}: checkpointed step {} on request and stopping", plan.env.rank, step);
+        *drained = true;
+        return absl::OkStatus();
+      }
+    }
   }
   RETURN_IF_ERROR(checkpoints.Finish());
   if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
@@ -401,10 +421,11 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
 }
 
 // One attempt: the groups, the model state of the job's layout and device, the loop.
-absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder) {
+absl::Status TrainLoop(const Plan& plan, store::Client& attempt, flight::FlightRecorder& recorder,
+                       const std::function<bool()>& drain_requested, bool* drained) {
   ASSIGN_OR_RETURN(Groups groups, CreateGroups(plan, comm::MakeStoreRendezvous(attempt), &recorder));
   ASSIGN_OR_RETURN(std::unique_ptr<TrainState> state, MakeTrainState(plan, groups));
-  return RunLoop(plan, attempt, recorder, groups, *state);
+  return RunLoop(plan, attempt, recorder, groups, *state, drain_requested, drained);
 }
 
 // A peer's death surfaces here first as UNAVAILABLE/ABORTED; the daemon that saw the death sets the
@@ -454,7 +475,10 @@ absl::StatusOr<store::Client> ConnectJobStore(const job::WorkerEnv& env) {
   return store::Client::Connect(co);
 }
 
-absl::Status Train(const Plan& plan) {
+absl::Status Train(const Plan& plan, bool* drained) {
+  bool drained_here = false;
+  if (drained == nullptr) drained = &drained_here;
+  *drained = false;
   const job::WorkerEnv& env = plan.env;
   ASSIGN_OR_RETURN(store::Client client, ConnectJobStore(env));
   // Kept until the process ends (see trainer.h): destroying TLS channels while gRPC's own threads
@@ -467,7 +491,7 @@ absl::Status Train(const Plan& plan) {
   flight::FlightRecorder recorder;
   StopWatcher watcher(attempt, &recorder, env.fr_dump_dir, env.rank);
   watcher.Start();
-  absl::Status st = TrainLoop(plan, attempt, recorder);
+  absl::Status st = TrainLoop(plan, attempt, recorder, [&watcher] { return watcher.drain_requested(); }, drained);
   if (store::IsFenced(st)) {
     // Superseded: nothing this process writes may land (the store refuses it); stop now.
     st = absl::FailedPreconditionError(absl::StrCat(

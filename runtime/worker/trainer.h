@@ -72,7 +72,9 @@ float LearningRate(const spec::JobSpec& spec, int64_t step);
 // ends the process (worker_main.cc: _exit after flushing logs), so gRPC channel teardown never
 // runs in a worker. Everything a worker must leave behind (checkpoints, progress, its exit
 // record) is written before Train returns. REQUIRES: called once per process.
-absl::Status Train(const Plan& plan);
+// *drained (may be null): the job's drain key made every rank save a checkpoint and stop early
+// (exit kExitDrained, stop_watch.h); the status is then OK.
+absl::Status Train(const Plan& plan, bool* drained = nullptr);
 
 // The worker's store client (token, TLS from `env`), fenced by its attempt: every write carries
 // (job::keys::Fence(job), env.attempt) and is refused once a newer attempt of the job started

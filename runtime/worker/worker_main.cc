@@ -3,7 +3,8 @@
 // (trainer.h).
 //
 // Exit codes: 0 success; 2 bad spec or environment (the message names the field or variable);
-// 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h).
+// 1 runtime failure; 75 stopped because the job was told to stop or SIGTERM (stop_watch.h); 76
+// checkpointed and stopped because the job was told to drain (cancel --checkpoint).
 //
 // Two binaries share this main: ember-worker (CPU kernels only) and ember-worker-cuda (also the
 // GPU training loop, :cuda_loop, with the CUDA kernels and cuBLAS, which cost each process ~95 MiB
@@ -89,10 +90,11 @@ int main(int argc, char** argv) {
     spdlog::error("bad job: {}", plan.status().ToString());
     return 2;
   }
-  absl::Status st = ember::worker::Train(*plan);
+  bool drained = false;
+  absl::Status st = ember::worker::Train(*plan, &drained);
   if (!st.ok()) spdlog::error("rank {} failed: {}", env->rank, st.ToString());
   // Everything durable is written; skip static destructors and gRPC's shutdown (trainer.h).
   spdlog::shutdown();
   std::fflush(nullptr);
-  _exit(st.ok() ? 0 : 1);
+  _exit(!st.ok() ? 1 : drained ? ember::worker::kExitDrained : 0);
 }

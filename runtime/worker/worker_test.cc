@@ -319,11 +319,12 @@ TEST_CASE("bad spec or environment exits 2 before training", "[worker]") {
   const std::string dir = NewJobDir("bad");
   WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline}\n");  // no stages
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
-  // A 2-stage pipeline on 1 rank; one that publishes weights (not supported by pipeline jobs: the
-  // support matrix, runtime/jobspec/resolve.cc).
+  // A 2-stage pipeline on 1 rank; one initialised from a safetensors file (not supported by
+  // pipeline jobs: the support matrix, runtime/jobspec/resolve.cc).
   WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline, pipeline_stages: 2}\n");
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});
-  WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline, pipeline_stages: 2}\npublish: {every_steps: 1}\n");
+  WriteSpec(dir, 2, 1, "parallelism: {strategy: pipeline, pipeline_stages: 2}\n",
+            "checkpoint: {every_steps: 5, init_from_safetensors: w.safetensors}\n");
   CHECK(RunJob((*server)->address(), "bad", dir, 2, 0) == std::vector<int>{2, 2});
   WriteSpec(dir, 2, 1, "precision: {param_dtype: f8}\n");
   CHECK(RunJob((*server)->address(), "bad", dir, 1, 0) == std::vector<int>{2});

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The time-limit warning mid-run (what sbatch --signal=B:USR1@T sends; here `scancel --batch
-# --signal=USR1`, at a chosen moment): emberctl stops the job at its last checkpoint, requeues
-# the Slurm job, the requeued run resumes from checkpoints/latest (a step > 1) and finishes with
-# the uninterrupted run's final loss (deterministic: true; the reference is a standalone run).
+# --signal=USR1`, at a chosen moment): emberctl has the job checkpoint the next step every rank
+# reaches and stop (cancel --checkpoint), requeues the Slurm job, and the requeued run resumes
+# from that checkpoint (at or after the step at the signal: no step lost, none redone) and
+# finishes with the uninterrupted run's final loss (deterministic: true; the reference is a
+# standalone run).
 set -uo pipefail
 EMBERCTL="$(realpath "$1")"; WORKER="$(realpath "$2")"; CORPUS="$3"
 HERE="$(dirname "$0")"
@@ -60,6 +62,7 @@ st=$(wait_slurm_job "$id" 60)
 restarts=$(scontrol show job "$id" -o | grep -o 'Restarts=[0-9]*' | cut -d= -f2)
 [ "$restarts" = 1 ] || fail "Restarts=$restarts (want 1)"
 grep -q "requeueing Slurm job $id" run.out || fail "no requeue message"
+grep -q "checkpointing the next step" run.out || fail "no checkpoint-on-warning message"
 [ "$(grep -c 'starting the node daemons' run.out)" -eq 2 ] || fail "want 2 runs in the output"
 grep -q SUCCEEDED run.out || fail "the requeued run did not succeed"
 # The second run resumed from the first one's checkpoint (the worker logs where from).
@@ -68,5 +71,10 @@ resumed=$(grep -ao "resumed from $JOBDIR/checkpoints/step-[0-9]*" "$JOBDIR/logs/
   || fail "the requeued run did not resume from a checkpoint of the first (resumed: '$resumed')"
 got=$(losses "$M" | tail -1)
 echo "resumed at step $resumed; final $got (uninterrupted: $ref)"
+# Checkpointed on the warning, not the last periodic checkpoint (every 10 steps) before it.
+[ "$resumed" -ge "$at" ] || fail "resumed at step $resumed, before the step at the warning ($at): steps lost"
+# Every step trained exactly once over the two runs.
+dups=$(losses "$M" | cut -d' ' -f1 | sort -n | uniq -d | wc -l)
+[ "$dups" -eq 0 ] || fail "$dups steps trained twice (redone after the requeue)"
 [ "$got" = "$ref" ] || fail "final loss $got differs from the uninterrupted run's $ref"
 echo PASS
