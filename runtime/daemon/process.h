@@ -39,6 +39,11 @@ struct SpawnOptions {
   bool switch_user = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  // When >= 0: an open cgroup.procs (cgroup v2, cgroup.h ProcessCgroups::Prepare) the child writes
+  // its own pid into right after fork, before it switches user or execs, so the worker and
+  // everything it starts stay in that group. Borrowed: the caller closes it. The child exits 127
+  // ("ember: cannot join the job's cgroup" in the log) when the write fails.
+  int cgroup_procs_fd = -1;
 };
 
 // fork+exec in a new session: pid == pgid. Errors: INTERNAL naming the executable when fork fails;
