@@ -16,7 +16,8 @@
 // another user (script_user) can neither leave its group (moving a process needs write access to
 // cgroup.procs of the common ancestor), nor make child groups, nor freeze or thaw its own. A
 // script run as emberd's own user can write the same files emberd can and so can leave the group;
-// only a distinct script_user is contained against its will (docs/operations.md "Script jobs").
+// only a distinct script_user is contained against its will (docs/operations.md "A job's
+// processes end with it").
 //
 // Killing: cgroup.kill (Linux >= 5.14: SIGKILL to every process of the group and its descendants,
 // atomically against forks); else freeze the group (cgroup.freeze, >= 5.2), SIGKILL each pid in

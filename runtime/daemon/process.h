@@ -89,7 +89,8 @@ std::vector<pid_t> FindJobProcesses(const std::string& job_id);
 // its session or parent: a double-forked, setsid'ed daemon too) has EMBER_JOB_ID=job_id,
 // EMBER_ATTEMPT=attempt and an EMBER_RANK in `ranks` gets SIGKILL, scanning again until none is
 // left (at most ~1 s). Returns how many it killed. A process that cleared its environment
-// escapes this (docs/operations.md "Script jobs").
+// escapes this; emberd's attempt cgroups (cgroup.h) hold it where the host allows them
+// (docs/operations.md "A job's processes end with it").
 int KillAttemptProcesses(const std::string& job_id, int attempt, const std::vector<int>& ranks,
                          const std::vector<uid_t>& uids);
 
