@@ -8,7 +8,8 @@
 //     end, success or cancel (any user); with reap_orphans also one that cleared its environment;
 //   * where the host allows cgroup v2 groups (root: CI), one that cleared its environment and left
 //     the session (`env -i setsid sleep &`) ends with the job under emberd too (its attempt's
-//     cgroup), and the script cannot leave that cgroup;
+//     cgroup), and the script cannot leave that cgroup; across a daemon restart the successor keeps
+//     the re-attached attempt's group and still ends it;
 //   * a warm standby still works with the daemon's .ember/.
 #include <signal.h>
 #include <sys/stat.h>
@@ -423,6 +424,88 @@ TEST_CASE("a descendant that cleared its environment and left the session ends w
     CHECK(fs::exists(cgroup_line));
   }
   CHECK_FALSE(fs::exists(cgroup_line));
+}
+
+// A script that starts the escaping sleep, then waits to be cancelled.
+constexpr char kEscapeAndWait[] = R"PY(import os, sys, time
+os.system("/usr/bin/env -i /usr/bin/setsid /bin/sleep %s &" % sys.argv[1])
+print("started", flush=True)
+time.sleep(600)
+)PY";
+
+// The daemon restarts (Detach, a new one with the same work root, node and durable store): the
+// successor keeps the group of the attempt it re-attached to (the job keeps running, the escaped
+// sleep with it) and kills the whole group when the job is cancelled.
+TEST_CASE("after a daemon restart the re-attached attempt's cgroup still ends its escaped process") {
+  daemon::ProcessCgroupsOptions probe;
+  probe.name = absl::StrCat("script-files-test-r", ::getpid());
+  auto host = daemon::ProcessCgroups::Open(probe);
+  if (!host.ok()) {
+    WARN("no usable cgroup v2 here (" << host.status().ToString() << "): not tested");
+    return;
+  }
+  CHECK((*host)->RemoveAll().ok());
+  Scratch s;
+  const std::string marker = absl::StrCat("1000.", ::getpid(), "9");
+  daemon::DaemonOptions o;
+  o.node_name = "restart";
+  o.host_store = true;
+  o.store_data_dir = s.dir + "/store";
+  o.work_root = s.dir + "/jobs";
+  o.worker_binary = "/bin/false";
+  o.inventory.cpu_slots = 1;
+  o.inventory.cuda_devices = 0;
+  o.auth_token = base::GenerateToken();
+  o.lease_ttl = absl::Seconds(30);  // the restart must not lose the node
+  if (::geteuid() == 0) {
+    o.allow_root_scripts = true;
+    o.script_user = "nobody";
+  }
+  auto connect = [&](daemon::Daemon& d) {
+    ClientOptions co;
+    co.address = d.address();
+    co.token = o.auth_token;
+    auto c = Client::Connect(co);
+    REQUIRE(c.ok());
+    return std::move(*c);
+  };
+  auto first = daemon::Daemon::Start(o);
+  REQUIRE(first.ok());
+  std::string id;
+  {
+    Client c = connect(**first);
+    auto r = c.Submit(ScriptSpec("cgroup-restart", 0, {marker}), "", {{"s.py", kEscapeAndWait}});
+    REQUIRE(r.ok());
+    id = r->job().id();
+  }
+  bool started = false;
+  for (int i = 0; i < 600 && !started; ++i) {
+    started = WithMarker(marker).size() == 1;
+    if (!started) absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(started);
+  (*first)->Detach();  // workers keep running
+  first->reset();
+  o.store_listen = "127.0.0.1:0";
+  auto second = daemon::Daemon::Start(o);
+  REQUIRE(second.ok());
+  Client c = connect(**second);
+  absl::SleepFor(absl::Seconds(1));  // a few supervision passes of the successor
+  auto running = c.Get(id);
+  REQUIRE(running.ok());
+  CHECK(running->state() == v1::RUNNING);
+  CHECK(WithMarker(marker).size() == 1);  // not swept as a stale group
+  REQUIRE(c.Cancel(id).ok());
+  auto cancelled = c.Wait(id, absl::Seconds(30));
+  REQUIRE(cancelled.ok());
+  CHECK(cancelled->state() == v1::CANCELLED);
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = WithMarker(marker).empty();
+    if (!gone) absl::SleepFor(absl::Milliseconds(50));
+  }
+  CHECK(gone);
+  for (pid_t p : WithMarker(marker)) ::kill(p, SIGKILL);
 }
 
 constexpr char kStandby[] = R"PY(import os, sys, time
