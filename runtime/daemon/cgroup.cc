@@ -393,6 +393,10 @@ absl::Status ProcessCgroups::KillAndRemove(const std::string& leaf, int* killed)
   }
 }
 
+bool ProcessCgroups::RemoveIfEmpty() const {
+  return ::unlinkat(parent_fd_.get(), name_.c_str(), AT_REMOVEDIR) == 0 || errno == ENOENT;
+}
+
 absl::Status ProcessCgroups::RemoveAll() const {
   absl::Status first;
   for (const std::string& leaf : Leaves()) {

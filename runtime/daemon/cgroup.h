@@ -117,6 +117,10 @@ class ProcessCgroups {
   // the rest is still tried.
   absl::Status RemoveAll() const;
 
+  // Removes <dir> when no group is left under it (on Detach with no attempt running: the next
+  // daemon makes it again). True when it is gone.
+  bool RemoveIfEmpty() const;
+
  private:
   ProcessCgroups(std::string dir, std::string name, Fd parent_fd, Fd fd, CgroupKill kill,
                  absl::Duration timeout)

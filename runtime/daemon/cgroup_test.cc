@@ -114,6 +114,7 @@ TEST_CASE("a worker's daemonised descendant without environment dies with its cg
     const std::string leaf = ProcessCgroups::LeafName(absl::StrCat("unit-", ::getpid()), k);
     auto procs = cg->Prepare(leaf);
     REQUIRE(procs.ok());
+    CHECK_FALSE(cg->RemoveIfEmpty());  // a group is left under it
     // Unique per test process and method: parallel tests never see each other's sleeps.
     const std::string marker = absl::StrCat("1000.", ::getpid(), k);
     SpawnOptions so;
@@ -151,6 +152,11 @@ TEST_CASE("a worker's daemonised descendant without environment dies with its cg
     struct stat st;
     CHECK(::stat((cg->dir() + "/" + leaf).c_str(), &st) != 0);
     for (pid_t p : WithMarker(marker)) ::kill(p, SIGKILL);  // nothing outlives a failed check
+    CHECK(::stat(cg->dir().c_str(), &st) == 0);
+    if (kill == CgroupKill::kSignalEach) {
+      CHECK(cg->RemoveIfEmpty());
+      CHECK(::stat(cg->dir().c_str(), &st) != 0);
+    }
     CHECK(cg->RemoveAll().ok());
     CHECK(::stat(cg->dir().c_str(), &st) != 0);
   }

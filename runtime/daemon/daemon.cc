@@ -393,6 +393,8 @@ void Daemon::Impl::DetachNow() {
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
   if (lease_thread.joinable()) lease_thread.join();
   SuperviseStandbys({}, {}, /*all=*/true);  // not persisted: a new daemon would not know them
+  // The daemon's cgroup directory stays while attempts run in it (the next daemon takes it over).
+  if (cgroups) (void)cgroups->RemoveIfEmpty();
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.

@@ -126,8 +126,8 @@ struct DaemonOptions {
   // cgroup v2 directory is the parent instead (Start fails naming it when it cannot be used).
   // "off": the sweep by environment only. Under the parent, this daemon's directory is
   // emberd-<hash of work_root and node> (unique per daemon, the same after a restart, removed by
-  // Drain; Detach leaves it to the next daemon, which kills and removes the groups of attempts
-  // it did not re-attach to).
+  // Drain; Detach leaves it, while attempts run in it, to the next daemon, which kills and
+  // removes the groups of attempts it did not re-attach to).
   std::string process_cgroup = "auto";
   // The job id is "<name>-<submission id>" instead of "<name>-<random>" when a submission id is
   // given: the same submission gets the same job directory in a fresh cluster. For the ephemeral
