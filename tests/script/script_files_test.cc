@@ -508,6 +508,26 @@ TEST_CASE("after a daemon restart the re-attached attempt's cgroup still ends it
   for (pid_t p : WithMarker(marker)) ::kill(p, SIGKILL);
 }
 
+// A configured parent that is no cgroup v2 directory stops the start, naming it (auto falls back
+// to the sweep instead; the operator who names a directory wants it used).
+TEST_CASE("a process_cgroup that is not a usable cgroup v2 directory fails the start, naming it") {
+  Scratch s;
+  daemon::DaemonOptions o;
+  o.node_name = "badcg";
+  o.host_store = true;
+  o.work_root = s.dir + "/jobs";
+  o.worker_binary = "/bin/false";
+  o.inventory.cpu_slots = 1;
+  o.inventory.cuda_devices = 0;
+  o.auth_token = base::GenerateToken();
+  o.process_cgroup = s.dir;  // a tmpfs/ext4 directory, not cgroup2
+  auto d = daemon::Daemon::Start(o);
+  REQUIRE_FALSE(d.ok());
+  INFO(d.status().ToString());
+  CHECK(absl::StrContains(d.status().message(), "process_cgroup"));
+  CHECK(absl::StrContains(d.status().message(), s.dir));
+}
+
 constexpr char kStandby[] = R"PY(import os, sys, time
 attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 print(f"attempt {attempt} as uid {os.getuid()}", flush=True)
