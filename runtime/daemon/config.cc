@@ -235,6 +235,13 @@ absl::StatusOr<DaemonOptions> ToDaemonOptions(const EmberdConfig& cfg) {
   o.finished_job_ttl = absl::Seconds(cfg.finished_job_ttl_h() * 3600);
   o.scheduler = cfg.scheduler();
   o.job_page_open = cfg.job_page_open();
+  o.process_cgroup = cfg.process_cgroup();
+  if (o.process_cgroup != "auto" && o.process_cgroup != "off" &&
+      (o.process_cgroup.empty() || o.process_cgroup[0] != '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "process_cgroup: '", o.process_cgroup,
+        "' must be auto, off or an absolute path of a cgroup v2 directory"));
+  }
   if (cfg.lease_ttl_s() < 0.5 || cfg.poll_s() <= 0 || cfg.poll_s() > 10 ||
       cfg.restart_backoff_s() < 0) {
     return absl::InvalidArgumentError(

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "catch2/catch.hpp"
 #include "runtime/base/auth.h"
 
@@ -75,6 +76,8 @@ TEST_CASE("config: the defaults are emberd's documented ones") {
   CHECK(o->http_listen == "127.0.0.1:29401");  // http_listen: auto
   CHECK(o->metrics_require_token);
   CHECK(o->metrics.finished_jobs == 10);
+  CHECK(cfg.process_cgroup() == "auto");
+  CHECK(o->process_cgroup == "auto");
   // Every setting is listed by --help with its default.
   std::string help = ConfigFlagsHelp();
   CHECK(absl::StrContains(help, "--work_root=string"));
@@ -106,6 +109,25 @@ TEST_CASE("config: unknown keys and wrong types are refused, naming the key and 
   REQUIRE(absl::IsInvalidArgument(s));
   CHECK(absl::StrContains(s.message(), "cgroup_root was removed"));
   CHECK(absl::IsNotFound(LoadEmberdConfig(Tmp("no-such.yaml"), &cfg)));
+}
+
+TEST_CASE("config: process_cgroup is auto, off or an absolute path") {
+  for (const char* good : {"off", "auto", "/sys/fs/cgroup/ember.slice"}) {
+    EmberdConfig cfg;
+    REQUIRE(Load(absl::StrCat("insecure_no_auth: true\nhost_store: true\nprocess_cgroup: ", good, "\n"), &cfg).ok());
+    auto o = ToDaemonOptions(cfg);
+    INFO(good);
+    REQUIRE(o.ok());
+    CHECK(o->process_cgroup == good);
+  }
+  for (const char* bad : {"on", "sys/fs/cgroup", "\"\""}) {
+    EmberdConfig cfg;
+    REQUIRE(Load(absl::StrCat("insecure_no_auth: true\nhost_store: true\nprocess_cgroup: ", bad, "\n"), &cfg).ok());
+    auto o = ToDaemonOptions(cfg);
+    INFO(bad << " -> " << o.status());
+    REQUIRE(absl::IsInvalidArgument(o.status()));
+    CHECK(absl::StrContains(o.status().message(), "process_cgroup"));
+  }
 }
 
 TEST_CASE("config: flags override the file; other arguments pass through") {

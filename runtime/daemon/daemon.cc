@@ -50,11 +50,56 @@ std::string Daemon::Impl::JobDir(const std::string& job) const {
   return absl::StrCat(opts.work_root, "/", job);
 }
 
-std::string Daemon::Impl::ReplicaRoot() const {
-  // FNV-1a of "<work_root>|<node>": stable across restarts, distinct per daemon on one machine.
+std::string Daemon::Impl::InstanceHash() const {
   uint64_t h = 1469598103934665603ull;
   for (char c : absl::StrCat(opts.work_root, "|", opts.node_name)) h = (h ^ static_cast<uint8_t>(c)) * 1099511628211ull;
-  return absl::StrCat("/dev/shm/ember-", geteuid(), "/", absl::Hex(h, absl::kZeroPad16));
+  return absl::StrCat(absl::Hex(h, absl::kZeroPad16));
+}
+
+std::string Daemon::Impl::ReplicaRoot() const {
+  return absl::StrCat("/dev/shm/ember-", geteuid(), "/", InstanceHash());
+}
+
+absl::Status Daemon::Impl::SetUpCgroups() {
+  const std::string& want = opts.process_cgroup;
+  if (want == "off") {
+    spdlog::info("process trees of attempts: ended by the sweep by environment (process_cgroup: "
+                 "off); a descendant that clears its environment escapes it");
+    return absl::OkStatus();
+  }
+  if (want != "auto" && (want.empty() || want[0] != '/')) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "process_cgroup: '", want, "' is neither auto, off nor an absolute cgroup v2 directory"));
+  }
+  ProcessCgroupsOptions co;
+  co.parent = want == "auto" ? "" : want;
+  co.name = absl::StrCat("emberd-", InstanceHash());
+  auto cg = ProcessCgroups::Open(co);
+  if (!cg.ok()) {
+    if (want != "auto") return base::Annotate(cg.status(), "process_cgroup");
+    spdlog::info("process trees of attempts: ended by the sweep by environment (no usable cgroup "
+                 "v2: {}); a descendant that clears its environment escapes it",
+                 cg.status().ToString());
+    return absl::OkStatus();
+  }
+  cgroups = std::move(*cg);
+  spdlog::info("process trees of attempts: one {} group per attempt, killed at its end (and the "
+               "sweep by environment)", cgroups->Describe());
+  std::set<std::string> keep;
+  {
+    absl::MutexLock l(&mu);
+    for (const auto& [k, a] : local) {
+      if (!a.released) keep.insert(ProcessCgroups::LeafName(a.job, a.attempt));
+    }
+  }
+  for (const std::string& leaf : cgroups->Leaves()) {
+    if (keep.count(leaf)) continue;
+    int killed = 0;
+    absl::Status s = cgroups->KillAndRemove(leaf, &killed);
+    if (!s.ok()) spdlog::warn("stale cgroup {}: {}", leaf, s.ToString());
+    else spdlog::info("removed the stale cgroup {}/{} (killed {} process(es))", cgroups->dir(), leaf, killed);
+  }
+  return absl::OkStatus();
 }
 
 // ------------------------------------------------------------------------------------------------
@@ -140,6 +185,7 @@ absl::Status Daemon::Impl::Init() {
                  opts.job_page_open ? " (readable without login)" : "");
   }
   LoadState();  // the lease to keep and the workers to re-attach to
+  RETURN_IF_ERROR(SetUpCgroups());  // before the control thread forks anything
   if (opts.lease_refresh <= absl::ZeroDuration()) {
     opts.lease_refresh = std::min(opts.heartbeat, opts.lease_ttl / 10);
   }
@@ -320,6 +366,11 @@ void Daemon::Impl::DrainNow() {
     absl::MutexLock l(&mu);
     for (const LocalAttempt& a : left) MergeAttempt(a);
   }
+  if (cgroups) {  // every attempt here has ended: no group is needed any more
+    if (absl::Status s = cgroups->RemoveAll(); !s.ok()) {
+      spdlog::warn("emberd {}: removing its cgroups: {}", opts.node_name, s.ToString());
+    }
+  }
   Persist();
   if (leader) (void)store->Delete(keys::kLeader);
   if (lease.load() != 0) (void)store->RevokeLease(lease.load());
@@ -342,6 +393,8 @@ void Daemon::Impl::DetachNow() {
   if (heartbeat_thread.joinable()) heartbeat_thread.join();
   if (lease_thread.joinable()) lease_thread.join();
   SuperviseStandbys({}, {}, /*all=*/true);  // not persisted: a new daemon would not know them
+  // The daemon's cgroup directory stays while attempts run in it (the next daemon takes it over).
+  if (cgroups) (void)cgroups->RemoveIfEmpty();
   Persist();
   // The lease, the leader key and the device claims stay: they expire after lease_ttl unless the
   // next daemon refreshes the lease.

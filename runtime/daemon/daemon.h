@@ -117,6 +117,18 @@ struct DaemonOptions {
   // running gets SIGKILL. Only for a process that forks nothing else and runs one job at a time:
   // `emberctl run --standalone`.
   bool reap_orphans = false;
+  // Each attempt's ranks on this node run in a cgroup v2 of their own (cgroup.h), killed whole
+  // when the attempt's ranks have all exited: a descendant that left the process group and
+  // cleared its environment (`env -i setsid sleep 1000 &`) ends too. "auto": under emberd's own
+  // cgroup v2 (from /proc/self/mountinfo and /proc/self/cgroup), subdirectory ember/, where this
+  // process can make groups there and move its children into them; else (no cgroup2, read-only,
+  // not permitted) the sweep by environment only, with one log line saying so. A path: that
+  // cgroup v2 directory is the parent instead (Start fails naming it when it cannot be used).
+  // "off": the sweep by environment only. Under the parent, this daemon's directory is
+  // emberd-<hash of work_root and node> (unique per daemon, the same after a restart, removed by
+  // Drain; Detach leaves it, while attempts run in it, to the next daemon, which kills and
+  // removes the groups of attempts it did not re-attach to).
+  std::string process_cgroup = "auto";
   // The job id is "<name>-<submission id>" instead of "<name>-<random>" when a submission id is
   // given: the same submission gets the same job directory in a fresh cluster. For the ephemeral
   // daemons of `emberctl run --slurm`, whose requeued run must find its checkpoints

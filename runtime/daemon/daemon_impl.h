@@ -24,6 +24,7 @@
 #include "runtime/base/clock.h"
 #include "runtime/base/grpc_server.h"
 #include "runtime/base/http_server.h"
+#include "runtime/daemon/cgroup.h"
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/metrics.h"
 #include "runtime/daemon/placement.h"
@@ -93,6 +94,8 @@ class Daemon::Impl {
   std::string advertise;
   std::unique_ptr<grpc::Service> jobs_service, nodes_service;
   base::StartedServer server;
+  // The attempts' cgroups (DaemonOptions::process_cgroup); null: the sweep by environment only.
+  std::unique_ptr<ProcessCgroups> cgroups;
 
   // ---- Script jobs' per-attempt TCPStore listeners (script_job.cc), on this node when it runs
   // the attempt's rank 0. Declared after hosted_store: destroyed first (they borrow its backend).
@@ -158,6 +161,17 @@ class Daemon::Impl {
   // job's files go when it ends, and a daemon restarted after a crash removes what its predecessor
   // left on its first sweep. A drain (DrainNow) removes the whole root; a detach keeps it.
   std::string ReplicaRoot() const;
+  // FNV-1a of "<work_root>|<node>" (16 hex digits): stable across restarts, distinct per daemon
+  // on one machine (ReplicaRoot, the cgroup directory's name).
+  std::string InstanceHash() const;
+  // Init, after LoadState: opens `cgroups` per opts.process_cgroup (one log line says which
+  // mechanism ends the attempts' process trees) and kills and removes the groups of attempts
+  // that are not in `local` (a predecessor's, or warm standbys it did not persist). An error only
+  // for an explicitly configured parent that cannot be used.
+  absl::Status SetUpCgroups() ABSL_LOCKS_EXCLUDED(mu);
+  // Kills and removes the cgroup of (job, attempt) when cgroups are in use; the number of
+  // processes it held (0 without cgroups or on failure, which is logged).
+  int KillAttemptCgroup(const std::string& job, int attempt);
   void SweepReplicas(const std::map<std::string, Job>& records) ABSL_LOCKS_EXCLUDED(mu);
 
   // lease.cc (lease thread): keeps the node lease alive on a connection of its own, redialled

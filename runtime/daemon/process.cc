@@ -70,6 +70,18 @@ absl::StatusOr<pid_t> SpawnWorker(const SpawnOptions& o) {
     if (null_fd >= 0) ::dup2(null_fd, 0);
     ::dup2(log_fd, 1);
     ::dup2(log_fd, 2);
+    if (o.cgroup_procs_fd >= 0) {  // before any descriptor is closed and before the user switch
+      char digits[24];
+      int n = 0;
+      for (pid_t p = ::getpid(); p > 0 && n < 20; p /= 10) digits[n++] = static_cast<char>('0' + p % 10);
+      char text[24];
+      for (int i = 0; i < n; ++i) text[i] = digits[n - 1 - i];
+      if (::write(o.cgroup_procs_fd, text, n) != n) {
+        static const char kJoinFailed[] = "ember: cannot join the job's cgroup\n";
+        (void)!::write(2, kJoinFailed, sizeof(kJoinFailed) - 1);
+        _exit(127);
+      }
+    }
 #ifdef SYS_close_range
     if (::syscall(SYS_close_range, 3, ~0U, 0) != 0)
 #endif

@@ -39,6 +39,11 @@ struct SpawnOptions {
   bool switch_user = false;
   uid_t uid = 0;
   gid_t gid = 0;
+  // When >= 0: an open cgroup.procs (cgroup v2, cgroup.h ProcessCgroups::Prepare) the child writes
+  // its own pid into right after fork, before it switches user or execs, so the worker and
+  // everything it starts stay in that group. Borrowed: the caller closes it. The child exits 127
+  // ("ember: cannot join the job's cgroup" in the log) when the write fails.
+  int cgroup_procs_fd = -1;
 };
 
 // fork+exec in a new session: pid == pgid. Errors: INTERNAL naming the executable when fork fails;
@@ -84,7 +89,8 @@ std::vector<pid_t> FindJobProcesses(const std::string& job_id);
 // its session or parent: a double-forked, setsid'ed daemon too) has EMBER_JOB_ID=job_id,
 // EMBER_ATTEMPT=attempt and an EMBER_RANK in `ranks` gets SIGKILL, scanning again until none is
 // left (at most ~1 s). Returns how many it killed. A process that cleared its environment
-// escapes this (docs/operations.md "Script jobs").
+// escapes this; emberd's attempt cgroups (cgroup.h) hold it where the host allows them
+// (docs/operations.md "A job's processes end with it").
 int KillAttemptProcesses(const std::string& job_id, int attempt, const std::vector<int>& ranks,
                          const std::vector<uid_t>& uids);
 

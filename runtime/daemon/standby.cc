@@ -106,6 +106,16 @@ void Daemon::Impl::MaybeStartStandby(const Job& job, const LocalAttempt& a) {
   if (preload.empty()) preload = {"torch", "torch.distributed"};
   Standby sb;
   sb.attempt = a.attempt + 1;
+  // In attempt n+1's cgroup from the start: taken over, it is that attempt's rank.
+  Fd cgroup_procs;
+  if (cgroups) {
+    auto procs = cgroups->Prepare(ProcessCgroups::LeafName(a.job, sb.attempt));
+    if (!procs.ok()) {
+      spdlog::warn("job {}: no warm standby: {}", a.job, procs.status().ToString());
+      return;
+    }
+    cgroup_procs = std::move(*procs);
+  }
   ScriptLaunch launch;  // the listener is not known yet: the go file brings MASTER_*
   launch.identity = *identity;
   for (const LocalWorker& lw : a.workers) {
@@ -125,6 +135,7 @@ void Daemon::Impl::MaybeStartStandby(const Job& job, const LocalAttempt& a) {
     so.cwd = dir;
     so.log_path = lw.log_path;
     so.die_with_parent = opts.workers_die_with_daemon;
+    so.cgroup_procs_fd = cgroup_procs.get();
     so.header = absl::StrCat("=== ember: warm standby for attempt ", sb.attempt, " rank ", lw.rank,
                              " (preloading ", absl::StrJoin(preload, ","), ") ===");
     ScriptSpawnOptions(job, *mine, launch, we, &so);
@@ -218,8 +229,20 @@ void Daemon::Impl::SuperviseStandbys(const std::map<std::string, Job>& records,
         ++i;
       }
     }
-    if (ws.empty()) it = standbys.erase(it);
-    else ++it;
+    if (ws.empty()) {
+      // The group made for them goes too, unless their attempt runs here (it is that attempt's
+      // then; one started later makes it again).
+      bool runs_here = false;
+      {
+        absl::MutexLock l(&mu);
+        auto la = local.find(it->first);
+        runs_here = la != local.end() && !la->second.released;
+      }
+      if (!runs_here) KillAttemptCgroup(job, it->second.attempt);
+      it = standbys.erase(it);
+    } else {
+      ++it;
+    }
   }
 }
 

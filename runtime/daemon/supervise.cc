@@ -155,6 +155,15 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
       start_error = prepared.status();
     }
   }
+  // The attempt's cgroup (cgroup.h): each rank joins it between fork and exec, so nothing it
+  // starts is ever outside it. One that cannot be made fails the ranks, as a fork failure would
+  // (they would run with nothing to end their descendants).
+  Fd cgroup_procs;
+  if (start_error.ok() && cgroups) {
+    auto procs = cgroups->Prepare(ProcessCgroups::LeafName(job.id(), at.number()));
+    if (procs.ok()) cgroup_procs = std::move(*procs);
+    else start_error = base::Annotate(procs.status(), "the attempt's cgroup");
+  }
   const int local_world = mine->devices_size();
   for (int i = 0; i < local_world; ++i) {
     LocalWorker w;
@@ -167,6 +176,7 @@ std::optional<LocalAttempt> Daemon::Impl::SpawnAttempt(const Job& job) {
     so.cwd = dir;
     so.log_path = w.log_path;
     so.die_with_parent = opts.workers_die_with_daemon;  // forked on the control thread
+    so.cgroup_procs_fd = cgroup_procs.get();
     so.header = absl::StrCat("=== ember: attempt ", at.number(), " rank ", w.rank, " on ",
                              opts.node_name, " device ", w.device, " ===");
     std::string dev = DeviceOfKind(w.device, "cuda") ? w.device : "cpu";
@@ -536,12 +546,26 @@ void Daemon::Impl::SweepAttempt(const LocalAttempt& a) {
   std::vector<uid_t> uids = {::geteuid()};
   auto id = ScriptIdentityFor(::geteuid(), opts.script_user, opts.allow_root_scripts);
   if (id.ok() && id->switch_user) uids.push_back(id->uid);
+  // The cgroup first: it holds every descendant, whatever its session or environment.
+  const int in_cgroup = KillAttemptCgroup(a.job, a.attempt);
   const int n = KillAttemptProcesses(a.job, a.attempt, ranks, uids);
   ReapOrphans(/*kill=*/true);
+  if (in_cgroup > 0) {
+    spdlog::warn("job {} attempt {}: killed {} process(es) its ranks left behind in its cgroup",
+                 a.job, a.attempt, in_cgroup);
+  }
   if (n > 0) {
     spdlog::warn("job {} attempt {}: killed {} process(es) its ranks left behind (outside their "
-                 "process groups)", a.job, a.attempt, n);
+                 "process groups{})", a.job, a.attempt, n, cgroups ? " and its cgroup" : "");
   }
+}
+
+int Daemon::Impl::KillAttemptCgroup(const std::string& job, int attempt) {
+  if (!cgroups) return 0;
+  int killed = 0;
+  absl::Status s = cgroups->KillAndRemove(ProcessCgroups::LeafName(job, attempt), &killed);
+  if (!s.ok()) spdlog::warn("job {} attempt {}: its cgroup: {}", job, attempt, s.ToString());
+  return killed;
 }
 
 void Daemon::Impl::ReapOrphans(bool kill) {

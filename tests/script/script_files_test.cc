@@ -6,6 +6,10 @@
 //     root file, and rotated logs are 0640 regular files;
 //   * a daemonised descendant of a rank (fork, setsid, fork) is gone within seconds of the job's
 //     end, success or cancel (any user); with reap_orphans also one that cleared its environment;
+//   * where the host allows cgroup v2 groups (root: CI), one that cleared its environment and left
+//     the session (`env -i setsid sleep &`) ends with the job under emberd too (its attempt's
+//     cgroup), and the script cannot leave that cgroup; across a daemon restart the successor keeps
+//     the re-attached attempt's group and still ends it;
 //   * a warm standby still works with the daemon's .ember/.
 #include <signal.h>
 #include <sys/stat.h>
@@ -13,6 +17,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -22,6 +27,7 @@
 #include "absl/time/clock.h"
 #include "launcher/client.h"
 #include "runtime/base/auth.h"
+#include "runtime/daemon/cgroup.h"
 #include "runtime/daemon/daemon.h"
 #include "runtime/daemon/process.h"
 
@@ -302,6 +308,224 @@ TEST_CASE("with reap_orphans, a daemonised descendant that cleared its environme
   const pid_t pid = std::atoi(Slurp(done.job_dir() + "/daemon.pid").c_str());
   REQUIRE(pid > 1);
   CHECK(EndsSoon(pid));
+}
+
+// A descendant that leaves the session and clears its environment (`env -i setsid sleep &`), the
+// one the sweep by environment cannot find: with a cgroup v2 per attempt (process_cgroup: auto)
+// it dies with the attempt. The script also tries to leave its cgroup (write its pid into an
+// ancestor's cgroup.procs) and to make a group of its own: as script_user nobody both are refused.
+constexpr char kCgroupEscape[] = R"PY(import os, sys, time
+marker = sys.argv[1]
+path = [l[3:] for l in open("/proc/self/cgroup").read().splitlines() if l.startswith("0::")][0]
+mount = None
+for line in open("/proc/self/mountinfo"):
+    f = line.split()
+    if f[f.index("-") + 1] == "cgroup2":
+        mount = f[4]
+        break
+print("cgroup:", path, "mount:", mount, flush=True)
+if mount and os.getuid() != 0:
+    moved = []
+    anc = path
+    while anc not in ("", "/"):
+        anc = anc.rsplit("/", 1)[0]
+        try:
+            with open(mount + (anc or "") + "/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+            moved.append(anc or "/")
+        except OSError:
+            pass
+    try:
+        os.mkdir(mount + path + "/mine")
+        moved.append("mkdir")
+    except OSError:
+        pass
+    print("escape:", "moved to " + ",".join(moved) if moved else "refused", flush=True)
+os.system("/usr/bin/env -i /usr/bin/setsid /bin/sleep %s &" % marker)
+deadline = time.time() + 10
+while time.time() < deadline:
+    found = False
+    for p in os.listdir("/proc"):
+        try:
+            argv = open("/proc/%s/cmdline" % p, "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[1] == marker.encode():
+            print("escaped sleep", p, flush=True)
+            found = True
+    if found:
+        break
+    time.sleep(0.02)
+)PY";
+
+// Processes whose argv[1] is `marker` (the sleep; not the shell that started it), not zombies.
+std::vector<pid_t> WithMarker(const std::string& marker) {
+  std::vector<pid_t> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const pid_t pid = std::atoi(e.path().filename().c_str());
+    if (pid <= 0) continue;
+    const std::string cmd = Slurp(e.path().string() + "/cmdline");
+    const size_t a1 = cmd.find('\0');
+    if (a1 == std::string::npos || cmd.compare(a1 + 1, marker.size() + 1, marker + '\0') != 0) {
+      continue;
+    }
+    auto info = daemon::ReadProcInfo(pid);
+    if (info && info->state != 'Z' && info->state != 'X') out.push_back(pid);
+  }
+  return out;
+}
+
+TEST_CASE("a descendant that cleared its environment and left the session ends with its job") {
+  // Whether this host lets a process make cgroup v2 groups and move children into them (root
+  // with a writable cgroup2, as in CI), asked independently of the daemon.
+  daemon::ProcessCgroupsOptions probe;
+  probe.name = absl::StrCat("script-files-test-", ::getpid());
+  auto host = daemon::ProcessCgroups::Open(probe);
+  const bool cgroups_here = host.ok();
+  if (host.ok()) CHECK((*host)->RemoveAll().ok());
+  Scratch s;
+  const std::string marker = absl::StrCat("1000.", ::getpid());  // unique per test process
+  std::string cgroup_line;
+  std::string log;
+  {
+    Node n = Start(s.dir);
+    v1::Job done = RunToEnd(n, ScriptSpec("cgroup-escape", 0, {marker}), kCgroupEscape);
+    INFO(done.DebugString());
+    REQUIRE(done.state() == v1::SUCCEEDED);
+    log = Slurp(done.job_dir() + "/logs/rank-0.log");
+    INFO(log);
+    REQUIRE(absl::StrContains(log, "escaped sleep"));  // it was running when the script ended
+    if (!cgroups_here) {
+      WARN("no usable cgroup v2 here (" << host.status().ToString()
+                                        << "): the escape is not contained, not tested");
+      for (pid_t p : WithMarker(marker)) ::kill(p, SIGKILL);
+      return;
+    }
+    // The rank ran in the attempt's group under the daemon's directory.
+    const size_t at = log.find("cgroup: ");
+    REQUIRE(at != std::string::npos);
+    cgroup_line = log.substr(at, log.find('\n', at) - at);
+    CHECK(absl::StrContains(cgroup_line, absl::StrCat("/ember/emberd-")));
+    CHECK(absl::StrContains(cgroup_line, absl::StrCat("/job-", done.id(), ".a0 ")));
+    if (::geteuid() == 0) CHECK(absl::StrContains(log, "escape: refused"));  // as nobody
+    bool gone = false;
+    for (int i = 0; i < 100 && !gone; ++i) {
+      gone = WithMarker(marker).empty();
+      if (!gone) absl::SleepFor(absl::Milliseconds(50));
+    }
+    CHECK(gone);
+    for (pid_t p : WithMarker(marker)) ::kill(p, SIGKILL);  // nothing outlives a failed check
+    // The attempt's group is removed with it.
+    const std::string path = cgroup_line.substr(strlen("cgroup: "), cgroup_line.find(" mount: ") - strlen("cgroup: "));
+    const std::string mount = cgroup_line.substr(cgroup_line.find(" mount: ") + strlen(" mount: "));
+    CHECK_FALSE(fs::exists(mount + path));
+    // The daemon's directory stays while it runs; Drain (the destructor) removes it.
+    cgroup_line = mount + path.substr(0, path.rfind('/'));
+    CHECK(fs::exists(cgroup_line));
+  }
+  CHECK_FALSE(fs::exists(cgroup_line));
+}
+
+// A script that starts the escaping sleep, then waits to be cancelled.
+constexpr char kEscapeAndWait[] = R"PY(import os, sys, time
+os.system("/usr/bin/env -i /usr/bin/setsid /bin/sleep %s &" % sys.argv[1])
+print("started", flush=True)
+time.sleep(600)
+)PY";
+
+// The daemon restarts (Detach, a new one with the same work root, node and durable store): the
+// successor keeps the group of the attempt it re-attached to (the job keeps running, the escaped
+// sleep with it) and kills the whole group when the job is cancelled.
+TEST_CASE("after a daemon restart the re-attached attempt's cgroup still ends its escaped process") {
+  daemon::ProcessCgroupsOptions probe;
+  probe.name = absl::StrCat("script-files-test-r", ::getpid());
+  auto host = daemon::ProcessCgroups::Open(probe);
+  if (!host.ok()) {
+    WARN("no usable cgroup v2 here (" << host.status().ToString() << "): not tested");
+    return;
+  }
+  CHECK((*host)->RemoveAll().ok());
+  Scratch s;
+  const std::string marker = absl::StrCat("1000.", ::getpid(), "9");
+  daemon::DaemonOptions o;
+  o.node_name = "restart";
+  o.host_store = true;
+  o.store_data_dir = s.dir + "/store";
+  o.work_root = s.dir + "/jobs";
+  o.worker_binary = "/bin/false";
+  o.inventory.cpu_slots = 1;
+  o.inventory.cuda_devices = 0;
+  o.auth_token = base::GenerateToken();
+  o.lease_ttl = absl::Seconds(30);  // the restart must not lose the node
+  if (::geteuid() == 0) {
+    o.allow_root_scripts = true;
+    o.script_user = "nobody";
+  }
+  auto connect = [&](daemon::Daemon& d) {
+    ClientOptions co;
+    co.address = d.address();
+    co.token = o.auth_token;
+    auto c = Client::Connect(co);
+    REQUIRE(c.ok());
+    return std::move(*c);
+  };
+  auto first = daemon::Daemon::Start(o);
+  REQUIRE(first.ok());
+  std::string id;
+  {
+    Client c = connect(**first);
+    auto r = c.Submit(ScriptSpec("cgroup-restart", 0, {marker}), "", {{"s.py", kEscapeAndWait}});
+    REQUIRE(r.ok());
+    id = r->job().id();
+  }
+  bool started = false;
+  for (int i = 0; i < 600 && !started; ++i) {
+    started = WithMarker(marker).size() == 1;
+    if (!started) absl::SleepFor(absl::Milliseconds(50));
+  }
+  REQUIRE(started);
+  (*first)->Detach();  // workers keep running
+  first->reset();
+  o.store_listen = "127.0.0.1:0";
+  auto second = daemon::Daemon::Start(o);
+  REQUIRE(second.ok());
+  Client c = connect(**second);
+  absl::SleepFor(absl::Seconds(1));  // a few supervision passes of the successor
+  auto running = c.Get(id);
+  REQUIRE(running.ok());
+  CHECK(running->state() == v1::RUNNING);
+  CHECK(WithMarker(marker).size() == 1);  // not swept as a stale group
+  REQUIRE(c.Cancel(id).ok());
+  auto cancelled = c.Wait(id, absl::Seconds(30));
+  REQUIRE(cancelled.ok());
+  CHECK(cancelled->state() == v1::CANCELLED);
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    gone = WithMarker(marker).empty();
+    if (!gone) absl::SleepFor(absl::Milliseconds(50));
+  }
+  CHECK(gone);
+  for (pid_t p : WithMarker(marker)) ::kill(p, SIGKILL);
+}
+
+// A configured parent that is no cgroup v2 directory stops the start, naming it (auto falls back
+// to the sweep instead; the operator who names a directory wants it used).
+TEST_CASE("a process_cgroup that is not a usable cgroup v2 directory fails the start, naming it") {
+  Scratch s;
+  daemon::DaemonOptions o;
+  o.node_name = "badcg";
+  o.host_store = true;
+  o.work_root = s.dir + "/jobs";
+  o.worker_binary = "/bin/false";
+  o.inventory.cpu_slots = 1;
+  o.inventory.cuda_devices = 0;
+  o.auth_token = base::GenerateToken();
+  o.process_cgroup = s.dir;  // a tmpfs/ext4 directory, not cgroup2
+  auto d = daemon::Daemon::Start(o);
+  REQUIRE_FALSE(d.ok());
+  INFO(d.status().ToString());
+  CHECK(absl::StrContains(d.status().message(), "process_cgroup"));
+  CHECK(absl::StrContains(d.status().message(), s.dir));
 }
 
 constexpr char kStandby[] = R"PY(import os, sys, time
