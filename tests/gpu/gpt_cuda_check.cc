@@ -262,7 +262,31 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
   }
 }
 
-int Main(const std::string& mode) {
+// --tiny: cases sized for the CUDA interpreter (gpt_cuda_check_interp, docs/gpu-testing.md), where
+// every kernel runs as host fibers twice: d 64 (2 heads of 32, the smallest head size the CUDA
+// attention has), vocab 128, context 32, batch 2 x 32, the three architectures of the full run.
+void TinyCases(kernels::cuda::CudaContext* ctx, const std::string& mode) {
+  GptConfig cfg;
+  cfg.vocab_size = 128;
+  cfg.context = 32;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.d_model = 64;
+  RunCase(ctx, mode, "gpt", cfg, 4, 2, 32);
+  GptConfig win = cfg;
+  win.window = 8;
+  RunCase(ctx, mode, "window", win, 2, 2, 32);
+  GptConfig llama = LlamaConfig();
+  llama.vocab_size = 128;
+  llama.context = 32;
+  llama.n_layer = 2;
+  llama.n_head = 2;
+  llama.n_kv_head = 1;
+  llama.d_model = 64;
+  RunCase(ctx, mode, "llama", llama, 2, 2, 32);
+}
+
+int Main(const std::string& mode, bool tiny) {
   std::unique_ptr<kernels::cuda::CudaContext> ctx;
   if (mode.empty()) {
     const char* expect = std::getenv("EMBER_EXPECT_GPUS");
@@ -277,6 +301,11 @@ int Main(const std::string& mode) {
     std::printf("GPU: %s\n", ctx->DeviceName().c_str());
   } else {
     std::printf("CPU stand-in (%s) in the GPU's place: nothing runs on a GPU\n", mode.c_str());
+  }
+  if (tiny) {
+    TinyCases(ctx.get(), mode);
+    std::printf("gpt_cuda_check: %d failed\n", gpu_check::FailedChecks());
+    return gpu_check::FailedChecks() == 0 ? 0 : 1;
   }
   GptConfig cfg;  // gpt, GELU, vocab 256, 2 layers, 4 heads, d 128
   cfg.context = 64;
@@ -297,16 +326,19 @@ int Main(const std::string& mode) {
 
 int main(int argc, char** argv) {
   std::string mode;
+  bool tiny = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--cpu-stand-in") {
+    if (a == "--tiny") {
+      tiny = true;
+    } else if (a == "--cpu-stand-in") {
       mode = "stand-in";
     } else if (a == "--cpu-stand-in=broken") {
       mode = "broken";
     } else {
-      std::fprintf(stderr, "usage: %s [--cpu-stand-in[=broken]]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--tiny] [--cpu-stand-in[=broken]]\n", argv[0]);
       return 2;
     }
   }
-  return ember::model::Main(mode);
+  return ember::model::Main(mode, tiny);
 }
