@@ -8,6 +8,9 @@
 //   gpt       vocab 256, context 64, 2 layers, 4 heads, d 128, GELU, full causal, 20 steps of 4x64
 //   window    the same with a 16-key sliding window, 3 steps
 //   llama     RoPE, 2 KV heads (GQA), SwiGLU, untied head, 3 steps
+// --tiny runs the three cases at interpreter size instead (TinyCases; the gpt case accumulates two
+// micro-batches per step): gpt_cuda_check_interp, this file linked with the CUDA interpreter
+// (//kernels/cuda:cuda_interp) in the GPU's place, runs it in CPU CI (gpt_cuda_interp_test).
 // One PASS/FAIL line per check and BENCH lines (tokens/s of the GPU and the CPU step, the
 // GPU's first step excluded); exit 0 = all passed, 1 = a check failed.
 // Without a GPU (or built without CUDA) it prints "SKIP gpt_cuda_check: <reason>" and exits 0,
