@@ -1,12 +1,13 @@
 // The real worker's GPU path end to end on an emulated GPU: ember-worker-cuda-interp (worker_main.cc
 // with cuda_loop.cc and GptCuda over the CUDA interpreter, kernels/cuda/interp) trains a one-rank
 // EMBER_DEVICE=cuda:0 job, EMBER_EMULATE_GPUS=1, and the same job runs on cpu in ember-worker. Each
-// step's loss must agree within 1e-4 relative and every checkpointed tensor (parameters and AdamW
+// step's loss (cosine schedule with warmup: the LR changes every step) must agree within 1e-4 relative and every checkpointed tensor (parameters and AdamW
 // moments, saved from the GPU through the host mirror) within 1e-3 of its largest magnitude: the
 // tolerances of tests/gpu/gpt_cuda_check (fp32 in different reduction orders; Adam amplifies
 // rounding of near-zero gradients, docs/gpu-testing.md). And the switch: ember-worker-cuda (a real
 // GPU build) refuses EMBER_EMULATE_GPUS=1 at Prepare, ember-worker-cuda-interp refuses a cuda rank
-// without it (exit 2, the message naming the variable).
+// without it (exit 2, the message naming the variable). And a cpu checkpoint resumes on the
+// interpreted GPU.
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <cmath>
@@ -27,24 +28,27 @@
 namespace ember::worker {
 namespace {
 
-// d 64 in 2 heads of 32 (the CUDA attention's head sizes are 32 and 64), context 32, batch 2.
-void WriteGpuSpec(const std::string& dir, const std::string& arch) {
+// d 64 in 2 heads of 32 (the CUDA attention's head sizes are 32 and 64), context 32, batch 2,
+// checkpoints every 2 steps.
+void WriteGpuSpec(const std::string& dir, const std::string& arch, int steps = 4,
+                  const std::string& schedule = "schedule: cosine, warmup_steps: 2") {
   std::ofstream f(dir + "/job.yaml");
   f << "name: t\n"
        "model: {" << arch << "vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 64}\n"
        "data: {text_path: corpus.txt}\n"
-       "optimizer: {lr: 0.003, schedule: constant, grad_clip: 1.0}\n"
-       "checkpoint: {every_steps: 4}\n"
-       "steps: 4\nbatch_size: 2\nseed: 7\ndeterministic: true\nthreads: 1\n";
+       "optimizer: {lr: 0.003, " << schedule << ", grad_clip: 1.0}\n"
+       "checkpoint: {every_steps: 2}\n"
+       "steps: " << steps << "\nbatch_size: 2\nseed: 7\ndeterministic: true\nthreads: 1\n";
 }
 
 // Runs the job in `dir` on one rank of `binary` with EMBER_DEVICE=device (+ extra variables).
 // Its stderr is kept in dir/stderr.log (Stderr).
 int RunOne(const std::string& addr, const std::string& id, const std::string& dir, const std::string& device,
-           const std::string& binary, std::map<std::string, std::string> extra = {}) {
+           const std::string& binary, std::map<std::string, std::string> extra = {}, int attempt = 0) {
   job::WorkerEnv e;
   e.store_addr = addr;
   e.job_id = id;
+  e.attempt = attempt;
   e.job_dir = dir;
   e.device = device;
   for (const auto& [k, v] : e.ToEnv()) extra[k] = v;
@@ -69,6 +73,30 @@ double RelMaxDiff(const std::string& a, const std::string& b) {
     scale = std::max(scale, std::fabs(static_cast<double>(y[i])));
   }
   return scale == 0 ? diff : diff / scale;
+}
+
+// The latest checkpoints of two job directories: step `step`, the same tensors, every f32 one
+// (parameters and AdamW moments) within 1e-3 of its largest magnitude.
+void CheckSameCheckpoint(const std::string& got, const std::string& want, int64_t step) {
+  auto rg = ckpt::CheckpointReader::Open(got + "/checkpoints");
+  auto rw = ckpt::CheckpointReader::Open(want + "/checkpoints");
+  REQUIRE(rg.ok());
+  REQUIRE(rw.ok());
+  CHECK((*rg)->metadata().step == step);
+  CHECK((*rw)->metadata().step == step);
+  REQUIRE((*rg)->metadata().tensors.size() == (*rw)->metadata().tensors.size());
+  int compared = 0;
+  for (const ckpt::TensorMeta& t : (*rw)->metadata().tensors) {
+    if (t.dtype != ckpt::DType::kF32) continue;
+    auto a = (*rg)->ReadFull(t.name);
+    auto b = (*rw)->ReadFull(t.name);
+    REQUIRE(a.ok());
+    REQUIRE(b.ok());
+    INFO(t.name);
+    CHECK(RelMaxDiff(*a, *b) <= 1e-3);
+    ++compared;
+  }
+  CHECK(compared >= 3 * 12);  // parameters and both moments of at least 12 tensors
 }
 
 TEST_CASE("a one-rank cuda job on the interpreted GPU trains as the cpu job does", "[worker][cuda][interp]") {
@@ -97,26 +125,34 @@ TEST_CASE("a one-rank cuda job on the interpreted GPU trains as the cpu job does
       std::ifstream m(gpu + "/metrics/rank-0.jsonl");
       const std::string first((std::istreambuf_iterator<char>(m)), std::istreambuf_iterator<char>());
       CHECK(absl::StrContains(first, "\"device_memory_bytes\""));
-      auto rc_cpu = ckpt::CheckpointReader::Open(cpu + "/checkpoints");
-      auto rc_gpu = ckpt::CheckpointReader::Open(gpu + "/checkpoints");
-      REQUIRE(rc_cpu.ok());
-      REQUIRE(rc_gpu.ok());
-      CHECK((*rc_gpu)->metadata().step == 4);
-      REQUIRE((*rc_gpu)->metadata().tensors.size() == (*rc_cpu)->metadata().tensors.size());
-      int compared = 0;
-      for (const ckpt::TensorMeta& t : (*rc_cpu)->metadata().tensors) {
-        if (t.dtype != ckpt::DType::kF32) continue;
-        auto a = (*rc_gpu)->ReadFull(t.name);
-        auto b = (*rc_cpu)->ReadFull(t.name);
-        REQUIRE(a.ok());
-        REQUIRE(b.ok());
-        INFO(t.name);
-        CHECK(RelMaxDiff(*a, *b) <= 1e-3);
-        ++compared;
-      }
-      CHECK(compared >= 3 * 12);  // parameters and both moments of at least 12 tensors
+      CheckSameCheckpoint(gpu, cpu, 4);
     }
   }
+}
+
+// A cpu job's step-2 checkpoint resumed on the interpreted GPU (parameters, AdamW moments and step
+// uploaded by SyncDevice) continues as the uninterrupted cpu job does; constant LR, so a 2-step job
+// and the first 2 steps of a 4-step one are the same.
+TEST_CASE("a cpu checkpoint resumes on the interpreted GPU", "[worker][cuda][interp]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  const std::string ref = NewJobDir("resume-ref"), dir = NewJobDir("resume");
+  WriteGpuSpec(ref, "", 4, "schedule: constant");
+  REQUIRE(RunOne(addr, "resume-ref", ref, "cpu", "runtime/worker/ember-worker") == 0);
+  WriteGpuSpec(dir, "", 2, "schedule: constant");
+  REQUIRE(RunOne(addr, "resume", dir, "cpu", "runtime/worker/ember-worker") == 0);
+  WriteGpuSpec(dir, "", 4, "schedule: constant");
+  const int rc = RunOne(addr, "resume", dir, "cuda:0", "runtime/worker/ember-worker-cuda-interp",
+                        {{kEnvEmulateGpus, "1"}}, /*attempt=*/1);
+  if (rc != 0) FAIL("ember-worker-cuda-interp exited " << rc << ": " << Stderr(dir));
+  const std::map<int64_t, double> a = Losses(ref), b = Losses(dir);
+  REQUIRE(b.size() == 4);
+  for (int64_t step = 1; step <= 4; ++step) {
+    INFO("step " << step);
+    CheckClose(b.at(step), a.at(step), step <= 2 ? 1e-6 : 1e-4);  // 1, 2 on cpu both times
+  }
+  CheckSameCheckpoint(dir, ref, 4);
 }
 
 TEST_CASE("EMBER_EMULATE_GPUS: refused by the real GPU worker, required by the interpreter's", "[worker][cuda][interp]") {
