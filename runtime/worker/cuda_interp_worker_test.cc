@@ -111,7 +111,7 @@ TEST_CASE("a one-rank cuda job on the interpreted GPU trains as the cpu job does
       WriteGpuSpec(gpu, arch);
       REQUIRE(RunOne(addr, "cpu-" + tag, cpu, "cpu", "runtime/worker/ember-worker") == 0);
       const int rc = RunOne(addr, "gpu-" + tag, gpu, "cuda:0", "runtime/worker/ember-worker-cuda-interp",
-                            {{kEnvEmulateGpus, "1"}});
+                            {{job::kEnvEmulateGpus, "1"}});
       if (rc != 0) FAIL("ember-worker-cuda-interp exited " << rc << ": " << Stderr(gpu));
       CHECK(absl::StrContains(Stderr(gpu), "on the CUDA interpreter: an emulated GPU on the CPU"));
       const std::map<int64_t, double> lc = Losses(cpu), lg = Losses(gpu);
@@ -144,7 +144,7 @@ TEST_CASE("a cpu checkpoint resumes on the interpreted GPU", "[worker][cuda][int
   REQUIRE(RunOne(addr, "resume", dir, "cpu", "runtime/worker/ember-worker") == 0);
   WriteGpuSpec(dir, "", 4, "schedule: constant");
   const int rc = RunOne(addr, "resume", dir, "cuda:0", "runtime/worker/ember-worker-cuda-interp",
-                        {{kEnvEmulateGpus, "1"}}, /*attempt=*/1);
+                        {{job::kEnvEmulateGpus, "1"}}, /*attempt=*/1);
   if (rc != 0) FAIL("ember-worker-cuda-interp exited " << rc << ": " << Stderr(dir));
   const std::map<int64_t, double> a = Losses(ref), b = Losses(dir);
   REQUIRE(b.size() == 4);
@@ -155,21 +155,21 @@ TEST_CASE("a cpu checkpoint resumes on the interpreted GPU", "[worker][cuda][int
   CheckSameCheckpoint(dir, ref, 4);
 }
 
-TEST_CASE("EMBER_EMULATE_GPUS: refused by the real GPU worker, required by the interpreter's", "[worker][cuda][interp]") {
+TEST_CASE("the emulated-GPU switch: refused by the real GPU worker, required by the interpreter's", "[worker][cuda][interp]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();
   const std::string a = NewJobDir("emu-real"), b = NewJobDir("emu-missing");
   WriteGpuSpec(a, "");
   WriteGpuSpec(b, "");
-  CHECK(RunOne(addr, "emu-real", a, "cuda:0", "runtime/worker/ember-worker-cuda", {{kEnvEmulateGpus, "1"}}) == 2);
+  CHECK(RunOne(addr, "emu-real", a, "cuda:0", "runtime/worker/ember-worker-cuda", {{job::kEnvEmulateGpus, "1"}}) == 2);
   std::string err = Stderr(a);
   INFO(err);
-  CHECK(absl::StrContains(err, "EMBER_EMULATE_GPUS: 1 with EMBER_DEVICE=cuda:0: this ember-worker runs real GPUs only"));
+  CHECK(absl::StrContains(err, absl::StrCat(job::kEnvEmulateGpus, ": 1 with ", job::kEnvDevice, "=cuda:0: this ember-worker runs real GPUs only")));
   CHECK(RunOne(addr, "emu-missing", b, "cuda:0", "runtime/worker/ember-worker-cuda-interp") == 2);
   err = Stderr(b);
   INFO(err);
-  CHECK(absl::StrContains(err, "EMBER_EMULATE_GPUS: unset with EMBER_DEVICE=cuda:0: this is ember-worker-cuda-interp"));
+  CHECK(absl::StrContains(err, absl::StrCat(job::kEnvEmulateGpus, ": unset with ", job::kEnvDevice, "=cuda:0: this is ember-worker-cuda-interp")));
 }
 
 }  // namespace

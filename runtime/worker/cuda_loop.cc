@@ -130,7 +130,7 @@ class CudaState final : public TrainState {
     }
     if (kInterpreted) {
       spdlog::warn("training on {} (GptCuda, fp32) on the CUDA interpreter: an emulated GPU on the CPU "
-                   "(ember-worker-cuda-interp, a test build; {}=1)", plan.env.device, kEnvEmulateGpus);
+                   "(ember-worker-cuda-interp, a test build; {}=1)", plan.env.device, job::kEnvEmulateGpus);
     } else {
       spdlog::info("training on {} (GptCuda, fp32)", plan.env.device);
     }

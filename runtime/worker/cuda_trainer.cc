@@ -35,14 +35,14 @@ absl::Status CheckCudaPlan(const Plan& p) {
   const std::string dev = p.env.device;
   ASSIGN_OR_RETURN(const bool emulate, EmulateGpusRequested());
   if (emulate && !CudaStateInterpreted()) {
-    return Bad(kEnvEmulateGpus, absl::StrCat("1 with ", job::kEnvDevice, "=", dev, ": this ember-worker runs real GPUs only; "
+    return Bad(job::kEnvEmulateGpus, absl::StrCat("1 with ", job::kEnvDevice, "=", dev, ": this ember-worker runs real GPUs only; "
                                              "emulated GPUs need ember-worker-cuda-interp (a test build with the "
-                                             "CUDA interpreter, docs/gpu-testing.md); unset ", kEnvEmulateGpus));
+                                             "CUDA interpreter, docs/gpu-testing.md); unset ", job::kEnvEmulateGpus));
   }
   if (!emulate && CudaStateInterpreted()) {
-    return Bad(kEnvEmulateGpus, absl::StrCat("unset with ", job::kEnvDevice, "=", dev, ": this is "
+    return Bad(job::kEnvEmulateGpus, absl::StrCat("unset with ", job::kEnvDevice, "=", dev, ": this is "
                                              "ember-worker-cuda-interp, whose GPU is the CUDA interpreter on the CPU "
-                                             "(a test build); set ", kEnvEmulateGpus, "=1 to mean that, or run "
+                                             "(a test build); set ", job::kEnvEmulateGpus, "=1 to mean that, or run "
                                              "ember-worker-cuda on a real GPU"));
   }
   if (!base::BuiltWithCuda() && !CudaStateInterpreted()) {
@@ -99,10 +99,10 @@ CudaStateFn GetCudaState() { return Registered().fn; }
 bool CudaStateInterpreted() { return Registered().interpreted; }
 
 absl::StatusOr<bool> EmulateGpusRequested() {
-  const char* v = std::getenv(kEnvEmulateGpus);
+  const char* v = std::getenv(job::kEnvEmulateGpus);
   if (v == nullptr || std::string(v).empty() || std::string(v) == "0") return false;
   if (std::string(v) == "1") return true;
-  return Bad(kEnvEmulateGpus, absl::StrCat("'", v, "': want 1 (run cuda ranks on the CUDA interpreter) or 0"));
+  return Bad(job::kEnvEmulateGpus, absl::StrCat("'", v, "': want 1 (run cuda ranks on the CUDA interpreter) or 0"));
 }
 
 }  // namespace ember::worker
