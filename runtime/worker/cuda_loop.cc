@@ -120,7 +120,9 @@ class CudaState final : public TrainState {
     // MFU in the progress line: model FLOPs per token x tokens/s over the dense bf16 peak (the
     // issue's yardstick, although this step still computes in fp32).
     s->flops_per_token_ = model::TrainingFlopsPerToken(plan.model, plan.model.context);
-    s->peak_ = PeakOf(*s->ctx_);
+    // The interpreter describes itself as an H100; an MFU against that peak would mean nothing.
+    s->peak_ = kInterpreted ? absl::NotFoundError("an emulated GPU (the CUDA interpreter) has no peak")
+                            : PeakOf(*s->ctx_);
     if (s->peak_.ok()) {
       spdlog::info("mfu: {:.4g} model FLOPs per token (6N + 12LHQS, docs/model.md) over the {}'s dense "
                    "bf16 peak {:.1f} TFLOP/s ({}); the step computes in fp32",
