@@ -276,7 +276,8 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
 // --tiny: cases sized for the CUDA interpreter (gpt_cuda_check_interp, docs/gpu-testing.md), where
 // every kernel runs as host fibers twice: d 64 (2 heads of 32, the smallest head size the CUDA
 // attention has), vocab 128, context 32, batch 2 x 32, the three architectures of the full run;
-// the gpt case accumulates 2 micro-batches per step (GptCuda's "gradients are accumulated").
+// the gpt case accumulates 2 micro-batches per step (GptCuda's "gradients are accumulated"); then
+// odd shapes and the loss options.
 void TinyCases(kernels::cuda::CudaContext* ctx, const std::string& mode) {
   GptConfig cfg;
   cfg.vocab_size = 128;
@@ -296,6 +297,23 @@ void TinyCases(kernels::cuda::CudaContext* ctx, const std::string& mode) {
   llama.n_kv_head = 1;
   llama.d_model = 64;
   RunCase(ctx, mode, "llama", llama, 2, 2, 32);
+  // Shapes off the powers of two: vocab 100, 3 heads (d 96), d_ff 72, one row of T 20 < context.
+  GptConfig odd = cfg;
+  odd.vocab_size = 100;
+  odd.d_model = 96;
+  odd.n_head = 3;
+  odd.d_ff = 72;
+  odd.n_layer = 1;
+  RunCase(ctx, mode, "odd", odd, 2, 1, 20);
+  // Head size 64, the loss options (label smoothing, z-loss, an ignore_index that occurs in the
+  // targets: token 15 is one target of each step here), norm_eps 1e-3, T 17.
+  GptConfig loss = cfg;
+  loss.n_head = 1;
+  loss.loss.label_smoothing = 0.1f;
+  loss.loss.z_loss = 1e-3f;
+  loss.loss.ignore_index = 15;
+  loss.norm_eps = 1e-3f;
+  RunCase(ctx, mode, "loss", loss, 2, 2, 17);
 }
 
 int Main(const std::string& mode, bool tiny) {
