@@ -29,6 +29,7 @@
 //     weights/sub/<name>    WeightsSubscriber a subscriber's buffer descriptor (the subscriber)
 //     weights/onesided/     kWeightsOnesided  the onesided agents' address exchange
 //     weights/stats/<rank>  WeightsStatsOf    a rank's publish counters (published, skipped, dropped)
+//     weights/names/<rank>  WeightsNamesOf    the tensors a rank publishes (name and shape per line)
 //
 // Values are binary protos (proto/jobs.proto), not JSON: every reader is C++ code that has the
 // message, people see progress through the Jobs API (`emberctl status`, StreamMetrics), and one
@@ -65,6 +66,7 @@ inline constexpr absl::string_view kWeightsSubscribers = "weights/sub/";
 inline constexpr absl::string_view kWeightsOnesided = "weights/onesided/";
 inline std::string WeightsSubscriber(absl::string_view name) { return absl::StrCat(kWeightsSubscribers, name); }
 inline std::string WeightsStatsOf(int rank) { return absl::StrCat("weights/stats/", rank); }
+inline std::string WeightsNamesOf(int rank) { return absl::StrCat("weights/names/", rank); }
 
 // --- absolute ---
 // Every top-level key space of emberd and its workers (this header's and runtime/daemon/keys.h's;

@@ -3,6 +3,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "runtime/jobspec/pipeline_layout.h"
 
@@ -60,6 +61,18 @@ const char* Name(Schedule s) { return NameOf(kSchedule, s); }
 const char* Name(Dtype d) { return NameOf(kDtype, d); }
 const char* Name(Backend b) { return NameOf(kBackend, b); }
 const char* Name(ReplicaMode r) { return NameOf(kReplicaMode, r); }
+
+bool IsBuiltinArch(const std::string& name) { return ParseArch("model.arch", name).ok(); }
+
+absl::Status CheckArchName(const std::string& field, const std::string& name) {
+  if (IsBuiltinArch(name)) return absl::OkStatus();
+  bool ok = !name.empty() && name.size() <= 32 && name[0] >= 'a' && name[0] <= 'z';
+  for (char c : name) ok = ok && ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_');
+  if (ok) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": '", absl::CHexEscape(name.substr(0, 64)), "' is not an architecture name: gpt, llama, or one "
+      "registered in the worker's build (1-32 of a-z, 0-9, _, starting with a letter; docs/adding-a-model.md)"));
+}
 
 Arch ArchOf(const v1::JobSpec& s) { return ParseArch("model.arch", s.model().arch()).value_or(Arch::kGpt); }
 Mlp MlpOf(const v1::JobSpec& s) { return ParseMlp("model.mlp", s.model().mlp()).value_or(Mlp::kGelu); }

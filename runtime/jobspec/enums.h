@@ -44,6 +44,13 @@ inline bool IsNccl(Backend b) { return b != Backend::kCpu; }
 // them. A spelling the parser refuses (possible only in an unvalidated spec) reads as the default:
 // gpt, gelu, 1f1b (PipelineLayoutOf's schedule), cpu (an empty backend, before resolution, too).
 Arch ArchOf(const ::ember::spec::v1::JobSpec& spec);
+
+// model.arch names another architecture than the built-in gpt and llama: one registered in the
+// worker's build (runtime/model/registry.h; docs/adding-a-model.md). This layer cannot see the
+// registry, so it checks only the name's form (1-32 of [a-z0-9_], starting with a letter);
+// spec::Resolve (runtime/model/from_spec.h) refuses a name the build has not registered.
+bool IsBuiltinArch(const std::string& name);
+absl::Status CheckArchName(const std::string& field, const std::string& name);
 Mlp MlpOf(const ::ember::spec::v1::JobSpec& spec);
 Schedule ScheduleOf(const ::ember::spec::v1::JobSpec& spec);
 Backend BackendOf(const ::ember::spec::v1::JobSpec& spec);

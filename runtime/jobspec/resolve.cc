@@ -43,7 +43,7 @@ const std::vector<SupportRule> kSupportMatrix = {
     {"pipeline+init_from", "checkpoint.init_from", false,
      [](const JobSpec& s) { return Pipeline(s) && !s.checkpoint().init_from().empty(); },
      [](const JobSpec&) { return std::string("not supported for pipeline jobs yet"); }},
-    {"pipeline+publish", "publish.every_steps", false,
+    {"pipeline+publish", "publish.every_steps", true,  // publisher.cc: every stage's tensors in one manifest
      [](const JobSpec& s) { return Pipeline(s) && s.publish().every_steps() > 0; },
      [](const JobSpec&) {
        return std::string("live weight publishing is not built for pipeline jobs (docs/onesided.md); leave it 0");
@@ -89,6 +89,12 @@ const std::vector<SupportRule> kSupportMatrix = {
      [](const JobSpec& s) {
        return absl::StrCat(s.publish().every_steps(), " on cuda: GPU training does not publish weights yet; use 0 "
                            "or device cpu");
+     }},
+    {"cuda+registered_arch", "model.arch", false,
+     [](const JobSpec& s) { return Cuda(s) && !IsBuiltinArch(s.model().arch()); },
+     [](const JobSpec& s) {
+       return absl::StrCat("'", s.model().arch(), "' on cuda: the GPU step is written for gpt and llama only; "
+                           "use device cpu (a registered architecture trains on the CPU stack)");
      }},
     {"cuda+moe", "model.mlp", false,
      [](const JobSpec& s) { return Cuda(s) && MlpOf(s) == Mlp::kMoe; },

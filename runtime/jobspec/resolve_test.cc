@@ -49,6 +49,7 @@ const std::map<std::string, std::pair<std::string, int>> kTriggers = {
     {"cuda+grad_accumulation", {"resources: {device_type: cuda}\nparallelism: {micro_batches: 2}\n", 1}},
     {"cuda+precision", {"resources: {device_type: cuda}\nprecision: {param_dtype: bf16}\n", 1}},
     {"cuda+publish", {"resources: {device_type: cuda}\npublish: {every_steps: 5}\n", 1}},
+    {"cuda+registered_arch", {"resources: {device_type: cuda}\nmodel: {arch: toy}\n", 1}},
     {"cuda+moe", {"resources: {device_type: cuda}\nmodel: {mlp: moe, n_layers: 4, n_heads: 2, d_model: 64, context_length: 16}\n", 1}},
     {"cuda+head_size", {"resources: {device_type: cuda}\nmodel: {n_layers: 4, n_heads: 4, d_model: 64, context_length: 16}\n", 1}},
 };

@@ -86,7 +86,9 @@ absl::Status ValidateWorker(const spec::v1::WorkerConfig& w) {
 
 // model.arch and the fields only llama uses (n_kv_heads, rope_*, tie_embeddings).
 absl::Status ValidateArch(const v1::ModelConfig& m) {
-  RETURN_IF_ERROR(ParseArch("model.arch", m.arch()).status());
+  RETURN_IF_ERROR(CheckArchName("model.arch", m.arch()));
+  // A registered architecture checks its own fields (its factory, at spec::Resolve).
+  if (!IsBuiltinArch(m.arch())) return absl::OkStatus();
   RETURN_IF_ERROR(Range("model.n_kv_heads", m.n_kv_heads(), 1, m.n_heads()));
   if (m.n_heads() % m.n_kv_heads() != 0) {
     return Bad("model.n_kv_heads", absl::StrCat(m.n_kv_heads(), " does not divide model.n_heads=",

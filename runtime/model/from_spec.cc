@@ -6,6 +6,7 @@
 #include "runtime/base/glob.h"
 #include "runtime/base/status_macros.h"
 #include "runtime/jobspec/enums.h"
+#include "runtime/model/registry.h"
 
 namespace ember::model {
 
@@ -50,10 +51,19 @@ absl::StatusOr<GptConfig> ConfigFromSpec(const spec::JobSpec& s) {
 
 absl::Status CheckModel(const spec::JobSpec& s) {
   if (spec::IsScriptJob(s)) return absl::OkStatus();
-  ASSIGN_OR_RETURN(const GptConfig c, ConfigFromSpec(s));
+  std::vector<ParamSpec> params;
+  if (spec::IsBuiltinArch(s.model().arch())) {
+    ASSIGN_OR_RETURN(const GptConfig c, ConfigFromSpec(s));
+    params = ParamSpecs(c);
+  } else {
+    // A registered architecture: this build must have it, and its factory checks its fields.
+    absl::StatusOr<std::shared_ptr<const Model>> m = MakeModel(s);
+    if (absl::IsNotFound(m.status())) return absl::InvalidArgumentError(m.status().message());
+    if (!m.ok()) return m.status();
+    params = (*m)->ParamSpecs();
+  }
   const auto& ov = s.precision().overrides();
   if (ov.empty()) return absl::OkStatus();
-  const std::vector<ParamSpec> params = ParamSpecs(c);
   for (int i = 0; i < ov.size(); ++i) {
     bool any = false;
     for (const auto& ps : params) any = any || base::GlobMatch(ov[i].pattern(), ps.name);

@@ -21,7 +21,9 @@ namespace ember::model {
 // field ("model: ...") when GptConfig::Validate refuses it.
 absl::StatusOr<GptConfig> ConfigFromSpec(const spec::JobSpec& spec);
 
-// ConfigFromSpec, then every precision.overrides[i].pattern must match at least one parameter of
+// The model's checks: for gpt and llama ConfigFromSpec; for another model.arch the registered
+// factory (runtime/model/registry.h; a name this build has not registered is INVALID_ARGUMENT
+// "model.arch: ... registered: ..."). Then every precision.overrides[i].pattern must match at least one parameter of
 // that model (an override that matches none is almost always a wrong name, e.g. "*norm*" for the
 // norms, which are named ln1/ln2/ln_f): INVALID_ARGUMENT "precision.overrides[i].pattern: ...".
 // Script jobs have no model: OK.

@@ -130,9 +130,9 @@ absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s) {
   return HfConfigFor(c);
 }
 
-void RecordModel(const model::GptConfig& c, ckpt::RankState* st) {
-  const bool llama = c.arch == model::GptConfig::Arch::kLlama;
-  st->extra[ckpt::kExtraModelArch] = llama ? "llama" : "gpt";
+void RecordModel(const std::string& arch, const model::GptConfig& c, ckpt::RankState* st) {
+  st->extra[ckpt::kExtraModelArch] = arch;
+  const bool llama = arch == "llama";
   if (llama && c.mlp == model::GptConfig::Mlp::kSwiGlu) st->extra[ckpt::kExtraHfConfig] = ckpt::HfConfigJson(HfConfigFor(c));
 }
 

@@ -37,9 +37,10 @@ ckpt::HfLlamaConfig HfConfigFor(const model::GptConfig& c);
 // unless it is model.arch llama with the SwiGLU MLP.
 absl::StatusOr<ckpt::HfLlamaConfig> HfConfigForSpec(const spec::JobSpec& s);
 
-// Adds the model's records to a checkpoint's extra: model.arch ("gpt" | "llama") and, for llama,
+// Adds the model's records to a checkpoint's extra: model.arch (the spec's name: gpt, llama or a
+// registered architecture) and, for llama,
 // hf.config (config.json text), which `emberctl ckpt export --format hf` reads.
-void RecordModel(const model::GptConfig& c, ckpt::RankState* st);
+void RecordModel(const std::string& arch, const model::GptConfig& c, ckpt::RankState* st);
 
 // checkpoint.init_from: initialises this rank's parameter shards from a Hugging Face Llama
 // directory (config.json checked against the model: a mismatch names the field and both values;

@@ -90,32 +90,40 @@ TEST_CASE("a subscriber's snapshot of step N equals the checkpoint of step N; lo
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();
-  const std::string base = NewJobDir("base");
-  WriteSpec(base, kSteps, 2, "", kCheckpoints);
-  REQUIRE(RunJob(addr, "base", base, 2, 0) == std::vector<int>{0, 0});
+  // FSDP (every rank holds rows of every tensor) and a 2-stage pipeline (each rank its stage's
+  // tensors; the tied wte published once, by the first stage).
+  for (const std::string layout : {"", "parallelism: {strategy: pipeline, pipeline_stages: 2}\n"}) {
+    const std::string tag = layout.empty() ? "fsdp" : "pp";
+    INFO(tag);
+    const std::string base = NewJobDir("base-" + tag);
+    WriteSpec(base, kSteps, 2, layout, kCheckpoints);
+    REQUIRE(RunJob(addr, "base-" + tag, base, 2, 0) == std::vector<int>{0, 0});
 
-  const std::string dir = NewJobDir("pub"), out = dir + "/snapshots";
-  WriteSpec(dir, kSteps, 2, "publish: {every_steps: 20, wait_for_subscribers: 1}\n", kCheckpoints);
-  const pid_t sub = SpawnSubscriber(addr, "pub", out);
-  REQUIRE(RunJob(addr, "pub", dir, 2, 0) == std::vector<int>{0, 0});
-  CHECK(WaitAll({sub}, absl::Seconds(60)) == std::vector<int>{0});  // ends when the ranks exit
+    const std::string dir = NewJobDir("pub-" + tag), out = dir + "/snapshots";
+    WriteSpec(dir, kSteps, 2, layout + "publish: {every_steps: 20, wait_for_subscribers: 1}\n", kCheckpoints);
+    const pid_t sub = SpawnSubscriber(addr, "pub-" + tag, out);
+    REQUIRE(RunJob(addr, "pub-" + tag, dir, 2, 0) == std::vector<int>{0, 0});
+    CHECK(WaitAll({sub}, absl::Seconds(60)) == std::vector<int>{0});  // ends when the ranks exit
 
-  const std::set<int64_t> steps = Snapshots(out);
-  REQUIRE(!steps.empty());
-  WARN(steps.size() << " snapshots, steps " << *steps.begin() << ".." << *steps.rbegin());
-  // wait_for_subscribers: 1 held step 1 until the subscriber was connected, so the first publish
-  // step reached it (without the wait a subscriber starting on a busy host missed them all).
-  CHECK(*steps.begin() == 20);
-  for (int64_t n : steps) {
-    CHECK(n % 20 == 0);
-    const std::string exported = absl::StrCat(dir, "/export-", n, ".safetensors");
-    REQUIRE(ckpt::ExportSafetensors(absl::StrCat(dir, "/checkpoints/step-", n), exported).ok());
-    CheckSameTensors(absl::StrCat(out, "/step-", n, "/model.safetensors"), exported);
+    const std::set<int64_t> steps = Snapshots(out);
+    REQUIRE(!steps.empty());
+    WARN(tag << ": " << steps.size() << " snapshots, steps " << *steps.begin() << ".." << *steps.rbegin());
+    // wait_for_subscribers: 1 held step 1 until the subscriber was connected, so the first publish
+    // step reached it (without the wait a subscriber starting on a busy host missed them all).
+    CHECK(*steps.begin() == 20);
+    for (int64_t n : steps) {
+      CHECK(n % 20 == 0);
+      const std::string exported = absl::StrCat(dir, "/export-", n, ".safetensors");
+      REQUIRE(ckpt::ExportSafetensors(absl::StrCat(dir, "/checkpoints/step-", n), exported).ok());
+      CheckSameTensors(absl::StrCat(out, "/step-", n, "/model.safetensors"), exported);
+    }
+    CHECK(Losses(dir) == Losses(base));  // publishing does not change training
+    auto client = store::Client::Connect({.address = addr});
+    REQUIRE(client.ok());
+    for (int r = 0; r < 2; ++r) {
+      CHECK(Stats(*client, "pub-" + tag, r)["published"] >= static_cast<int64_t>(steps.size()));
+    }
   }
-  CHECK(Losses(dir) == Losses(base));  // publishing does not change training
-  auto client = store::Client::Connect({.address = addr});
-  REQUIRE(client.ok());
-  for (int r = 0; r < 2; ++r) CHECK(Stats(*client, "pub", r)["published"] >= static_cast<int64_t>(steps.size()));
 }
 
 // SIGKILL: the ranks' put, notify or ack wait for the gone peer does not finish (their agents

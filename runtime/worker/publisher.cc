@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <algorithm>
+#include <map>
 #include <atomic>
 #include <cstring>
 #include <set>
@@ -324,16 +325,38 @@ absl::StatusOr<std::unique_ptr<Publisher>> StartPublisher(const Plan& plan, stor
   // A copy another rank publishes (a pipeline's second wte, an HSDP replica) is left out.
   shards.erase(std::remove_if(shards.begin(), shards.end(), [](const fsdp::ShardView& v) { return !v.primary; }),
                shards.end());
+  // The job's tensors: every rank's primary ones, in rank order, each name once (FSDP ranks all
+  // hold every tensor's rows; a pipeline's stages hold different tensors). Exchanged through the
+  // store once, so every rank computes the same manifest and offsets.
+  WeightsManifest mine;
+  mine.attempt = env.attempt;
+  mine.world = env.world_size;
+  for (const fsdp::ShardView& s : shards) mine.tensors.push_back({s.name, s.global_shape});
+  RETURN_IF_ERROR(attempt.Set(job::keys::WeightsNamesOf(env.rank), EncodeManifest(mine)));
+  std::vector<std::string> name_keys;
+  for (int r = 0; r < env.world_size; ++r) name_keys.push_back(job::keys::WeightsNamesOf(r));
+  RETURN_IF_ERROR(base::Annotate(attempt.Wait(name_keys, kConnectTimeout * 6),
+                                 "waiting for every rank's published tensor names"));
   WeightsManifest m;
   m.attempt = env.attempt;
   m.world = env.world_size;
-  for (const fsdp::ShardView& s : shards) m.tensors.push_back({s.name, s.global_shape});
+  std::set<std::string> seen;
+  for (const std::string& key : name_keys) {
+    ASSIGN_OR_RETURN(std::string text, attempt.Get(key));
+    ASSIGN_OR_RETURN(WeightsManifest theirs, ParseManifest(text));
+    for (const auto& t : theirs.tensors) {
+      if (seen.insert(t.name).second) m.tensors.push_back({t.name, t.shape});
+    }
+  }
   const std::string text = EncodeManifest(m);
   ASSIGN_OR_RETURN(m, ParseManifest(text));  // the offsets, as a subscriber computes them
+  std::map<std::string, const WeightsManifest::Tensor*> by_name;
+  for (const auto& t : m.tensors) by_name[t.name] = &t;
   std::vector<uint64_t> remote_offsets;
   uint64_t staging_bytes = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
-    remote_offsets.push_back(m.tensors[i].offset + 4 * static_cast<uint64_t>(shards[i].row_begin * shards[i].row_numel));
+    const WeightsManifest::Tensor& t = *by_name.at(shards[i].name);
+    remote_offsets.push_back(t.offset + 4 * static_cast<uint64_t>(shards[i].row_begin * shards[i].row_numel));
     staging_bytes += 4 * static_cast<uint64_t>(shards[i].rows * shards[i].row_numel);
   }
   if (env.rank == 0) RETURN_IF_ERROR(attempt.Set(job::keys::kWeightsManifest, text));

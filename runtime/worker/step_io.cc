@@ -113,7 +113,7 @@ Reporter::Reporter(const Plan& plan, store::Client& attempt, int64_t state_bytes
 void Reporter::Start() const {
   spdlog::info("{} | rank {}/{} | {} params, {} state bytes/rank | {} threads | from step {}",
                spec::Summarize(plan_.spec), plan_.env.rank, plan_.env.world_size,
-               model::ParamSpecs(plan_.model).size(), state_bytes_, plan_.threads, first_);
+               plan_.arch->ParamSpecs().size(), state_bytes_, plan_.threads, first_);
 }
 
 bool Reporter::Due(int64_t step) const {
@@ -161,7 +161,7 @@ bool Checkpointer::Due(int64_t step) const {
 absl::Status Checkpointer::Save(int64_t step) {
   const absl::Time t0 = absl::Now();
   ckpt::RankState st = snapshot_(step);
-  RecordModel(plan_.model, &st);  // so `emberctl ckpt export --format hf` needs no job spec
+  RecordModel(plan_.spec.model().arch(), plan_.model, &st);  // so `emberctl ckpt export --format hf` needs no job spec
   if (async_) {
     RETURN_IF_ERROR(async_->Start(st));
   } else {

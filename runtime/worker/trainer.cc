@@ -183,7 +183,17 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
   if (gpu < 0 && !par.backend().empty() && par.backend() != "cpu") {
     return Bad("parallelism.backend", absl::StrCat("'", par.backend(), "' needs CUDA kernels, which this ember-worker lacks (the nccl backends exist in runtime/comm, but training runs on cpu only); use cpu"));
   }
-  ASSIGN_OR_RETURN(p.model, model::ConfigFromSpec(s));
+  if (spec::IsBuiltinArch(s.model().arch())) {
+    ASSIGN_OR_RETURN(p.model, model::ConfigFromSpec(s));
+  } else {
+    // A registered architecture (registry.h): the training stack uses only p.arch; p.model keeps
+    // the spec's shape for the data loader and the logs (the support matrix keeps it off cuda).
+    p.model.vocab_size = s.model().vocab_size();
+    p.model.context = s.model().context_length();
+    p.model.n_layer = s.model().n_layers();
+    p.model.n_head = s.model().n_heads();
+    p.model.d_model = s.model().d_model();
+  }
   ASSIGN_OR_RETURN(p.fsdp.mp, Policy(s.precision()));
   // Precision override patterns that match no parameter (and the model's own checks), as Submit.
   RETURN_IF_ERROR(model::CheckModel(s));

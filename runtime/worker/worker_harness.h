@@ -50,10 +50,16 @@ inline void WriteSpec(const std::string& dir, int64_t steps, int batch, const st
     << extra;
 }
 
-// Starts `binary` (a path under the runfiles' ember/, default ember-worker) with the job environment;
-// its stderr goes to `stderr_path` when one is given.
-inline pid_t Spawn(const std::map<std::string, std::string>& env,
-                   const std::string& binary = "runtime/worker/ember-worker",
+// The ember-worker binary Spawn runs, relative to the runfiles root; a test of a worker built
+// with more architectures (tests/toy_arch) sets its own.
+inline std::string& WorkerBinary() {
+  static std::string bin = "runtime/worker/ember-worker";
+  return bin;
+}
+
+// Starts `binary` (a path under the runfiles root; empty: WorkerBinary()) with the job
+// environment; its stderr goes to `stderr_path` when one is given.
+inline pid_t Spawn(const std::map<std::string, std::string>& env, const std::string& binary = "",
                    const std::string& stderr_path = "") {
   std::vector<std::string> vars;
   for (char** e = environ; *e; ++e) vars.push_back(*e);
@@ -67,7 +73,7 @@ inline pid_t Spawn(const std::map<std::string, std::string>& env,
       const int fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd < 0 || dup2(fd, 2) < 0) _exit(126);
     }
-    std::string bin = Src() + binary;
+    std::string bin = Src() + (binary.empty() ? WorkerBinary() : binary);
     char* argv[] = {bin.data(), const_cast<char*>("--log-level=warn"), nullptr};
     execve(bin.c_str(), argv, envp.data());
     _exit(127);
