@@ -43,6 +43,9 @@ inline constexpr char kEnvTlsCa[] = "EMBER_TLS_CA";
 inline constexpr char kEnvTlsCert[] = "EMBER_TLS_CERT";
 inline constexpr char kEnvTlsKey[] = "EMBER_TLS_KEY";
 inline constexpr char kEnvReplicaDir[] = "EMBER_REPLICA_DIR";
+// "1": cuda ranks run on the CUDA interpreter; only the test build ember-worker-cuda-interp
+// accepts it (runtime/worker/cuda_trainer.h reads it; not part of WorkerEnv: a test switch).
+inline constexpr char kEnvEmulateGpus[] = "EMBER_EMULATE_GPUS";
 
 struct WorkerEnv {
   std::string store_addr;       // kEnvStoreAddr  host:port

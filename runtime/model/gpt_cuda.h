@@ -3,8 +3,9 @@
 // global-norm clipping) as model::AdamW, so the two can be compared step by step
 // (tests/gpu/gpt_cuda_check.cc).
 //
-// NOT RUN ON A GPU YET: written and built on a CPU-only machine; only its host-side layout
-// (gpt_cuda_plan.h) and its "no GPU" path have run.
+// NOT RUN ON A GPU YET: written and built on a CPU-only machine. Its whole step has run on the
+// CUDA interpreter (:gpt_cuda_interp, tests/gpu:gpt_cuda_interp_test, docs/gpu-testing.md): the
+// same code and kernels as host C++, against the CPU model; not a GPU's numerics or timing.
 //
 // Supported: arch gpt and llama (RoPE, grouped-query attention, tied or untied head), GELU or
 // SwiGLU MLP, full causal or sliding-window attention, head sizes 32 and 64 (the CUDA attention's).

@@ -16,13 +16,22 @@
 #include "runtime/worker/train_state.h"
 #include "spdlog/spdlog.h"
 
-#ifdef EMBER_WITH_CUDA
+#if defined(EMBER_CUDA_LOOP_INTERP)
+// :cuda_loop_interp. By path: <cuda_runtime_api.h> would find the toolkit's first (:worker's
+// runtime/base:devices brings @local_cuda's include path), so the interpreter's calls must be named.
+#include "kernels/cuda/interp/include/cuda_runtime_api.h"
+#elif defined(EMBER_WITH_CUDA)
 #include <cuda_runtime_api.h>
 #endif
 
 namespace ember::worker {
 namespace {
 
+#ifdef EMBER_CUDA_LOOP_INTERP  // built against //kernels/cuda:cuda_interp (ember-worker-cuda-interp)
+constexpr bool kInterpreted = true;
+#else
+constexpr bool kInterpreted = false;
+#endif
 
 // The host mirror's shards in Gpt's flat layout (ParamSpecs order): world 1, so each shard is the
 // whole parameter.
@@ -111,7 +120,9 @@ class CudaState final : public TrainState {
     // MFU in the progress line: model FLOPs per token x tokens/s over the dense bf16 peak (the
     // issue's yardstick, although this step still computes in fp32).
     s->flops_per_token_ = model::TrainingFlopsPerToken(plan.model, plan.model.context);
-    s->peak_ = PeakOf(*s->ctx_);
+    // The interpreter describes itself as an H100; an MFU against that peak would mean nothing.
+    s->peak_ = kInterpreted ? absl::NotFoundError("an emulated GPU (the CUDA interpreter) has no peak")
+                            : PeakOf(*s->ctx_);
     if (s->peak_.ok()) {
       spdlog::info("mfu: {:.4g} model FLOPs per token (6N + 12LHQS, docs/model.md) over the {}'s dense "
                    "bf16 peak {:.1f} TFLOP/s ({}); the step computes in fp32",
@@ -119,7 +130,12 @@ class CudaState final : public TrainState {
     } else {
       spdlog::info("mfu left out of the progress line: {}", std::string(s->peak_.status().message()));
     }
-    spdlog::info("training on {} (GptCuda, fp32)", plan.env.device);
+    if (kInterpreted) {
+      spdlog::warn("training on {} (GptCuda, fp32) on the CUDA interpreter: an emulated GPU on the CPU "
+                   "(ember-worker-cuda-interp, a test build; {}=1)", plan.env.device, job::kEnvEmulateGpus);
+    } else {
+      spdlog::info("training on {} (GptCuda, fp32)", plan.env.device);
+    }
     return std::unique_ptr<TrainState>(std::move(s));
   }
 
@@ -171,7 +187,7 @@ class CudaState final : public TrainState {
   std::vector<int32_t> tok_, tgt_;
 };
 
-const bool kRegistered = (SetCudaState(&CudaState::Make), true);
+const bool kRegistered = (SetCudaState(&CudaState::Make, kInterpreted), true);
 }  // namespace
 
 }  // namespace ember::worker

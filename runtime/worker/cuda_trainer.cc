@@ -1,5 +1,6 @@
 #include "runtime/worker/cuda_trainer.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -32,7 +33,19 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device) {
 absl::Status CheckCudaPlan(const Plan& p) {
   const spec::JobSpec& s = p.spec;
   const std::string dev = p.env.device;
-  if (!base::BuiltWithCuda()) {
+  ASSIGN_OR_RETURN(const bool emulate, EmulateGpusRequested());
+  if (emulate && !CudaStateInterpreted()) {
+    return Bad(job::kEnvEmulateGpus, absl::StrCat("1 with ", job::kEnvDevice, "=", dev, ": this ember-worker runs real GPUs only; "
+                                             "emulated GPUs need ember-worker-cuda-interp (a test build with the "
+                                             "CUDA interpreter, docs/gpu-testing.md); unset ", job::kEnvEmulateGpus));
+  }
+  if (!emulate && CudaStateInterpreted()) {
+    return Bad(job::kEnvEmulateGpus, absl::StrCat("unset with ", job::kEnvDevice, "=", dev, ": this is "
+                                             "ember-worker-cuda-interp, whose GPU is the CUDA interpreter on the CPU "
+                                             "(a test build); set ", job::kEnvEmulateGpus, "=1 to mean that, or run "
+                                             "ember-worker-cuda on a real GPU"));
+  }
+  if (!base::BuiltWithCuda() && !CudaStateInterpreted()) {
     return Bad(job::kEnvDevice, absl::StrCat("'", dev, "': this ember-worker was built without CUDA (no toolkit at "
                                              "configure time); use cpu, or a build with CUDA"));
   }
@@ -70,12 +83,26 @@ absl::Status CheckCudaPlan(const Plan& p) {
   return absl::OkStatus();
 }
 
-CudaStateFn& Registered() {
-  static CudaStateFn fn = nullptr;
-  return fn;
+namespace {
+struct Registration {
+  CudaStateFn fn = nullptr;
+  bool interpreted = false;
+};
+Registration& Registered() {
+  static Registration r;
+  return r;
 }
+}  // namespace
 
-void SetCudaState(CudaStateFn fn) { Registered() = fn; }
-CudaStateFn GetCudaState() { return Registered(); }
+void SetCudaState(CudaStateFn fn, bool interpreted) { Registered() = {fn, interpreted}; }
+CudaStateFn GetCudaState() { return Registered().fn; }
+bool CudaStateInterpreted() { return Registered().interpreted; }
+
+absl::StatusOr<bool> EmulateGpusRequested() {
+  const char* v = std::getenv(job::kEnvEmulateGpus);
+  if (v == nullptr || std::string(v).empty() || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  return Bad(job::kEnvEmulateGpus, absl::StrCat("'", v, "': want 1 (run cuda ranks on the CUDA interpreter) or 0"));
+}
 
 }  // namespace ember::worker

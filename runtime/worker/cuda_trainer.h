@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "runtime/data/token_file.h"
+#include "runtime/job/env.h"
 #include "runtime/fsdp/fsdp.h"
 #include "runtime/worker/step_io.h"
 #include "runtime/worker/trainer.h"
@@ -30,10 +31,19 @@ namespace ember::worker {
 // Prepare's to judge).
 absl::StatusOr<int> CudaDeviceIndex(const std::string& device);
 
-// What Prepare checks of a cuda job (p.model and p.fsdp already filled in): a CUDA build, world
-// size 1 (strategy none, or fsdp on one rank), no pipeline, one micro-batch, f32 precision, no
-// weight publishing, and a model GptCuda supports (no MoE; head_dim 32 or 64). INVALID_ARGUMENT
-// names the field and says what is supported.
+// EMBER_EMULATE_GPUS=1 (job::kEnvEmulateGpus): cuda ranks run on the CUDA interpreter
+// (kernels/cuda/interp: the same kernels as host C++, slow, checked; docs/gpu-testing.md). Only
+// ember-worker-cuda-interp, a test-only build of this worker linked with the interpreter, accepts
+// it; every other build refuses it at Prepare (exit 2), and ember-worker-cuda-interp refuses a cuda
+// rank without it. EmulateGpusRequested: whether the variable asks for the interpreter ("1"; unset,
+// empty or "0": no; anything else INVALID_ARGUMENT naming it).
+absl::StatusOr<bool> EmulateGpusRequested();
+
+// What Prepare checks of a cuda job (p.model and p.fsdp already filled in): EMBER_EMULATE_GPUS
+// matching the build (above), a CUDA build (or the interpreter), world size 1 (strategy none, or
+// fsdp on one rank), no pipeline, one micro-batch, f32 precision, no weight publishing, and a model
+// GptCuda supports (no MoE; head_dim 32 or 64). INVALID_ARGUMENT names the field and says what is
+// supported.
 absl::Status CheckCudaPlan(const Plan& p);
 
 // Makes the GPU TrainState on plan.env.device (FAILED_PRECONDITION naming EMBER_DEVICE and the CUDA
@@ -43,8 +53,10 @@ absl::Status CheckCudaPlan(const Plan& p);
 struct Groups;
 class TrainState;
 using CudaStateFn = absl::StatusOr<std::unique_ptr<TrainState>> (*)(const Plan& plan, const Groups& groups);
-void SetCudaState(CudaStateFn fn);
+// `interpreted`: fn runs the step on the CUDA interpreter (ember-worker-cuda-interp).
+void SetCudaState(CudaStateFn fn, bool interpreted = false);
 CudaStateFn GetCudaState();
+bool CudaStateInterpreted();
 
 }  // namespace ember::worker
 

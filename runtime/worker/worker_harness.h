@@ -5,6 +5,7 @@
 #ifndef EMBER_RUNTIME_WORKER_WORKER_HARNESS_H_
 #define EMBER_RUNTIME_WORKER_WORKER_HARNESS_H_
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -56,7 +57,10 @@ inline std::string& WorkerBinary() {
   return bin;
 }
 
-inline pid_t Spawn(const std::map<std::string, std::string>& env) {
+// Starts `binary` (a path under the runfiles root; empty: WorkerBinary()) with the job
+// environment; its stderr goes to `stderr_path` when one is given.
+inline pid_t Spawn(const std::map<std::string, std::string>& env, const std::string& binary = "",
+                   const std::string& stderr_path = "") {
   std::vector<std::string> vars;
   for (char** e = environ; *e; ++e) vars.push_back(*e);
   for (const auto& [k, v] : env) vars.push_back(k + "=" + v);
@@ -65,7 +69,11 @@ inline pid_t Spawn(const std::map<std::string, std::string>& env) {
     std::vector<char*> envp;
     for (auto& v : vars) envp.push_back(v.data());
     envp.push_back(nullptr);
-    std::string bin = Src() + WorkerBinary();
+    if (!stderr_path.empty()) {
+      const int fd = open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0 || dup2(fd, 2) < 0) _exit(126);
+    }
+    std::string bin = Src() + (binary.empty() ? WorkerBinary() : binary);
     char* argv[] = {bin.data(), const_cast<char*>("--log-level=warn"), nullptr};
     execve(bin.c_str(), argv, envp.data());
     _exit(127);

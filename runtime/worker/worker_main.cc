@@ -9,6 +9,8 @@
 // Two binaries share this main: ember-worker (CPU kernels only) and ember-worker-cuda (also the
 // GPU training loop, :cuda_loop, with the CUDA kernels and cuBLAS, which cost each process ~95 MiB
 // at start). ember-worker given EMBER_DEVICE=cuda:N execs ember-worker-cuda from its own directory.
+// A third, ember-worker-cuda-interp (test-only), is ember-worker-cuda on the CUDA interpreter: cuda
+// ranks train on an emulated GPU with EMBER_EMULATE_GPUS=1 (cuda_trainer.h, docs/gpu-testing.md).
 #include <malloc.h>
 #include <signal.h>
 #include <unistd.h>

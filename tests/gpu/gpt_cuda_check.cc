@@ -8,6 +8,9 @@
 //   gpt       vocab 256, context 64, 2 layers, 4 heads, d 128, GELU, full causal, 20 steps of 4x64
 //   window    the same with a 16-key sliding window, 3 steps
 //   llama     RoPE, 2 KV heads (GQA), SwiGLU, untied head, 3 steps
+// --tiny runs the three cases at interpreter size instead (TinyCases; the gpt case accumulates two
+// micro-batches per step): gpt_cuda_check_interp, this file linked with the CUDA interpreter
+// (//kernels/cuda:cuda_interp) in the GPU's place, runs it in CPU CI (gpt_cuda_interp_test).
 // One PASS/FAIL line per check and BENCH lines (tokens/s of the GPU and the CPU step, the
 // GPU's first step excluded); exit 0 = all passed, 1 = a check failed.
 // Without a GPU (or built without CUDA) it prints "SKIP gpt_cuda_check: <reason>" and exits 0,
@@ -148,9 +151,11 @@ class CpuTrainee : public Trainee {
   std::unique_ptr<AdamW> opt_;
 };
 
-// mode: "" (the GPU), "stand-in" or "broken" (CpuTrainee).
+// mode: "" (the GPU), "stand-in" or "broken" (CpuTrainee). Each step accumulates `micro`
+// micro-batches' gradients (ForwardBackward without ZeroGrad in between) before AdamW; the
+// step-1 gradient check then covers the accumulation.
 void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std::string& name,
-             const GptConfig& cfg, int steps, int64_t B, int64_t T) {
+             const GptConfig& cfg, int steps, int64_t B, int64_t T, int micro = 1) {
   auto cpu_or = Gpt::Create(cfg, /*seed=*/1234);
   if (!cpu_or.ok()) return Report(false, absl::StrCat(name, ": Gpt::Create: ", cpu_or.status().ToString()));
   std::unique_ptr<Gpt> cpu = std::move(*cpu_or);
@@ -199,29 +204,35 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
   double cpu_s = 0, gpu_s = 0, worst_loss = 0;
   bool loss_ok = true;
   std::vector<float> g_cpu(P), g_gpu(P);
+  float lc = 0, lg = 0;  // the last micro-batch's losses
   for (int step = 1; step <= steps; ++step) {
-    std::vector<int32_t> tokens(N + 1);
-    for (auto& t : tokens) t = next();
-    std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
-    tokens.pop_back();
-    auto t0 = std::chrono::steady_clock::now();
-    cpu->ZeroGrad();
-    auto lc = cpu->ForwardBackward(cpu_ctx, tokens.data(), targets.data(), B, T);
-    if (step > 1) cpu_s += Seconds(t0);
-    t0 = std::chrono::steady_clock::now();
-    absl::Status zs = gpu->ZeroGrad();
-    auto lg = zs.ok() ? gpu->ForwardBackward(tokens.data(), targets.data(), B, T)
-                      : absl::StatusOr<float>(zs);
-    if (step > 1) gpu_s += Seconds(t0);
-    if (!lc.ok() || !lg.ok()) {
-      return Report(false, absl::StrCat(name, ": step ", step, ": cpu ", lc.status().ToString(),
-                                        ", gpu ", lg.status().ToString()));
-    }
-    const double rel = std::fabs(*lg - *lc) / std::max(1e-30, std::fabs(static_cast<double>(*lc)));
-    worst_loss = std::max(worst_loss, rel);
-    if (rel > 1e-4 || !std::isfinite(*lg)) {
-      loss_ok = false;
-      std::printf("  %s step %d: loss cpu %.7f gpu %.7f (rel %.3g)\n", name.c_str(), step, *lc, *lg, rel);
+    for (int mb = 0; mb < micro; ++mb) {
+      std::vector<int32_t> tokens(N + 1);
+      for (auto& t : tokens) t = next();
+      std::vector<int32_t> targets(tokens.begin() + 1, tokens.end());
+      tokens.pop_back();
+      auto t0 = std::chrono::steady_clock::now();
+      if (mb == 0) cpu->ZeroGrad();
+      auto lc_or = cpu->ForwardBackward(cpu_ctx, tokens.data(), targets.data(), B, T);
+      if (step > 1) cpu_s += Seconds(t0);
+      t0 = std::chrono::steady_clock::now();
+      absl::Status zs = mb == 0 ? gpu->ZeroGrad() : absl::OkStatus();
+      auto lg_or = zs.ok() ? gpu->ForwardBackward(tokens.data(), targets.data(), B, T)
+                           : absl::StatusOr<float>(zs);
+      if (step > 1) gpu_s += Seconds(t0);
+      if (!lc_or.ok() || !lg_or.ok()) {
+        return Report(false, absl::StrCat(name, ": step ", step, " micro-batch ", mb, ": cpu ",
+                                          lc_or.status().ToString(), ", gpu ", lg_or.status().ToString()));
+      }
+      lc = *lc_or;
+      lg = *lg_or;
+      const double rel = std::fabs(lg - lc) / std::max(1e-30, std::fabs(static_cast<double>(lc)));
+      worst_loss = std::max(worst_loss, rel);
+      if (rel > 1e-4 || !std::isfinite(lg)) {
+        loss_ok = false;
+        std::printf("  %s step %d micro-batch %d: loss cpu %.7f gpu %.7f (rel %.3g)\n", name.c_str(),
+                    step, mb, lc, lg, rel);
+      }
     }
     if (step == 1) {
       absl::Status s = gpu->Grads(g_gpu.data(), P);
@@ -231,7 +242,7 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
              absl::StrFormat("%s: step-1 gradients, max diff / max |g| = %.3g (<= 1e-4; worst %s)%s",
                              name, r, WorstTensor(cfg, g_gpu, g_cpu), Why(s)));
     }
-    t0 = std::chrono::steady_clock::now();
+    auto t0 = std::chrono::steady_clock::now();
     const double nc = cpu_opt.Step(cpu_ctx, *cpu);
     if (step > 1) cpu_s += Seconds(t0);
     t0 = std::chrono::steady_clock::now();
@@ -242,7 +253,7 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
       loss_ok = false;
       std::printf("  %s step %d: grad norm cpu %.7g gpu %.7g\n", name.c_str(), step, nc, *ng);
     }
-    if (step == 1 || step == steps) std::printf("  %s step %d: loss %.6f (cpu) %.6f (gpu)\n", name.c_str(), step, *lc, *lg);
+    if (step == 1 || step == steps) std::printf("  %s step %d: loss %.6f (cpu) %.6f (gpu)\n", name.c_str(), step, lc, lg);
   }
   Report(loss_ok, absl::StrFormat("%s: %d steps, losses and gradient norms agree (worst loss rel %.3g <= 1e-4)",
                                   name, steps, worst_loss));
@@ -253,7 +264,7 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
          absl::StrFormat("%s: parameters after %d steps, max diff / max |p| = %.3g (<= 1e-3; worst %s)%s",
                          name, steps, r, WorstTensor(cfg, p_gpu, p_cpu), Why(s)));
   if (steps > 1) {
-    const double tok = static_cast<double>(N) * (steps - 1);
+    const double tok = static_cast<double>(N) * micro * (steps - 1);
     const char* who = mode.empty() ? "gpu" : "stand-in";
     std::printf("BENCH %s train step (fwd+bwd+AdamW, B=%lld T=%lld): %s %.0f tokens/s, cpu %.0f "
                 "tokens/s (%d threads), %s/cpu %.2fx\n",
@@ -262,7 +273,50 @@ void RunCase(kernels::cuda::CudaContext* ctx, const std::string& mode, const std
   }
 }
 
-int Main(const std::string& mode) {
+// --tiny: cases sized for the CUDA interpreter (gpt_cuda_check_interp, docs/gpu-testing.md), where
+// every kernel runs as host fibers twice: d 64 (2 heads of 32, the smallest head size the CUDA
+// attention has), vocab 128, context 32, batch 2 x 32, the three architectures of the full run;
+// the gpt case accumulates 2 micro-batches per step (GptCuda's "gradients are accumulated"); then
+// odd shapes and the loss options.
+void TinyCases(kernels::cuda::CudaContext* ctx, const std::string& mode) {
+  GptConfig cfg;
+  cfg.vocab_size = 128;
+  cfg.context = 32;
+  cfg.n_layer = 2;
+  cfg.n_head = 2;
+  cfg.d_model = 64;
+  RunCase(ctx, mode, "gpt", cfg, 3, 2, 32, /*micro=*/2);
+  GptConfig win = cfg;
+  win.window = 8;
+  RunCase(ctx, mode, "window", win, 2, 2, 32);
+  GptConfig llama = LlamaConfig();
+  llama.vocab_size = 128;
+  llama.context = 32;
+  llama.n_layer = 2;
+  llama.n_head = 2;
+  llama.n_kv_head = 1;
+  llama.d_model = 64;
+  RunCase(ctx, mode, "llama", llama, 2, 2, 32);
+  // Shapes off the powers of two: vocab 100, 3 heads (d 96), d_ff 72, one row of T 20 < context.
+  GptConfig odd = cfg;
+  odd.vocab_size = 100;
+  odd.d_model = 96;
+  odd.n_head = 3;
+  odd.d_ff = 72;
+  odd.n_layer = 1;
+  RunCase(ctx, mode, "odd", odd, 2, 1, 20);
+  // Head size 64, the loss options (label smoothing, z-loss, an ignore_index that occurs in the
+  // targets: token 15 is one target of each step here), norm_eps 1e-3, T 17.
+  GptConfig loss = cfg;
+  loss.n_head = 1;
+  loss.loss.label_smoothing = 0.1f;
+  loss.loss.z_loss = 1e-3f;
+  loss.loss.ignore_index = 15;
+  loss.norm_eps = 1e-3f;
+  RunCase(ctx, mode, "loss", loss, 2, 2, 17);
+}
+
+int Main(const std::string& mode, bool tiny) {
   std::unique_ptr<kernels::cuda::CudaContext> ctx;
   if (mode.empty()) {
     const char* expect = std::getenv("EMBER_EXPECT_GPUS");
@@ -277,6 +331,11 @@ int Main(const std::string& mode) {
     std::printf("GPU: %s\n", ctx->DeviceName().c_str());
   } else {
     std::printf("CPU stand-in (%s) in the GPU's place: nothing runs on a GPU\n", mode.c_str());
+  }
+  if (tiny) {
+    TinyCases(ctx.get(), mode);
+    std::printf("gpt_cuda_check: %d failed\n", gpu_check::FailedChecks());
+    return gpu_check::FailedChecks() == 0 ? 0 : 1;
   }
   GptConfig cfg;  // gpt, GELU, vocab 256, 2 layers, 4 heads, d 128
   cfg.context = 64;
@@ -297,16 +356,19 @@ int Main(const std::string& mode) {
 
 int main(int argc, char** argv) {
   std::string mode;
+  bool tiny = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--cpu-stand-in") {
+    if (a == "--tiny") {
+      tiny = true;
+    } else if (a == "--cpu-stand-in") {
       mode = "stand-in";
     } else if (a == "--cpu-stand-in=broken") {
       mode = "broken";
     } else {
-      std::fprintf(stderr, "usage: %s [--cpu-stand-in[=broken]]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--tiny] [--cpu-stand-in[=broken]]\n", argv[0]);
       return 2;
     }
   }
-  return ember::model::Main(mode);
+  return ember::model::Main(mode, tiny);
 }
