@@ -131,10 +131,11 @@ double OurGqa(const kernels::ExecContext& ctx, const AttnShape& s, int reps) {
 
 // One figure from interleaved rounds of ours and the peer.
 KernelFigure Interleaved(const std::string& name, int rounds, const std::function<double()>& ours,
-                         const std::function<absl::StatusOr<double>()>& peer, bool have_peer,
-                         double goal, const std::string& note) {
+                         const std::function<absl::StatusOr<double>()>& peer,
+                         const TorchPeer& tp, double goal, const std::string& note) {
   std::vector<double> a, b;
-  std::string err = have_peer ? "" : "peer skipped (--peer=false)";
+  const bool have_peer = !tp.python.empty();
+  std::string err = have_peer ? "" : tp.missing;
   for (int r = 0; r < rounds; ++r) {
     a.push_back(ours());
     if (!have_peer) continue;
@@ -150,9 +151,13 @@ KernelFigure Interleaved(const std::string& name, int rounds, const std::functio
 }  // namespace
 
 std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick, int reps,
-                                     int threads, const std::string& python) {
+                                     int threads, const TorchPeer& peer) {
   std::vector<KernelFigure> out;
-  const bool peer = !python.empty();
+  const std::string& python = peer.python;
+  // What every row says about the peer (its note is the row's `compared` text).
+  const std::string compared = absl::StrCat(
+      "compared: peer ", peer.python.empty() ? "PyTorch (not run: see the reason)" : peer.label,
+      "; ", peer.ThreadsText());
   const int rounds = quick ? 1 : 3;
   const int kreps = quick ? 1 : std::max(reps, 3);
   // Llama-like attention shapes, scaled to a CPU: 4 query heads per kv head.
@@ -160,12 +165,13 @@ std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick
   out.push_back(Interleaved(
       "rope_fwd_bwd_tokens_per_s", rounds, [&] { return OurRope(ctx, rs, kreps); },
       [&] { return RunTorchPeer(python, kRopePeer, rs.Args(kreps, threads), threads); }, peer, 1.0,
-      rs.Text() + " q and k; peer: HF rotate_half with autograd"));
+      rs.Text() + " q and k; peer: HF rotate_half with autograd; " + compared));
   const AttnShape gs = quick ? AttnShape{1, 128, 4, 2, 32} : AttnShape{2, 1024, 8, 2, 64};
   out.push_back(Interleaved(
       "gqa_attention_fwd_bwd_tokens_per_s", rounds, [&] { return OurGqa(ctx, gs, kreps); },
       [&] { return RunTorchPeer(python, kGqaPeer, gs.Args(kreps, threads), threads); }, peer, 1.0,
-      gs.Text() + " causal; peer: masked softmax, repeat_interleave k/v, autograd"));
+      gs.Text() + " causal; peer: masked softmax, repeat_interleave k/v, autograd; " +
+          compared));
 
   model::GptConfig c = model::LlamaConfig();
   c.vocab_size = 8192;
@@ -190,9 +196,9 @@ std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick
       "llama_train_step_tokens_per_s", rounds, [&] { return TrainStep(ctx, c, B, steps, &peak); },
       [&] { return RunTorchPeer(python, LlamaPeerScript(), args, threads); }, peer, 1.5, "");
   f.note = absl::StrFormat("B=%d T=%d V=%d L=%d H=%d KV=%d C=%d F=%d untied, peak activations %.1f MiB; "
-                           "peer PyTorch same model, rounds interleaved",
+                           "peer: the same model in PyTorch, rounds interleaved; %s",
                            B, c.context, c.vocab_size, c.n_layer, c.n_head, c.kv_heads(), c.d_model,
-                           c.ff(), peak / 1048576.0);
+                           c.ff(), peak / 1048576.0, compared);
   out.push_back(std::move(f));
   return out;
 }
