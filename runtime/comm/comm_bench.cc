@@ -404,7 +404,7 @@ int Orchestrate(int argc, char** argv, const char* self) {
   }
   // The Gloo peer's interpreter (PyTorch 2.15; no fallback to Debian's 1.13) and its version.
   bool run_gloo = peers.find("gloo") != std::string::npos;
-  std::string gloo_python, gloo_label = "torch (not run)", missing;
+  std::string gloo_python, gloo_label = "PyTorch 2.15 (not run: see the reason)", missing;
   if (run_gloo) {
     gloo_python = absl::GetFlag(FLAGS_python);
     if (gloo_python.empty()) gloo_python = deploy::CurrentTorchPeerPython(&missing);
