@@ -86,8 +86,8 @@ TorchPeer TorchPeer::Resolve(bool enabled, const std::string& python_flag, int t
   const std::string version = deploy::PeerTorchVersion(p.python);
   if (version.empty()) {
     p.missing = absl::StrCat("the PyTorch peer's interpreter ", p.python,
-                             " cannot import torch; run deploy/peers-venv.sh or fix "
-                             "EMBER_PEER_PYTHON / --python");
+                             " cannot import torch; run deploy/peers-venv.sh, or fix "
+                             "the interpreter that --python or EMBER_PEER_PYTHON names");
     p.python.clear();
     return p;
   }
