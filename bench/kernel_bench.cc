@@ -1,6 +1,7 @@
 // kernel_bench: the issue-4 benchmark table. Fused vs materialised linear cross-entropy, sliding-
 // window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
-// training step against the same model in PyTorch (run in the same process tree, same threads);
+// training step against the same model in PyTorch 2.15 (the peers venv, deploy/peers_venv.h; run
+// in the same process tree, same threads);
 // `llama`: RoPE, GQA attention and a Llama training step against PyTorch (kernel_bench_llama.h).
 //
 //   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
@@ -11,6 +12,12 @@
 // measured). Timings are medians over --reps runs, except the big LCE and dense attention runs,
 // which are timed once (each takes 10-30 s). The training step interleaves ours and PyTorch in
 // rounds (median of 3).
+//
+// The PyTorch peer (issue 30): --python if given, else $EMBER_PEER_PYTHON, else the torch 2.15 venv
+// of deploy/peers-venv.sh; never Debian's /usr/bin/python3 (torch 1.13) as a silent fallback: with
+// the venv missing, every PyTorch row is not measured (met: false) with the reason. Every peer row
+// names the torch version and interpreter, and the thread count of both sides (ours: the pool,
+// --threads; torch.set_num_threads and OMP_NUM_THREADS the same, checked in the peer).
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -44,14 +51,16 @@
 ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
 ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
 ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
-ABSL_FLAG(bool, peer, true, "measure PyTorch (/usr/bin/python3) for the training-step target");
+ABSL_FLAG(bool, peer, true, "measure PyTorch (2.15, the peers venv) for the peer targets");
 ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step, llama (default all)");
 ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
 ABSL_FLAG(int, profile_steps, 0,
           "only run this many training steps of ours (default mode, after 2 warm-up steps) and "
           "print wall and process-CPU time per step; for profilers");
 ABSL_FLAG(bool, profile_deterministic, false, "--profile_steps in deterministic mode");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the peer measurement");
+ABSL_FLAG(std::string, python, "",
+          "python with torch for the peer measurement (empty: $EMBER_PEER_PYTHON, else the torch "
+          "2.15 venv of deploy/peers-venv.sh; missing: the peer rows are not measured)");
 ABSL_FLAG(std::string, device, "cpu",
           "cpu: the CPU figures; cuda: the GPU figures (bench/kernel_bench_cuda.h), which report "
           "met: false with reason \"no GPU\" where there is none");
@@ -129,6 +138,8 @@ double SgemmCeiling(const ExecContext& ctx, int64_t n, int reps) {
   return 2.0 * n * n * n / t;
 }
 
+// The same GPT in PyTorch (args V T L H C B steps threads), attention by PyTorch 2.x's
+// F.scaled_dot_product_attention(is_causal=True), what a torch 2.15 user runs; AdamW; tokens/s.
 std::string GptPeerScript() {
   return absl::StrCat(R"PY(
 import math, sys, time, torch, torch.nn as nn, torch.nn.functional as F
@@ -140,12 +151,10 @@ torch.set_num_threads(threads); torch.manual_seed(0)
         s.ln1, s.ln2 = RMSNorm(C), RMSNorm(C)
         s.qkv, s.proj = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
         s.fc1, s.fc2 = nn.Linear(C, 4 * C, bias=False), nn.Linear(4 * C, C, bias=False)
-        s.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril())
     def forward(s, x):
         q, k, v = s.qkv(s.ln1(x)).view(B, T, 3, H, C // H).permute(2, 0, 3, 1, 4)
-        a = (q @ k.transpose(-1, -2)) / math.sqrt(C // H)
-        a = a.masked_fill(~s.mask, float("-inf")).softmax(-1)
-        x = x + s.proj((a @ v).transpose(1, 2).reshape(B, T, C))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + s.proj(y.transpose(1, 2).reshape(B, T, C))
         return x + s.fc2(F.gelu(s.fc1(s.ln2(x)), approximate="tanh"))
 class GPT(nn.Module):
     def __init__(s):
@@ -160,15 +169,16 @@ m = GPT()
 )PY", bench::kTorchTrainLoop);
 }
 
-absl::StatusOr<double> TorchTokensPerSec(const model::GptConfig& c, int64_t B, int steps,
-                                         int threads) {
-  return bench::RunTorchPeer(absl::GetFlag(FLAGS_python), GptPeerScript(),
+absl::StatusOr<double> TorchTokensPerSec(const bench::TorchPeer& peer, const model::GptConfig& c,
+                                         int64_t B, int steps, int threads) {
+  return bench::RunTorchPeer(peer.python, GptPeerScript(),
                              absl::StrCat(c.vocab_size, " ", c.context, " ", c.n_layer, " ", c.n_head,
                                           " ", c.d_model, " ", B, " ", steps, " ", threads),
                              threads);
 }
 
-void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out);
+void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
+               const bench::TorchPeer& peer, std::vector<Target>* out);
 double ProcessCpuSeconds() {
   rusage u;
   getrusage(RUSAGE_SELF, &u);
@@ -242,16 +252,22 @@ int Main(int argc, char** argv) {
     }
   }
   if (want("attention")) BenchAttention(ctx, quick ? 2048 : 32768, 256, reps, &t);
-  if (want("step")) BenchStep(ctx, quick, reps, threads, &t);
-  if (want("llama")) {
-    for (auto& f : bench::BenchLlama(ctx, quick, reps, threads,
-                                     absl::GetFlag(FLAGS_peer) ? absl::GetFlag(FLAGS_python) : ""))
-      t.push_back(std::move(f));
+  if (want("step") || want("llama")) {
+    const bench::TorchPeer peer =
+        bench::TorchPeer::Resolve(absl::GetFlag(FLAGS_peer), absl::GetFlag(FLAGS_python), threads);
+    report.SetMeta("peer", json::Value::Str(peer.python.empty() ? "none: " + peer.missing
+                                                                : "PyTorch, " + peer.label));
+    if (!peer.python.empty()) std::fprintf(stderr, "kernel_bench: peer %s\n", peer.label.c_str());
+    if (want("step")) BenchStep(ctx, quick, reps, threads, peer, &t);
+    if (want("llama")) {
+      for (auto& f : bench::BenchLlama(ctx, quick, reps, threads, peer)) t.push_back(std::move(f));
+    }
   }
   return Print(report, t, threads, load_begin);
 }
 
-void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::vector<Target>* out) {
+void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
+               const bench::TorchPeer& peer, std::vector<Target>* out) {
   std::vector<Target>& t = *out;
   model::GptConfig c = model::BenchmarkConfig();  // vocab 8192, context 256, 4x4 heads, width 256
   if (quick) {  // a smoke run: same code paths, a small model
@@ -268,14 +284,14 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::v
   ExecContext det = ctx;  // same pool, deterministic partitioning
   det.deterministic = true;
   std::vector<double> v_tps, v_det, v_peer, v_ceiling;
-  std::string peer_error = absl::GetFlag(FLAGS_peer) ? "" : "peer skipped (--peer=false)";
+  std::string peer_error = peer.python.empty() ? peer.missing : "";
   int64_t peak = 0, peak_det = 0;
   for (int r = 0; r < rounds; ++r) {
     v_ceiling.push_back(SgemmCeiling(ctx, quick ? 256 : 2048, quick ? 2 : reps));
     v_tps.push_back(TrainStep(ctx, c, B, steps, &peak));
     v_det.push_back(TrainStep(det, c, B, steps, &peak_det));
-    if (absl::GetFlag(FLAGS_peer)) {
-      auto p = TorchTokensPerSec(c, B, steps, threads);
+    if (!peer.python.empty()) {
+      auto p = TorchTokensPerSec(peer, c, B, steps, threads);
       if (p.ok()) v_peer.push_back(*p);
       else peer_error = std::string(p.status().message());
     }
@@ -288,13 +304,18 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads, std::v
                absl::StrCat("square sgemm n=", quick ? 256 : 2048, " on the pool")});
   t.push_back({"train_step_mfu", tps * flops_tok / ceiling, std::nullopt, std::nullopt, true,
                "fraction", absl::StrFormat("%.1f GFLOP/s model FLOPs", tps * flops_tok / 1e9)});
-  std::optional<double> peer;
-  if (!v_peer.empty()) peer = Median(v_peer);
-  t.push_back({"train_step_tokens_per_s", tps, peer, 1.5, true, "tokens/s",
-               absl::StrFormat("B=%d T=%d V=%d L=%d H=%d C=%d, peak activations %.1f MiB; peer "
-                               "PyTorch 1.13 same model, rounds interleaved",
+  std::optional<double> peer_tps;
+  if (!v_peer.empty()) peer_tps = Median(v_peer);
+  t.push_back({"train_step_tokens_per_s", tps, peer_tps, 1.5, true, "tokens/s",
+               absl::StrFormat("B=%d T=%d V=%d L=%d H=%d C=%d, peak activations %.1f MiB; "
+                               "compared: peer %s, the same model (attention by "
+                               "F.scaled_dot_product_attention(is_causal)), rounds interleaved; "
+                               "%s",
                                B, c.context, c.vocab_size, c.n_layer, c.n_head, c.d_model,
-                               peak / 1048576.0),
+                               peak / 1048576.0,
+                               peer.python.empty() ? "PyTorch (not run: see the reason)"
+                                                   : peer.label,
+                               peer.ThreadsText()),
                peer_error});
   t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
                "cost of deterministic mode"});

@@ -33,25 +33,28 @@ for i in range(reps + 1):
 times = sorted(times[1:]); print(B * T / times[len(times) // 2])
 )PY";
 
-// Args: B T H KV hd reps threads. Causal GQA attention forward+backward (k, v repeated per group).
+// Args: B T H KV hd reps threads. Causal GQA attention forward+backward with PyTorch 2.x's fused
+// attention, F.scaled_dot_product_attention(is_causal=True, enable_gqa=True) (torch >= 2.5; what
+// transformers' Llama runs by default): the peer a torch 2.15 user has, not torch 1.13's
+// repeat_interleave and masked softmax.
 const char* kGqaPeer = R"PY(
-import math, sys, time, torch
+import sys, time, torch, torch.nn.functional as F
 B, T, H, KV, hd, reps, threads = [int(x) for x in sys.argv[1:8]]
 torch.set_num_threads(threads); torch.manual_seed(0)
 q = torch.randn(B, H, T, hd, requires_grad=True)
 k = torch.randn(B, KV, T, hd, requires_grad=True); v = torch.randn(B, KV, T, hd, requires_grad=True)
-go = torch.randn(B, H, T, hd); mask = torch.ones(T, T, dtype=torch.bool).tril(); times = []
+go = torch.randn(B, H, T, hd); times = []
 for i in range(reps + 1):
     t = time.perf_counter()
-    kk, vv = k.repeat_interleave(H // KV, 1), v.repeat_interleave(H // KV, 1)
-    a = ((q @ kk.transpose(-1, -2)) / math.sqrt(hd)).masked_fill(~mask, float("-inf")).softmax(-1)
-    (a @ vv).backward(go); q.grad = k.grad = v.grad = None
+    F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).backward(go)
+    q.grad = k.grad = v.grad = None
     times.append(time.perf_counter() - t)
 times = sorted(times[1:]); print(B * T / times[len(times) // 2])
 )PY";
 
 // Args: V T L H KV C F B steps threads. The llama arch of docs/model.md in PyTorch (HF-style
-// rotate_half RoPE, repeat_interleave GQA, SwiGLU, untied head), AdamW; tokens/s median after 2
+// rotate_half RoPE, GQA attention by F.scaled_dot_product_attention(is_causal, enable_gqa) as
+// transformers' default "sdpa" attention, SwiGLU, untied head), AdamW; tokens/s median after 2
 // warm-up steps.
 std::string LlamaPeerScript() {
   return absl::StrCat(R"PY(
@@ -69,14 +72,13 @@ class Block(nn.Module):
         s.q, s.k, s.v = nn.Linear(C, H * hd, bias=False), nn.Linear(C, KV * hd, bias=False), nn.Linear(C, KV * hd, bias=False)
         s.o = nn.Linear(H * hd, C, bias=False)
         s.gate, s.up, s.down = nn.Linear(C, FF, bias=False), nn.Linear(C, FF, bias=False), nn.Linear(FF, C, bias=False)
-        s.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril())
     def forward(s, x):
         a = s.ln1(x)
         q = rope(s.q(a).view(B, T, H, hd).transpose(1, 2))
-        k = rope(s.k(a).view(B, T, KV, hd).transpose(1, 2)).repeat_interleave(H // KV, 1)
-        v = s.v(a).view(B, T, KV, hd).transpose(1, 2).repeat_interleave(H // KV, 1)
-        att = ((q @ k.transpose(-1, -2)) / math.sqrt(hd)).masked_fill(~s.mask, float("-inf")).softmax(-1)
-        x = x + s.o((att @ v).transpose(1, 2).reshape(B, T, C))
+        k = rope(s.k(a).view(B, T, KV, hd).transpose(1, 2))
+        v = s.v(a).view(B, T, KV, hd).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        x = x + s.o(y.transpose(1, 2).reshape(B, T, C))
         m = s.ln2(x)
         return x + s.down(F.silu(s.gate(m)) * s.up(m))
 class Llama(nn.Module):
@@ -131,10 +133,11 @@ double OurGqa(const kernels::ExecContext& ctx, const AttnShape& s, int reps) {
 
 // One figure from interleaved rounds of ours and the peer.
 KernelFigure Interleaved(const std::string& name, int rounds, const std::function<double()>& ours,
-                         const std::function<absl::StatusOr<double>()>& peer, bool have_peer,
-                         double goal, const std::string& note) {
+                         const std::function<absl::StatusOr<double>()>& peer,
+                         const TorchPeer& tp, double goal, const std::string& note) {
   std::vector<double> a, b;
-  std::string err = have_peer ? "" : "peer skipped (--peer=false)";
+  const bool have_peer = !tp.python.empty();
+  std::string err = have_peer ? "" : tp.missing;
   for (int r = 0; r < rounds; ++r) {
     a.push_back(ours());
     if (!have_peer) continue;
@@ -150,9 +153,13 @@ KernelFigure Interleaved(const std::string& name, int rounds, const std::functio
 }  // namespace
 
 std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick, int reps,
-                                     int threads, const std::string& python) {
+                                     int threads, const TorchPeer& peer) {
   std::vector<KernelFigure> out;
-  const bool peer = !python.empty();
+  const std::string& python = peer.python;
+  // What every row says about the peer (its note is the row's `compared` text).
+  const std::string compared = absl::StrCat(
+      "compared: peer ", peer.python.empty() ? "PyTorch (not run: see the reason)" : peer.label,
+      "; ", peer.ThreadsText());
   const int rounds = quick ? 1 : 3;
   const int kreps = quick ? 1 : std::max(reps, 3);
   // Llama-like attention shapes, scaled to a CPU: 4 query heads per kv head.
@@ -160,12 +167,13 @@ std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick
   out.push_back(Interleaved(
       "rope_fwd_bwd_tokens_per_s", rounds, [&] { return OurRope(ctx, rs, kreps); },
       [&] { return RunTorchPeer(python, kRopePeer, rs.Args(kreps, threads), threads); }, peer, 1.0,
-      rs.Text() + " q and k; peer: HF rotate_half with autograd"));
+      rs.Text() + " q and k; peer: HF rotate_half with autograd; " + compared));
   const AttnShape gs = quick ? AttnShape{1, 128, 4, 2, 32} : AttnShape{2, 1024, 8, 2, 64};
   out.push_back(Interleaved(
       "gqa_attention_fwd_bwd_tokens_per_s", rounds, [&] { return OurGqa(ctx, gs, kreps); },
       [&] { return RunTorchPeer(python, kGqaPeer, gs.Args(kreps, threads), threads); }, peer, 1.0,
-      gs.Text() + " causal; peer: masked softmax, repeat_interleave k/v, autograd"));
+      gs.Text() + " causal; peer: F.scaled_dot_product_attention(is_causal, enable_gqa), autograd; " +
+          compared));
 
   model::GptConfig c = model::LlamaConfig();
   c.vocab_size = 8192;
@@ -190,9 +198,10 @@ std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick
       "llama_train_step_tokens_per_s", rounds, [&] { return TrainStep(ctx, c, B, steps, &peak); },
       [&] { return RunTorchPeer(python, LlamaPeerScript(), args, threads); }, peer, 1.5, "");
   f.note = absl::StrFormat("B=%d T=%d V=%d L=%d H=%d KV=%d C=%d F=%d untied, peak activations %.1f MiB; "
-                           "peer PyTorch same model, rounds interleaved",
+                           "peer: the same model in PyTorch (attention by "
+                           "F.scaled_dot_product_attention), rounds interleaved; %s",
                            B, c.context, c.vocab_size, c.n_layer, c.n_head, c.kv_heads(), c.d_model,
-                           c.ff(), peak / 1048576.0);
+                           c.ff(), peak / 1048576.0, compared);
   out.push_back(std::move(f));
   return out;
 }

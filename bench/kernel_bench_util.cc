@@ -9,7 +9,9 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "bench/report.h"
+#include "deploy/peers_venv.h"
 
 namespace ember::bench {
 
@@ -72,11 +74,42 @@ double TrainStep(const kernels::ExecContext& ctx, const model::GptConfig& c, int
   return B * c.context / Median(times);
 }
 
+TorchPeer TorchPeer::Resolve(bool enabled, const std::string& python_flag, int threads) {
+  TorchPeer p;
+  p.threads = threads;
+  if (!enabled) {
+    p.missing = "peer skipped (--peer=false)";
+    return p;
+  }
+  p.python = python_flag.empty() ? deploy::CurrentTorchPeerPython(&p.missing) : python_flag;
+  if (p.python.empty()) return p;
+  const std::string version = deploy::PeerTorchVersion(p.python);
+  if (version.empty()) {
+    p.missing = absl::StrCat("the PyTorch peer's interpreter ", p.python,
+                             " cannot import torch; run deploy/peers-venv.sh, or fix "
+                             "the interpreter that --python or EMBER_PEER_PYTHON names");
+    p.python.clear();
+    return p;
+  }
+  p.label = absl::StrCat("torch ", version, " (", p.python, ")");
+  return p;
+}
+
+std::string TorchPeer::ThreadsText() const {
+  return absl::StrFormat("threads %d on both (ours: a pool of %d; peer: torch.set_num_threads(%d), "
+                         "OMP_NUM_THREADS=%d, checked after its run)",
+                         threads, threads, threads, threads);
+}
+
 absl::StatusOr<double> RunTorchPeer(const std::string& python, const std::string& script,
                                     const std::string& args, int threads) {
   static int counter = 0;
   const std::string path = absl::StrCat("/tmp/kernel_bench_peer_", getpid(), "_", counter++, ".py");
-  std::ofstream(path) << script;
+  // The threads check runs after the figure is printed (the figure stays the last line).
+  std::ofstream(path) << script << absl::StrFormat(R"PY(
+if torch.get_num_threads() != %d:
+    sys.exit("peer ran with torch.get_num_threads() = %%d, not %d" %% torch.get_num_threads())
+)PY", threads, threads);
   const std::string cmd = absl::StrCat("OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=", threads, " ",
                                        python, " ", path, " ", args, " 2>&1");
   FILE* p = popen(cmd.c_str(), "r");

@@ -26,9 +26,28 @@ std::vector<float> Rand(int64_t n, uint64_t seed, float scale);
 double TrainStep(const kernels::ExecContext& ctx, const model::GptConfig& c, int64_t B, int steps,
                  int64_t* peak_bytes);
 
+// The PyTorch peer of the CPU figures (issue 30: current PyTorch, 2.15): the interpreter, or why
+// there is none, and what every peer row names.
+struct TorchPeer {
+  std::string python;  // empty: no peer; its targets are not measured with `missing`
+  std::string missing;
+  std::string label;   // "torch 2.15.0+cu132 (/opt/ember-peers/torch-2.15/bin/python)"
+  int threads = 1;     // torch.set_num_threads and OMP_NUM_THREADS: ours, the pool size
+
+  // `python_flag` non-empty: that interpreter. Else deploy::CurrentTorchPeerPython():
+  // $EMBER_PEER_PYTHON, else the peers venv; never Debian's torch 1.13 behind the user's back (a
+  // missing venv leaves `python` empty and `missing` naming deploy/peers-venv.sh). `enabled`
+  // false (--peer=false): no peer, missing "peer skipped (--peer=false)".
+  static TorchPeer Resolve(bool enabled, const std::string& python_flag, int threads);
+  // The threads statement every peer row carries.
+  std::string ThreadsText() const;
+};
+
 // Runs `script` (Python source) with `python` and the given arguments, under OMP_NUM_THREADS =
-// threads, and returns the number on its last line of output. UNAVAILABLE, with the tail of its
-// output, when it fails or prints no positive number.
+// threads, and returns the number on its last line of output. The script must set
+// torch.set_num_threads(threads); after it ends, a check appended to it fails the run when
+// torch.get_num_threads() is not `threads`. UNAVAILABLE, with the tail of its output, when it
+// fails or prints no positive number.
 absl::StatusOr<double> RunTorchPeer(const std::string& python, const std::string& script,
                                     const std::string& args, int threads);
 

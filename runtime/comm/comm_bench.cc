@@ -1,6 +1,13 @@
 // comm_bench: nccl-tests-style benchmark of the cpu backend, with Gloo (torch.distributed) and
 // Open MPI measured in the same run on the same machine.
 //
+// The Gloo peer is PyTorch 2.15's (issue 30): gloo_peer.py runs under --python if given, else
+// $EMBER_PEER_PYTHON, else the peers venv of deploy/peers-venv.sh (deploy/peers_venv.h); never
+// Debian's /usr/bin/python3 (torch 1.13) as a silent fallback: with the venv missing, every tcp-vs-
+// gloo target is not measured (met: false) with the reason. The tables, the meta and every gloo
+// row name the torch version; both sides run one compute thread per rank (ours: the executor
+// thread; Gloo: torch.set_num_threads(1), OMP_NUM_THREADS=1, checked in the peer).
+//
 //   bazel run -c opt //runtime/comm:comm_bench -- --ranks=2,4 [--json [--allow-missing-peers]]
 //       [--rounds=3] [--quick]
 //
@@ -29,8 +36,8 @@
 // 1 when EMBER_EXPECT_GPUS is set and not 0, as in tests/gpu/run.sh check).
 //
 // Like for like (issue 11): shm targets are against Open MPI (shared memory, vader); TCP targets
-// against Gloo (TCP). torch's Gloo has no reduce_scatter: its column there is an all_reduce of the
-// full buffer (about twice the traffic), shown as a labelled reference and never a target.
+// against Gloo (TCP), reduce_scatter included (torch 2.15's ProcessGroupGloo has
+// reduce_scatter_tensor; torch 1.13's had none, and its column was an all_reduce reference).
 // Loop lengths are the same rule on every side (ours, gloo_peer.py, mpi_peer.c): 2 warm-up calls,
 // one probe call after a barrier, iterations = clamp(--loop_seconds / probe, 3, 5000), the MAX
 // over ranks, 3 timed loops. TCP congestion control: our ranks run with
@@ -61,6 +68,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "bench/report.h"
+#include "deploy/peers_venv.h"
 #include "runtime/base/flags.h"
 #include "runtime/comm/comm_bench_nccl.h"
 #include "runtime/comm/env_knobs.h"
@@ -76,7 +84,9 @@ ABSL_FLAG(int64_t, max_bytes, 0, "largest size; 0: 64 MiB (cpu), 1 GiB (nccl; --
 ABSL_FLAG(std::string, peers, "gloo,mpi", "peers to measure: gloo (torch), mpi (Open MPI)");
 ABSL_FLAG(double, loop_seconds, 0.15, "target length of one timed loop; --quick: 0.02");
 ABSL_FLAG(int, rounds, 3, "interleaved rounds of the whole sweep (median per cell); --quick: 1");
-ABSL_FLAG(std::string, python, "/usr/bin/python3", "python with torch for the Gloo peer");
+ABSL_FLAG(std::string, python, "",
+          "python with torch for the Gloo peer (empty: $EMBER_PEER_PYTHON, else the torch 2.15 "
+          "venv of deploy/peers-venv.sh; missing: the gloo targets are not measured)");
 ABSL_FLAG(std::string, bench_dir, "runtime/comm/bench", "where gloo_peer.py and mpi_peer.c live");
 ABSL_FLAG(std::string, netns, "", "comma-separated network namespace per rank (across hosts)");
 ABSL_FLAG(std::string, netns_hosts, "", "with --netns: the address of each rank's namespace");
@@ -392,6 +402,30 @@ int Orchestrate(int argc, char** argv, const char* self) {
     if (peers.find("gloo") == std::string::npos) peer_error[{"gloo", n}] = "skipped (--peers)";
     if (peers.find("mpi") == std::string::npos) peer_error[{"mpi", n}] = "skipped (--peers)";
   }
+  // The Gloo peer's interpreter (PyTorch 2.15; no fallback to Debian's 1.13) and its version.
+  bool run_gloo = peers.find("gloo") != std::string::npos;
+  std::string gloo_python, gloo_label = "PyTorch 2.15 (not run: see the reason)", missing;
+  if (run_gloo) {
+    gloo_python = absl::GetFlag(FLAGS_python);
+    if (gloo_python.empty()) gloo_python = deploy::CurrentTorchPeerPython(&missing);
+    if (!gloo_python.empty()) {
+      const std::string version = deploy::PeerTorchVersion(gloo_python);
+      if (version.empty()) {
+        missing = absl::StrCat("the Gloo peer's interpreter ", gloo_python, " cannot import torch; "
+                               "run deploy/peers-venv.sh or fix EMBER_PEER_PYTHON / --python");
+      } else {
+        gloo_label = absl::StrCat("torch ", version, " (", gloo_python, ")");
+      }
+    }
+    if (!missing.empty()) {
+      std::fprintf(stderr, "gloo peer unavailable: %s\n", missing.c_str());
+      for (int n : rank_counts) peer_error[{"gloo", n}] = missing;
+      run_gloo = false;
+    }
+  }
+  if (peers.find("gloo") != std::string::npos) {
+    report.SetMeta("gloo_peer", json::Value::Str(run_gloo ? gloo_label : "none: " + missing));
+  }
   std::string mpi_bin;
   if (peers.find("mpi") != std::string::npos) {
     mpi_bin = absl::StrCat("/tmp/ember_mpi_peer_", getpid());
@@ -413,11 +447,11 @@ int Orchestrate(int argc, char** argv, const char* self) {
           return report.Fail(s);
         }
       }
-      if (peers.find("gloo") != std::string::npos) {
+      if (run_gloo) {
         std::string out;
         const std::string peer = absl::StrCat("env COMM_BENCH_LOOP_SECONDS=",
                                               absl::GetFlag(FLAGS_loop_seconds), " ",
-                                              absl::GetFlag(FLAGS_python), " ",
+                                              gloo_python, " ",
                                               absl::GetFlag(FLAGS_bench_dir), "/gloo_peer.py ", n,
                                               " ", sizes_csv, " ", absl::GetFlag(FLAGS_ops));
         int st = Run(AcrossHosts() ? GlooAcrossHosts(peer, n, 29600 + 10 * round, err)
@@ -480,6 +514,9 @@ int Orchestrate(int argc, char** argv, const char* self) {
   const std::string loops = absl::StrCat(
       "loop lengths on both: 2 warm-up calls, iterations = clamp(", absl::GetFlag(FLAGS_loop_seconds),
       " s / one probe call, 3, 5000), the MAX over ranks, median of 3 timed loops");
+  const std::string threads =
+      "threads: one compute thread per rank on both (ours: the executor thread; gloo: "
+      "torch.set_num_threads(1), OMP_NUM_THREADS=1, checked in gloo_peer.py)";
   const std::vector<std::string> impls =
       AcrossHosts() ? std::vector<std::string>{"ember-tcp", "gloo"}
                     : std::vector<std::string>{"ember-shm", "ember-tcp", "mpi", "gloo"};
@@ -488,8 +525,7 @@ int Orchestrate(int argc, char** argv, const char* self) {
     for (int n : rank_counts) {
       std::vector<std::string> cols = {"size(B)"};
       for (const std::string& impl : impls) {
-        std::string label = impl == "gloo" && op == "reduce_scatter"
-                                ? "gloo all_reduce (reference)" : impl;
+        const std::string& label = impl;
         cols.push_back(label + " us");
         if (algbw) cols.push_back(label + " algbw GB/s");
         cols.push_back(label + " busbw GB/s");
@@ -519,25 +555,13 @@ int Orchestrate(int argc, char** argv, const char* self) {
                                                       "oversubscribed on every side, targets "
                                                       "informational")
                                        : ""));
-      if (op == "reduce_scatter") {
-        t.AddNote("torch's Gloo has no reduce_scatter: its columns are an all_reduce of the full "
-                  "buffer (about twice the traffic), a reference only, never a target");
+      if (std::find(impls.begin(), impls.end(), "gloo") != impls.end()) {
+        t.AddNote(absl::StrCat("gloo: ", run_gloo ? gloo_label : "not run", "; ", threads));
       }
       for (int64_t b : Sizes()) {
         std::vector<bench::Cell> row = {b};
         for (const std::string& impl : impls) {
-          std::string src_op = op;
-          if (impl == "gloo" && op == "reduce_scatter") {
-            // gloo_peer.py times all_reduce of the full buffer for this row; busbw with the
-            // all_reduce factor, since that is the traffic it moved.
-            auto tm = us(impl, op, n, b);
-            row.push_back(tm);
-            if (algbw) row.push_back(tm ? std::optional<double>(b / (*tm * 1e-6) / 1e9) : std::nullopt);
-            std::optional<double> bw;
-            if (tm) bw = b / (*tm * 1e-6) / 1e9 * BusFactor("all_reduce", n);
-            row.push_back(bw);
-            continue;
-          }
+          const std::string& src_op = op;
           row.push_back(us(impl, src_op, n, b));
           if (algbw) {
             auto tm = us(impl, src_op, n, b);
@@ -562,7 +586,8 @@ int Orchestrate(int argc, char** argv, const char* self) {
   }
 
   // Targets (issues 3 and 11), like for like: shm vs Open MPI (shared memory both), TCP vs Gloo
-  // (TCP both, no reduce_scatter: Gloo has none). What both sides ran is in each note.
+  // (TCP both; reduce_scatter is torch 2.15 Gloo's reduce_scatter_tensor). What both sides ran is
+  // in each note.
   // Cells with more ranks than cores: every side is oversubscribed, the peer too.
   auto informational = [&](int n) -> std::string {
     if (n <= cores) return "";
@@ -576,8 +601,8 @@ int Orchestrate(int argc, char** argv, const char* self) {
                                       : "TCP loopback",
                         " on both; ", n, " rank processes on both; congestion control ", cc,
                         " on both (the kernel's default", AcrossHosts() ? " in each namespace" : "",
-                        "; ember's ranks run with EMBER_COMM_TCP_CONGESTION=system); gloo 1 "
-                        "OpenMP thread per rank; ", loops);
+                        "; ember's ranks run with EMBER_COMM_TCP_CONGESTION=system); gloo: ",
+                        gloo_label, "; ", threads, "; ", loops);
   };
   auto shm_note = [&](int n) {
     return absl::StrCat(informational(n), "compared: shared memory on both (ember shm, Open MPI "
@@ -598,7 +623,6 @@ int Orchestrate(int argc, char** argv, const char* self) {
                                                  1.0, bench::kHigherIsBetter, "GB/s",
                                                  reason("mpi", n), shm_note(n)));
         }
-        if (op == "reduce_scatter") continue;
         if (auto tcp = bus("ember-tcp", op, n, b)) {
           report.AddTarget(bench::Target::VsPeer(cell + " tcp vs gloo", *tcp,
                                                  bus("gloo", op, n, b), 2.0,

@@ -353,14 +353,8 @@ std::string PeerTorchLabel() {
   const std::string py = PeerPython();
   absl::MutexLock lock(&mu);
   if (auto it = labels->find(py); it != labels->end()) return it->second;
-  std::string version;
-  if (FILE* p = popen(absl::StrCat(py, " -c 'import torch; print(torch.__version__)' 2>/dev/null").c_str(), "r")) {
-    char buf[128];
-    while (fgets(buf, sizeof(buf), p)) version += buf;
-    pclose(p);
-  }
-  while (!version.empty() && (version.back() == '\n' || version.back() == ' ')) version.pop_back();
-  if (version.empty() || version.size() > 64) version = "?";  // no torch there: the row says so
+  std::string version = deploy::PeerTorchVersion(py);
+  if (version.empty()) version = "?";  // no torch there: the row says so
   return (*labels)[py] = absl::StrCat("torch ", version, " (", py, ")");
 }
 

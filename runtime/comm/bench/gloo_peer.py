@@ -1,13 +1,17 @@
-# Gloo peer for comm_bench: torch.distributed's gloo backend (Debian python3-torch), same sizes and
+# Gloo peer for comm_bench: torch.distributed's gloo backend of PyTorch 2.15 (the peers venv of
+# deploy/peers-venv.sh; comm_bench picks the interpreter, deploy/peers_venv.h), same sizes and
 # busbw factors. Prints lines "gloo <op> <nranks> <bytes> <time_us> <cpu_us>" (CPU time per op of
-# every rank process, summed). Run with /usr/bin/python3.
+# every rank process, summed). Every rank checks that torch runs one thread
+# (torch.get_num_threads() == 1), as comm_bench's ranks reduce on one executor thread.
 #   gloo_peer.py N SIZES OPS                 N ranks on this host (loopback), spawned here
 #   gloo_peer.py N SIZES OPS RANK INIT       one rank (comm_bench --netns: a rank per namespace,
 #                                            INIT tcp://host0:port, GLOO_SOCKET_IFNAME set); rank
 #                                            0 prints the lines
 #
-# ProcessGroupGloo (torch 1.13) has no reduce_scatter, so "reduce_scatter" is what a gloo user
-# does instead: all_reduce of the full buffer, keeping this rank's slice (reported as such).
+# "reduce_scatter" is dist.reduce_scatter_tensor (ProcessGroupGloo has it in torch 2.x; size = the
+# full input, as comm_bench's). Under a torch without it (Debian's 1.13, chosen explicitly with
+# EMBER_PEER_PYTHON) it prints no reduce_scatter lines, and comm_bench reports those targets not
+# measured.
 #
 # Why this used to "hang at startup": every rank picked its own iteration count from its own
 # timing of one call, so ranks ran different numbers of collectives and deadlocked (one rank in
@@ -31,6 +35,8 @@ LOOP_SECONDS = float(os.environ.get("COMM_BENCH_LOOP_SECONDS", "0.15"))
 
 def worker(rank, n, init, sizes, ops, out):
     torch.set_num_threads(1)
+    if torch.get_num_threads() != 1:
+        sys.exit("gloo_peer.py: torch.get_num_threads() = %d, not 1" % torch.get_num_threads())
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=n,
                             timeout=datetime.timedelta(seconds=60))
     lines = []
@@ -45,9 +51,14 @@ def worker(rank, n, init, sizes, ops, out):
                 outs = [torch.empty(count // n) for _ in range(n)]
                 fn = lambda: dist.all_gather(outs, x)
             elif op == "reduce_scatter":
+                if not hasattr(dist, "reduce_scatter_tensor"):
+                    if rank == 0 and size == sizes[0]:
+                        sys.stderr.write("gloo_peer.py: torch %s has no reduce_scatter_tensor: "
+                                         "reduce_scatter not measured\n" % torch.__version__)
+                    continue
                 x = torch.ones(count)
-                per = count // n
-                fn = lambda: dist.all_reduce(x) or x[rank * per:(rank + 1) * per]
+                o = torch.empty(count // n)
+                fn = lambda: dist.reduce_scatter_tensor(o, x)
             else:
                 continue
             for _ in range(2):
