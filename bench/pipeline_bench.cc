@@ -34,6 +34,10 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
+#include <cstring>
+#include <cerrno>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -167,10 +171,36 @@ absl::Status RankMain(const Config& cfg, int rank, const std::string& dir,
   return f ? absl::OkStatus() : absl::InternalError("cannot write " + out);
 }
 
+// A new, empty rendezvous directory for one configuration's ranks. Not "/tmp/pipeline_bench-<pid>":
+// pids are reused, and a directory an earlier process left behind held that run's rank addresses
+// (a rank then connected to a dead port: "connection refused", seen in a protocol run).
+std::string FreshDir() {
+  std::string tmpl = "/tmp/pipeline_bench-XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) {
+    std::fprintf(stderr, "pipeline_bench: mkdtemp %s failed: %s\n", tmpl.c_str(), std::strerror(errno));
+    std::exit(1);
+  }
+  return tmpl;
+}
+
+// Removes a run's rendezvous directory and its ranks' result files.
+void RemoveRun(const std::string& dir, int world) {
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  for (int r = 0; r < world; ++r) std::filesystem::remove(absl::StrCat(dir, ".rank", r), ec);
+}
+
+// RemoveRun when the parent leaves the scope (forked ranks _exit and never run it).
+struct RunFiles {
+  std::string dir;
+  int world;
+  ~RunFiles() { RemoveRun(dir, world); }
+};
+
 absl::StatusOr<Result> Run(const Config& cfg) {
-  static int n = 0;
   const int world = Stages();
-  const std::string dir = absl::StrCat("/tmp/pipeline_bench-", getpid(), "-", n++);
+  const std::string dir = FreshDir();
+  const RunFiles files{dir, world};
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();
@@ -319,7 +349,8 @@ struct PpFsdpRank {
 
 absl::StatusOr<std::vector<PpFsdpRank>> RunPpFsdp() {
   const int world = kPpStages * kPpShards;
-  const std::string dir = absl::StrCat("/tmp/pipeline_bench-", getpid(), "-ppfsdp");
+  const std::string dir = FreshDir();
+  const RunFiles files{dir, world};
   std::vector<pid_t> pids;
   for (int r = 0; r < world; ++r) {
     pid_t pid = fork();

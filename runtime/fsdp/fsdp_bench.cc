@@ -19,6 +19,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -130,8 +133,13 @@ int RankMain(const Config& cfg, int rank, const std::string& dir, const std::str
 }
 
 Result Run(const Config& cfg) {
-  static int n = 0;
-  const std::string dir = absl::StrCat("/tmp/fsdp_bench-", getpid(), "-", n++);
+  // A new, empty rendezvous directory: "/tmp/fsdp_bench-<pid>-<n>" could hold the rank addresses
+  // of an earlier process with the same (reused) pid (pipeline_bench failed that way).
+  std::string dir = "/tmp/fsdp_bench-XXXXXX";
+  if (mkdtemp(dir.data()) == nullptr) {
+    std::fprintf(stderr, "fsdp_bench: mkdtemp failed: %s\n", std::strerror(errno));
+    std::exit(1);
+  }
   std::vector<pid_t> pids;
   for (int r = 0; r < cfg.world; ++r) {
     pid_t pid = fork();
