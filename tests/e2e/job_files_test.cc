@@ -245,10 +245,9 @@ TEST_CASE("Submit refuses, naming the field, the specs every rank would refuse a
   REQUIRE(c.ok());
   const std::string model = "model: {n_layers: 2, d_model: 32, n_heads: 2, context_length: 16}\n";
   const std::pair<std::string, std::string> cases[] = {
-      {"name: pp-publish\n" + model +
-           "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
-           "publish: {every_steps: 1}\nsteps: 2\n",
-       "publish.every_steps"},
+      {"name: pp-hsdp\n" + model +
+           "parallelism: {strategy: pipeline, pipeline_stages: 2, dp_replicate: 2, world_size: 4}\nsteps: 2\n",
+       "parallelism.dp_replicate"},
       {"name: pp-init\n" + model +
            "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
            "checkpoint: {init_from_safetensors: w.safetensors}\nsteps: 2\n",
