@@ -17,7 +17,8 @@
 //  barrier:  256 client processes (one connection each) connect and pass Client::Barrier, on
 //            ember-store over etcd vs over the in-memory backend; torch's TCPStore barrier helper
 //            (tcpstore_peer.py: add + wait, as Client::Barrier) alongside.
-//  tcpstore: torch 1.13 TCPStore clients (Debian's /usr/bin/python3) against ember-store's
+//  tcpstore: PyTorch TCPStore clients (the peer interpreter: deploy/peers_venv.h, torch 2.15 when
+//            its venv is installed; each row names the version) against ember-store's
 //            --tcpstore-port (in-memory backend, in this process) vs against torch's own TCPStore
 //            server (is_master=True, in the peer's parent process): set/get/add/wait ops/s at every
 //            client count (each a target) and a 64-rank barrier. The same client code drives both
@@ -420,10 +421,10 @@ absl::Status BarrierPart(bench::Report& report, const std::string& on_etcd,
       absl::StrCat(ranks, "-rank connect + barrier, TCP loopback: median of ", rounds,
                    " interleaved rounds (etcd, memory, tcpstore)"),
       {"store", "processes x connections", "RTT/barrier", "connect s", "barrier s", "total s"});
-  t.AddNote("the same barrier on both: add (its answer counts the arrivals) + wait on a done key "
-            "the last arrival sets first. ember: Client::Barrier against one ember-store; "
-            "tcpstore: torch 1.13's own server with tcpstore_peer.py's barrier (its set awaits no "
-            "reply)");
+  t.AddNote(absl::StrCat("the same barrier on both: add (its answer counts the arrivals) + wait on a done key "
+                         "the last arrival sets first. ember: Client::Barrier against one ember-store; "
+                         "tcpstore: ", bench_util::PeerTorchLabel(), "'s own server with tcpstore_peer.py's barrier "
+                         "(its set awaits no reply)"));
   std::vector<double> ec, eb, mc, mb, pc, pb;
   std::string peer_error;
   for (int r = 0; r < rounds; ++r) {
@@ -470,7 +471,7 @@ absl::Status BarrierPart(bench::Report& report, const std::string& on_etcd,
 absl::Status TcpStorePart(bench::Report& report, int port, const std::vector<int>& clients,
                           int barrier_ranks, int rounds, const std::string& tmp) {
   bench::Table& t = report.AddTable(
-      absl::StrCat("torch 1.13 TCPStore clients: ", absl::GetFlag(FLAGS_seconds),
+      absl::StrCat(bench_util::PeerTorchLabel(), " TCPStore clients: ", absl::GetFlag(FLAGS_seconds),
                    " s per point, median of ", rounds,
                    " interleaved rounds (ember-store --tcpstore-port, torch server)"),
       {"op", "clients", "ember-store ops/s", "p50 us", "p99 us", "torch server ops/s", "p50 us",
@@ -505,7 +506,7 @@ absl::Status TcpStorePart(bench::Report& report, int port, const std::vector<int
       report.AddTarget(bench::Target::VsPeer(
           absl::StrCat("tcpstore_clients_", op, "_ops_per_s_", n, "_clients"), e_ops.value_or(0),
           p_ops, 1.0, bench::kHigherIsBetter, "ops/s", why,
-          absl::StrCat("compared: the same torch 1.13 TCPStore client processes (", n, ", one op "
+          absl::StrCat("compared: the same ", bench_util::PeerTorchLabel(), " TCPStore client processes (", n, ", one op "
                        "in flight each, timed ", absl::GetFlag(FLAGS_seconds), " s, TCP "
                        "loopback) against ember-store's --tcpstore-port vs against torch's own "
                        "server; same protocol, so the same round trips per op on both")));
