@@ -155,9 +155,12 @@ def main():
             else:
                 counts["not measured"] += 1
     missing = [n for n in names if n not in done]
+    # A benchmark whose every protocol run failed has no targets: say so, never leave it silent.
+    failed = [n for n in names if n in done and not done[n]["targets"]]
     out += ["", "**%d met, %d missed, %d not measured** (counted targets of the benchmarks run under the "
-            "protocol); %d informational rows not counted.%s" % (
+            "protocol); %d informational rows not counted.%s%s" % (
                 counts["met"], counts["missed"], counts["not measured"], counts["informational"],
+                (" Every protocol run failed (no figure; the errors are in its section): " + ", ".join(failed) + ".") if failed else "",
                 (" Not yet run under the protocol (no figure claimed): " + ", ".join(missing) + ".") if missing else ""),
             ""]
     out += ["## Commands", "", "```sh",
@@ -177,6 +180,13 @@ def main():
                     (" with " + " ".join("%s=%s" % kv for kv in sorted(p["env"].items()))) if p.get("env") else ""), ""]
         if p.get("like_for_like"):
             out += ["Like-for-like: %s" % p["like_for_like"], ""]
+        if not d["targets"]:
+            out += ["**Every run failed; no figure.**", ""]
+            for i, r in enumerate(d["runs"]):
+                out.append("- run %d (%s, %.0f s, exit %s): %s" % (
+                    i + 1, r["started"], r["wall_s"], r["exit_code"], r.get("error") or "no targets"))
+            out.append("")
+            continue
         out += ["| target | ours (median run) | peer | ratio (or value) | goal | per run | met in | verdict |",
                 "|---|---|---|---|---|---|---|---|"]
         for t in d["targets"]:
