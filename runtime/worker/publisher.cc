@@ -340,12 +340,21 @@ absl::StatusOr<std::unique_ptr<Publisher>> StartPublisher(const Plan& plan, stor
   WeightsManifest m;
   m.attempt = env.attempt;
   m.world = env.world_size;
-  std::set<std::string> seen;
+  // Read from the store: checked, not trusted (a name two ranks list must have one shape).
+  std::map<std::string, std::vector<int64_t>> seen;
   for (const std::string& key : name_keys) {
     ASSIGN_OR_RETURN(std::string text, attempt.Get(key));
-    ASSIGN_OR_RETURN(WeightsManifest theirs, ParseManifest(text));
-    for (const auto& t : theirs.tensors) {
-      if (seen.insert(t.name).second) m.tensors.push_back({t.name, t.shape});
+    absl::StatusOr<WeightsManifest> theirs = ParseManifest(text);
+    if (!theirs.ok()) return base::Annotate(theirs.status(), key);
+    for (const auto& t : theirs->tensors) {
+      auto [it, added] = seen.emplace(t.name, t.shape);
+      if (added) {
+        m.tensors.push_back({t.name, t.shape});
+      } else if (it->second != t.shape) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            key, " lists tensor '", t.name, "' with another shape than an earlier rank; the ranks disagree on "
+            "the model (or the key was overwritten): not publishing"));
+      }
     }
   }
   const std::string text = EncodeManifest(m);
@@ -355,7 +364,12 @@ absl::StatusOr<std::unique_ptr<Publisher>> StartPublisher(const Plan& plan, stor
   std::vector<uint64_t> remote_offsets;
   uint64_t staging_bytes = 0;
   for (size_t i = 0; i < shards.size(); ++i) {
-    const WeightsManifest::Tensor& t = *by_name.at(shards[i].name);
+    auto it = by_name.find(shards[i].name);
+    if (it == by_name.end()) {
+      return absl::FailedPreconditionError(absl::StrCat("tensor '", shards[i].name, "' of rank ", env.rank,
+                                                        " is missing from the job's weights manifest"));
+    }
+    const WeightsManifest::Tensor& t = *it->second;
     remote_offsets.push_back(t.offset + 4 * static_cast<uint64_t>(shards[i].row_begin * shards[i].row_numel));
     staging_bytes += 4 * static_cast<uint64_t>(shards[i].rows * shards[i].row_numel);
   }
