@@ -1,8 +1,16 @@
 #!/usr/bin/python3
 """script_bench: a 4-rank PyTorch DDP script (gloo, tests/script/ddp_train.py) under Ember
 (`emberctl run --standalone --nproc 4 --max-restarts 1 train.py`) and under torchrun
-(`python3 -m torch.distributed.run --nproc_per_node 4 --max_restarts 1`), the latter twice: with
-its default monitor interval (5 s) and with --monitor_interval=1. Interleaved, same run.
+(`python3 -m torch.distributed.run --standalone --nproc_per_node 4 --max_restarts 1`), the latter
+twice: with its default monitor interval (5 s) and with --monitor_interval=1. Interleaved, same run.
+
+torchrun runs with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, torch's documented opt-out of sharing the
+rendezvous TCPStore with the workers. Without it, torch 2.15's torchrun cannot restart a Gloo
+script at all (static or c10d rendezvous): the restarted ranks share attempt 0's store, no longer
+under a per-attempt prefix (torch/distributed/rendezvous.py: "We create a new TCPStore for every
+retry so no need to add prefix", which is not so when the store is shared), read attempt 0's Gloo
+addresses and fail in connectFullMesh ("Connection refused"); every committed run of 2026-12-07
+20:57 failed so. With the opt-out, each rendezvous round gets its own store and the restart works.
 
 Per run: launch-to-first-step (the launcher is started -> rank 0 logs step 0) and, after a kill -9
 of rank 2, kill-to-restarted-step (the kill -> rank 0 logs its first step of the next attempt).
@@ -45,12 +53,6 @@ def emit(report, rows, as_json, target_line):
     for t in report["targets"]:
         print(target_line(t))
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def lines(out):
     try:
         with open(os.path.join(out, "losses.txt")) as f:
@@ -84,11 +86,16 @@ def one_run(kind, a, tmp, log):
     else:
         # --redirects/--tee 0:1: Debian's torch 1.13 under Python 3.11 cannot parse the default
         # "0"; everything else is torchrun's default unless KINDS says otherwise.
+        # --standalone: torchrun's single-node mode (c10d rendezvous on a free local port), the
+        # counterpart of `emberctl run --standalone`.
         cmd = [PY, "-m", "torch.distributed.run", "--redirects", "0:1", "--tee", "0:1",
-               "--nproc_per_node", "4", "--max_restarts", "1", "--master_port", str(free_port()),
+               "--standalone", "--nproc_per_node", "4", "--max_restarts", "1",
                *KINDS[kind], a.script, *args]
+    env = dict(os.environ)
+    if KINDS[kind] is not None:
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"  # see the module docstring
     t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp,
+    p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=tmp, env=env,
                          start_new_session=True)
     try:
         deadline = t0 + 150
@@ -234,7 +241,10 @@ def main():
                       "kill: rank 2, at step >= 2; under Ember only once all 4 warm standbys for "
                       "attempt 1 exist with torch imported (standby-ready markers; the last column "
                       "is that wait); torchrun: its default monitor interval is 5 s, the 'monitor "
-                      "1s' row passes --monitor_interval=1",
+                      "1s' row passes --monitor_interval=1; torchrun runs --standalone with "
+                      "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (without it torch 2.15's torchrun "
+                      "fails every restart of a Gloo script: stale attempt-0 addresses in the "
+                      "shared store)",
                       "every round must succeed: a failed round fails the run"],
         }],
         "targets": targets, "meta": {"rounds": rounds, "cores": os.cpu_count(),
