@@ -27,7 +27,7 @@ time.time() in OUT/losses.txt, so both are timed the same way. A round that fail
 Output: bench/report.h's format (bench/bench_schema.json); --json prints one JSON object.
 Goals (issue 23): Ember's start <= 1.0x torchrun's; recovery >= 5x faster (<= 0.2x).
 """
-import argparse, glob, json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
+import argparse, glob, json, os, shutil, signal, statistics, subprocess, sys, tempfile, time
 
 PY = "/usr/bin/python3"  # --python sets it: the one interpreter (and torch) of both sides
 
