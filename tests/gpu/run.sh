@@ -57,6 +57,26 @@ preflight() {
   echo "preflight: every carried binary resolves its libraries (LD_LIBRARY_PATH=$path)"
 }
 
+# The device machine has none of this machine's Debian libraries, so ldd here (which finds them in
+# /usr/lib) cannot show a missing one. closure: every library a carried executable resolves must
+# come from the carry set itself or be one the device provides (PROVIDED); prints each other one
+# and fails.
+closure() {
+  local path bad
+  path="$(libpath)"
+  bad=$(find tests/gpu/bin -type f -perm -u+x ! -name '*.so*' | while read -r f; do
+      LD_LIBRARY_PATH="$path" ldd "$f" | awk '$3 ~ /^\// {print $3}' | while read -r lib; do
+        case "$(readlink -f "$lib")" in "$PWD"/tests/gpu/bin/*) continue ;; esac
+        echo "$lib" | grep -Eq "$PROVIDED" || echo "closure: $f loads $lib from this machine (not carried, not on the device)"
+      done
+    done)
+  if [ -n "$bad" ]; then
+    echo "$bad" | sort -u
+    return 1
+  fi
+  echo "closure: every library a carried binary loads is carried or provided by the device (glibc, CUDA, NCCL, cuBLAS)"
+}
+
 # carry_libs BINARY: copies the libraries BINARY loads that the device machine lacks into $LIB.
 carry_libs() {
   ldd "$1" | awk '$3 ~ /^\// {print $3}' | grep -Ev "$PROVIDED" | sort -u |
@@ -66,6 +86,7 @@ carry_libs() {
 case "${1:-}" in
   libpath) libpath ;;
   preflight) preflight ;;
+  closure) closure ;;
   build)
     bazel build --jobs=2 //runtime/base:devices_test //tests/gpu:nccl_gpu_check //tests/gpu:nvml_check //tests/gpu:onesided_cuda_ipc_check //tests/gpu:gpt_cuda_check //runtime/comm:comm_bench
     bin="$(bazel info bazel-bin 2>/dev/null)"
@@ -80,6 +101,7 @@ case "${1:-}" in
     done
     bash tests/gpu/cuda_kernels.sh build
     preflight
+    closure
     kib=$(du -sk tests/gpu/bin | cut -f1)
     echo "carry set: tests/gpu/bin, $((kib / 1024)) MiB"
     if [ "$kib" -ge $((64 * 1024)) ]; then
