@@ -37,7 +37,7 @@ const std::vector<SupportRule> kSupportMatrix = {
     {"pipeline+precision", "precision", true,  // the stage's FullyShard takes the policy
      [](const JobSpec& s) { return Pipeline(s) && NotF32(s); },
      [](const JobSpec&) { return std::string("pipeline jobs train in f32 only; leave precision unset"); }},
-    {"pipeline+init_from_safetensors", "checkpoint.init_from_safetensors", false,
+    {"pipeline+init_from_safetensors", "checkpoint.init_from_safetensors", true,  // each stage loads its own
      [](const JobSpec& s) { return Pipeline(s) && !s.checkpoint().init_from_safetensors().empty(); },
      [](const JobSpec&) { return std::string("not supported for pipeline jobs yet"); }},
     {"pipeline+init_from", "checkpoint.init_from", false,
