@@ -40,7 +40,7 @@ const std::vector<SupportRule> kSupportMatrix = {
     {"pipeline+init_from_safetensors", "checkpoint.init_from_safetensors", true,  // each stage loads its own
      [](const JobSpec& s) { return Pipeline(s) && !s.checkpoint().init_from_safetensors().empty(); },
      [](const JobSpec&) { return std::string("not supported for pipeline jobs yet"); }},
-    {"pipeline+init_from", "checkpoint.init_from", false,
+    {"pipeline+init_from", "checkpoint.init_from", true,  // each stage reads its own rows
      [](const JobSpec& s) { return Pipeline(s) && !s.checkpoint().init_from().empty(); },
      [](const JobSpec&) { return std::string("not supported for pipeline jobs yet"); }},
     {"pipeline+publish", "publish.every_steps", true,  // publisher.cc: every stage's tensors in one manifest

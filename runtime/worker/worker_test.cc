@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/hf_layout.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/tools.h"
 #include "proto/jobs.pb.h"
@@ -244,51 +245,68 @@ void CopyTree(const std::string& from, const std::string& to) {
   std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
 }
 
-// A pipeline job initialised from a safetensors file (checkpoint.init_from_safetensors): each stage
-// loads its own parameters (the tied embedding in both end stages), so its losses are the
-// unpipelined job's from the same file, and not those of the seed's init.
-TEST_CASE("a 2-stage pipeline initialised from safetensors gives the unpipelined losses from the same file",
+// A pipeline job initialised from weights (checkpoint.init_from_safetensors on gpt, checkpoint.init_from
+// a Hugging Face directory on llama): each stage loads its own parameters (with a tied head, the
+// embedding in both end stages), so its losses are the unpipelined job's from the same weights, and
+// not those of the seed's init.
+TEST_CASE("a 2-stage pipeline initialised from safetensors or Hugging Face gives the unpipelined losses",
           "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();
-  const std::string a = NewJobDir("ppinit-a");
-  WritePipelineSpec(a, 3, 0, "", 4);
-  REQUIRE(RunJob(addr, "ppinit-a", a, 1, 0) == std::vector<int>{0});
-  const std::string trained = a + "/trained.safetensors";
-  REQUIRE(ckpt::ExportSafetensors(a + "/checkpoints", trained).ok());
-  auto spec = [](const std::string& dir, int stages) {
-    std::ofstream f(dir + "/job.yaml");
-    f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n"
-         "data: {text_path: corpus.txt}\n"
-         "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
-         "checkpoint: {every_steps: 5, init_from_safetensors: w.safetensors}\n"
-         "steps: 6\nseed: 7\ndeterministic: true\nthreads: 1\n";
-    if (stages > 1) {
-      f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
-        << ", pipeline_schedule: 1f1b, pipeline_micro_batches: 4}\n";
-    } else {
-      f << "batch_size: 4\nparallelism: {strategy: none}\n";
-    }
+  struct Case {
+    std::string name, model, init;
   };
-  const std::string ref = NewJobDir("ppinit-ref"), pp = NewJobDir("ppinit-pp"), fresh = NewJobDir("ppinit-fresh");
-  spec(ref, 1);
-  spec(pp, 2);
-  for (const std::string& d : {ref, pp}) {
-    std::ifstream in(trained, std::ios::binary);
-    std::ofstream out(d + "/w.safetensors", std::ios::binary);
-    out << in.rdbuf();
+  const Case cases[] = {
+      {"st", "model: {vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 2, d_model: 32}\n",
+       "init_from_safetensors: w.safetensors"},
+      {"hf", "model: {arch: llama, vocab_size: 256, context_length: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2, "
+             "d_model: 32}\n",
+       "init_from: hf"}};
+  for (const Case& c : cases) {
+    INFO(c.name);
+    auto spec = [&](const std::string& dir, int stages, int64_t steps, const std::string& init) {
+      std::ofstream f(dir + "/job.yaml");
+      f << "name: t\n" << c.model
+        << "data: {text_path: corpus.txt}\n"
+           "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
+           "checkpoint: {every_steps: 5"
+        << (init.empty() ? "" : ", ") << init << "}\nsteps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+      if (stages > 1) {
+        f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
+          << ", pipeline_schedule: 1f1b, pipeline_micro_batches: 4}\n";
+      } else {
+        f << "batch_size: 4\nparallelism: {strategy: none}\n";
+      }
+    };
+    // The weights: 3 steps from the seed's init, exported.
+    const std::string a = NewJobDir("ppinit-a-" + c.name);
+    spec(a, 1, 3, "");
+    REQUIRE(RunJob(addr, "ppinit-a-" + c.name, a, 1, 0) == std::vector<int>{0});
+    const std::string ref = NewJobDir("ppinit-ref-" + c.name), pp = NewJobDir("ppinit-pp-" + c.name),
+                      fresh = NewJobDir("ppinit-fresh-" + c.name);
+    for (const std::string& d : {ref, pp}) {
+      if (c.name == "st") {
+        REQUIRE(ckpt::ExportSafetensors(a + "/checkpoints", d + "/w.safetensors").ok());
+      } else {
+        auto st = ckpt::ExportHf(a + "/checkpoints", d + "/hf", {});
+        INFO(st.status());
+        REQUIRE(st.ok());
+      }
+    }
+    spec(ref, 1, 6, c.init);
+    spec(pp, 2, 6, c.init);
+    spec(fresh, 2, 6, "");
+    REQUIRE(RunJob(addr, "ppinit-ref-" + c.name, ref, 1, 0) == std::vector<int>{0});
+    REQUIRE(RunJob(addr, "ppinit-pp-" + c.name, pp, 2, 0) == std::vector<int>{0, 0});
+    REQUIRE(RunJob(addr, "ppinit-fresh-" + c.name, fresh, 2, 0) == std::vector<int>{0, 0});
+    const std::map<int64_t, double> want = Losses(ref), got = Losses(pp), seed_init = Losses(fresh);
+    REQUIRE(want.size() == 6);
+    REQUIRE(got.size() == 6);
+    for (const auto& [step, l] : got) CheckClose(l, want.at(step), 1e-5);
+    // The weights changed the start: a pipeline that ignored them would give the seed-init losses.
+    CHECK(std::abs(got.at(1) - seed_init.at(1)) > 1e-3 * std::abs(seed_init.at(1)));
   }
-  WritePipelineSpec(fresh, 6, 2, "1f1b", 4);
-  REQUIRE(RunJob(addr, "ppinit-ref", ref, 1, 0) == std::vector<int>{0});
-  REQUIRE(RunJob(addr, "ppinit-pp", pp, 2, 0) == std::vector<int>{0, 0});
-  REQUIRE(RunJob(addr, "ppinit-fresh", fresh, 2, 0) == std::vector<int>{0, 0});
-  const std::map<int64_t, double> want = Losses(ref), got = Losses(pp), seed_init = Losses(fresh);
-  REQUIRE(want.size() == 6);
-  REQUIRE(got.size() == 6);
-  for (const auto& [step, l] : got) CheckClose(l, want.at(step), 1e-5);
-  // The file changed the start: a pipeline that ignored it would give the seed-init losses.
-  CHECK(std::abs(got.at(1) - seed_init.at(1)) > 1e-3 * std::abs(seed_init.at(1)));
 }
 
 TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses; the checkpoint resumes as FSDP=4 and PP=4",
