@@ -54,7 +54,7 @@ const std::vector<SupportRule> kSupportMatrix = {
        return absl::StrCat(s.parallelism().dp_replicate(), ": HSDP (replicated FSDP groups) is not built in "
                            "ember-worker yet; use 0 (plain FSDP over every rank)");
      }},
-    {"pipeline+hsdp", "parallelism.dp_replicate", false,
+    {"pipeline+hsdp", "parallelism.dp_replicate", true,  // stage rows sharded per shard group, replicated across
      [](const JobSpec& s) { return Pipeline(s) && s.parallelism().dp_replicate() > 1; },
      [](const JobSpec& s) {
        return absl::StrCat(s.parallelism().dp_replicate(), " with a pipeline: a pipeline's stages are FSDP-sharded "

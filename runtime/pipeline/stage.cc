@@ -66,14 +66,23 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
   p->mbs_ = micro_batch_size;
   p->T_ = T;
   p->N_ = micro_batch_size * T;
-  if (options.data.group == nullptr || options.data.group->size() <= 1) options.data = {};
+  DataParallel& dp = options.data;
+  if (dp.replicate != nullptr && dp.replicate->size() <= 1) dp.replicate = nullptr;
+  if (dp.replicate != nullptr && !dp.shard) {
+    return absl::InvalidArgumentError("pipeline: DataParallel::replicate needs shard (HSDP within the stage)");
+  }
+  if (dp.group == nullptr || dp.group->size() <= 1) {
+    // One shard per replica: replicas of whole parameters over the replicate group, if any.
+    dp = dp.replicate != nullptr ? DataParallel{dp.replicate, false, nullptr} : DataParallel{};
+  }
   p->opts_ = options;
-  p->dp_size_ = options.data.group ? options.data.group->size() : 1;
+  p->dp_size_ = (dp.group ? dp.group->size() : 1) * (dp.replicate ? dp.replicate->size() : 1);
 
   fsdp::ShardGroups groups;
-  if (options.data.group != nullptr) {
-    (options.data.shard ? groups.shard : groups.replicate) = options.data.group;
+  if (dp.group != nullptr) {
+    (dp.shard ? groups.shard : groups.replicate) = dp.group;
   }
+  if (dp.replicate != nullptr) groups.replicate = dp.replicate;
   fsdp::ShardOptions so;
   so.reshard_after_forward = options.reshard_after_forward;
   so.prefetch = options.prefetch;
@@ -107,7 +116,9 @@ absl::StatusOr<std::unique_ptr<PipelineGpt>> PipelineGpt::Create(
 std::vector<fsdp::ShardView> PipelineGpt::Shards() {
   std::vector<fsdp::ShardView> out;
   const int S = schedule_.options.stages;
-  const bool first_replica = opts_.data.group == nullptr || opts_.data.shard || opts_.data.group->rank() == 0;
+  const DataParallel& dp = opts_.data;
+  const bool first_replica = dp.group == nullptr || (dp.shard ? dp.replicate == nullptr || dp.replicate->rank() == 0
+                                                               : dp.group->rank() == 0);
   for (StageState& ss : local_stages_) {
     for (fsdp::ShardView& v : ss.sharded->Shards()) {
       v.primary = first_replica && !(tied_copy_ && ss.stage == S - 1 && v.name == tied_name_);
@@ -393,6 +404,12 @@ absl::StatusOr<double> PipelineGpt::Step(const kernels::ExecContext& ctx, const 
         opts_.data.group->AllReduce(&loss, 1, comm::DataType::kF64, comm::ReduceOp::kAvg, op)
             ->Wait(opts_.timeout),
         "loss average over the replicas"));
+  }
+  if (opts_.data.replicate) {
+    RETURN_IF_ERROR(base::Annotate(
+        opts_.data.replicate->AllReduce(&loss, 1, comm::DataType::kF64, comm::ReduceOp::kAvg, op)
+            ->Wait(opts_.timeout),
+        "loss average over the HSDP replicate group"));
   }
   return loss;
 }

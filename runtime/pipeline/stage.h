@@ -10,7 +10,10 @@
 // (reshard_after_forward), gradients reduce-scattered at the stage's ReduceGrad action (issued
 // without waiting; it overlaps the rank's remaining backward work), AdamW on this rank's rows
 // only. With DataParallel::shard off the replicas keep whole parameters and all-reduce gradients
-// (FullyShard's replicate group). A single replica keeps whole parameters and moves nothing.
+// (FullyShard's replicate group). With DataParallel::replicate as well, PP x HSDP: rows sharded
+// within the stage's shard group, the gradient shards all-reduced across the replicate group (the
+// shard groups holding the same rows), as FullyShard does for HSDP. A single replica keeps whole
+// parameters and moves nothing.
 //
 // The LM head is tied to the token embedding in the gpt arch: when the first and last stages sit
 // on different ranks each holds a copy of wte, and at the Optimizer action their reduced gradient
@@ -82,6 +85,10 @@ struct StepTiming {
 struct DataParallel {
   comm::ProcessGroup* group = nullptr;  // the stage group; borrowed; null or size 1: one replica
   bool shard = false;                   // reduce-scatter + sharded AdamW state (else all-reduce)
+  // HSDP (with shard): the ranks holding the same rows of this rank's stages in the other shard
+  // groups; gradient shards are all-reduced across it. Borrowed; null or size 1: none. With
+  // `group` of size 1 (dp_shard 1) it is plain replication (shard off over this group).
+  comm::ProcessGroup* replicate = nullptr;
 };
 
 struct PipelineOptions {

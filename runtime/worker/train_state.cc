@@ -147,14 +147,17 @@ absl::StatusOr<std::unique_ptr<TrainState>> MakeFsdpState(const Plan& plan, cons
 
 absl::StatusOr<std::unique_ptr<TrainState>> MakePipelineState(const Plan& plan, const Groups& groups) {
   const spec::PipelineLayout pl = spec::PipelineLayoutOf(plan.spec);
+  const int dp_replicate = std::max(1, plan.dp_replicate);
   const std::string layout = absl::StrCat("stages=", pl.stages(), ",ranks=", pl.ranks, ",schedule=",
                                           pl.schedule, ",micro_batches=", pl.micro_batches,
-                                          ",fsdp=", std::max(1, plan.env.world_size / pl.ranks));
+                                          ",fsdp=", std::max(1, plan.env.world_size / pl.ranks / dp_replicate),
+                                          dp_replicate > 1 ? absl::StrCat(",dp_replicate=", dp_replicate) : "");
   ASSIGN_OR_RETURN(pipeline::Schedule schedule, PipelineSchedule(plan.spec, pl));
   pipeline::PipelineOptions po;
   po.adamw = plan.fsdp.adamw;
   po.timeout = absl::Seconds(plan.spec.collective_timeout_s());
-  po.data = {groups.stage.get(), /*shard=*/true};
+  po.data = groups.replicate ? pipeline::DataParallel{groups.shard.get(), /*shard=*/true, groups.replicate.get()}
+                             : pipeline::DataParallel{groups.stage.get(), /*shard=*/true};
   po.pool.preallocate = plan.spec.parallelism().pipeline_preallocate();
   po.mp = plan.fsdp.mp;
   po.clip_norm = plan.fsdp.clip_norm;

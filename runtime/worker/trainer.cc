@@ -292,7 +292,12 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rend
     // stages are sharded); with one replica the pipeline group is the world.
     if (dims.dp() > 1) {
       ASSIGN_OR_RETURN(g.pipeline, split(Dims::Group::kPipeline));
-      ASSIGN_OR_RETURN(g.stage, split(Dims::Group::kDp));
+      if (dims.hsdp()) {  // PP x HSDP: the stage's rows sharded in "shard<p>.<r>", replicated across "replicate<p>.<s>"
+        ASSIGN_OR_RETURN(g.shard, split(Dims::Group::kShard));
+        ASSIGN_OR_RETURN(g.replicate, split(Dims::Group::kReplicate));
+      } else {
+        ASSIGN_OR_RETURN(g.stage, split(Dims::Group::kDp));
+      }
     }
     return g;
   }

@@ -124,22 +124,29 @@ inline std::vector<int> RunJob(const std::string& addr, const std::string& job_i
   return WaitAll(pids, absl::Seconds(120));
 }
 
-// step -> global loss from rank 0's metrics (jobs.v1.StepMetrics lines, read by hand).
-inline std::map<int64_t, double> Losses(const std::string& dir) {
+// step -> the numeric field `key` ("loss", "grad_norm", ...) of rank 0's metrics (jobs.v1.StepMetrics
+// lines, read by hand); a line without it fails the test.
+inline std::map<int64_t, double> Series(const std::string& dir, const std::string& key) {
   std::map<int64_t, double> out;
   std::ifstream f(dir + "/metrics/rank-0.jsonl");
   for (std::string line; std::getline(f, line);) {
     auto field = [&](const std::string& k) {
-      size_t p = line.find("\"" + k + "\":") + k.size() + 3;
+      const size_t at = line.find("\"" + k + "\":");
+      INFO(k << " in " << line);
+      REQUIRE(at != std::string::npos);
+      size_t p = at + k.size() + 3;
       if (line[p] == '"') ++p;  // protobuf's JSON form quotes int64 values
       double v = 0;
       REQUIRE(absl::SimpleAtod(line.substr(p, line.find_first_of("\",}", p) - p), &v));
       return v;
     };
-    out[static_cast<int64_t>(field("step"))] = field("loss");
+    out[static_cast<int64_t>(field("step"))] = field(key);
   }
   return out;
 }
+
+// step -> global loss from rank 0's metrics.
+inline std::map<int64_t, double> Losses(const std::string& dir) { return Series(dir, "loss"); }
 
 inline void CheckClose(double a, double b, double rel) {
   INFO(a << " vs " << b);

@@ -309,6 +309,64 @@ TEST_CASE("a 2-stage pipeline initialised from safetensors or Hugging Face gives
   }
 }
 
+// PP x HSDP: each stage's rows sharded within a shard group of dp_shard ranks and the gradient
+// shards all-reduced across dp_replicate such groups. PP=2 x (2 replicas x 2 shards) on 8 ranks,
+// and PP=2 x (2 replicas x 1 shard) on 4 (whole stage parameters per replica), both give the
+// unpipelined losses with gradient clipping on (one global norm over stages and shards, replicas
+// not counted twice); the 8-rank checkpoint (every row saved once) resumes as FSDP=4.
+TEST_CASE("PP=2 x HSDP workers give the unpipelined losses with clipping; the checkpoint resumes as FSDP=4",
+          "[worker]") {
+  auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
+  REQUIRE(server.ok());
+  const std::string addr = (*server)->address();
+  auto spec = [](const std::string& dir, int64_t steps, int stages, int world, int replicate) {
+    std::ofstream f(dir + "/job.yaml");
+    f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: 4, n_heads: 2, d_model: 32}\n"
+         "data: {text_path: corpus.txt}\n"
+         "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1, grad_clip: 0.5}\n"
+         "checkpoint: {every_steps: 5}\n"
+      << "steps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
+    if (stages > 1) {
+      f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
+        << ", pipeline_micro_batches: " << 8 / (world / stages) << ", world_size: " << world
+        << ", dp_replicate: " << replicate << "}\n";
+    } else {  // the same 8 sequences per step
+      f << "batch_size: " << 8 / world << "\nparallelism: {strategy: " << (world > 1 ? "fsdp" : "none") << "}\n";
+    }
+  };
+  const std::string ref = NewJobDir("pph-ref");
+  spec(ref, 12, 0, 1, 1);
+  REQUIRE(RunJob(addr, "pph-ref", ref, 1, 0) == std::vector<int>{0});
+  const std::map<int64_t, double> want = Losses(ref), want_norm = Series(ref, "grad_norm");
+  REQUIRE(want.size() == 12);
+  for (const int world : {8, 4}) {
+    INFO("PP=2 x dp_replicate 2 x dp_shard " << world / 4);
+    const std::string id = absl::StrCat("pph", world), dir = NewJobDir(id);
+    spec(dir, 10, 2, world, 2);
+    REQUIRE(RunJob(addr, id, dir, world, 0) == std::vector<int>(world, 0));
+    const std::map<int64_t, double> got = Losses(dir);
+    REQUIRE(got.size() == 10);
+    for (const auto& [step, l] : got) CheckClose(l, want.at(step), 1e-5);
+    // The global gradient norm too: AdamW with clipping hides a gradient scaled by a constant
+    // (a wrong averaging divisor) from the losses, not from the norm.
+    const std::map<int64_t, double> norm = Series(dir, "grad_norm");
+    for (const auto& [step, n] : norm) CheckClose(n, want_norm.at(step), 1e-5);
+    if (world != 8) continue;
+    auto reader = ckpt::CheckpointReader::Open(dir + "/checkpoints");
+    REQUIRE(reader.ok());
+    CHECK((*reader)->metadata().parallelism.at("pipeline") ==
+          "stages=2,ranks=2,schedule=1f1b,micro_batches=2,fsdp=2,dp_replicate=2");
+    const std::string to = NewJobDir("pph-fsdp4");
+    CopyTree(dir + "/checkpoints", to + "/checkpoints");
+    CopyTree(dir + "/metrics", to + "/metrics");
+    spec(to, 12, 0, 4, 1);
+    REQUIRE(RunJob(addr, "pph-fsdp4", to, 4, 1) == std::vector<int>{0, 0, 0, 0});
+    const std::map<int64_t, double> resumed = Losses(to);
+    REQUIRE(resumed.size() == 12);
+    for (int64_t step : {11, 12}) CheckClose(resumed.at(step), want.at(step), 1e-5);
+  }
+}
+
 TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses; the checkpoint resumes as FSDP=4 and PP=4",
           "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
