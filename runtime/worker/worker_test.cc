@@ -143,11 +143,12 @@ TEST_CASE("a garbage latest resumes from the newest good checkpoint, not from st
 // A pipeline job spec (or, with stages 0, the unpipelined reference on the same data: one rank,
 // one batch of micro_batches x batch_size sequences per step).
 // The spec lines every pipeline test job shares (no parallelism or batch yet).
-void WriteModelSpec(std::ofstream& f, int64_t steps, int layers) {
+void WriteModelSpec(std::ofstream& f, int64_t steps, int layers, double grad_clip = 0) {
   f << "name: t\nmodel: {vocab_size: 256, context_length: 32, n_layers: " << layers
     << ", n_heads: 2, d_model: 32}\n"
        "data: {text_path: corpus.txt}\n"
-       "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1}\n"
+       "optimizer: {lr: 0.003, schedule: constant, weight_decay: 0.1"
+    << (grad_clip > 0 ? absl::StrCat(", grad_clip: ", grad_clip) : "") << "}\n"
        "checkpoint: {every_steps: 5}\n"
     << "steps: " << steps << "\nseed: 7\ndeterministic: true\nthreads: 1\n";
 }
@@ -228,9 +229,11 @@ TEST_CASE("2-stage pipeline workers (1F1B, ZB-H1, interleaved, GPipe) give the u
 // A 4-layer job on `world` ranks: `stages` >= 2 pipeline stages (1F1B, each FSDP-sharded over
 // world / stages ranks, micro-batches of one sequence making a global batch of 4), or FSDP over
 // `world` ranks (stages 0; batch 4 / world).
+// With gradient clipping, so every layout reports the global gradient norm (the check that AdamW's
+// invariance to a constant gradient scale would otherwise hide from the losses).
 void WriteLayoutSpec(const std::string& dir, int64_t steps, int stages, int world) {
   std::ofstream f(dir + "/job.yaml");
-  WriteModelSpec(f, steps, 4);
+  WriteModelSpec(f, steps, 4, /*grad_clip=*/0.5);
   if (stages > 1) {
     f << "batch_size: 1\nparallelism: {strategy: pipeline, pipeline_stages: " << stages
       << ", pipeline_micro_batches: " << 4 / (world / stages) << ", world_size: " << world << "}\n";
@@ -367,7 +370,7 @@ TEST_CASE("PP=2 x HSDP workers give the unpipelined losses with clipping; the ch
   }
 }
 
-TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses; the checkpoint resumes as FSDP=4 and PP=4",
+TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses and norms with clipping; the checkpoint resumes as FSDP=4 and PP=4",
           "[worker]") {
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
@@ -385,6 +388,8 @@ TEST_CASE("PP=2 x FSDP=2 workers give the unpipelined losses; the checkpoint res
   std::map<int64_t, double> got = Losses(dir);
   REQUIRE(got.size() == 10);
   for (const auto& [step, l] : got) CheckClose(l, want.at(step), 1e-5);
+  const std::map<int64_t, double> want_norm = Series(ref, "grad_norm");
+  for (const auto& [step, n] : Series(dir, "grad_norm")) CheckClose(n, want_norm.at(step), 1e-5);
   {  // Saved with global names, full shapes and each FSDP rank's chunk of the rows.
     auto reader = ckpt::CheckpointReader::Open(dir + "/checkpoints");
     REQUIRE(reader.ok());
