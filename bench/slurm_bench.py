@@ -225,7 +225,8 @@ def mtime(path):
 
 def one_job(kind, rnd, a, c, tmp, nodes, per_node):
     """Returns the row of one sbatch: [sbatch->first step, sbatch->batch script, batch script ->
-    rank 0 process, rank 0 torch import, import -> first step, Ember: batch script -> store up,
+    rank 0 process, rank 0 torch import, import -> first step, the last rank's import -> first
+    step, Ember: batch script -> store up,
     Ember: batch script -> job submitted, sbatch -> job ended]. Raises Failed."""
     out = os.path.join(tmp, f"{kind}-{rnd}")
     work_root = os.path.join(tmp, f"jobs-{rnd}")
@@ -282,6 +283,10 @@ def one_job(kind, rnd, a, c, tmp, nodes, per_node):
         rank0_start = mtime(env0) - imp  # the env file is written right after the imports
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise Failed(f"{kind}: job {jid}: a time stamp is missing ({e})\n{tail()}")
+    # The slowest rank: step 0 needs every rank's imports done (then Gloo set-up, DDP, the step).
+    ends = [mtime(os.path.join(out, f)) for f in os.listdir(out)
+            if f.startswith("env-rank-") and f.endswith("-attempt-0.json")]
+    last_import = max(e for e in ends if e is not None)
     store = submitted = None
     if kind == "ember":
         run_dir = os.path.join(work_root, f".slurm-{jid}")
@@ -292,7 +297,7 @@ def one_job(kind, rnd, a, c, tmp, nodes, per_node):
         js = mtime(os.path.join(work_root, jobs[0], "job.yaml")) if len(jobs) == 1 else None
         submitted = js - batch if js else None
     return [first - t0, batch - t0, rank0_start - batch, imp, first - (rank0_start + imp),
-            store, submitted, t_end - t0]
+            first - last_import, store, submitted, t_end - t0]
 
 
 def warm_up(c, tmp, nodes, per_node):
@@ -378,7 +383,7 @@ def run(a, tmp):
     log(f"load at end {le['1m']}/{le['5m']}/{le['15m']}")
     med = {k: statistics.median(v) for k, v in res.items()}
     for k in kinds:
-        rows.append(["median", k, med[k]] + [None] * 7)
+        rows.append(["median", k, med[k]] + [None] * 8)
     same = (f"the same script, interpreter and torch ({a.python}, torch {tv}), arguments "
             f"(--steps {STEPS} --step-sleep {STEP_SLEEP} --expect-nodes {nodes}) and allocation "
             f"(sbatch --nodes={nodes} --ntasks-per-node={per_node}: {why}) on both; {a.rounds} "
@@ -400,7 +405,9 @@ def run(a, tmp):
         "node, the store on the first, registration, job submission, rank spawn; torchrun: srun "
         "of torchrun per node, its import, the c10d rendezvous, rank spawn",
         "rank 0 torch import: the script's own `import torch` (import_s); import -> first step: "
-        "init_process_group (Gloo), DDP set-up, step 0",
+        "waiting for the other ranks' imports, init_process_group (Gloo), DDP set-up, step 0; "
+        "last rank imported -> first step: the same without the wait (the env-rank-*.json each "
+        "rank writes right after its imports)",
         "Ember only: batch script -> store up (node-0 written by the first node's daemon) and -> "
         "job submitted (job.yaml written)",
         "torchrun: --rdzv-conf is_host=1 on the batch node and --local-addr NodeAddr, which "
@@ -418,7 +425,8 @@ def run(a, tmp):
                      f"torchrun, {why}",
             "columns": ["round", "launcher", "sbatch to first step s", "sbatch to batch script s",
                         "batch script to rank 0 process s", "rank 0 torch import s",
-                        "import to first step s", "Ember: batch script to store up s",
+                        "import to first step s", "last rank imported to first step s",
+                        "Ember: batch script to store up s",
                         "Ember: batch script to job submitted s", "sbatch to job ended s"],
             "rows": rows, "load_begin": lb, "load_end": le, "notes": notes}],
         "targets": [tgt],
