@@ -226,8 +226,8 @@ def mtime(path):
 def one_job(kind, rnd, a, c, tmp, nodes, per_node):
     """Returns the row of one sbatch: [sbatch->first step, sbatch->batch script, batch script ->
     rank 0 process, rank 0 torch import, import -> first step, the last rank's import -> first
-    step, Ember: batch script -> store up,
-    Ember: batch script -> job submitted, sbatch -> job ended]. Raises Failed."""
+    step, Ember: batch script -> store up, Ember: batch script -> job submitted, sbatch -> job
+    ended] (seconds; None where it does not apply). Raises Failed."""
     out = os.path.join(tmp, f"{kind}-{rnd}")
     work_root = os.path.join(tmp, f"jobs-{rnd}")
     os.makedirs(out)
@@ -281,12 +281,15 @@ def one_job(kind, rnd, a, c, tmp, nodes, per_node):
         env0 = os.path.join(out, "env-rank-0-attempt-0.json")
         imp = json.load(open(env0))["import_s"]
         rank0_start = mtime(env0) - imp  # the env file is written right after the imports
+        # The slowest rank: step 0 needs every rank's imports (then Gloo set-up, DDP, the step).
+        ends = [mtime(os.path.join(out, f)) for f in os.listdir(out)
+                if f.startswith("env-rank-") and f.endswith("-attempt-0.json")]
+        if len(ends) != nodes * per_node or None in ends:
+            raise ValueError(f"{len(ends)} env-rank-*-attempt-0.json files for "
+                             f"{nodes * per_node} ranks")
+        last_import = max(ends)
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise Failed(f"{kind}: job {jid}: a time stamp is missing ({e})\n{tail()}")
-    # The slowest rank: step 0 needs every rank's imports done (then Gloo set-up, DDP, the step).
-    ends = [mtime(os.path.join(out, f)) for f in os.listdir(out)
-            if f.startswith("env-rank-") and f.endswith("-attempt-0.json")]
-    last_import = max(e for e in ends if e is not None)
     store = submitted = None
     if kind == "ember":
         run_dir = os.path.join(work_root, f".slurm-{jid}")
