@@ -33,6 +33,7 @@ ORDER = [
     ("onesided_bench", "One-sided transfers", "//runtime/onesided:onesided_bench"),
     ("onesided_bench_tcp", "One-sided transfers over TCP", "//runtime/onesided:onesided_bench"),
     ("script_bench", "PyTorch scripts under Ember vs torchrun", "//bench:script_bench"),
+    ("slurm_bench", "Slurm: sbatch to first step, Ember vs srun torchrun", "//bench:slurm_bench"),
     ("metrics_bench", "Metrics endpoint", "//bench:metrics_bench"),
     ("page_bench", "Job page", "//bench:page_bench"),
     ("publish_bench", "Live weight publishing", "//bench:publish_bench"),

@@ -68,16 +68,24 @@ def check_env(env, nodes=1):
         f"{nodes} node(s) x LOCAL_WORLD_SIZE {local_world} != WORLD_SIZE {world}"
     assert 0 <= group < nodes and 0 <= local < local_world, (group, local, local_world)
     assert rank == group * local_world + local, ("RANK", rank, group, local_world, local)
-    if nodes > 1:  # the other nodes' ranks reach MASTER_ADDR: not loopback, and it answers
-        import socket
+    if nodes > 1:  # the other nodes' ranks reach MASTER_ADDR: not loopback (master_answers)
         assert not env["MASTER_ADDR"].startswith("127.") and env["MASTER_ADDR"] != "localhost", \
             f"MASTER_ADDR {env['MASTER_ADDR']} is loopback on a {nodes}-node job"
-        socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=10).close()
     assert int(env["ROLE_RANK"]) == rank and int(env["ROLE_WORLD_SIZE"]) == world
     assert env["ROLE_NAME"] == "default", env["ROLE_NAME"]
     assert int(env["MASTER_PORT"]) > 0
     assert int(env["TORCHELASTIC_RESTART_COUNT"]) <= int(env["TORCHELASTIC_MAX_RESTARTS"])
     assert env["OMP_NUM_THREADS"] == "1", "torchrun sets OMP_NUM_THREADS=1 for several local ranks"
+
+
+def master_answers(env, nodes):
+    """On several nodes, MASTER_ADDR:MASTER_PORT answers a plain TCP connection. Checked once the
+    process group is up: Ember's daemon listens there before any rank starts, but torchrun with
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (//bench:slurm_bench) leaves it to rank 0's
+    init_process_group, so an earlier probe would race rank 0 (and rank 0 would probe itself)."""
+    if nodes > 1:
+        import socket
+        socket.create_connection((env["MASTER_ADDR"], int(env["MASTER_PORT"])), timeout=10).close()
 
 
 def main():
@@ -111,6 +119,7 @@ def main():
 
     dist.init_process_group("gloo", init_method="env://", timeout=timedelta(seconds=a.timeout))
     assert dist.get_rank() == rank and dist.get_world_size() == world
+    master_answers(env, a.expect_nodes)
 
     if rank == 0 and not a.no_isolation_check:
         isolation(env, attempt, a.out)

@@ -18,7 +18,11 @@
 #
 # SLURM_TEST_NODES (default 2) nodes with SLURM_TEST_CPUS (default 2) CPUs each; KillWait (SIGTERM to
 # SIGKILL) SLURM_TEST_KILL_WAIT seconds (default 2) so
-# that scancel escalates to SIGKILL quickly.
+# that scancel escalates to SIGKILL quickly. The nodes' NodeAddr is SLURM_TEST_NODE_ADDR (default
+# 127.0.0.1): a multi-node script job needs a non-loopback one (Ember refuses a MASTER_ADDR on
+# loopback across nodes), e.g. this host's own address (//bench:slurm_bench). SchedulerParameters is
+# SLURM_TEST_SCHEDULER_PARAMETERS when set (e.g. batch_sched_delay=0: a batch job is scheduled on
+# submission instead of on slurmctld's next pass, up to 3 s later).
 
 slurm__free_ports() {  # N: N distinct free TCP ports on 127.0.0.1, one per line
   /usr/bin/python3 - "$1" <<'PY'
@@ -97,8 +101,9 @@ slurm_start() {
     echo "SlurmdTimeout=60"
     echo "SlurmctldTimeout=60"
     echo "MessageTimeout=10"
+    [ -n "${SLURM_TEST_SCHEDULER_PARAMETERS:-}" ] && echo "SchedulerParameters=$SLURM_TEST_SCHEDULER_PARAMETERS"
     for i in $(seq 1 "$nodes"); do
-      echo "NodeName=${names[$((i-1))]} NodeAddr=127.0.0.1 NodeHostname=$(hostname -s) Port=${ports[$i]} CPUs=$cpus State=UNKNOWN"
+      echo "NodeName=${names[$((i-1))]} NodeAddr=${SLURM_TEST_NODE_ADDR:-127.0.0.1} NodeHostname=$(hostname -s) Port=${ports[$i]} CPUs=$cpus State=UNKNOWN"
     done
     echo "PartitionName=ember Nodes=$(IFS=,; echo "${names[*]}") Default=YES MaxTime=INFINITE State=UP"
   } > "$d/slurm.conf"
