@@ -60,6 +60,9 @@ class TrainState {
 // rank r, over which its stages are sharded); with W == R the pipeline group is the world.
 struct Groups {
   std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage, shard, replicate;
+  // The attempt's rendezvous the groups were created over: a TrainState that needs groups of its
+  // own (the GPU step's device group, cuda_loop.cc) creates them over it.
+  std::shared_ptr<comm::Rendezvous> rdzv;
   comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
   // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
   int64_t CommMemoryBytes() const;

@@ -212,7 +212,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     if (!arch.ok()) return base::Annotate(arch.status(), "model");
     p.arch = *arch;
   }
-  if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
+  if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // fp32, data parallel, a model GptCuda supports
 
   const auto& d = s.data();
   if (d.path().empty() && d.text_path().empty()) {
@@ -281,6 +281,7 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rend
   go.dump_dir = env.fr_dump_dir;
   go.global_rank = env.rank;
   Groups g;
+  g.rdzv = rdzv;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   using Dims = spec::ParallelDims;
   const Dims& dims = *plan.dims;
