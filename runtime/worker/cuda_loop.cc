@@ -175,6 +175,10 @@ class CudaState final : public TrainState {
   static absl::StatusOr<std::unique_ptr<TrainState>> Make(const Plan& plan, const Groups& groups) {
     namespace cu = kernels::cuda;
     ASSIGN_OR_RETURN(int device, CudaDeviceIndex(plan.env.device));
+    // Emulated GPUs: each process's interpreter is its own single device 0; cuda:N (a daemon
+    // placing N emulated GPUs, `emberctl run --standalone --emulate-gpus`) names which GPU of the
+    // node this rank stands for.
+    if (kInterpreted) device = 0;
     absl::StatusOr<std::unique_ptr<cu::CudaContext>> ctx = cu::CudaContext::Create(device);
     if (!ctx.ok()) {
       // Not UNAVAILABLE: that reads as a peer's death (Train would wait for a stop decision).
