@@ -1,8 +1,9 @@
 // Multi-rank cuda jobs of the real worker on emulated GPUs: W processes of ember-worker-cuda-interp
 // (EMBER_DEVICE=cuda:0 each, one emulated GPU per process, EMBER_EMULATE_GPUS=1) train a job as
 // data parallel ranks -- GptCuda's step on the CUDA interpreter, the gradients all-reduced over
-// the device group (the NCCL policy backend over the cpu communicator driver, a strict fake of
-// NCCL: ops finish later on another thread, calls return "in progress" at random) -- and the same
+// the device group (the NCCL policy backend, nccl-lazy on 2 ranks and nccl on 4, over the cpu
+// communicator driver, a strict fake of NCCL: ops finish later on another thread, calls return
+// "in progress" at random and must be polled, a violation aborts the rank) -- and the same
 // job runs on W cpu ranks of ember-worker (FSDP). The references are the cpu jobs, computed by a
 // different stack (CPU kernels, reduce-scatter of row shards): every step's loss within 1e-5
 // relative (fp32; W = 2 and 4 are powers of two, so the 1/W scaling is exact on both sides) and
@@ -15,6 +16,8 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -32,7 +35,8 @@ constexpr char kCpu[] = "runtime/worker/ember-worker";
 
 // The smallest model the CUDA attention takes (one head of 32), context 16, batch 2 per rank; the
 // cosine schedule changes the LR every step; clipping on (the global norm over all gradients).
-void WriteDpSpec(const std::string& dir, bool cuda, int steps, const std::string& schedule) {
+void WriteDpSpec(const std::string& dir, bool cuda, int steps, const std::string& schedule,
+                 const std::string& backend = "") {
   std::ofstream f(dir + "/job.yaml");
   f << "name: t\n"
        "model: {vocab_size: 256, context_length: 16, n_layers: 1, n_heads: 1, d_model: 32}\n"
@@ -40,7 +44,8 @@ void WriteDpSpec(const std::string& dir, bool cuda, int steps, const std::string
        "optimizer: {lr: 0.003, "
     << schedule << ", grad_clip: 1.0}\n"
                    "checkpoint: {every_steps: 2}\n"
-                   "parallelism: {strategy: fsdp}\n"
+                   "parallelism: {strategy: fsdp"
+    << (backend.empty() ? "" : ", backend: " + backend) << "}\n"
     << (cuda ? "resources: {device_type: cuda}\n" : "") << "steps: " << steps
     << "\nbatch_size: 2\nseed: 7\ndeterministic: true\nthreads: 1\n";
 }
@@ -177,12 +182,14 @@ TEST_CASE("2 and 4 cuda ranks on interpreted GPUs train as the same job on cpu r
   auto server = store::StoreServer::Start({.address = "127.0.0.1:0"});
   REQUIRE(server.ok());
   const std::string addr = (*server)->address();
-  for (const int world : {2, 4}) {
-    DYNAMIC_SECTION("world " << world) {
+  // nccl-lazy on 2 ranks (the communicator made at the first all-reduce), nccl on 4 (at group
+  // creation).
+  for (const auto& [world, backend] : std::vector<std::pair<int, std::string>>{{2, "nccl-lazy"}, {4, "nccl"}}) {
+    DYNAMIC_SECTION("world " << world << " " << backend) {
       const std::string tag = absl::StrCat("w", world);
       const std::string cpu = NewJobDir("cpu-" + tag), gpu = NewJobDir("gpu-" + tag);
       WriteDpSpec(cpu, false, 4, "schedule: cosine, warmup_steps: 2");
-      WriteDpSpec(gpu, true, 4, "schedule: cosine, warmup_steps: 2");
+      WriteDpSpec(gpu, true, 4, "schedule: cosine, warmup_steps: 2", backend);
       const std::string cpu_err = RunRanks(addr, "cpu-" + tag, cpu, world, false);
       if (!cpu_err.empty()) FAIL(cpu_err);
       const std::string gpu_err = RunRanks(addr, "gpu-" + tag, gpu, world, true);
@@ -190,7 +197,7 @@ TEST_CASE("2 and 4 cuda ranks on interpreted GPUs train as the same job on cpu r
       const std::string log0 = ReadFile(gpu + "/stderr-0.log");
       INFO(log0);
       CHECK(absl::StrContains(log0, absl::StrCat("data parallel over ", world, " ranks (replicated; gradients "
-                                                 "all-reduced on the device, nccl)")));
+                                                 "all-reduced on the device, ", backend, ")")));
       CHECK(absl::StrContains(log0, "on the CUDA interpreter"));
       CheckLosses(gpu, cpu, 4, 1e-5);
       CheckEveryRank(gpu, cpu, world, 1e-5);
