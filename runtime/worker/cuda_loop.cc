@@ -306,6 +306,7 @@ class CudaState final : public TrainState {
     go.timeout = absl::Seconds(plan.spec.collective_timeout_s());
     go.global_rank = plan.env.rank;
     go.dump_dir = plan.env.fr_dump_dir;
+    go.recorder = groups.recorder;  // a hung all-reduce shows in the attempt's flight dumps
     absl::StatusOr<std::unique_ptr<comm::ProcessGroup>> g =
         comm::ProcessGroup::Create(groups.rdzv, plan.env.rank, plan.env.world_size, go);
     if (!g.ok()) {

@@ -60,9 +60,11 @@ class TrainState {
 // rank r, over which its stages are sharded); with W == R the pipeline group is the world.
 struct Groups {
   std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage, shard, replicate;
-  // The attempt's rendezvous the groups were created over: a TrainState that needs groups of its
-  // own (the GPU step's device group, cuda_loop.cc) creates them over it.
+  // The attempt's rendezvous and flight recorder (may be null) the groups were created with: a
+  // TrainState that needs groups of its own (the GPU step's device group, cuda_loop.cc) creates
+  // them with these.
   std::shared_ptr<comm::Rendezvous> rdzv;
+  flight::FlightRecorder* recorder = nullptr;
   comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
   // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
   int64_t CommMemoryBytes() const;

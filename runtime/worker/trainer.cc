@@ -282,6 +282,7 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rend
   go.global_rank = env.rank;
   Groups g;
   g.rdzv = rdzv;
+  g.recorder = recorder;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   using Dims = spec::ParallelDims;
   const Dims& dims = *plan.dims;
