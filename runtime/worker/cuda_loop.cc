@@ -261,7 +261,10 @@ class CudaState final : public TrainState {
     r.set_loss(mean_loss);
     r.set_local_loss(loss);
     r.set_step_s(absl::ToDoubleSeconds(absl::Now() - t0));
-    if (grads_ != nullptr) r.set_comm_wait_s(absl::ToDoubleSeconds(comm_wait));
+    if (grads_ != nullptr) {
+      r.set_comm_wait_s(absl::ToDoubleSeconds(comm_wait));
+      r.set_comm_memory_bytes(static_cast<int64_t>(grads_->CommMemoryBytes()));  // the loop adds its groups'
+    }
     const kernels::cuda::AllocatorStats mem = ctx_->allocator().stats();
     r.set_device_memory_bytes(mem.allocated_bytes);
     r.set_device_peak_memory_bytes(mem.peak_allocated_bytes);

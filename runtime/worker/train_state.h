@@ -32,7 +32,8 @@ class TrainState {
   // One optimizer step at learning rate `lr`: this rank's batches from `loader`, forward and
   // backward, the loss averaged over every rank, the global gradient norm, clipping, the update.
   // Sets the StepMetrics fields it measures: step, lr, loss, local_loss, grad_norm (when computed),
-  // step_s and what the layout measures (comm wait and bytes, device memory, MFU).
+  // step_s and what the layout measures (comm wait and bytes, device memory, MFU; comm_memory_bytes
+  // of groups the state made itself, to which the loop adds the Groups').
   virtual absl::StatusOr<StepResult> Step(const kernels::ExecContext& ctx, data::TokenLoader& loader,
                                           int64_t step, float lr) = 0;
 
