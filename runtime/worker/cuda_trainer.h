@@ -49,8 +49,10 @@ absl::StatusOr<int> CudaDeviceIndex(const std::string& device);
 // (kernels/cuda/interp: the same kernels as host C++, slow, checked; docs/gpu-testing.md). Only
 // ember-worker-cuda-interp, a test-only build of this worker linked with the interpreter, accepts
 // it; every other build refuses it at Prepare (exit 2), and ember-worker-cuda-interp refuses a cuda
-// rank without it. EmulateGpusRequested: whether the variable asks for the interpreter ("1"; unset,
-// empty or "0": no; anything else INVALID_ARGUMENT naming it).
+// rank without it. Each emulated rank's GPU is its own process's interpreter (its device 0);
+// cuda:N names which GPU of the node the rank stands for (`emberctl run --standalone
+// --emulate-gpus N` places ranks on cuda:0..N-1). EmulateGpusRequested: whether the variable asks
+// for the interpreter ("1"; unset, empty or "0": no; anything else INVALID_ARGUMENT naming it).
 absl::StatusOr<bool> EmulateGpusRequested();
 
 // What Prepare checks of a cuda job (p.model, p.fsdp and p.dp_replicate already filled in):
