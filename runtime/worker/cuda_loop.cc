@@ -218,6 +218,12 @@ class CudaState final : public TrainState {
 
   ~CudaState() override {
     grads_.reset();  // before the driver and its streams
+#ifdef EMBER_CUDA_LOOP_INTERP
+    if (auto* fake = dynamic_cast<comm::CpuCommDriver*>(comm_.driver.get())) {
+      spdlog::info("cuda.grads on the cpu communicator driver (the NCCL fake): {} calls returned in progress "
+                   "and were polled to completion", fake->InProgressCount());
+    }
+#endif
   }
 
   absl::StatusOr<StepResult> Step(const kernels::ExecContext&, data::TokenLoader& loader, int64_t step,
