@@ -255,6 +255,7 @@ int RunStandalone(Ctl& ctl) {
   so.argv0 = ctl.argv0();
   so.ranks = nproc;
   if (!ctl.IntOption("--max-ranks", 1, &so.max_ranks)) return kUsage;
+  if (!ctl.IntOption("--emulate-gpus", 1, &so.emulate_gpus)) return kUsage;
   so.http_listen = a.Get("--http");
   // SIGTERM and SIGHUP clean up like Ctrl-C: cancel the job, stop the workers, exit.
   for (int sig : {SIGTERM, SIGHUP}) {

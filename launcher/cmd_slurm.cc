@@ -160,7 +160,7 @@ int SpecRanks(const spec::JobSpec& s, bool* cuda) {
 int RunSlurm(Ctl& ctl) {
   const Args& a = ctl.args();
   if (a.Has("--standalone")) return ctl.UsageError("run: --slurm and --standalone exclude each other");
-  for (const char* o : {"--max-ranks", "--http", "--allow-root-scripts", "--script-user"}) {
+  for (const char* o : {"--max-ranks", "--http", "--allow-root-scripts", "--script-user", "--emulate-gpus"}) {
     if (a.Has(o)) {
       return ctl.UsageError(absl::StrCat("run --slurm: ", o, " is for --standalone (the allocation "
                                          "sizes a Slurm run)"));

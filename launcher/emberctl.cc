@@ -43,6 +43,8 @@ const std::vector<Command>& Commands() {
         {"--slurm", "", "inside a Slurm allocation: daemons on its nodes via srun"},
         {"--nproc", "N", "ranks (overrides parallelism.world_size)"},
         {"--max-ranks", "N", "allow up to N CPU ranks (default 4 x the online cores)"},
+        {"--emulate-gpus", "N", "a cuda job on N emulated GPUs (CUDA interpreter; test build "
+                                "ember-worker-cuda-interp)"},
         {"--work-root", "DIR", "job directories (default ./ember-jobs)"},
         {"--worker", "PATH", "the worker binary ($EMBER_WORKER; default: next to emberctl)"},
         {"--http", "HOST:PORT", "serve the job page there (no login: keep it on loopback)"},

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "runtime/flight/verdict.h"
 #include "runtime/base/status_macros.h"
+#include "runtime/job/env.h"
 #include "runtime/jobspec/enums.h"
 #include "runtime/jobspec/spec.h"
 #include "spdlog/spdlog.h"
@@ -17,7 +18,7 @@ namespace ember {
 
 namespace fs = std::filesystem;
 
-absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0) {
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0, const std::string& name) {
   std::vector<std::string> tried;
   auto ok = [&](const std::string& p) {
     tried.push_back(p);
@@ -28,21 +29,21 @@ absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0) {
   }
   std::vector<std::string> candidates;
   if (const char* rf = getenv("RUNFILES_DIR")) {
-    candidates.push_back(absl::StrCat(rf, "/ember/runtime/worker/ember-worker"));
+    candidates.push_back(absl::StrCat(rf, "/ember/runtime/worker/", name));
   }
   if (!argv0.empty()) {
     std::error_code ec;
     fs::path self = fs::absolute(argv0, ec);
-    candidates.push_back(self.string() + ".runfiles/ember/runtime/worker/ember-worker");
-    candidates.push_back((self.parent_path().parent_path() / "runtime/worker/ember-worker").string());
-    candidates.push_back((self.parent_path() / "ember-worker").string());
+    candidates.push_back(absl::StrCat(self.string(), ".runfiles/ember/runtime/worker/", name));
+    candidates.push_back((self.parent_path().parent_path() / "runtime/worker" / name).string());
+    candidates.push_back((self.parent_path() / name).string());
   }
-  candidates.push_back("/usr/local/bin/ember-worker");
+  candidates.push_back(absl::StrCat("/usr/local/bin/", name));
   for (const auto& c : candidates) {
     if (ok(c)) return c;
   }
-  return absl::NotFoundError(absl::StrCat("no ember-worker found (tried ", absl::StrJoin(tried, ", "),
-                                          "); build //runtime/worker:ember-worker or pass --worker"));
+  return absl::NotFoundError(absl::StrCat("no ", name, " found (tried ", absl::StrJoin(tried, ", "),
+                                          "); build //runtime/worker:", name, " or pass --worker"));
 }
 
 absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
@@ -57,8 +58,23 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.node_name = "standalone";
   o.host_store = true;
   o.work_root = options.work_root;
+  bool cuda = spec.resources().device_type() == "cuda" ||
+              spec::IsNccl(spec::BackendOf(spec));
+  if (options.emulate_gpus < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--emulate-gpus ", options.emulate_gpus, ": want N >= 1"));
+  }
+  if (options.emulate_gpus > 0) {
+    if (spec.resources().device_type() != "cuda" || spec::IsScriptJob(spec)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "resources.device_type: '", spec.resources().device_type(), "'", spec::IsScriptJob(spec) ? " (a script job)" : "",
+          " with --emulate-gpus ", options.emulate_gpus, ": emulated GPUs run ember-worker's cuda jobs; set "
+          "resources.device_type: cuda, or drop --emulate-gpus"));
+    }
+    // Every rank gets EMBER_EMULATE_GPUS=1; only ember-worker-cuda-interp accepts it.
+    o.worker_env.push_back({job::kEnvEmulateGpus, "1"});
+  }
   if (options.worker_binary.empty()) {
-    auto found = FindWorkerBinary(options.argv0);
+    auto found = FindWorkerBinary(options.argv0, options.emulate_gpus > 0 ? "ember-worker-cuda-interp" : "ember-worker");
     // A script job never runs ember-worker; the daemon still wants an executable to offer.
     if (!found.ok() && spec::IsScriptJob(spec)) found = std::string("/bin/false");
     ASSIGN_OR_RETURN(options.worker_binary, std::move(found));
@@ -77,8 +93,6 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
   o.worker_binary = options.worker_binary;
   o.analyze_flight = FlightVerdict;
   int ranks = options.ranks > 0 ? options.ranks : std::max(1, spec.parallelism().world_size());
-  bool cuda = spec.resources().device_type() == "cuda" ||
-              spec::IsNccl(spec::BackendOf(spec));
   if (!cuda) {
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     const long limit = options.max_ranks > 0 ? options.max_ranks : kRanksPerCore * cores;
@@ -93,7 +107,8 @@ absl::StatusOr<std::unique_ptr<StandaloneCluster>> StandaloneCluster::Start(
     }
   }
   o.inventory.cpu_slots = cuda ? 0 : ranks;
-  o.inventory.cuda_devices = cuda ? -1 : 0;
+  // Emulated: N counted devices, never detected (a CPU-only machine has none).
+  o.inventory.cuda_devices = options.emulate_gpus > 0 ? options.emulate_gpus : cuda ? -1 : 0;
   o.workers_die_with_daemon = true;  // a killed launcher leaves no worker behind
   o.http_listen = options.http_listen;
   o.job_page_open = true;  // nobody outside this process knows the one-time token

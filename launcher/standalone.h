@@ -37,13 +37,21 @@ struct StandaloneOptions {
   // DaemonOptions::reap_orphans: this process becomes the ranks' subreaper (for emberctl, which
   // forks nothing else; not for a caller with children of its own).
   bool reap_orphans = false;
+  // N > 0: a cuda job on N emulated GPUs (`emberctl run --standalone --emulate-gpus N`, CPU CI):
+  // the node offers N cuda devices (counted, not detected), every worker gets
+  // EMBER_EMULATE_GPUS=1, and the worker is ember-worker-cuda-interp (a test build whose GPU step
+  // runs on the CUDA interpreter, docs/gpu-testing.md; found as ember-worker is, unless
+  // worker_binary names one). INVALID_ARGUMENT for a spec that is not a cuda job.
+  int emulate_gpus = 0;
 };
 
 inline constexpr int kRanksPerCore = 4;
 
-// The ember-worker to run: $EMBER_WORKER, then Bazel runfiles / bazel-bin next to argv0, then
-// /usr/local/bin. NOT_FOUND listing where it looked.
-absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0);
+// The worker binary `name` (ember-worker, or ember-worker-cuda-interp for emulated GPUs) to run:
+// $EMBER_WORKER, then Bazel runfiles / bazel-bin next to argv0, then /usr/local/bin. NOT_FOUND
+// listing where it looked.
+absl::StatusOr<std::string> FindWorkerBinary(const std::string& argv0,
+                                             const std::string& name = "ember-worker");
 
 class StandaloneCluster {
  public:

@@ -60,18 +60,25 @@ const std::vector<SupportRule> kSupportMatrix = {
        return absl::StrCat(s.parallelism().dp_replicate(), " with a pipeline: a pipeline's stages are FSDP-sharded "
                            "over their whole stage group, not replicated yet; use 0");
      }},
-    // The GPU loop (ember-worker-cuda, runtime/worker/cuda_trainer.cc CheckCudaPlan): one rank, fp32.
+    // The GPU step (ember-worker-cuda, runtime/worker/cuda_trainer.cc CheckCudaPlan): fp32, one rank
+    // or data parallel over several (replicated on the devices, gradients all-reduced with nccl).
     {"cuda+pipeline", "parallelism.strategy", false,
      [](const JobSpec& s) { return Cuda(s) && Pipeline(s); },
      [](const JobSpec& s) {
-       return absl::StrCat("'", s.parallelism().strategy(), "' on cuda: GPU training supports strategy none or "
-                           "fsdp on one rank");
+       return absl::StrCat("'", s.parallelism().strategy(), "' on cuda: GPU training supports strategy none (one "
+                           "rank) or fsdp (data parallel, replicated on the GPUs)");
      }},
-    {"cuda+ranks", "parallelism.world_size", false,
+    {"cuda+ranks", "parallelism.world_size", true,  // data parallel, gradients all-reduced on the devices
      [](const JobSpec& s) { return Cuda(s) && s.parallelism().world_size() > 1; },
      [](const JobSpec& s) {
-       return absl::StrCat(s.parallelism().world_size(), " ranks on cuda: GPU training runs on one rank only "
-                           "(strategy none, or fsdp with world_size 1); use 1 rank or device cpu");
+       return absl::StrCat(s.parallelism().world_size(), " ranks on cuda: GPU training runs on one rank only; "
+                           "use 1 rank or device cpu");
+     }},
+    {"cuda+hsdp", "parallelism.dp_replicate", false,
+     [](const JobSpec& s) { return Cuda(s) && s.parallelism().dp_replicate() > 1; },
+     [](const JobSpec& s) {
+       return absl::StrCat(s.parallelism().dp_replicate(), " on cuda: GPU training has no HSDP; its ranks already "
+                           "hold replicas (data parallel, gradients all-reduced on the GPUs); use 0 or device cpu");
      }},
     {"cuda+grad_accumulation", "parallelism.micro_batches", false,
      [](const JobSpec& s) { return Cuda(s) && s.parallelism().micro_batches() > 1; },

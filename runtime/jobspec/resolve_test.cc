@@ -45,6 +45,7 @@ const std::map<std::string, std::pair<std::string, int>> kTriggers = {
     {"hsdp", {"parallelism: {dp_replicate: 2}\n", 4}},
     {"pipeline+hsdp", {"parallelism: {strategy: pipeline, pipeline_stages: 2, dp_replicate: 2}\n", 4}},
     {"cuda+ranks", {"resources: {device_type: cuda}\n", 2}},
+    {"cuda+hsdp", {"resources: {device_type: cuda}\nparallelism: {dp_replicate: 2}\n", 4}},
     {"cuda+pipeline", {"resources: {device_type: cuda}\nparallelism: {strategy: pipeline, pipeline_stages: 2}\n", 2}},
     {"cuda+grad_accumulation", {"resources: {device_type: cuda}\nparallelism: {micro_batches: 2}\n", 1}},
     {"cuda+precision", {"resources: {device_type: cuda}\nprecision: {param_dtype: bf16}\n", 1}},
@@ -213,9 +214,11 @@ TEST_CASE("resolve: job.yaml reads back to the resolved proto, with no defaults 
   CHECK(defaulted->resolved().version() == kResolvedVersion);
   // A resolved spec the worker cannot run (edited after Submit) is still refused.
   JobSpec edited = *r;
-  edited.mutable_resources()->set_device_type("cuda");  // 2 ranks on cuda: the support matrix
+  edited.mutable_resources()->set_device_type("cuda");  // micro-batches on cuda: the support matrix
+  edited.mutable_parallelism()->set_backend("nccl");
+  edited.mutable_parallelism()->set_micro_batches(2);
   auto refused = ParseWorkerSpec(ToYaml(edited), {.world_size = 2}, &here);
-  CHECK(absl::StrContains(refused.status().message(), "parallelism.world_size: "));
+  CHECK(absl::StrContains(refused.status().message(), "parallelism.micro_batches: "));
   JobSpec future = *r;
   future.mutable_resolved()->set_version(kResolvedVersion + 1);
   CHECK(absl::StartsWith(ParseWorkerSpec(ToYaml(future), {}, &here).status().message(), "resolved.version: "));

@@ -404,8 +404,13 @@ std::string Summarize(const JobSpec& s) {
                                                      : std::string("all placed"),
                         " ", s.resources().device_type(), " ranks");
   }
+  // On cuda, fsdp over several ranks trains data parallel with the model replicated on every GPU
+  // (runtime/worker/cuda_trainer.h): say so rather than promise sharding.
+  const bool replicated = s.resources().device_type() == "cuda" && s.parallelism().strategy() == "fsdp" &&
+                          s.parallelism().world_size() != 1;
   return absl::StrCat(s.name(), ": ", s.model().n_layers(), " layers x ", s.model().d_model(),
-                      " (", s.model().mlp(), "), ", s.parallelism().strategy(), " on ",
+                      " (", s.model().mlp(), "), ", s.parallelism().strategy(),
+                      replicated ? " (on cuda: data parallel, replicated)" : "", " on ",
                       s.parallelism().world_size() ? absl::StrCat(s.parallelism().world_size())
                                                    : std::string("all placed"),
                       " ", s.resources().device_type(), " ranks, ", s.steps(), " steps, ",

@@ -2,6 +2,7 @@
 // NOT RUN ON A GPU YET (gpt_cuda.h).
 #include "runtime/model/gpt_cuda.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +41,8 @@ absl::Status GptCuda::UploadOptimizerState(const float*, const float*, int64_t, 
   return NoCuda();
 }
 absl::Status GptCuda::ZeroGrad() { return NoCuda(); }
-absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t*, const int32_t*, int64_t, int64_t) {
+absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t*, const int32_t*, int64_t, int64_t,
+                                               float) {
   return NoCuda();
 }
 absl::StatusOr<double> GptCuda::AdamWStep(const kernels::AdamWOptions&, double) { return NoCuda(); }
@@ -283,7 +285,10 @@ absl::Status GptCuda::BlockBackward(int64_t l, int64_t B, int64_t T) {
 }
 
 absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t* tokens, const int32_t* targets,
-                                               int64_t B, int64_t T) {
+                                               int64_t B, int64_t T, float grad_scale) {
+  if (!(grad_scale > 0) || !std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat("GptCuda: grad_scale ", grad_scale, " (want a finite value > 0)"));
+  }
   if (B < 1 || T < 1 || T > cfg_.context) {
     return absl::InvalidArgumentError(absl::StrCat("GptCuda: batch ", B, "x", T, " vs context ", cfg_.context));
   }
@@ -315,7 +320,7 @@ absl::StatusOr<float> GptCuda::ForwardBackward(const int32_t* tokens, const int3
   ASSIGN_OR_RETURN(kernels::LceResult lce,
                    cu::FusedLinearCrossEntropy(ctx_, cfg_.loss, A + act_.lnf, P(head_),
                                                ids(act_.targets), N, C, V, A + act_.dlnf, G(head_),
-                                               1.0f));
+                                               grad_scale));
   RETURN_IF_ERROR(cu::RmsNormBackward(ctx_, A + act_.xf, P(lnf_), A + act_.rstdf, A + act_.dlnf, N,
                                       C, A + act_.dx, G(lnf_)));
   for (int64_t l = cfg_.n_layer; l-- > 0;) RETURN_IF_ERROR(BlockBackward(l, B, T));

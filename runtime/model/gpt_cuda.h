@@ -77,9 +77,19 @@ class GptCuda {
   absl::Status ZeroGrad();
   // Gpt::ForwardBackward on the GPU: tokens and targets are host int32 [B,T] (checked on the host:
   // InvalidArgument for T > context or a value outside the vocab that is not the loss's
-  // ignore_index). Gradients are accumulated. Returns the reduced loss.
+  // ignore_index). Gradients of grad_scale x loss are accumulated (data parallel over W ranks
+  // passes 1/W, so that the all-reduced sum is the mean: exactly the CPU's sum-then-scale when W
+  // is a power of two). Returns the reduced loss (unscaled).
   absl::StatusOr<float> ForwardBackward(const int32_t* tokens, const int32_t* targets, int64_t B,
-                                        int64_t T);
+                                        int64_t T, float grad_scale = 1.0f);
+  // The gradient arena on the device, for a collective over it (data parallel's all-reduce):
+  // grad_arena_floats() floats in PlanGptCudaParams' padded layout; the padding is zero after
+  // ZeroGrad and no kernel writes it, so a sum over whole arenas keeps it zero. Valid while this
+  // GptCuda lives; the context's stream is synchronised after every call, so between calls the
+  // arena is final and may be read or written on another stream (the caller orders that stream's
+  // work before the next call, e.g. Work::Wait with block_host).
+  float* grad_arena() { return grads_; }
+  int64_t grad_arena_floats() const { return layout_.total; }
   // model::AdamW::Step: clips when clip_norm > 0 (returns the pre-clip norm, else 0), then one
   // multi-tensor AdamW step; the step counter starts at 1 and is kept here.
   absl::StatusOr<double> AdamWStep(const kernels::AdamWOptions& opt, double clip_norm);

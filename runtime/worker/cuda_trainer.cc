@@ -49,14 +49,26 @@ absl::Status CheckCudaPlan(const Plan& p) {
     return Bad(job::kEnvDevice, absl::StrCat("'", dev, "': this ember-worker was built without CUDA (no toolkit at "
                                              "configure time); use cpu, or a build with CUDA"));
   }
-  if (p.env.world_size != 1) {
-    return Bad("parallelism.world_size", absl::StrCat(job::kEnvWorldSize, "=", p.env.world_size, " on ", dev,
-                                                      ": GPU training runs on one rank only (strategy none, or fsdp "
-                                                      "with world_size 1); use 1 rank or device cpu"));
-  }
   if (spec::PipelineLayoutOf(s).enabled()) {
     return Bad("parallelism.strategy", absl::StrCat("'", s.parallelism().strategy(), "' on ", dev,
-                                                    ": GPU training supports strategy none or fsdp on one rank"));
+                                                    ": GPU training supports strategy none (one rank) or fsdp "
+                                                    "(data parallel, replicated on the GPUs)"));
+  }
+  if (p.dp_replicate > 1) {
+    return Bad("parallelism.dp_replicate", absl::StrCat(p.dp_replicate, " on ", dev, ": GPU training has no HSDP; "
+                                                        "its ranks already hold replicas (data parallel, gradients "
+                                                        "all-reduced on the GPUs); use 0 or device cpu"));
+  }
+  if (p.env.world_size > 1) {
+    // The gradients' all-reduce runs on the NCCL policy backend (runtime/comm/device_backend.h),
+    // one device per process.
+    const std::string& b = s.parallelism().backend();
+    if (b != "nccl" && b != "nccl-lazy") {
+      return Bad("parallelism.backend", absl::StrCat("'", b, "' with ", job::kEnvWorldSize, "=", p.env.world_size,
+                                                     " on ", dev, ": GPU ranks all-reduce their gradients on the "
+                                                     "device with nccl or nccl-lazy (one GPU per rank); set one of "
+                                                     "those (resources.device_type: cuda defaults to nccl)"));
+    }
   }
   if (s.parallelism().micro_batches() > 1) {
     return Bad("parallelism.micro_batches", absl::StrCat(s.parallelism().micro_batches(), " on ", dev,

@@ -32,7 +32,8 @@ class TrainState {
   // One optimizer step at learning rate `lr`: this rank's batches from `loader`, forward and
   // backward, the loss averaged over every rank, the global gradient norm, clipping, the update.
   // Sets the StepMetrics fields it measures: step, lr, loss, local_loss, grad_norm (when computed),
-  // step_s and what the layout measures (comm wait and bytes, device memory, MFU).
+  // step_s and what the layout measures (comm wait and bytes, device memory, MFU; comm_memory_bytes
+  // of groups the state made itself, to which the loop adds the Groups').
   virtual absl::StatusOr<StepResult> Step(const kernels::ExecContext& ctx, data::TokenLoader& loader,
                                           int64_t step, float lr) = 0;
 
@@ -60,6 +61,11 @@ class TrainState {
 // rank r, over which its stages are sharded); with W == R the pipeline group is the world.
 struct Groups {
   std::unique_ptr<comm::ProcessGroup> world, reduce_scatter, pipeline, stage, shard, replicate;
+  // The attempt's rendezvous and flight recorder (may be null) the groups were created with: a
+  // TrainState that needs groups of its own (the GPU step's device group, cuda_loop.cc) creates
+  // them with these.
+  std::shared_ptr<comm::Rendezvous> rdzv;
+  flight::FlightRecorder* recorder = nullptr;
   comm::ProcessGroup* pipe() const { return pipeline ? pipeline.get() : world.get(); }
   // Communicator memory over every group (shm segments, NCCL buffers), for the progress record.
   int64_t CommMemoryBytes() const;

@@ -212,7 +212,7 @@ absl::StatusOr<Plan> Prepare(const job::WorkerEnv& env, const std::string& spec_
     if (!arch.ok()) return base::Annotate(arch.status(), "model");
     p.arch = *arch;
   }
-  if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // one rank, fp32, a model GptCuda supports
+  if (gpu >= 0) RETURN_IF_ERROR(CheckCudaPlan(p));  // fp32, data parallel, a model GptCuda supports
 
   const auto& d = s.data();
   if (d.path().empty() && d.text_path().empty()) {
@@ -281,6 +281,8 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rend
   go.dump_dir = env.fr_dump_dir;
   go.global_rank = env.rank;
   Groups g;
+  g.rdzv = rdzv;
+  g.recorder = recorder;
   ASSIGN_OR_RETURN(g.world, comm::ProcessGroup::Create(rdzv, env.rank, env.world_size, go));
   using Dims = spec::ParallelDims;
   const Dims& dims = *plan.dims;
@@ -309,7 +311,8 @@ absl::StatusOr<Groups> CreateGroups(const Plan& plan, std::shared_ptr<comm::Rend
     ASSIGN_OR_RETURN(g.replicate, split(Dims::Group::kReplicate));
     shard = g.shard.get();
   }
-  if (plan.separate_reduce_scatter && shard->size() > 1) {
+  // (Not for cuda ranks: their host mirror never reduce-scatters, cuda_loop.cc.)
+  if (plan.separate_reduce_scatter && shard->size() > 1 && plan.env.device == "cpu") {
     if (dims.hsdp()) {
       ASSIGN_OR_RETURN(g.reduce_scatter,
                        shard->Split(0, shard->rank(), absl::StrCat(dims.SplitOf(Dims::Group::kShard, env.rank).name, ".reduce_scatter")));
@@ -394,7 +397,8 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     if (!std::isfinite(r.loss())) return absl::InternalError(absl::StrCat("loss is ", r.loss(), " at step ", step));
     // In-memory replicas (replicas.h): before the report, so a reported step is a committed one.
     if (replicas != nullptr && replicas->Due(step)) RETURN_IF_ERROR(SyncAndSave(*replicas, step, state, loader));
-    r.set_comm_memory_bytes(groups.CommMemoryBytes());
+    // Plus what the state's own groups hold (set by Step: the GPU step's device group).
+    r.set_comm_memory_bytes(r.comm_memory_bytes() + groups.CommMemoryBytes());
     if (checkpoints.last_save_seconds() >= 0) r.set_checkpoint_save_s(checkpoints.last_save_seconds());
     r.set_flight_entries(static_cast<int64_t>(recorder.size()));
     if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step

@@ -136,9 +136,10 @@ TEST_CASE("the worker refuses a vocab_size below the tokenizer's and another tok
   CHECK(PrepareWith("old_unchecked", nullptr, "").ok());  // headerless files train as before
 }
 
-// EMBER_DEVICE cuda:N (cuda_trainer.h): one rank, fp32, no MoE, head size 32 or 64; else exit 2
-// naming the field. A build without CUDA refuses every cuda job, naming EMBER_DEVICE.
-TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU step lacks", "[worker][cuda]") {
+// EMBER_DEVICE cuda:N (cuda_trainer.h): one rank or data parallel over several with an nccl
+// backend, fp32, no HSDP, no MoE, head size 32 or 64; else exit 2 naming the field. A build without
+// CUDA refuses every cuda job, naming EMBER_DEVICE.
+TEST_CASE("Prepare accepts fp32 cuda jobs on one or more ranks and refuses what the GPU step lacks", "[worker][cuda]") {
   job::WorkerEnv gpu;
   gpu.device = "cuda:0";
   const std::string ok_model = ", d_model: 64, n_heads: 2";  // head size 32
@@ -159,8 +160,19 @@ TEST_CASE("Prepare accepts a one-rank fp32 cuda job and refuses what the GPU ste
   CHECK(prep("cpu_h16", ", d_model: 32, n_heads: 2", "", {}).ok());
   job::WorkerEnv two = gpu;
   two.world_size = two.local_world_size = 2;
-  s = prep("cuda_w2", ok_model, "parallelism: {strategy: fsdp}\n", two);
-  CHECK(absl::StrContains(s.message(), "parallelism.world_size: " + std::string(job::kEnvWorldSize) + "=2 on cuda:0: GPU training runs on one rank only"));
+  // More ranks: data parallel, the gradients all-reduced on the device with nccl or nccl-lazy.
+  CHECK(prep("cuda_w2", ok_model, "parallelism: {strategy: fsdp}\nresources: {device_type: cuda}\n", two).ok());
+  CHECK(prep("cuda_w2_lazy", ok_model, "parallelism: {strategy: fsdp, backend: nccl-lazy}\nresources: {device_type: cuda}\n", two).ok());
+  s = prep("cuda_w2_cpu", ok_model, "parallelism: {strategy: fsdp}\n", two);
+  CHECK(absl::StrContains(s.message(), "parallelism.backend: 'cpu' with " + std::string(job::kEnvWorldSize) + "=2 on cuda:0: GPU ranks all-reduce their gradients on the device with nccl or nccl-lazy"));
+  s = prep("cuda_w2_legacy", ok_model, "parallelism: {strategy: fsdp, backend: nccl-legacy}\nresources: {device_type: cuda}\n", two);
+  CHECK(absl::StrContains(s.message(), "parallelism.backend: 'nccl-legacy' with "));
+  job::WorkerEnv four = gpu;
+  four.world_size = four.local_world_size = 4;
+  s = prep("cuda_hsdp", ok_model, "parallelism: {strategy: fsdp, dp_replicate: 2}\n", four);
+  CHECK(absl::StrContains(s.message(), "parallelism.dp_replicate: 2 on cuda:0: GPU training has no HSDP"));
+  s = prep("cuda_hsdp_spec", ok_model, "parallelism: {strategy: fsdp, dp_replicate: 2}\nresources: {device_type: cuda}\n", four);
+  CHECK(absl::StrContains(s.message(), "parallelism.dp_replicate: 2 on cuda: GPU training has no HSDP"));
   s = prep("cuda_h16", ", d_model: 32, n_heads: 2", "", gpu);
   CHECK(absl::StrContains(s.message(), "model.n_heads: head size d_model / n_heads = 32 / 2 = 16 on cuda:0"));
   CHECK(absl::StrContains(s.message(), "supports head sizes 32 and 64"));

@@ -160,13 +160,14 @@ TEST_CASE("the backend follows the devices: empty picks nccl on cuda, a mismatch
   auto c = (*cluster)->Connect(0);
   REQUIRE(c.ok());
   REQUIRE(WaitFor([&] { auto n = c->Nodes(); return n.ok() && n->size() == 1; }, absl::Seconds(5)));
-  // The GPU step trains one rank (the support matrix, runtime/jobspec/resolve.cc): a 2-rank cuda
-  // job is refused at Submit, naming the field, instead of by both ranks at start.
+  // What the GPU step cannot train (the support matrix, runtime/jobspec/resolve.cc), here gradient
+  // accumulation on 2 cuda ranks, is refused at Submit, naming the field, instead of by both ranks
+  // at start.
   const std::string gpu_model = "model: {n_layers: 1, d_model: 64, n_heads: 2, context_length: 16}\nsteps: 3\n"
                                 "resources: {device_type: cuda}\n";
-  auto two = c->Submit("name: backend-gpu2\n" + gpu_model + "parallelism: {strategy: fsdp, world_size: 2}\n");
+  auto two = c->Submit("name: backend-gpu2\n" + gpu_model + "parallelism: {strategy: fsdp, world_size: 2, micro_batches: 2}\n");
   CHECK(absl::IsInvalidArgument(two.status()));
-  CHECK(absl::StartsWith(two.status().message(), "parallelism.world_size: 2 ranks on cuda"));
+  CHECK(absl::StartsWith(two.status().message(), "parallelism.micro_batches: 2 on cuda"));
   auto gpu = c->Submit("name: backend-gpu\n" + gpu_model + "parallelism: {strategy: fsdp, world_size: 1}\n");
   INFO(gpu.status());
   REQUIRE(gpu.ok());

@@ -56,6 +56,7 @@ const std::map<std::string, std::string> kTriggers = {
     {"hsdp", "parallelism: {dp_replicate: 2, world_size: 4}\n"},
     {"pipeline+hsdp", "parallelism: {strategy: pipeline, pipeline_stages: 2, dp_replicate: 2, world_size: 4}\n"},
     {"cuda+ranks", "resources: {device_type: cuda}\nparallelism: {world_size: 2}\n"},
+    {"cuda+hsdp", "resources: {device_type: cuda}\nparallelism: {dp_replicate: 2, world_size: 4}\n"},
     {"cuda+pipeline", "resources: {device_type: cuda}\nparallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"},
     {"cuda+grad_accumulation", "resources: {device_type: cuda}\nparallelism: {micro_batches: 2, world_size: 1}\n"},
     {"cuda+precision", "resources: {device_type: cuda}\nparallelism: {world_size: 1}\nprecision: {param_dtype: bf16}\n"},
