@@ -2,7 +2,8 @@
 // window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
 // training step against the same model in PyTorch 2.15 (the peers venv, deploy/peers_venv.h; run
 // in the same process tree, same threads);
-// `llama`: RoPE, GQA attention and a Llama training step against PyTorch (kernel_bench_llama.h).
+// `llama`: RoPE, GQA attention and a Llama training step against PyTorch (kernel_bench_llama.h);
+// `bf16`: the steps' linear GEMMs in bf16 (oneDNN) vs fp32 (kernel_bench_bf16.h).
 //
 //   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
 //       [--threads=N] [--device=cpu|cuda]
@@ -41,6 +42,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
+#include "bench/kernel_bench_bf16.h"
 #include "bench/kernel_bench_cuda.h"
 #include "bench/kernel_bench_llama.h"
 #include "bench/kernel_bench_util.h"
@@ -52,7 +54,8 @@ ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
 ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
 ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
 ABSL_FLAG(bool, peer, true, "measure PyTorch (2.15, the peers venv) for the peer targets");
-ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step, llama (default all)");
+ABSL_FLAG(std::string, only, "",
+          "comma-separated subset of: lce, attention, step, llama, bf16 (default all)");
 ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
 ABSL_FLAG(int, profile_steps, 0,
           "only run this many training steps of ours (default mode, after 2 warm-up steps) and "
@@ -252,6 +255,9 @@ int Main(int argc, char** argv) {
     }
   }
   if (want("attention")) BenchAttention(ctx, quick ? 2048 : 32768, 256, reps, &t);
+  if (want("bf16")) {
+    for (auto& f : bench::BenchBf16Gemm(ctx, quick, reps)) t.push_back(std::move(f));
+  }
   if (want("step") || want("llama")) {
     const bench::TorchPeer peer =
         bench::TorchPeer::Resolve(absl::GetFlag(FLAGS_peer), absl::GetFlag(FLAGS_python), threads);
@@ -324,6 +330,8 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
 int Print(bench::Report& report, const std::vector<Target>& t, int threads,
           bench::LoadAverage load_begin) {
   report.SetMeta("threads", json::Value::Int(threads));
+  report.SetMeta("cpu", json::Value::Str(Bf16GemmInfo().cpu));
+  report.SetMeta("bf16_gemm", json::Value::Str(Bf16GemmInfo().reason));
   bench::Table& table = report.AddTable(
       "kernels: figures (reference = the figure the value is compared with)",
       {"figure", "value", "reference", "value/reference", "goal", "unit", "note"});
