@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "kernels/gemm.h"
 #include "proto/jobs.pb.h"
 #include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
@@ -363,6 +364,25 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, T
   return step;
 }
 
+// Whether this rank's linear layers compute in bf16 (kernels::ExecContext::bf16_linear): where
+// precision.param_dtype is bf16 and GemmBf16 runs bf16 kernels here (the CPU has avx512_bf16 or
+// AMX-BF16: kernels::Bf16GemmInfo). Elsewhere fp32 GEMMs on the bf16-rounded values, as before.
+// The first rank of each node says which, and why, once.
+bool Bf16Linear(const Plan& plan) {
+  if (plan.fsdp.mp.param_dtype != fsdp::DataType::kBF16) return false;
+  const kernels::Bf16GemmSupport& s = kernels::Bf16GemmInfo();
+  if (plan.env.local_rank == 0) {
+    if (s.native) {
+      spdlog::info("rank {}: precision.param_dtype bf16: linear layers compute in bf16 (inputs rounded "
+                   "to bf16, fp32 accumulation): {}", plan.env.rank, s.reason);
+    } else {
+      spdlog::info("rank {}: precision.param_dtype bf16: linear layers compute in fp32 on the "
+                   "bf16-rounded weights, because {}", plan.env.rank, s.reason);
+    }
+  }
+  return s.native;
+}
+
 // The one training loop, for every layout (stopping is StopWatcher's: it ends the process from its
 // own thread when the attempt's stop key appears, see Train): resume, then steps with the hang
 // hook, the progress report, checkpoints on the spec's cadence and live weight publishing.
@@ -379,7 +399,8 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
   Reporter report(plan, attempt, state.state_bytes(), step);
   ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, state));
   kernels::ThreadPool threads(plan.threads);
-  const kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
+  kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
+  ctx.bf16_linear = Bf16Linear(plan);
   const int64_t hang_at = HangStep(plan.env);
   report.Start();
   while (step < plan.spec.steps()) {
