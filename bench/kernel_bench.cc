@@ -289,13 +289,17 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
   const int rounds = quick ? 1 : 3;
   ExecContext det = ctx;  // same pool, deterministic partitioning
   det.deterministic = true;
-  std::vector<double> v_tps, v_det, v_peer, v_ceiling;
+  ExecContext bf16 = ctx;  // the linear layers in bf16 (what param_dtype: bf16 runs on such CPUs)
+  bf16.bf16_linear = true;
+  const bool native_bf16 = HasNativeBf16Gemm();
+  std::vector<double> v_tps, v_det, v_peer, v_ceiling, v_bf16;
   std::string peer_error = peer.python.empty() ? peer.missing : "";
   int64_t peak = 0, peak_det = 0;
   for (int r = 0; r < rounds; ++r) {
     v_ceiling.push_back(SgemmCeiling(ctx, quick ? 256 : 2048, quick ? 2 : reps));
     v_tps.push_back(TrainStep(ctx, c, B, steps, &peak));
     v_det.push_back(TrainStep(det, c, B, steps, &peak_det));
+    if (native_bf16) v_bf16.push_back(TrainStep(bf16, c, B, steps, &peak_det));
     if (!peer.python.empty()) {
       auto p = TorchTokensPerSec(peer, c, B, steps, threads);
       if (p.ok()) v_peer.push_back(*p);
@@ -325,6 +329,18 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
                peer_error});
   t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
                "cost of deterministic mode"});
+  // The same step with ExecContext::bf16_linear: block linears in bf16 (oneDNN), the LM head, the
+  // attention tiles and everything else fp32. Only where the CPU has bf16 instructions.
+  const std::string cpu = absl::StrCat("CPU: ", Bf16GemmInfo().cpu, ", ", threads, " threads");
+  if (native_bf16) {
+    t.push_back({"train_step_bf16_linear_vs_fp32", Median(v_bf16), tps, std::nullopt, true,
+                 "tokens/s",
+                 absl::StrCat("the step above with the block linears in bf16 (inputs rounded, fp32 "
+                              "accumulation; LM head fp32), rounds interleaved; ", cpu)});
+  } else {
+    t.push_back({"train_step_bf16_linear_vs_fp32", tps, tps, std::nullopt, true, "tokens/s",
+                 absl::StrCat("not run: ", Bf16GemmInfo().reason, "; ", cpu)});
+  }
 }
 
 int Print(bench::Report& report, const std::vector<Target>& t, int threads,
