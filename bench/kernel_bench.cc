@@ -329,14 +329,15 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
                peer_error});
   t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
                "cost of deterministic mode"});
-  // The same step with ExecContext::bf16_linear: block linears in bf16 (oneDNN), the LM head, the
-  // attention tiles and everything else fp32. Only where the CPU has bf16 instructions.
+  // The same step with ExecContext::bf16_linear: block linears and the LM head's GEMMs in bf16
+  // (oneDNN); attention tiles and everything else fp32. Only where the CPU has bf16 instructions.
   const std::string cpu = absl::StrCat("CPU: ", Bf16GemmInfo().cpu, ", ", threads, " threads");
   if (native_bf16) {
     t.push_back({"train_step_bf16_linear_vs_fp32", Median(v_bf16), tps, std::nullopt, true,
                  "tokens/s",
-                 absl::StrCat("the step above with the block linears in bf16 (inputs rounded, fp32 "
-                              "accumulation; LM head fp32), rounds interleaved; ", cpu)});
+                 absl::StrCat("the step above with the block linears and the LM head in bf16 (inputs "
+                              "rounded, fp32 accumulation; attention fp32), rounds interleaved; ",
+                              cpu)});
   } else {
     t.push_back({"train_step_bf16_linear_vs_fp32", tps, tps, std::nullopt, true, "tokens/s",
                  absl::StrCat("not run: ", Bf16GemmInfo().reason, "; ", cpu)});

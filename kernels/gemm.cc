@@ -2,7 +2,7 @@
 
 #include <cblas.h>
 #include <cpuid.h>
-#include <omp.h>
+#include <dlfcn.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -25,17 +25,6 @@ namespace {
 void PinOpenBlasSingleThreaded() {
   static std::once_flag once;
   std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
-// oneDNN (Debian's build uses OpenMP) runs single-threaded inside each pool task, like OpenBLAS:
-// the job's pool is the only parallelism. nthreads-var is per thread, so this is set once in every
-// thread that calls oneDNN (before its first primitive is created, which reads it).
-void PinOneDnnSingleThreaded() {
-  thread_local bool pinned = [] {
-    omp_set_num_threads(1);
-    return true;
-  }();
-  (void)pinned;
 }
 
 // Splits the larger output dimension into tiles and runs `fn(m0, m1, n0, n1)` per tile.
@@ -73,6 +62,84 @@ const T* OffsetA(const T* A, bool trans_a, int64_t lda, int64_t m0) {
 template <typename T>
 const T* OffsetB(const T* B, bool trans_b, int64_t ldb, int64_t n0) {
   return trans_b ? B + n0 * ldb : B + n0;
+}
+
+// ---- oneDNN, loaded at run time ---------------------------------------------------------------
+//
+// libdnnl.so.2 is opened with dlopen on first use rather than linked: binaries that never run a
+// bf16 GEMM (and machines without the library, such as the GPU test carry set) do not need it,
+// and a missing library is a logged reason for the fp32 path, not a failed start.
+
+#define EMBER_DNNL_FUNCS(X) \
+  X(engine_create) \
+  X(get_effective_cpu_isa) \
+  X(matmul_desc_init) \
+  X(memory_create) \
+  X(memory_desc_get_size) \
+  X(memory_desc_init_by_strides) \
+  X(memory_destroy) \
+  X(post_ops_append_sum) \
+  X(post_ops_create) \
+  X(post_ops_destroy) \
+  X(primitive_attr_create) \
+  X(primitive_attr_destroy) \
+  X(primitive_attr_set_output_scales) \
+  X(primitive_attr_set_post_ops) \
+  X(primitive_attr_set_scratchpad_mode) \
+  X(primitive_create) \
+  X(primitive_desc_create) \
+  X(primitive_desc_destroy) \
+  X(primitive_desc_query) \
+  X(primitive_desc_query_md) \
+  X(primitive_destroy) \
+  X(primitive_execute) \
+  X(stream_create) \
+  X(stream_destroy) \
+  X(stream_wait) \
+  X(version)
+
+struct DnnlApi {
+#define EMBER_DNNL_MEMBER(n) decltype(&::dnnl_##n) n = nullptr;
+  EMBER_DNNL_FUNCS(EMBER_DNNL_MEMBER)
+#undef EMBER_DNNL_MEMBER
+  void (*omp_set_num_threads)(int) = nullptr;  // libgomp's, which Debian's oneDNN threads with
+};
+DnnlApi g_dnnl;  // filled once by LoadDnnl (in Detect, before any other use); then read-only
+
+// Empty on success, else why the library cannot be used.
+std::string LoadDnnl() {
+  void* h = dlopen("libdnnl.so.2", RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* e = dlerror();
+    return std::string("libdnnl.so.2 could not be loaded (") + (e ? e : "?") +
+           "; deploy/install-deps.sh installs libdnnl-dev)";
+  }
+#define EMBER_DNNL_LOAD(n)                                                   \
+  g_dnnl.n = reinterpret_cast<decltype(g_dnnl.n)>(dlsym(h, "dnnl_" #n));     \
+  if (g_dnnl.n == nullptr) return "libdnnl.so.2 lacks dnnl_" #n " (not oneDNN 2.x)";
+  EMBER_DNNL_FUNCS(EMBER_DNNL_LOAD)
+#undef EMBER_DNNL_LOAD
+  // dlsym on the handle searches the library's dependencies too: libgomp for the OpenMP build.
+  g_dnnl.omp_set_num_threads =
+      reinterpret_cast<void (*)(int)>(dlsym(h, "omp_set_num_threads"));
+  if (g_dnnl.omp_set_num_threads == nullptr) {
+    return "libdnnl.so.2 is not the OpenMP build (no omp_set_num_threads to keep it on one thread)";
+  }
+  if (g_dnnl.version()->major != 2) {
+    return "libdnnl.so.2 reports version " + std::to_string(g_dnnl.version()->major) + ", not 2";
+  }
+  return "";
+}
+
+// oneDNN (Debian's build uses OpenMP) runs single-threaded inside each pool task, like OpenBLAS:
+// the job's pool is the only parallelism. nthreads-var is per thread, so this is set once in every
+// thread that calls oneDNN (before its first primitive is created, which reads it).
+void PinOneDnnSingleThreaded() {
+  thread_local bool pinned = [] {
+    g_dnnl.omp_set_num_threads(1);
+    return true;
+  }();
+  (void)pinned;
 }
 
 // ---- CPU features ----------------------------------------------------------------------------
@@ -135,7 +202,7 @@ struct Prim {
   size_t scratch_bytes = 0;
   std::string impl;
   ~Prim() {
-    if (prim != nullptr) dnnl_primitive_destroy(prim);
+    if (prim != nullptr) g_dnnl.primitive_destroy(prim);
   }
 };
 
@@ -162,55 +229,55 @@ std::unique_ptr<Prim> CreatePrim(dnnl_engine_t engine, const Key& key, std::stri
   std::memcpy(&beta, &key.beta, 4);
   auto fail = [&](const char* what, dnnl_status_t s) {
     *why = std::string(what) + " failed (dnnl status " + std::to_string(static_cast<int>(s)) + ")";
-    if (pd != nullptr) dnnl_primitive_desc_destroy(pd);
-    if (ops != nullptr) dnnl_post_ops_destroy(ops);
-    if (attr != nullptr) dnnl_primitive_attr_destroy(attr);
+    if (pd != nullptr) g_dnnl.primitive_desc_destroy(pd);
+    if (ops != nullptr) g_dnnl.post_ops_destroy(ops);
+    if (attr != nullptr) g_dnnl.primitive_attr_destroy(attr);
     return nullptr;
   };
   dnnl_status_t s;
-  if ((s = dnnl_memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str)) != dnnl_success ||
-      (s = dnnl_memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str)) != dnnl_success ||
-      (s = dnnl_memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str)) != dnnl_success) {
+  if ((s = g_dnnl.memory_desc_init_by_strides(&p->a_md, 2, a_dims, dnnl_bf16, a_str)) != dnnl_success ||
+      (s = g_dnnl.memory_desc_init_by_strides(&p->b_md, 2, b_dims, dnnl_bf16, b_str)) != dnnl_success ||
+      (s = g_dnnl.memory_desc_init_by_strides(&p->c_md, 2, c_dims, dnnl_f32, c_str)) != dnnl_success) {
     return fail("dnnl_memory_desc_init_by_strides", s);
   }
-  if ((s = dnnl_matmul_desc_init(&desc, &p->a_md, &p->b_md, nullptr, &p->c_md)) != dnnl_success) {
+  if ((s = g_dnnl.matmul_desc_init(&desc, &p->a_md, &p->b_md, nullptr, &p->c_md)) != dnnl_success) {
     return fail("dnnl_matmul_desc_init", s);
   }
-  if ((s = dnnl_primitive_attr_create(&attr)) != dnnl_success) return fail("attr_create", s);
-  if ((s = dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user)) != dnnl_success) {
+  if ((s = g_dnnl.primitive_attr_create(&attr)) != dnnl_success) return fail("attr_create", s);
+  if ((s = g_dnnl.primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user)) != dnnl_success) {
     return fail("set_scratchpad_mode", s);
   }
-  if (alpha != 1.0f && (s = dnnl_primitive_attr_set_output_scales(attr, 1, 0, &alpha)) != dnnl_success) {
+  if (alpha != 1.0f && (s = g_dnnl.primitive_attr_set_output_scales(attr, 1, 0, &alpha)) != dnnl_success) {
     return fail("set_output_scales", s);
   }
   if (beta != 0.0f) {
-    if ((s = dnnl_post_ops_create(&ops)) != dnnl_success) return fail("post_ops_create", s);
-    if ((s = dnnl_post_ops_append_sum(ops, beta)) != dnnl_success) return fail("append_sum", s);
-    if ((s = dnnl_primitive_attr_set_post_ops(attr, ops)) != dnnl_success) return fail("set_post_ops", s);
+    if ((s = g_dnnl.post_ops_create(&ops)) != dnnl_success) return fail("post_ops_create", s);
+    if ((s = g_dnnl.post_ops_append_sum(ops, beta)) != dnnl_success) return fail("append_sum", s);
+    if ((s = g_dnnl.primitive_attr_set_post_ops(attr, ops)) != dnnl_success) return fail("set_post_ops", s);
   }
-  if ((s = dnnl_primitive_desc_create(&pd, &desc, attr, engine, nullptr)) != dnnl_success) {
+  if ((s = g_dnnl.primitive_desc_create(&pd, &desc, attr, engine, nullptr)) != dnnl_success) {
     return fail("dnnl_primitive_desc_create (bf16 matmul)", s);
   }
   const char* impl = nullptr;
-  if (dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
+  if (g_dnnl.primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl) == dnnl_success && impl) {
     p->impl = impl;
   }
   if (p->impl.rfind("ref", 0) == 0) {
     *why = "oneDNN offers only its reference implementation (" + p->impl + ") for this shape";
-    dnnl_primitive_desc_destroy(pd);
-    if (ops != nullptr) dnnl_post_ops_destroy(ops);
-    dnnl_primitive_attr_destroy(attr);
+    g_dnnl.primitive_desc_destroy(pd);
+    if (ops != nullptr) g_dnnl.post_ops_destroy(ops);
+    g_dnnl.primitive_attr_destroy(attr);
     return nullptr;
   }
-  const dnnl_memory_desc_t* smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+  const dnnl_memory_desc_t* smd = g_dnnl.primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
   if (smd != nullptr) {
     p->scratch_md = *smd;
-    p->scratch_bytes = dnnl_memory_desc_get_size(smd);
+    p->scratch_bytes = g_dnnl.memory_desc_get_size(smd);
   }
-  s = dnnl_primitive_create(&p->prim, pd);
-  dnnl_primitive_desc_destroy(pd);
-  if (ops != nullptr) dnnl_post_ops_destroy(ops);
-  dnnl_primitive_attr_destroy(attr);
+  s = g_dnnl.primitive_create(&p->prim, pd);
+  g_dnnl.primitive_desc_destroy(pd);
+  if (ops != nullptr) g_dnnl.post_ops_destroy(ops);
+  g_dnnl.primitive_attr_destroy(attr);
   if (s != dnnl_success) {
     p->prim = nullptr;
     *why = "dnnl_primitive_create failed (dnnl status " + std::to_string(static_cast<int>(s)) + ")";
@@ -244,7 +311,11 @@ OneDnn* Detect() {
                ": bf16 GEMMs widen to fp32 (OpenBLAS sgemm)";
     return d;
   }
-  const unsigned isa = static_cast<unsigned>(dnnl_get_effective_cpu_isa());
+  if (std::string why = LoadDnnl(); !why.empty()) {
+    s.reason = why + ": bf16 GEMMs widen to fp32 (OpenBLAS sgemm)";
+    return d;
+  }
+  const unsigned isa = static_cast<unsigned>(g_dnnl.get_effective_cpu_isa());
   const unsigned need = static_cast<unsigned>(dnnl_cpu_isa_avx512_core_bf16);
   if ((isa & need) != need) {
     char buf[160];
@@ -255,7 +326,7 @@ OneDnn* Detect() {
     s.reason = buf;
     return d;
   }
-  if (dnnl_engine_create(&d->engine, dnnl_cpu, 0) != dnnl_success) {
+  if (g_dnnl.engine_create(&d->engine, dnnl_cpu, 0) != dnnl_success) {
     s.reason = "oneDNN could not create its CPU engine: bf16 GEMMs widen to fp32";
     return d;
   }
@@ -268,8 +339,8 @@ OneDnn* Detect() {
     return d;
   }
   s.native = true;
-  s.reason = std::string("oneDNN ") + std::to_string(dnnl_version()->major) + "." +
-             std::to_string(dnnl_version()->minor) + " bf16 matmul (" + probe->impl + ") on " +
+  s.reason = std::string("oneDNN ") + std::to_string(g_dnnl.version()->major) + "." +
+             std::to_string(g_dnnl.version()->minor) + " bf16 matmul (" + probe->impl + ") on " +
              s.cpu + (cpu.amx_bf16 ? " (AMX-BF16)" : " (avx512_bf16)");
   return d;
 }
@@ -283,7 +354,7 @@ struct ThreadStream {
   dnnl_stream_t stream = nullptr;
   std::vector<char> scratch;
   ~ThreadStream() {
-    if (stream != nullptr) dnnl_stream_destroy(stream);
+    if (stream != nullptr) g_dnnl.stream_destroy(stream);
   }
 };
 
@@ -315,25 +386,25 @@ bool OneDnnTile(OneDnn& d, const Key& key, const uint16_t* A, const uint16_t* B,
   }
   if (prim == nullptr) return false;
   thread_local ThreadStream ts;
-  if (ts.stream == nullptr && dnnl_stream_create(&ts.stream, d.engine, dnnl_stream_default_flags) != dnnl_success) {
+  if (ts.stream == nullptr && g_dnnl.stream_create(&ts.stream, d.engine, dnnl_stream_default_flags) != dnnl_success) {
     ts.stream = nullptr;
     return false;
   }
   if (ts.scratch.size() < prim->scratch_bytes) ts.scratch.resize(prim->scratch_bytes);
   dnnl_memory_t ma = nullptr, mb = nullptr, mc = nullptr, ms = nullptr;
-  bool ok = dnnl_memory_create(&ma, &prim->a_md, d.engine, const_cast<uint16_t*>(A)) == dnnl_success &&
-            dnnl_memory_create(&mb, &prim->b_md, d.engine, const_cast<uint16_t*>(B)) == dnnl_success &&
-            dnnl_memory_create(&mc, &prim->c_md, d.engine, C) == dnnl_success;
+  bool ok = g_dnnl.memory_create(&ma, &prim->a_md, d.engine, const_cast<uint16_t*>(A)) == dnnl_success &&
+            g_dnnl.memory_create(&mb, &prim->b_md, d.engine, const_cast<uint16_t*>(B)) == dnnl_success &&
+            g_dnnl.memory_create(&mc, &prim->c_md, d.engine, C) == dnnl_success;
   int nargs = 3;
   dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}, {}};
   if (ok && prim->scratch_bytes > 0) {
-    ok = dnnl_memory_create(&ms, &prim->scratch_md, d.engine, ts.scratch.data()) == dnnl_success;
+    ok = g_dnnl.memory_create(&ms, &prim->scratch_md, d.engine, ts.scratch.data()) == dnnl_success;
     args[nargs++] = {DNNL_ARG_SCRATCHPAD, ms};
   }
-  ok = ok && dnnl_primitive_execute(prim->prim, ts.stream, nargs, args) == dnnl_success &&
-       dnnl_stream_wait(ts.stream) == dnnl_success;
+  ok = ok && g_dnnl.primitive_execute(prim->prim, ts.stream, nargs, args) == dnnl_success &&
+       g_dnnl.stream_wait(ts.stream) == dnnl_success;
   for (dnnl_memory_t m : {ma, mb, mc, ms}) {
-    if (m != nullptr) dnnl_memory_destroy(m);
+    if (m != nullptr) g_dnnl.memory_destroy(m);
   }
   if (!ok) {
     // Execution failures are not expected once the primitive exists: stop rather than return
