@@ -338,10 +338,7 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
                  absl::StrCat("the step above with the block linears and the LM head in bf16 (inputs "
                               "rounded, fp32 accumulation; attention fp32), rounds interleaved; ",
                               cpu)});
-  } else {
-    t.push_back({"train_step_bf16_linear_vs_fp32", tps, tps, std::nullopt, true, "tokens/s",
-                 absl::StrCat("not run: ", Bf16GemmInfo().reason, "; ", cpu)});
-  }
+  }  // else no row: the report's meta `bf16_gemm` says why
 }
 
 int Print(bench::Report& report, const std::vector<Target>& t, int threads,
