@@ -6,6 +6,7 @@
 
 #include "kernels/cast.h"
 #include "kernels/gemm.h"
+#include "kernels/tensor.h"
 #include "kernels/vec.h"
 
 namespace ember::kernels {
@@ -101,10 +102,15 @@ void RmsNormBackward(const ExecContext& ctx, const float* x, const float* w, con
 
 namespace {
 
-// n values rounded to bf16 (round to nearest even), for the bf16 linear GEMMs.
-std::vector<uint16_t> Bf16Copy(const ExecContext& ctx, const float* x, int64_t n) {
-  std::vector<uint16_t> b(n);
-  CastF32ToBf16(ctx, x, b.data(), n);
+// n values rounded to bf16 (round to nearest even), for the bf16 linear GEMMs. A Tensor, so the
+// buffer comes from the allocator's block cache (no zero fill, no fresh pages every call).
+struct Bf16Buf {
+  Tensor t;
+  const uint16_t* data() const { return t.data<uint16_t>(); }
+};
+Bf16Buf Bf16Copy(const ExecContext& ctx, const float* x, int64_t n) {
+  Bf16Buf b{Tensor::Empty(DType::kBF16, {n})};
+  CastF32ToBf16(ctx, x, b.t.data<uint16_t>(), n);
   return b;
 }
 
