@@ -11,8 +11,9 @@
 // summation order depends on the tile's shape and the CPU's ISA only).
 //
 // Thread safety: the functions are reentrant; the calls must not overlap in C. The oneDNN
-// primitives are created on first use of a tile shape and cached for the life of the process
-// (a mutex-guarded map; each thread executes them with its own stream and scratchpad).
+// primitives are created on first use of a tile shape and cached for the life of the process,
+// never pruned (a mutex-guarded map; a model has a few dozen tile shapes, each primitive a few KiB
+// plus its jit code; each thread executes them with its own stream and scratchpad).
 #ifndef EMBER_KERNELS_GEMM_H_
 #define EMBER_KERNELS_GEMM_H_
 
