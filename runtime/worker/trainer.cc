@@ -364,24 +364,52 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, T
   return step;
 }
 
-// Whether this rank's linear layers compute in bf16 (kernels::ExecContext::bf16_linear): where
-// precision.param_dtype is bf16 and GemmBf16 runs bf16 kernels here (the CPU has avx512_bf16 or
-// AMX-BF16: kernels::Bf16GemmInfo). Elsewhere fp32 GEMMs on the bf16-rounded values, as before.
-// The first rank of each node says which, and why, once.
-bool Bf16Linear(const Plan& plan) {
-  if (plan.fsdp.mp.param_dtype != fsdp::DataType::kBF16) return false;
-  const kernels::Bf16GemmSupport& s = kernels::Bf16GemmInfo();
-  if (plan.env.local_rank == 0) {
-    if (s.native) {
-      spdlog::info("rank {}: precision.param_dtype bf16: linear layers compute in bf16 (inputs rounded "
-                   "to bf16, fp32 accumulation): {}", plan.env.rank, s.reason);
-    } else {
-      spdlog::info("rank {}: precision.param_dtype bf16: linear layers compute in fp32 on the "
-                   "bf16-rounded weights, because {}", plan.env.rank, s.reason);
+}  // namespace
+
+bool Bf16LinearFor(const Plan& plan, std::string* why) {
+  const fsdp::MixedPrecisionPolicy& mp = plan.fsdp.mp;
+  if (mp.param_dtype != fsdp::DataType::kBF16) {
+    *why = "precision.param_dtype is not bf16: fp32 GEMMs";
+    return false;
+  }
+  std::string kept;  // a matrix an override keeps out of bf16
+  if (plan.arch != nullptr) {
+    for (const model::ParamSpec& p : plan.arch->ParamSpecs()) {
+      if (p.shape.size() == 2 && mp.Resolve(p.name).param_dtype != fsdp::DataType::kBF16) {
+        kept = p.name;
+        break;
+      }
     }
   }
-  return s.native;
+  const kernels::Bf16GemmSupport& s = kernels::Bf16GemmInfo();
+  if (!kept.empty()) {
+    *why = absl::StrCat("precision.param_dtype bf16: linear layers compute in fp32 on the bf16-rounded "
+                        "weights, because precision.overrides keeps the matrix ", kept,
+                        " out of bf16 (bf16 GEMMs are all or nothing per job)");
+    return false;
+  }
+  if (!s.native) {
+    *why = absl::StrCat("precision.param_dtype bf16: linear layers compute in fp32 on the bf16-rounded "
+                        "weights, because ", s.reason);
+    return false;
+  }
+  *why = absl::StrCat("precision.param_dtype bf16: linear layers compute in bf16 (inputs rounded to "
+                      "bf16, fp32 accumulation): ", s.reason);
+  return true;
 }
+
+namespace {
+
+// ExecContext::bf16_linear for this rank; the first rank of each node says which, and why, once.
+bool Bf16Linear(const Plan& plan) {
+  std::string why;
+  const bool on = Bf16LinearFor(plan, &why);
+  if (plan.env.local_rank == 0 && plan.fsdp.mp.param_dtype == fsdp::DataType::kBF16) {
+    spdlog::info("rank {}: {}", plan.env.rank, why);
+  }
+  return on;
+}
+
 
 // The one training loop, for every layout (stopping is StopWatcher's: it ends the process from its
 // own thread when the attempt's stop key appears, see Train): resume, then steps with the hang
