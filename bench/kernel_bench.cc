@@ -2,7 +2,8 @@
 // window vs dense causal attention, the sgemm ceiling and model FLOP utilisation, and one GPT
 // training step against the same model in PyTorch 2.15 (the peers venv, deploy/peers_venv.h; run
 // in the same process tree, same threads);
-// `llama`: RoPE, GQA attention and a Llama training step against PyTorch (kernel_bench_llama.h).
+// `llama`: RoPE, GQA attention and a Llama training step against PyTorch (kernel_bench_llama.h);
+// `bf16`: the steps' linear GEMMs in bf16 (oneDNN) vs fp32 (kernel_bench_bf16.h).
 //
 //   bazel run -c opt //bench:kernel_bench -- [--quick] [--json [--allow-missing-peers]]
 //       [--threads=N] [--device=cpu|cuda]
@@ -41,6 +42,7 @@
 #include "kernels/cross_entropy.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
+#include "bench/kernel_bench_bf16.h"
 #include "bench/kernel_bench_cuda.h"
 #include "bench/kernel_bench_llama.h"
 #include "bench/kernel_bench_util.h"
@@ -52,7 +54,8 @@ ABSL_FLAG(int, threads, 0, "pool size (0: hardware concurrency)");
 ABSL_FLAG(int, reps, 5, "repetitions for the cheap timings (median reported)");
 ABSL_FLAG(bool, lce_8192, false, "also run the fused/materialised LCE at N = 8192");
 ABSL_FLAG(bool, peer, true, "measure PyTorch (2.15, the peers venv) for the peer targets");
-ABSL_FLAG(std::string, only, "", "comma-separated subset of: lce, attention, step, llama (default all)");
+ABSL_FLAG(std::string, only, "",
+          "comma-separated subset of: lce, attention, step, llama, bf16 (default all)");
 ABSL_FLAG(int64_t, lce_n, 4096, "tokens for the LCE target");
 ABSL_FLAG(int, profile_steps, 0,
           "only run this many training steps of ours (default mode, after 2 warm-up steps) and "
@@ -252,6 +255,9 @@ int Main(int argc, char** argv) {
     }
   }
   if (want("attention")) BenchAttention(ctx, quick ? 2048 : 32768, 256, reps, &t);
+  if (want("bf16")) {
+    for (auto& f : bench::BenchBf16Gemm(ctx, quick, reps)) t.push_back(std::move(f));
+  }
   if (want("step") || want("llama")) {
     const bench::TorchPeer peer =
         bench::TorchPeer::Resolve(absl::GetFlag(FLAGS_peer), absl::GetFlag(FLAGS_python), threads);
@@ -283,7 +289,10 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
   const int rounds = quick ? 1 : 3;
   ExecContext det = ctx;  // same pool, deterministic partitioning
   det.deterministic = true;
-  std::vector<double> v_tps, v_det, v_peer, v_ceiling;
+  ExecContext bf16 = ctx;  // the linear layers in bf16 (what param_dtype: bf16 runs on such CPUs)
+  bf16.bf16_linear = true;
+  const bool native_bf16 = HasNativeBf16Gemm();
+  std::vector<double> v_tps, v_det, v_peer, v_ceiling, v_bf16;
   std::string peer_error = peer.python.empty() ? peer.missing : "";
   int64_t peak = 0, peak_det = 0;
   for (int r = 0; r < rounds; ++r) {
@@ -319,11 +328,35 @@ void BenchStep(const ExecContext& ctx, bool quick, int reps, int threads,
                peer_error});
   t.push_back({"train_step_deterministic_vs_default", tps_det, tps, std::nullopt, true, "tokens/s",
                "cost of deterministic mode"});
+  // The same step with ExecContext::bf16_linear: block linears and the LM head's GEMMs in bf16
+  // (oneDNN); attention tiles and everything else fp32. Only where the CPU has bf16 instructions.
+  const std::string cpu = absl::StrCat("CPU: ", Bf16GemmInfo().cpu, ", ", threads, " threads");
+  if (native_bf16) {
+    // Its own rounds, alternating which side goes first (A/B, B/A, ...), so a burst of load from
+    // other work hits both sides alike.
+    std::vector<double> v_f32;
+    int64_t peak_bf16 = 0;
+    const int bf16_rounds = quick ? 1 : 4;
+    for (int r = 0; r < bf16_rounds; ++r) {
+      for (int k = 0; k < 2; ++k) {
+        if ((r + k) % 2 == 0) v_f32.push_back(TrainStep(ctx, c, B, steps, &peak_det));
+        else v_bf16.push_back(TrainStep(bf16, c, B, steps, &peak_bf16));
+      }
+    }
+    t.push_back({"train_step_bf16_linear_vs_fp32", Median(v_bf16), Median(v_f32), std::nullopt, true,
+                 "tokens/s",
+                 absl::StrCat("the step above with the block linears and the LM head in bf16 (inputs "
+                              "rounded, fp32 accumulation; attention fp32) vs the fp32 step, ",
+                              bf16_rounds, " rounds of one each, alternating which goes first; ",
+                              cpu)});
+  }  // else no row: the report's meta `bf16_gemm` says why
 }
 
 int Print(bench::Report& report, const std::vector<Target>& t, int threads,
           bench::LoadAverage load_begin) {
   report.SetMeta("threads", json::Value::Int(threads));
+  report.SetMeta("cpu", json::Value::Str(Bf16GemmInfo().cpu));
+  report.SetMeta("bf16_gemm", json::Value::Str(Bf16GemmInfo().reason));
   bench::Table& table = report.AddTable(
       "kernels: figures (reference = the figure the value is compared with)",
       {"figure", "value", "reference", "value/reference", "goal", "unit", "note"});

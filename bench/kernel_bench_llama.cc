@@ -7,6 +7,7 @@
 #include "bench/kernel_bench_util.h"
 #include "bench/report.h"
 #include "kernels/attention.h"
+#include "kernels/gemm.h"
 #include "kernels/rope.h"
 #include "runtime/model/gpt.h"
 
@@ -203,6 +204,30 @@ std::vector<KernelFigure> BenchLlama(const kernels::ExecContext& ctx, bool quick
                            B, c.context, c.vocab_size, c.n_layer, c.n_head, c.kv_heads(), c.d_model,
                            c.ff(), peak / 1048576.0, compared);
   out.push_back(std::move(f));
+
+  // The same step with the linear layers and the LM head in bf16 (ExecContext::bf16_linear, what
+  // precision.param_dtype: bf16 runs on CPUs with bf16 instructions) against fp32, interleaved;
+  // only where the CPU has bf16 instructions.
+  const kernels::Bf16GemmSupport& bs = kernels::Bf16GemmInfo();
+  const std::string cpu = absl::StrCat("CPU: ", bs.cpu, ", ", threads, " threads");
+  if (bs.native) {
+    kernels::ExecContext bf16 = ctx;
+    bf16.bf16_linear = true;
+    std::vector<double> v32, v16;
+    const int bf16_rounds = quick ? 1 : 4;
+    for (int r = 0; r < bf16_rounds; ++r) {
+      for (int k = 0; k < 2; ++k) {  // alternating which side goes first
+        if ((r + k) % 2 == 0) v32.push_back(TrainStep(ctx, c, B, steps, &peak));
+        else v16.push_back(TrainStep(bf16, c, B, steps, &peak));
+      }
+    }
+    out.push_back({"llama_train_step_bf16_linear_vs_fp32", Median(v16), Median(v32), std::nullopt,
+                   true, "tokens/s",
+                   absl::StrCat("the Llama step above with the linears and the LM head in bf16 "
+                                "(inputs rounded, fp32 accumulation; attention fp32) vs fp32, ", bf16_rounds,
+                                " rounds of one each, alternating which goes first; ", cpu),
+                   ""});
+  }  // else no row: the report's meta `bf16_gemm` says why
   return out;
 }
 

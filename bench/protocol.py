@@ -2,6 +2,8 @@
 """The benchmark run protocol (issue 30): every committed figure is the median of >= 3 runs.
 
   bench/run.sh NAME [--runs N] [--threshold 1.0] [--max-wait 900] [--no-build] [--out FILE]
+      (--runs 1 or 2: a smoke run, written to /tmp/protocol-NAME-smoke.json unless --out; never a
+      committed result: check refuses fewer than 3 runs)
   /usr/bin/python3 bench/protocol.py check FILE...      # what committed_json_test runs
   /usr/bin/python3 bench/protocol.py list               # the benchmarks bench/protocol.json knows
 
@@ -159,8 +161,14 @@ def cmd_run(a):
     if a.name not in cfg:
         sys.exit("protocol: no benchmark %r in bench/protocol.json (known: %s)" % (a.name, ", ".join(sorted(cfg))))
     entry = cfg[a.name]
-    if a.runs < MIN_RUNS:
-        sys.exit("protocol: --runs %d is below the protocol's minimum of %d" % (a.runs, MIN_RUNS))
+    if a.runs < 1:
+        sys.exit("protocol: --runs %d: need at least 1 run (the protocol needs %d)" % (a.runs, MIN_RUNS))
+    smoke = a.runs < MIN_RUNS
+    if smoke:
+        # A smoke run (does the benchmark build, run and print valid JSON?): never a protocol result,
+        # so it is not written over bench/results (check refuses a file with < MIN_RUNS runs anyway).
+        print("protocol: --runs %d is below the protocol's minimum of %d: a smoke run, not a result "
+              "to commit" % (a.runs, MIN_RUNS), file=sys.stderr, flush=True)
     if not a.no_build:
         subprocess.run(["bazel", "build", entry["label"]], check=True)
     cmd = [entry["binary"]] + entry.get("args", []) + ["--json"]
@@ -192,7 +200,8 @@ def cmd_run(a):
         "runs": runs,
         "targets": aggregate(runs, entry),
     }
-    out = a.out or os.path.join(HERE, "results", a.name + ".json")
+    out = a.out or (os.path.join("/tmp", "protocol-%s-smoke.json" % a.name) if smoke
+                    else os.path.join(HERE, "results", a.name + ".json"))
     with open(out, "w") as f:
         json.dump(doc, f, indent=1)
         f.write("\n")

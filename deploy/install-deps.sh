@@ -21,6 +21,8 @@ PKGS=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libspdlog-dev libfmt-dev catch2 libopenblas-dev libsystemd-dev libyaml-cpp-dev libzstd-dev
   libxxhash-dev libssl-dev
+  # bf16 GEMMs with fp32 accumulation on CPUs with avx512_bf16/AMX-BF16 (kernels/gemm.cc)
+  libdnnl-dev
   # one-sided transfers (runtime/onesided) and their benchmark peer (ucx_perftest)
   libucx-dev ucx-utils
   # benchmark peers and test tools (openssl: the TLS tests make their certificates with it);

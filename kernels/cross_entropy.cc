@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cast.h"
 #include "kernels/gemm.h"
 #include "kernels/tensor.h"
 #include "kernels/vec.h"
@@ -102,6 +103,30 @@ void GemmSplitK(const ExecContext& ctx, int64_t M, int64_t N, int64_t K, const f
   });
 }
 
+// GemmSplitK with bf16 A and B (ExecContext::bf16_linear): the same fixed parts, each one
+// single-threaded GemmBf16.
+void GemmSplitKBf16(const ExecContext& ctx, int64_t M, int64_t N, int64_t K, const uint16_t* A,
+                    int64_t lda, const uint16_t* B, float* C, float* parts) {
+  const int64_t kp = (K + kSplitK - 1) / kSplitK;
+  const ExecContext one{nullptr, true};
+  auto part = [&](int64_t p) {
+    const int64_t k0 = std::min(K, p * kp), k1 = std::min(K, k0 + kp);
+    float* out = p == 0 ? C : parts + (p - 1) * M * N;
+    if (k1 > k0) {
+      GemmBf16(one, false, false, M, N, k1 - k0, 1.0f, A + k0, lda, B + k0 * N, N, 0.0f, out, N);
+    } else {
+      std::memset(out, 0, M * N * sizeof(float));
+    }
+  };
+  if (ctx.pool) ctx.pool->Run(kSplitK, part); else for (int64_t p = 0; p < kSplitK; ++p) part(p);
+  For(ctx, M * N, 1 << 14, [&](int64_t b, int64_t e) {
+    for (int64_t p = 1; p < kSplitK; ++p) {
+      const float* src = parts + (p - 1) * M * N;
+      for (int64_t i = b; i < e; ++i) C[i] += src[i];
+    }
+  });
+}
+
 struct Common {
   std::vector<int64_t> valid;
   float coef = 0;  // dloss / count (mean) or dloss (sum)
@@ -143,6 +168,13 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
   std::vector<double> row_loss(nv);
   float* L = logits.data<float>();
   float* H = hc.data<float>();
+  // bf16_linear: the three head GEMMs take bf16 inputs (W, the chunk's h and, backward, its
+  // logit gradients), fp32 accumulation; the log-sum-exp and the gradient formula stay fp32.
+  const bool bf16 = ctx.bf16_linear;
+  Tensor wb = bf16 ? Tensor::Empty(DType::kBF16, {V, d}) : Tensor();
+  Tensor hb = bf16 ? Tensor::Empty(DType::kBF16, {chunk, d}) : Tensor();
+  Tensor lb = bf16 && grad ? Tensor::Empty(DType::kBF16, {chunk, V}) : Tensor();
+  if (bf16) CastF32ToBf16(ctx, W, wb.data<uint16_t>(), V * d);
 
   for (int64_t c0 = 0; c0 < nv; c0 += chunk) {
     const int64_t n = std::min(chunk, nv - c0);
@@ -154,7 +186,13 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
     });
     // One GEMM over the whole vocabulary (the output is split over the pool inside Gemm); the
     // online log-sum-exp then walks the vocab tiles of each row.
-    Gemm(ctx, false, true, n, V, d, 1.0f, H, d, W, d, 0.0f, L, V);
+    if (bf16) {
+      CastF32ToBf16(ctx, H, hb.data<uint16_t>(), n * d);
+      GemmBf16(ctx, false, true, n, V, d, 1.0f, hb.data<uint16_t>(), d, wb.data<uint16_t>(), d,
+               0.0f, L, V);
+    } else {
+      Gemm(ctx, false, true, n, V, d, 1.0f, H, d, W, d, 0.0f, L, V);
+    }
     for (int64_t v0 = 0; v0 < V; v0 += vc) {
       const int64_t len = std::min(vc, V - v0);
       For(ctx, n, 4, [&](int64_t b, int64_t e) {
@@ -173,15 +211,28 @@ absl::StatusOr<LceResult> FusedLinearCrossEntropy(const ExecContext& ctx, const 
       }
     });
     if (!grad) continue;
+    if (bf16) CastF32ToBf16(ctx, L, lb.data<uint16_t>(), n * V);
     if (dh != nullptr) {
       float* DH = dhc.data<float>();
-      GemmSplitK(ctx, n, d, V, L, V, W, DH, dh_parts.data<float>());
+      if (bf16) {
+        GemmSplitKBf16(ctx, n, d, V, lb.data<uint16_t>(), V, wb.data<uint16_t>(), DH,
+                       dh_parts.data<float>());
+      } else {
+        GemmSplitK(ctx, n, d, V, L, V, W, DH, dh_parts.data<float>());
+      }
       For(ctx, n, 16, [&](int64_t b, int64_t e) {
         for (int64_t r = b; r < e; ++r)
           std::memcpy(dh + c.valid[c0 + r] * d, DH + r * d, d * sizeof(float));
       });
     }
-    if (dW != nullptr) Gemm(ctx, true, false, V, d, n, 1.0f, L, V, H, d, 1.0f, dW, d);
+    if (dW != nullptr) {
+      if (bf16) {
+        GemmBf16(ctx, true, false, V, d, n, 1.0f, lb.data<uint16_t>(), V, hb.data<uint16_t>(), d,
+                 1.0f, dW, d);
+      } else {
+        Gemm(ctx, true, false, V, d, n, 1.0f, L, V, H, d, 1.0f, dW, d);
+      }
+    }
   }
 
   LceResult res;

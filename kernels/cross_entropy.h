@@ -15,6 +15,10 @@
 // token_chunk x d buffers), independent of N. Deterministic for any thread count in deterministic
 // mode.
 //
+// With ctx.bf16_linear the fused version's three GEMMs (logits, dh, dW) take bf16-rounded inputs
+// (W, h and the logit gradients) and accumulate in fp32 (GemmBf16); the log-sum-exp, the loss and
+// the gradient formula stay fp32. The materialised reference ignores it (always fp32).
+//
 // Tied weights: dW is accumulated, so pass the token-embedding gradient buffer to add the LM-head
 // gradient to it.
 //

@@ -62,6 +62,11 @@ struct ExecContext {
   // count (still identical run to run at a fixed thread count).
   bool deterministic = true;
   void* cuda_stream = nullptr;  // reserved for CUDA kernels; CPU kernels ignore it
+  // true: LinearForward/LinearBackward round their GEMM inputs (x, W, dy) to bf16 and multiply
+  // with GemmBf16 (fp32 accumulation and output; oneDNN where the CPU has bf16 instructions,
+  // widened sgemm elsewhere). The trainer sets it where precision.param_dtype is bf16 and
+  // HasNativeBf16Gemm() (kernels/gemm.h); docs/model.md "Precision" has the numerics.
+  bool bf16_linear = false;
   int num_threads() const { return pool ? pool->num_threads() : 1; }
 };
 

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstring>
 
+#include "kernels/cast.h"
 #include "kernels/gemm.h"
+#include "kernels/tensor.h"
 #include "kernels/vec.h"
 
 namespace ember::kernels {
@@ -98,9 +100,30 @@ void RmsNormBackward(const ExecContext& ctx, const float* x, const float* w, con
   });
 }
 
+namespace {
+
+// n values rounded to bf16 (round to nearest even), for the bf16 linear GEMMs. A Tensor, so the
+// buffer comes from the allocator's block cache (no zero fill, no fresh pages every call).
+struct Bf16Buf {
+  Tensor t;
+  const uint16_t* data() const { return t.data<uint16_t>(); }
+};
+Bf16Buf Bf16Copy(const ExecContext& ctx, const float* x, int64_t n) {
+  Bf16Buf b{Tensor::Empty(DType::kBF16, {n})};
+  CastF32ToBf16(ctx, x, b.t.data<uint16_t>(), n);
+  return b;
+}
+
+}  // namespace
+
 void LinearForward(const ExecContext& ctx, const float* x, const float* W, const float* b,
                    int64_t N, int64_t in, int64_t out, float* y) {
-  Gemm(ctx, false, true, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+  if (ctx.bf16_linear) {
+    const auto xb = Bf16Copy(ctx, x, N * in), wb = Bf16Copy(ctx, W, out * in);
+    GemmBf16(ctx, false, true, N, out, in, 1.0f, xb.data(), in, wb.data(), in, 0.0f, y, out);
+  } else {
+    Gemm(ctx, false, true, N, out, in, 1.0f, x, in, W, in, 0.0f, y, out);
+  }
   if (b != nullptr) {
     For(ctx, N, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t n = r0; n < r1; ++n) vec::Axpy(1.0f, b, y + n * out, out);
@@ -110,8 +133,20 @@ void LinearForward(const ExecContext& ctx, const float* x, const float* W, const
 
 void LinearBackward(const ExecContext& ctx, const float* x, const float* W, const float* dy,
                     int64_t N, int64_t in, int64_t out, float* dx, float* dW, float* db) {
-  if (dx != nullptr) Gemm(ctx, false, false, N, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
-  if (dW != nullptr) Gemm(ctx, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  if (ctx.bf16_linear && (dx != nullptr || dW != nullptr)) {
+    const auto dyb = Bf16Copy(ctx, dy, N * out);
+    if (dx != nullptr) {
+      const auto wb = Bf16Copy(ctx, W, out * in);
+      GemmBf16(ctx, false, false, N, in, out, 1.0f, dyb.data(), out, wb.data(), in, 0.0f, dx, in);
+    }
+    if (dW != nullptr) {
+      const auto xb = Bf16Copy(ctx, x, N * in);
+      GemmBf16(ctx, true, false, out, in, N, 1.0f, dyb.data(), out, xb.data(), in, 1.0f, dW, in);
+    }
+  } else {
+    if (dx != nullptr) Gemm(ctx, false, false, N, in, out, 1.0f, dy, out, W, in, 0.0f, dx, in);
+    if (dW != nullptr) Gemm(ctx, true, false, out, in, N, 1.0f, dy, out, x, in, 1.0f, dW, in);
+  }
   if (db != nullptr) {
     ColumnReduce(ctx, N, out, db, [&](int64_t n, int64_t c0, int64_t c1, float* d) {
       const float* g = dy + n * out;

@@ -35,7 +35,9 @@ void RmsNormForward(const ExecContext& ctx, const float* x, const float* w, int6
 void RmsNormBackward(const ExecContext& ctx, const float* x, const float* w, const float* rstd,
                      const float* dy, int64_t N, int64_t C, float* dx, float* dw);
 
-// y[N,out] = x[N,in] @ W[out,in]^T + b[out] (b may be null).
+// y[N,out] = x[N,in] @ W[out,in]^T + b[out] (b may be null). With ctx.bf16_linear the GEMMs of
+// both functions take their inputs (x, W, dy) rounded to bf16 and accumulate in fp32 (GemmBf16);
+// the bias and its gradient stay fp32.
 void LinearForward(const ExecContext& ctx, const float* x, const float* W, const float* b,
                    int64_t N, int64_t in, int64_t out, float* y);
 // dx[N,in] written (skipped when null, and then W may be null); dW[out,in] and db[out]

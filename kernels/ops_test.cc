@@ -119,6 +119,49 @@ TEST_CASE("Linear backward vs float64 finite differences") {
   CHECK(ErrRatio(db, NumericGrad([&](const V& v) { return WeightedSum(ref(X, Wd, v), DY); }, B), 1e-4) <= 1);
 }
 
+TEST_CASE("Linear with bf16_linear: bf16-rounded GEMM inputs, fp32 accumulation") {
+  Ctx c;
+  c.ctx.bf16_linear = true;
+  const int64_t N = 67, in = 45, out = 29;
+  auto x = Random(N * in, 31), W = Random(out * in, 32), b = Random(out, 33), dy = Random(N * out, 34);
+  auto dW0 = Random(out * in, 35);
+  std::vector<float> y(N * out), dx(N * in), dW = dW0, db(out, 0.0f);
+  LinearForward(c.ctx, x.data(), W.data(), b.data(), N, in, out, y.data());
+  LinearBackward(c.ctx, x.data(), W.data(), dy.data(), N, in, out, dx.data(), dW.data(), db.data());
+  auto r = [](const std::vector<float>& v) {  // float64 copy of the bf16-rounded values
+    V o(v.size());
+    for (size_t i = 0; i < v.size(); ++i) o[i] = Bf16ToF32(F32ToBf16(v[i]));
+    return o;
+  };
+  const V X = r(x), Wr = r(W), DY = r(dy);
+  V yr(N * out), dxr(N * in, 0.0), dWr(ToDouble(dW0)), dbr(out, 0.0);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < out; ++j) {
+      double s = b[j];
+      for (int64_t k = 0; k < in; ++k) s += X[n * in + k] * Wr[j * in + k];
+      yr[n * out + j] = s;
+      dbr[j] += dy[n * out + j];  // the bias gradient stays fp32 (unrounded dy)
+      for (int64_t k = 0; k < in; ++k) {
+        dxr[n * in + k] += DY[n * out + j] * Wr[j * in + k];
+        dWr[j * in + k] += DY[n * out + j] * X[n * in + k];
+      }
+    }
+  // fp32 accumulation of exact products: well inside 1e-5 of the largest entry at these sizes.
+  CHECK(ErrRatio(y, yr, 1e-5) <= 1);
+  CHECK(ErrRatio(dx, dxr, 1e-5) <= 1);
+  CHECK(ErrRatio(dW, dWr, 1e-5) <= 1);
+  CHECK(ErrRatio(db, dbr, 1e-5) <= 1);
+  // The rounding is real: the unrounded fp32 product is far outside that tolerance.
+  V yf(N * out);
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t j = 0; j < out; ++j) {
+      double s = b[j];
+      for (int64_t k = 0; k < in; ++k) s += double(x[n * in + k]) * W[j * in + k];
+      yf[n * out + j] = s;
+    }
+  CHECK(ErrRatio(y, yf, 1e-5) > 10);
+}
+
 TEST_CASE("GELU, SwiGLU and softmax backward vs float64 finite differences") {
   Ctx c;
   const int64_t N = 4, F = 19;

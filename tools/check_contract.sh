@@ -36,6 +36,8 @@ runtime/onesided/ucx_connection.cc	"EMBER_STORE_ADDR	as above (the device that r
 runtime/onesided/exposure_test.cc	"EMBER_WORLD_SIZE	the test sets the environment the agent reads (ucx_connection.cc)
 runtime/onesided/exposure_test.cc	"EMBER_LOCAL_WORLD_SIZE	as above
 kernels/cuda/interp/interp.cc	"EMBER_CUDA_INTERP_RACECHECK	the CUDA interpreter's shared-memory checker switch (docs/gpu-testing.md), not the worker's
+kernels/gemm.cc	"EMBER_BF16_GEMM	the bf16 GEMM dispatch override for tests and benchmarks (off: the fp32 path), read by the kernels, not the worker contract
+kernels/gemm_test.cc	"EMBER_BF16_GEMM	gemm_widen_test sets the override before the first GEMM and checks the reason names it
 tests/e2e/job_files_test.cc	/files/	the test forges a job's upload keys in the store, as an attacker without the API would
 LIST
 )

@@ -1,8 +1,9 @@
 // Mixed-precision policy of FSDP (as PyTorch FSDP2's MixedPrecisionPolicy), with per-parameter
 // overrides by name pattern.
 //
-//   param_dtype   dtype parameters are all-gathered in (and so computed in: the CPU kernels run in
-//                 fp32 on the gathered, rounded values; the master shard stays fp32)
+//   param_dtype   dtype parameters are all-gathered in (the CPU kernels run on the gathered,
+//                 rounded values: the linear layers in bf16 where the trainer sets
+//                 ExecContext::bf16_linear, fp32 otherwise; the master shard stays fp32)
 //   reduce_dtype  dtype gradients are reduce-scattered in. Unset: each parameter's gradient is
 //                 reduced in its own param dtype (fp32-kept parameters in fp32, the rest in bf16),
 //                 with NO promotion of a mixed unit to fp32. Set: forces one dtype.

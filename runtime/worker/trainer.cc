@@ -16,6 +16,7 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "kernels/gemm.h"
 #include "proto/jobs.pb.h"
 #include "runtime/base/files.h"
 #include "runtime/base/status_macros.h"
@@ -371,6 +372,53 @@ absl::StatusOr<int64_t> ResumeOrInit(const Plan& plan, store::Client& attempt, T
   return step;
 }
 
+}  // namespace
+
+bool Bf16LinearFor(const Plan& plan, std::string* why) {
+  const fsdp::MixedPrecisionPolicy& mp = plan.fsdp.mp;
+  if (mp.param_dtype != fsdp::DataType::kBF16) {
+    *why = "precision.param_dtype is not bf16: fp32 GEMMs";
+    return false;
+  }
+  std::string kept;  // a matrix an override keeps out of bf16
+  if (plan.arch != nullptr) {
+    for (const model::ParamSpec& p : plan.arch->ParamSpecs()) {
+      if (p.shape.size() == 2 && mp.Resolve(p.name).param_dtype != fsdp::DataType::kBF16) {
+        kept = p.name;
+        break;
+      }
+    }
+  }
+  const kernels::Bf16GemmSupport& s = kernels::Bf16GemmInfo();
+  if (!kept.empty()) {
+    *why = absl::StrCat("precision.param_dtype bf16: linear layers compute in fp32 on the bf16-rounded "
+                        "weights, because precision.overrides keeps the matrix ", kept,
+                        " out of bf16 (bf16 GEMMs are all or nothing per job)");
+    return false;
+  }
+  if (!s.native) {
+    *why = absl::StrCat("precision.param_dtype bf16: linear layers compute in fp32 on the bf16-rounded "
+                        "weights, because ", s.reason);
+    return false;
+  }
+  *why = absl::StrCat("precision.param_dtype bf16: linear layers compute in bf16 (inputs rounded to "
+                      "bf16, fp32 accumulation): ", s.reason);
+  return true;
+}
+
+namespace {
+
+// ExecContext::bf16_linear for this rank; the first rank of each node says which, and why, once.
+bool Bf16Linear(const Plan& plan) {
+  std::string why;
+  const bool on = Bf16LinearFor(plan, &why);
+  if (plan.env.local_rank == 0 && plan.fsdp.mp.param_dtype == fsdp::DataType::kBF16) {
+    spdlog::info("rank {}: {}", plan.env.rank, why);
+  }
+  return on;
+}
+
+
 // The one training loop, for every layout (stopping is StopWatcher's: it ends the process from its
 // own thread when the attempt's stop key appears, see Train): resume, then steps with the hang
 // hook, the progress report, checkpoints on the spec's cadence and live weight publishing.
@@ -387,7 +435,8 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
   Reporter report(plan, attempt, state.state_bytes(), step);
   ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, StartPublisher(plan, attempt, state));
   kernels::ThreadPool threads(plan.threads);
-  const kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
+  kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
+  ctx.bf16_linear = Bf16Linear(plan);
   const int64_t hang_at = HangStep(plan.env);
   report.Start();
   while (step < plan.spec.steps()) {

@@ -64,6 +64,13 @@ kernels::AdamWOptions AdamWOptionsFor(const spec::JobSpec& spec);
 // This rank's data order and shard (ParallelDims), for data::TokenLoader.
 data::LoaderOptions LoaderFor(const Plan& p);
 
+// Whether this job's linear layers compute in bf16 on this machine (kernels::ExecContext::
+// bf16_linear, docs/model.md "Precision"): precision.param_dtype bf16, no precision.overrides
+// entry keeping a matrix (a 2-D parameter) out of bf16 (the switch is per job, not per layer), and
+// kernels::HasNativeBf16Gemm() (avx512_bf16 or AMX-BF16, oneDNN). *why: one line saying which and
+// why; Train logs it once per node (local rank 0) when param_dtype is bf16.
+bool Bf16LinearFor(const Plan& plan, std::string* why);
+
 // Learning rate at optimizer step `step` (1-based): linear warmup, then constant or cosine down to
 // min_lr_ratio * lr at the last step.
 float LearningRate(const spec::JobSpec& spec, int64_t step);

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "kernels/gemm.h"
 #include "runtime/base/devices.h"
 #include "runtime/job/env.h"
 
@@ -97,9 +98,9 @@ TEST_CASE("learning-rate schedule: warmup, constant, cosine floor", "[worker]") 
 
 // Prepare() on a job directory holding tokens.bin (ids 0..299, made with `tok`) and a spec.
 // `top` adds top-level spec lines, `model` model fields; `base` is the environment (job dirs set here).
-absl::Status PrepareWith(const std::string& name, const data::TokenizerInfo* tok, const std::string& yaml,
-                         int vocab = 384, const std::string& model = "", const std::string& top = "",
-                         job::WorkerEnv base = {}) {
+absl::StatusOr<Plan> PreparePlan(const std::string& name, const data::TokenizerInfo* tok, const std::string& yaml,
+                                 int vocab = 384, const std::string& model = "", const std::string& top = "",
+                                 job::WorkerEnv base = {}) {
   const char* t = getenv("TEST_TMPDIR");
   const std::string dir = absl::StrCat(t ? t : "/tmp", "/", name);
   REQUIRE(system(("mkdir -p " + dir).c_str()) == 0);
@@ -115,7 +116,31 @@ absl::Status PrepareWith(const std::string& name, const data::TokenizerInfo* tok
                                    << top;
   job::WorkerEnv env = base;
   env.job_dir = env.upload_dir = dir;
-  return Prepare(env, "").status();
+  return Prepare(env, "");
+}
+
+absl::Status PrepareWith(const std::string& name, const data::TokenizerInfo* tok, const std::string& yaml,
+                         int vocab = 384, const std::string& model = "", const std::string& top = "",
+                         job::WorkerEnv base = {}) {
+  return PreparePlan(name, tok, yaml, vocab, model, top, base).status();
+}
+
+TEST_CASE("bf16 linears: param_dtype bf16, no fp32-kept matrix, and a CPU with bf16 instructions", "[worker]") {
+  auto decide = [](const std::string& name, const std::string& precision, std::string* why) {
+    auto plan = PreparePlan(name, nullptr, "", 384, "", precision);
+    REQUIRE(plan.ok());
+    return Bf16LinearFor(*plan, why);
+  };
+  std::string why;
+  CHECK_FALSE(decide("bf16_f32", "", &why));  // f32 by default
+  // bf16 with fp32 norms (1-D): the CPU decides, and the line says so.
+  const bool on = decide("bf16_on", "precision: {param_dtype: bf16, overrides: [{pattern: \"*ln*\", param_dtype: f32}]}\n", &why);
+  CHECK(on == kernels::HasNativeBf16Gemm());
+  CHECK(absl::StrContains(why, on ? "linear layers compute in bf16" : "linear layers compute in fp32"));
+  CHECK(absl::StrContains(why, kernels::Bf16GemmInfo().reason));
+  // A matrix kept in fp32 keeps the whole job on fp32 GEMMs, on any CPU, naming it.
+  CHECK_FALSE(decide("bf16_kept", "precision: {param_dtype: bf16, overrides: [{pattern: \"*.attn.qkv.weight\", param_dtype: f32}]}\n", &why));
+  CHECK(absl::StrContains(why, "keeps the matrix blocks.0.attn.qkv.weight out of bf16"));
 }
 
 TEST_CASE("the worker refuses a vocab_size below the tokenizer's and another tokenizer", "[worker]") {
