@@ -33,6 +33,7 @@ struct ReplicaFile::Record {
   uint64_t pad;
 };
 
+
 namespace {
 
 struct Header {
@@ -208,6 +209,48 @@ absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::OpenExisting(int dirfd
     return absl::FailedPreconditionError(absl::StrCat("replica file ", name, " holds another layout (world size or shards)"));
   }
   return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, base, size, payload_bytes));
+}
+
+absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::OpenHeld(int dirfd, const std::string& name) {
+  auto fd = OpenChecked(dirfd, name, O_RDWR);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  fstat(*fd, &st);
+  Header h{};
+  const bool read_ok = st.st_size >= kPage && pread(*fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h);
+  const int64_t size = kPage + 2 * RoundUp(h.payload_bytes);
+  if (!read_ok || std::memcmp(h.magic, kMagic, 8) != 0 || h.version != kVersion || h.payload_bytes <= 0 ||
+      st.st_size != size) {
+    close(*fd);
+    return absl::FailedPreconditionError(absl::StrCat("replica file ", name, " is not a replica file (header or size)"));
+  }
+  void* m = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  close(*fd);
+  if (m == MAP_FAILED) return Errno(absl::StrCat("replica file ", name, ": mmap"));
+  return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, static_cast<uint8_t*>(m), size, h.payload_bytes));
+}
+
+uint64_t ReplicaFile::fingerprint() const {
+  Header h;
+  std::memcpy(&h, base_, sizeof h);
+  return h.fingerprint;
+}
+
+int64_t ReplicaFile::RecordOffset(int index) { return kRecordOffset + index * kRecordBytes; }
+
+int64_t ReplicaFile::SlotOffset(int64_t payload_bytes, int index) { return kPage + index * RoundUp(payload_bytes); }
+
+std::optional<ReplicaFile::Slot> ReplicaFile::ParseRecord(const uint8_t* record, int index) {
+  static_assert(sizeof(Record) == kRecordBytes);
+  Record r;
+  std::memcpy(&r, record, sizeof r);
+  if (r.committed != 1) return std::nullopt;
+  return Slot{index, r.step, r.checksum};
+}
+
+void ReplicaFile::PackRecord(uint8_t* out, bool committed, int64_t step, uint64_t checksum) {
+  Record r{committed ? 1u : 0u, step, checksum, 0};
+  std::memcpy(out, &r, sizeof r);
 }
 
 ReplicaFile::Record* ReplicaFile::record(int index) const {

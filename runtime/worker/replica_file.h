@@ -73,6 +73,22 @@ class ReplicaFile {
   ReplicaFile(const ReplicaFile&) = delete;
   ReplicaFile& operator=(const ReplicaFile&) = delete;
 
+  // Opens an existing replica file read-write, whatever its payload size and fingerprint (taken
+  // from its header): a holder reopening the copies it holds for other ranks after a restart.
+  // NOT_FOUND when absent, FAILED_PRECONDITION when it is not a replica file (header, size).
+  static absl::StatusOr<std::unique_ptr<ReplicaFile>> OpenHeld(int dirfd, const std::string& name);
+
+  // Where a peer finds the parts of a file of `payload_bytes` (the same layout on every host): the
+  // byte offset of slot `index`'s commit record (kRecordBytes: {committed, step, checksum, pad},
+  // 8 bytes each) and of its payload, from the start of the file.
+  static constexpr int64_t kRecordBytes = 32;
+  static int64_t RecordOffset(int index);
+  static int64_t SlotOffset(int64_t payload_bytes, int index);
+  // The slot a record's bytes (kRecordBytes, as at RecordOffset) describe, when committed.
+  static std::optional<Slot> ParseRecord(const uint8_t* record, int index);
+  // Fills kRecordBytes at `out`: committed (0 or 1), step, checksum.
+  static void PackRecord(uint8_t* out, bool committed, int64_t step, uint64_t checksum);
+
   // Committed slots, newest step first, whose bytes match their checksum (verified on each call).
   std::vector<Slot> Committed() const;
   // The committed slot of `step` (checksum verified), or nullopt.
@@ -87,7 +103,9 @@ class ReplicaFile {
 
   uint8_t* slot(int index) const;
   const uint8_t* data(int index) const { return slot(index); }
+  uint8_t* base() const { return base_; }  // the whole mapping, file_bytes() long
   int64_t payload_bytes() const { return payload_bytes_; }
+  uint64_t fingerprint() const;
   int64_t file_bytes() const { return file_bytes_; }
   const std::string& name() const { return name_; }
 

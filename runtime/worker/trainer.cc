@@ -378,7 +378,7 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
                      const Groups& groups, TrainState& state, const std::function<bool()>& drain_requested,
                      bool* drained) {
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
-  ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, state));  // nullptr: off
+  ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, attempt, state));  // nullptr: off
   ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, attempt, state, loader, replicas.get()));
   Checkpointer checkpoints(plan, attempt, [&](int64_t at) { return Snapshot(state, loader, at, plan.fsdp.seed); });
   Reporter report(plan, attempt, state.state_bytes(), step);
