@@ -270,13 +270,14 @@ TEST_CASE("the agreement: the newest step every rank holds, and the newest disk 
   auto client = store::Client::Connect({.address = (*server)->address()});
   REQUIRE(client.ok());
   // Three ranks, each in its own thread (AgreeReplicaStep waits for every rank's key).
-  auto agree = [&](const std::string& prefix, std::vector<std::vector<int64_t>> steps, std::vector<int64_t> disk) {
+  auto agree = [&](const std::string& prefix, std::vector<std::vector<int64_t>> steps, std::vector<int64_t> disk,
+                   std::vector<std::map<int, std::vector<int64_t>>> held = {{}, {}, {}}) {
     std::vector<absl::StatusOr<ReplicaAgreement>> out(3, absl::UnknownError("not run"));
     std::vector<std::thread> ts;
     for (int r = 0; r < 3; ++r) {
       ts.emplace_back([&, r] {
         store::Client attempt = client->WithPrefix(prefix);
-        out[r] = AgreeReplicaStep(attempt, r, 3, steps[r], disk[r], absl::Seconds(10));
+        out[r] = AgreeReplicaStep(attempt, r, 3, steps[r], disk[r], absl::Seconds(10), held[r]);
       });
     }
     for (auto& t : ts) t.join();
@@ -284,6 +285,7 @@ TEST_CASE("the agreement: the newest step every rank holds, and the newest disk 
       REQUIRE(out[r].ok());
       REQUIRE(out[r]->step == out[0]->step);
       REQUIRE(out[r]->disk_step == out[0]->disk_step);
+      REQUIRE(out[r]->pull_from == out[0]->pull_from);
     }
     REQUIRE(out[0].ok());
     return *out[0];
@@ -299,6 +301,21 @@ TEST_CASE("the agreement: the newest step every rank holds, and the newest disk 
   // A rank with no replica (its files lost): no common step.
   a = agree("c/", {{5, 4}, {}, {5, 4}}, {2, 2, 2});
   REQUIRE(a.step == -1);
+  REQUIRE(a.pull_from.empty());
+  // Cross-host: rank 1's own file is gone (its host was lost), ranks 2 and 0 hold copies of it;
+  // step 5 counts for rank 1, pulled from the lowest holder that has it (rank 2: rank 0's copy
+  // stopped at 4). Ranks 0 and 2 restore their own.
+  a = agree("d/", {{5, 4}, {}, {5, 4}}, {0, 0, 0}, {{{1, {4, 3}}}, {}, {{1, {5, 4}}, {0, {5}}}});
+  REQUIRE(a.step == 5);
+  REQUIRE(a.pull_from == std::map<int, int>{{1, 2}});
+  // Rank 0 committed step 6 only in the copy rank 1 holds (its own file lost it): 6, pulled from
+  // rank 1. Then the same with rank 2 stopped at 5 (nobody holds its 6): 5, nothing to pull.
+  a = agree("e/", {{5}, {6, 5}, {6, 5}}, {0, 0, 0}, {{}, {{0, {6}}}, {}});
+  REQUIRE(a.step == 6);
+  REQUIRE(a.pull_from == std::map<int, int>{{0, 1}});
+  a = agree("f/", {{5}, {6, 5}, {5}}, {0, 0, 0}, {{}, {{0, {6}}}, {}});
+  REQUIRE(a.step == 5);
+  REQUIRE(a.pull_from.empty());
 }
 
 }  // namespace
