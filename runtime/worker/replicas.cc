@@ -145,19 +145,24 @@ namespace {
 
 std::string AgentName(int rank) { return absl::StrCat("replica", rank); }
 
-// "rank-<r>.buddy-<h>" -> (r, h).
+// "rank-<r>.buddy-<h>" -> (r, h); "rank-<r>.own" -> (r, -1).
 bool ParseCopyName(const char* name, int* r, int* h) {
   int n = 0;
-  return std::sscanf(name, "rank-%d.buddy-%d%n", r, h, &n) == 2 && name[n] == '\0' && *r >= 0 && *h >= 0 &&
-         ReplicaFileName(*r, *h) == name;
+  if (std::sscanf(name, "rank-%d.buddy-%d%n", r, h, &n) == 2 && name[n] == '\0') {
+    return *r >= 0 && *h >= 0 && ReplicaFileName(*r, *h) == name;
+  }
+  *h = -1;
+  n = 0;
+  return std::sscanf(name, "rank-%d.own%n", r, &n) == 1 && name[n] == '\0' && *r >= 0 && ReplicaFileName(*r, -1) == name;
 }
 
 }  // namespace
 
 void Replicas::OpenOtherCopies(bool cross_host) {
-  // Buddy copies in this directory that no current writer owns: this rank's own state copied by
-  // another holder (a host that held it in an earlier placement), and, cross-host, copies of other
-  // ranks' state held here earlier (SetUpCrossHost publishes the newest per rank).
+  // Copies in this directory that no current writer owns: this rank's state copied by another
+  // holder (a host that held it in an earlier placement), and, cross-host, other ranks' state held
+  // here earlier, their buddy copies or their own files (ranks placed elsewhere this attempt; a
+  // rank that ran here before keeps its own file here): SetUpCrossHost publishes the newest per rank.
   int fd = dup(dirfd_);
   DIR* d = fd < 0 ? nullptr : fdopendir(fd);
   if (d == nullptr) {
@@ -169,6 +174,12 @@ void Replicas::OpenOtherCopies(bool cross_host) {
   while (dirent* e = readdir(d)) {
     int r, h;
     if (!ParseCopyName(e->d_name, &r, &h) || e->d_name == mine_local || e->d_name == mine_held) continue;
+    if (r == opts_.rank && h < 0) continue;  // own_
+    // A rank of this host (ranks are placed in blocks of local_world) keeps its own file here, and
+    // another rank of this host reopens the copies it holds itself.
+    const int host = opts_.rank / opts_.local_world;
+    if (h < 0 && (!cross_host || r / opts_.local_world == host)) continue;
+    if (r != opts_.rank && h >= 0 && h != opts_.rank && h / opts_.local_world == host) continue;
     if (r == opts_.rank) {
       auto f = ReplicaFile::OpenExisting(dirfd_, e->d_name, payload_, fingerprint_);
       if (f.ok() && !(*f)->Committed().empty()) local_copies_.push_back(std::move(*f));
