@@ -484,7 +484,7 @@ absl::StatusOr<std::string> Replicas::Restore(int64_t step, TrainState& state, d
     RETURN_IF_ERROR(PullFromHolder(step));
     file = own_.get();
     s = own_->Find(step);
-    from = absl::StrCat("buddy rank ", pull_from_, "'s (over the network)");
+    from = absl::StrCat("buddy rank ", pull_from_, "'s");
   }
   if (!s) {
     return absl::NotFoundError(absl::StrCat("rank ", opts_.rank, " holds no committed replica of step ", step,
@@ -607,9 +607,11 @@ absl::StatusOr<std::optional<int64_t>> ResumeFromReplicas(const Plan& plan, stor
   c.from_memory = true;
   c.resumed_step = agreed;
   c.committed_step = agreed;
-  spdlog::info("resumed from memory: the {} in-memory replica of step {} (optimizer step {}) in {}; no disk "
+  spdlog::info("resumed from memory: the {} in-memory replica of step {} (optimizer step {}){} in {}; no disk "
                "checkpoint read",
-               from, agreed, state.optimizer_step(), absl::FormatDuration(absl::Now() - t0));
+               from, agreed, state.optimizer_step(),
+               c.from_network ? ", pulled over the network from the buddy's host" : "",
+               absl::FormatDuration(absl::Now() - t0));
   return std::optional<int64_t>(agreed);
 }
 

@@ -132,7 +132,7 @@ class Replicas {
   absl::Status Connect(const ReplicaAgreement& a);
   // Restores the state of `step` (own copy, else a buddy copy on this host, else the holder
   // Connect named, over the network): shards, AdamW state, optimizer step, loader position.
-  // Returns where it came from ("own", "buddy rank 3's", "buddy rank 3's over the network");
+  // Returns where it came from ("own", "buddy rank 3's"; counts().from_network: over the network);
   // NOT_FOUND when none holds it.
   absl::StatusOr<std::string> Restore(int64_t step, TrainState& state, data::TokenLoader& loader);
   bool cross_host() const { return agent_ != nullptr; }

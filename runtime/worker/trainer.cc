@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -386,6 +387,19 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
   kernels::ThreadPool threads(plan.threads);
   const kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
   const int64_t hang_at = HangStep(plan.env);
+  // Cross-host replicas (replicas.h): a step is reported once every rank's buddy copy of it is
+  // committed, i.e. after the next step's closing all-reduce (each rank enters it only after its
+  // next Save waited for that copy), so no reported step is lost with one host. Progress then shows
+  // one step late. Elsewhere a step is reported at once.
+  const bool lag_reports = replicas != nullptr && replicas->cross_host();
+  std::deque<StepResult> unreported;
+  auto report_before = [&](int64_t before) -> absl::Status {
+    while (!unreported.empty() && unreported.front().step() < before) {
+      RETURN_IF_ERROR(report.Report(std::move(unreported.front())));
+      unreported.pop_front();
+    }
+    return absl::OkStatus();
+  };
   report.Start();
   while (step < plan.spec.steps()) {
     ++step;
@@ -399,12 +413,17 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     r.set_flight_entries(static_cast<int64_t>(recorder.size()));
     if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step
     if (replicas != nullptr) SetReplicaCounts(replicas->counts(), &r);
-    if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
+    if (report.Due(step) && lag_reports) {
+      unreported.push_back(r);
+    } else if (report.Due(step)) {
+      RETURN_IF_ERROR(report.Report(r));
+    }
     if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
     if (step < plan.spec.steps()) {
       ASSIGN_OR_RETURN(const double drain, state.AllReduceMean(drain_requested() ? 1.0 : 0.0));
+      RETURN_IF_ERROR(report_before(step));
       if (drain > 0) {
         if (!checkpoints.Due(step)) {
           RETURN_IF_ERROR(state.SyncHost());
@@ -412,6 +431,7 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
         }
         RETURN_IF_ERROR(checkpoints.Finish());
         if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
+        RETURN_IF_ERROR(report_before(step + 1));
         report.Done(step);
         spdlog::info("rank {}: checkpointed step {} on request and stopping", plan.env.rank, step);
         *drained = true;
@@ -421,6 +441,7 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
   }
   RETURN_IF_ERROR(checkpoints.Finish());
   if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
+  RETURN_IF_ERROR(report_before(step + 1));
   report.Done(step);
   return absl::OkStatus();
 }

@@ -91,7 +91,10 @@ net = sorted(r for r, j in first1.items() if int(j.get("replica_resumed_from_net
 assert len(net) == 2, f"ranks restored over the network: {net}, want the lost host's 2"
 assert all(int(first1[r].get("replica_network_bytes", 0)) > 0 for r in net)
 print(f"last step reported in attempt 0: {last0}; resumed at {resumed}; over the network: ranks {net}")
-assert resumed == last0, f"{last0 - resumed} step(s) lost"
+# A step is reported once every rank's buddy copy of it is committed (trainer.cc: cross-host
+# replicas report a step after the next step's all-reduce), so nothing reported is redone; the
+# resume can be one step past the last report (that step's copies committed, its report not out).
+assert last0 <= resumed <= last0 + 1, f"resumed at {resumed}, last reported {last0}"
 assert final is not None, "no final loss"
 rel = abs(final - ref) / abs(ref)
 print(f"final loss {final!r}, uninterrupted {ref!r}, relative difference {rel:.3g}")
@@ -101,6 +104,6 @@ rc=$?
 cat "$T/check.out"
 [ "$rc" = 0 ] || { grep -h "in-memory replicas\|resumed from memory" "$T"/jobs/"$JOB"/logs/rank-*.log | tail -20; fail "check"; }
 grep -h "resumed from memory" "$T"/jobs/"$JOB"/logs/rank-*.log
-[ "$(grep -h "resumed from memory: the buddy rank [0-9]*'s (over the network)" "$T"/jobs/"$JOB"/logs/rank-*.log | wc -l)" = 2 ] \
+[ "$(grep -h "resumed from memory: the buddy rank [0-9]*'s in-memory replica .*pulled over the network" "$T"/jobs/"$JOB"/logs/rank-*.log | wc -l)" = 2 ] \
   || fail "want 2 ranks logging a restore over the network"
 echo "PASS: host$CUT cut off: attempt 1 on $NEW running after ${AGAIN_S} s; $(tail -2 "$T/check.out" | tr '\n' ' ')"
