@@ -6,8 +6,9 @@
 # reachable hosts; every rank resumes from memory (replica_resumed_from_memory 1,
 # replica_disk_checkpoint_reads 0 in its metrics, "resumed from memory" in its log), the ranks that
 # ran on the lost host from their buddies' copies over the network (replica_resumed_from_network 1
-# on two ranks, their log naming "over the network"); the resumed step equals the last step any
-# rank reported in attempt 0 (0 steps lost); the job SUCCEEDS and its final loss equals the same
+# on two ranks, their log naming "over the network"); the resumed step is at least the last step any
+# rank reported in attempt 0 (0 steps lost; cross-host a step is reported once every buddy copy of
+# it is committed, so the resume may be one past it); the job SUCCEEDS and its final loss equals the same
 # job's uninterrupted run on one host (emberctl run --standalone, 4 ranks) within 1e-5 relative
 # (two_host_fsdp_test's bound: TCP and shared-memory collectives reduce in different orders).
 # Needs root: skips otherwise.
