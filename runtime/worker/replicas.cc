@@ -334,11 +334,6 @@ absl::Status Replicas::PutToBuddy(int own_slot, int64_t step, uint64_t sum) {
     return absl::FailedPreconditionError("in-memory replicas: Save before Connect (ResumeFromReplicas connects)");
   }
   const auto style = onesided::WaitStyle::kBlock;  // beside the next step's compute
-  auto put = [&](uint64_t reg, uint64_t off, uint64_t remote_off, uint64_t n, const char* what) -> absl::Status {
-    absl::Status st = agent_->Put(c, {{reg, off, n}}, {{buddy_region_, remote_off, n}}).Wait(opts_.timeout, style);
-    return base::Annotate(st, absl::StrCat("in-memory replicas: putting step ", step, "'s ", what, " to buddy rank ",
-                                           buddy_));
-  };
   // Every put issued before is visible in the buddy's memory once this completes (agent.h: Notify
   // flushes the endpoint first), so each stage lands before the next one starts.
   auto flush = [&]() -> absl::Status {
@@ -348,26 +343,31 @@ absl::Status Replicas::PutToBuddy(int own_slot, int64_t step, uint64_t sum) {
   const int s = buddy_newest_ < 0 ? 0 : 1 - buddy_newest_;
   const uint64_t rec = static_cast<uint64_t>(ReplicaFile::RecordOffset(s));
   constexpr uint64_t kRec = ReplicaFile::kRecordBytes;
-  // 1. The target slot's record cleared: from here until 4 the slot is not committed, and the
-  //    other slot (the previous step) is untouched.
-  ReplicaFile::PackRecord(scratch_.data(), false, 0, 0);
-  RETURN_IF_ERROR(put(scratch_reg_.id, 0, rec, kRec, "cleared commit record"));
-  RETURN_IF_ERROR(flush());
-  // 2. The payload (in two puts, the test hook between them).
   const uint64_t n = static_cast<uint64_t>(payload_), half = n / 2;
   const uint64_t src = static_cast<uint64_t>(ReplicaFile::SlotOffset(payload_, own_slot));
   const uint64_t dst = static_cast<uint64_t>(ReplicaFile::SlotOffset(payload_, s));
-  RETURN_IF_ERROR(put(own_reg_.id, src, dst, half, "payload"));
-  if (opts_.test_hook) opts_.test_hook("buddy");
-  RETURN_IF_ERROR(put(own_reg_.id, src + half, dst + half, n - half, "payload"));
+  // 1. The target slot's commit record cleared and the payload (two puts, the test hook between
+  //    them); the other slot (the previous step) is untouched. A writer that dies here leaves the
+  //    slot uncommitted (and a reader verifies the checksum of every committed slot anyway).
+  ReplicaFile::PackRecord(scratch_.data(), false, 0, 0);
+  const std::string what = absl::StrCat("in-memory replicas: putting step ", step, " to buddy rank ", buddy_);
+  onesided::Work first = agent_->Put(c, {{scratch_reg_.id, 0, kRec}, {own_reg_.id, src, half}},
+                                     {{buddy_region_, rec, kRec}, {buddy_region_, dst, half}});
+  if (opts_.test_hook) {
+    RETURN_IF_ERROR(base::Annotate(first.Wait(opts_.timeout, style), what));
+    opts_.test_hook("buddy");
+  }
+  onesided::Work second = agent_->Put(c, {{own_reg_.id, src + half, n - half}}, {{buddy_region_, dst + half, n - half}});
+  // 2. Only once all of it is in the buddy's memory: the commit record (step, checksum,
+  //    committed = 1), flushed too, so a committed transfer is one the buddy holds. (Two waits that
+  //    block: each costs a wake-up, which on a loaded machine is most of a transfer's time.)
   RETURN_IF_ERROR(flush());
-  // 3. Step and checksum, still uncommitted; 4. `committed` = 1, the record's first 8 bytes.
-  ReplicaFile::PackRecord(scratch_.data() + kRec, false, step, sum);
-  RETURN_IF_ERROR(put(scratch_reg_.id, kRec, rec, kRec, "commit record"));
+  RETURN_IF_ERROR(base::Annotate(first.Wait(opts_.timeout, style), what));
+  RETURN_IF_ERROR(base::Annotate(second.Wait(opts_.timeout, style), what));
+  ReplicaFile::PackRecord(scratch_.data() + kRec, true, step, sum);
+  onesided::Work commit = agent_->Put(c, {{scratch_reg_.id, kRec, kRec}}, {{buddy_region_, rec, kRec}});
   RETURN_IF_ERROR(flush());
-  ReplicaFile::PackRecord(scratch_.data() + 2 * kRec, true, step, sum);
-  RETURN_IF_ERROR(put(scratch_reg_.id, 2 * kRec, rec, 8, "commit flag"));
-  RETURN_IF_ERROR(flush());
+  RETURN_IF_ERROR(base::Annotate(commit.Wait(opts_.timeout, style), what));
   buddy_newest_ = s;
   return absl::OkStatus();
 }

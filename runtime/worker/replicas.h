@@ -18,10 +18,11 @@
 //     mapping with its onesided Agent (runtime/onesided/agent.h; an Agent per Replicas, agents
 //     named replica<rank> under the attempt's replica_onesided/ keys) and publishes the region's
 //     descriptor under the attempt-scoped key replica_held/<r>/<buddy> (job/keys.h). Rank r's
-//     transfer thread puts each step there: the target slot's commit record cleared, the payload,
-//     then step and checksum, then `committed` = 1, each stage flushed (Agent::Notify) before the
-//     next, so a writer killed mid-put leaves that slot uncommitted and the other slot (the
-//     previous step) intact. A lost host then costs nothing beyond K-1 steps: its ranks' own files
+//     transfer thread puts each step there: the target slot's commit record cleared and the
+//     payload, a flush (Agent::Notify: every put before it is in the buddy's memory), then the
+//     commit record (step, checksum, committed = 1) and another flush, so a writer killed mid-put
+//     leaves that slot uncommitted and the other slot (the previous step) intact; a record torn by
+//     the holder's own death fails the checksum every reader verifies. A lost host then costs nothing beyond K-1 steps: its ranks' own files
 //     are gone, their buddies on other hosts hold the copies; two hosts lost together lose both
 //     copies of some rank (a rank and its buddy), and the job falls back to disk checkpoints.
 //

@@ -32,6 +32,13 @@ REF_LOSS=$(mh_losses "$REF" | awk -v s="$STEPS" '$1 == s {print $2}' | tail -1)
 
 mh_cluster "$STORE" "$EMBERD" "$WORKER" "$T"
 mh_wait_nodes "$MH_N"
+# The same job on two hosts without replicas, for the step time (printed, not asserted: the
+# machine's 2 cores are shared).
+mh_spec mh-plain "$STEPS" ", nodes: 2" > "$T/plain.yaml"
+timeout 90 ip netns exec "${MH}-1" env EMBER_ADDRESS="$MH_API" EMBER_TOKEN_FILE="$MH_TOKEN" \
+  "$MH_EMBERCTL" submit "$T/plain.yaml" --follow > "$T/plain.out" 2>&1
+grep -q SUCCEEDED "$T/plain.out" || { tail -20 "$T/plain.out"; fail "the job without replicas did not succeed"; }
+PLAIN=$(head -1 "$T/plain.out" | awk '{print $1}')
 JOB=$(mh_ctl 1 submit "$T/job.yaml" | awk '{print $1}')
 [ -n "$JOB" ] || fail "submit"
 placed=""
@@ -63,9 +70,17 @@ M="$T/jobs/$JOB/metrics"
   mh_ctl 1 --output json status "$JOB"; tail -30 "$T"/jobs/"$JOB"/logs/rank-*.log; fail "final: '$FINAL', want 'SUCCEEDED $STEPS 2'"; }
 
 # Per rank, attempt 1's first metrics line: resumed from memory, the step, network, disk reads.
-python3 - "$M" "$STEPS" "$REF_LOSS" > "$T/check.out" <<'PY'
-import json, sys, glob
-m, steps, ref = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+python3 - "$M" "$STEPS" "$REF_LOSS" "$T/jobs/$PLAIN/metrics" > "$T/check.out" <<'PY'
+import json, sys, glob, statistics
+m, steps, ref, plain = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+def median_step_s(d, attempt):
+    v = []
+    for f in glob.glob(d + "/rank-*.jsonl"):
+        for line in open(f):
+            j = json.loads(line)
+            if int(j.get("attempt", 0)) == attempt and int(j["step"]) > 5 and "step_s" in j:
+                v.append(float(j["step_s"]))
+    return statistics.median(v) if v else float("nan")
 last0, first1, final = 0, {}, None
 for f in sorted(glob.glob(m + "/rank-*.jsonl")):
     r = int(f.rsplit("-", 1)[1].split(".")[0])
@@ -96,6 +111,9 @@ print(f"last step reported in attempt 0: {last0}; resumed at {resumed}; over the
 # replicas report a step after the next step's all-reduce), so nothing reported is redone; the
 # resume can be one step past the last report (that step's copies committed, its report not out).
 assert last0 <= resumed <= last0 + 1, f"resumed at {resumed}, last reported {last0}"
+with_r, without = median_step_s(m, 0), median_step_s(plain, 0)
+print(f"median step time before the cut: {with_r * 1e3:.2f} ms with replicas every step, {without * 1e3:.2f} ms "
+      f"without ({(with_r / without - 1) * 100:+.0f}%)")
 assert final is not None, "no final loss"
 rel = abs(final - ref) / abs(ref)
 print(f"final loss {final!r}, uninterrupted {ref!r}, relative difference {rel:.3g}")
@@ -107,4 +125,4 @@ cat "$T/check.out"
 grep -h "resumed from memory" "$T"/jobs/"$JOB"/logs/rank-*.log
 [ "$(grep -h "resumed from memory: the buddy rank [0-9]*'s in-memory replica .*pulled over the network" "$T"/jobs/"$JOB"/logs/rank-*.log | wc -l)" = 2 ] \
   || fail "want 2 ranks logging a restore over the network"
-echo "PASS: host$CUT cut off: attempt 1 on $NEW running after ${AGAIN_S} s; $(tail -2 "$T/check.out" | tr '\n' ' ')"
+echo "PASS: host$CUT cut off: attempt 1 on $NEW running after ${AGAIN_S} s; $(tail -3 "$T/check.out" | tr '\n' ' ')"
