@@ -81,6 +81,15 @@ def median_step_s(d, attempt):
             if int(j.get("attempt", 0)) == attempt and int(j["step"]) > 5 and "step_s" in j:
                 v.append(float(j["step_s"]))
     return statistics.median(v) if v else float("nan")
+def median_wall_s(d, attempt):
+    # rank 0's time between consecutive metrics lines (unix_ms): the step with everything around it
+    t = []
+    for line in open(d + "/rank-0.jsonl"):
+        j = json.loads(line)
+        if int(j.get("attempt", 0)) == attempt and int(j["step"]) > 5 and "unix_ms" in j:
+            t.append(int(j["unix_ms"]))
+    d = [(b - a) / 1e3 for a, b in zip(t, t[1:])]
+    return statistics.median(d) if d else float("nan")
 last0, first1, final = 0, {}, None
 for f in sorted(glob.glob(m + "/rank-*.jsonl")):
     r = int(f.rsplit("-", 1)[1].split(".")[0])
@@ -114,6 +123,13 @@ assert last0 <= resumed <= last0 + 1, f"resumed at {resumed}, last reported {las
 with_r, without = median_step_s(m, 0), median_step_s(plain, 0)
 print(f"median step time before the cut: {with_r * 1e3:.2f} ms with replicas every step, {without * 1e3:.2f} ms "
       f"without ({(with_r / without - 1) * 100:+.0f}%)")
+saves = [float(json.loads(l).get("replica_save_s", 0)) for l in open(m + "/rank-0.jsonl")
+         if int(json.loads(l).get("attempt", 0)) == 0 and int(json.loads(l)["step"]) > 5]
+print(f"median replica save (training thread: waiting for the previous step's transfer, copy, checksum): "
+      f"{statistics.median(saves) * 1e3:.2f} ms")
+wall_r, wall = median_wall_s(m, 0), median_wall_s(plain, 0)
+print(f"median wall time per step before the cut: {wall_r * 1e3:.2f} ms with replicas, {wall * 1e3:.2f} ms without "
+      f"({(wall_r / wall - 1) * 100:+.0f}%)")
 assert final is not None, "no final loss"
 rel = abs(final - ref) / abs(ref)
 print(f"final loss {final!r}, uninterrupted {ref!r}, relative difference {rel:.3g}")
@@ -125,4 +141,4 @@ cat "$T/check.out"
 grep -h "resumed from memory" "$T"/jobs/"$JOB"/logs/rank-*.log
 [ "$(grep -h "resumed from memory: the buddy rank [0-9]*'s in-memory replica .*pulled over the network" "$T"/jobs/"$JOB"/logs/rank-*.log | wc -l)" = 2 ] \
   || fail "want 2 ranks logging a restore over the network"
-echo "PASS: host$CUT cut off: attempt 1 on $NEW running after ${AGAIN_S} s; $(tail -3 "$T/check.out" | tr '\n' ' ')"
+echo "PASS: host$CUT cut off: attempt 1 on $NEW running after ${AGAIN_S} s; $(tail -5 "$T/check.out" | tr '\n' ' ')"
