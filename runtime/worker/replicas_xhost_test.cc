@@ -13,6 +13,7 @@
 //     holder's file after the resume.
 //   * Fencing: a put carrying attempt 1's region token into attempt 2's holder is refused by its
 //     agent and writes nothing.
+//   * Attempt 3 on two new hosts (both copies gone): no step in memory, the disk path.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -305,6 +306,40 @@ TEST_CASE("cross-host replicas: a torn put is never committed; a lost host's ran
   REQUIRE(committed[1].step == 1);
   r0->reset();
   r1->reset();
+
+  // Attempt 3: both hosts lost (two new, empty directories): rank 0's state is nowhere in memory;
+  // both ranks fall back to disk checkpoints (nullopt) and restore nothing.
+  {
+    store::Client attempt3 = client->WithPrefix("attempt/3/");
+    FakeState a(0), b(1);
+    a.Fill(7);
+    b.Fill(7);
+    data::TokenLoader la = Loader(tokens, 0), lb = Loader(tokens, 1);
+    absl::StatusOr<std::optional<int64_t>> x0 = absl::UnknownError("not run"), x1 = absl::UnknownError("not run");
+    absl::StatusOr<std::unique_ptr<Replicas>> q0 = absl::UnknownError("not run"), q1 = absl::UnknownError("not run");
+    std::thread u0([&] {
+      q0 = Replicas::Open(Opts(Base() / "host-d", 0, &attempt3), a);
+      if (q0.ok()) {
+        Plan plan = PlanFor(0);
+        x0 = ResumeFromReplicas(plan, attempt3, **q0, a, la);
+      }
+    });
+    std::thread u1([&] {
+      q1 = Replicas::Open(Opts(Base() / "host-e", 1, &attempt3), b);
+      if (q1.ok()) {
+        Plan plan = PlanFor(1);
+        x1 = ResumeFromReplicas(plan, attempt3, **q1, b, lb);
+      }
+    });
+    u0.join();
+    u1.join();
+    REQUIRE(x0.ok());
+    REQUIRE(x1.ok());
+    REQUIRE(!x0->has_value());
+    REQUIRE(!x1->has_value());
+    REQUIRE(a.optimizer_step() == 7);  // untouched
+    REQUIRE(!(*q0)->counts().from_memory);
+  }
   unsetenv("UCX_TLS");
 }
 
