@@ -212,16 +212,35 @@ absl::Status Replicas::SetUpCrossHost() {
   ASSIGN_OR_RETURN(scratch_reg_, agent_->RegisterMemory(scratch_.data(), scratch_.size()));
   // The copy this rank holds for held_for_: created from the layout that rank publishes.
   RETURN_IF_ERROR(attempt.Set(job::keys::ReplicaLayoutOf(opts_.rank), absl::StrCat(payload_, ":", fingerprint_)));
-  const std::string layout_key = job::keys::ReplicaLayoutOf(held_for_);
-  RETURN_IF_ERROR(attempt.Wait({layout_key}, opts_.timeout));
-  ASSIGN_OR_RETURN(std::optional<std::string> layout, attempt.Get(layout_key));
-  int64_t payload = 0;
-  uint64_t fp = 0;
-  std::pair<std::string, std::string> pf = absl::StrSplit(layout.value_or(""), absl::MaxSplits(':', 1));
-  if (!absl::SimpleAtoi(pf.first, &payload) || !absl::SimpleAtoi(pf.second, &fp) || payload <= 0) {
-    return absl::DataLossError(absl::StrCat("rank ", held_for_, " published replica layout '", layout.value_or(""),
-                                            "' under ", layout_key, ", not payload_bytes:fingerprint"));
+  auto layout_of = [&](int rank) -> absl::StatusOr<std::pair<int64_t, uint64_t>> {
+    const std::string key = job::keys::ReplicaLayoutOf(rank);
+    RETURN_IF_ERROR(attempt.Wait({key}, opts_.timeout));
+    ASSIGN_OR_RETURN(std::string layout, attempt.Get(key));
+    std::pair<int64_t, uint64_t> out;
+    std::pair<std::string, std::string> pf = absl::StrSplit(layout, absl::MaxSplits(':', 1));
+    if (!absl::SimpleAtoi(pf.first, &out.first) || !absl::SimpleAtoi(pf.second, &out.second) || out.first <= 0) {
+      return absl::DataLossError(absl::StrCat("rank ", rank, " published replica layout '", layout, "' under ", key,
+                                              ", not payload_bytes:fingerprint"));
+    }
+    return out;
+  };
+  // Copies held from an earlier placement count only when they have their rank's layout now
+  // (another world size or sharding: never restored, so not offered).
+  for (size_t i = 0; i < held_.size();) {
+    bool keep = held_[i].rank < opts_.world;
+    if (keep && held_[i].rank != held_for_) {
+      ASSIGN_OR_RETURN(const auto l, layout_of(held_[i].rank));
+      keep = held_[i].file->payload_bytes() == l.first && held_[i].file->fingerprint() == l.second;
+    }
+    if (keep) {
+      ++i;
+    } else {
+      held_.erase(held_.begin() + static_cast<std::ptrdiff_t>(i));
+    }
   }
+  ASSIGN_OR_RETURN(const auto held_layout, layout_of(held_for_));
+  const int64_t payload = held_layout.first;
+  const uint64_t fp = held_layout.second;
   ASSIGN_OR_RETURN(std::unique_ptr<ReplicaFile> primary,
                    ReplicaFile::Open(dirfd_, ReplicaFileName(held_for_, opts_.rank), payload, fp));
   // An older holder's copy of the same rank (an earlier placement) that is newer than this file
@@ -353,8 +372,9 @@ absl::Status Replicas::PutToBuddy(int own_slot, int64_t step, uint64_t sum) {
   const std::string what = absl::StrCat("in-memory replicas: putting step ", step, " to buddy rank ", buddy_);
   onesided::Work first = agent_->Put(c, {{scratch_reg_.id, 0, kRec}, {own_reg_.id, src, half}},
                                      {{buddy_region_, rec, kRec}, {buddy_region_, dst, half}});
-  if (opts_.test_hook) {
+  if (opts_.test_hook) {  // tests: the hook sees the first half in the buddy's memory
     RETURN_IF_ERROR(base::Annotate(first.Wait(opts_.timeout, style), what));
+    RETURN_IF_ERROR(flush());
     opts_.test_hook("buddy");
   }
   onesided::Work second = agent_->Put(c, {{own_reg_.id, src + half, n - half}}, {{buddy_region_, dst + half, n - half}});
