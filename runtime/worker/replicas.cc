@@ -96,13 +96,16 @@ absl::StatusOr<std::unique_ptr<Replicas>> Replicas::Open(const Options& o, Train
   const uint64_t fp = Fingerprint(o.rank, o.world, views);
   ASSIGN_OR_RETURN(int dirfd, OpenReplicaDir(o.dir));
   const int buddy = BuddyOf(o.rank, o.world, o.local_world);
+  const bool cross_host = o.attempt != nullptr && o.world > o.local_world && buddy != o.rank;
   bool reset = false;
-  auto own = ReplicaFile::Open(dirfd, ReplicaFileName(o.rank, -1), payload, fp, &reset);
+  // Across hosts the own file keeps three steps: the other ranks can save step s+1 while a rank's
+  // buddy copy of step s is still in flight (it holds s-1 and s-2 then), and the newest step every
+  // rank has somewhere must still be in every own file.
+  auto own = ReplicaFile::Open(dirfd, ReplicaFileName(o.rank, -1), payload, fp, &reset, cross_host ? 3 : 2);
   if (!own.ok()) {
     close(dirfd);
     return base::Annotate(own.status(), "fault_tolerance.replicas");
   }
-  const bool cross_host = o.attempt != nullptr && o.world > o.local_world && buddy != o.rank;
   std::unique_ptr<ReplicaFile> copy;
   if (buddy != o.rank && !cross_host) {
     auto c = ReplicaFile::Open(dirfd, ReplicaFileName(o.rank, buddy), payload, fp);

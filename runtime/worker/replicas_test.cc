@@ -230,6 +230,38 @@ TEST_CASE("both steps kept (double buffering); a torn slot and another layout ar
   REQUIRE((*r4)->Available().empty());
 }
 
+TEST_CASE("a 3-slot file (own file across hosts) keeps the newest three steps; another slot count is re-created") {
+  Fixture f;
+  auto dirfd = OpenReplicaDir(f.dir.string());
+  REQUIRE(dirfd.ok());
+  const int64_t payload = 5000;
+  {
+    auto file = ReplicaFile::Open(*dirfd, "three", payload, 42, nullptr, 3);
+    REQUIRE(file.ok());
+    REQUIRE((*file)->slots() == 3);
+    for (int64_t step = 1; step <= 5; ++step) {
+      const int slot = (*file)->BeginWrite();
+      std::memset((*file)->slot(slot), static_cast<int>(step), payload);
+      (*file)->Commit(slot, step, ReplicaChecksum((*file)->slot(slot), payload));
+    }
+    std::vector<int64_t> steps;
+    for (const auto& s : (*file)->Committed()) steps.push_back(s.step);
+    REQUIRE(steps == std::vector<int64_t>{5, 4, 3});
+    for (const auto& s : (*file)->Committed()) REQUIRE((*file)->slot(s.index)[payload - 1] == s.step);
+  }
+  // Reopened read-only: the slot count comes from the header.
+  auto again = ReplicaFile::OpenExisting(*dirfd, "three", payload, 42);
+  REQUIRE(again.ok());
+  REQUIRE((*again)->Committed().size() == 3);
+  again->reset();
+  bool reset = false;
+  auto two = ReplicaFile::Open(*dirfd, "three", payload, 42, &reset, 2);
+  REQUIRE(two.ok());
+  REQUIRE(reset);
+  REQUIRE((*two)->Committed().empty());
+  close(*dirfd);
+}
+
 TEST_CASE("the replica directory: no symlinks, not writable by others, 0700") {
   Fixture f;
   fs::create_directories(f.dir);
