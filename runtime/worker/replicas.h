@@ -54,8 +54,11 @@
 // is in flight and each file always holds one complete committed step besides the one being
 // written (double buffering).
 //
-// Memory per rank: its own file plus the copy it holds for another rank (both 2 x the state's
-// payload + 4 KiB, in /dev/shm), reported at start and in replica_memory_bytes.
+// Memory per rank: its own file plus the copy it holds for another rank (each 2 x the state's
+// payload + 4 KiB, in /dev/shm; across hosts the own file has 3 slots: the other ranks can save
+// step s+1 while this rank's buddy copy of s is in flight, then holding s-1 and s-2, and the
+// newest common step s-1 must still be in every own file), reported at start and in
+// replica_memory_bytes.
 //
 // Thread safety: every method from the training thread; the transfer thread is internal.
 //
