@@ -181,7 +181,10 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
     REQUIRE(absl::StrContains(log, "the own in-memory replica") == !from_buddy);
     if (from_buddy) REQUIRE(absl::StrContains(log, "the buddy rank 3's in-memory replica"));
   }
-  REQUIRE(finished_by_all >= 11);
+  // Killed once the progress record showed step 11. Across nodes progress lags a step (trainer.cc:
+  // a step is reported after the next step's all-reduce), and the rank killed right then may not
+  // have written its line of 11 yet.
+  REQUIRE(finished_by_all >= (world == 4 ? 10 : 11));
   const auto& rs = done->progress().metrics();
   if (disk) {
     REQUIRE(rs.replica_resumed_from_memory() == 0);
