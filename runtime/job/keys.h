@@ -17,7 +17,12 @@
 //     progress/<rank>       ProgressOf    jobs.v1.Progress, binary (worker, every log_every steps)
 //     worker_exit/<rank>    WorkerExitOf  jobs.v1.WorkerExit, binary (worker, as it exits)
 //     replicas/<rank>       ReplicasOf    steps this rank can restore from in-memory replicas,
-//                                         "s1,s2" or "" (worker, at resume; runtime/worker/replicas.h)
+//                                         "disk=N;s1,s2;held" (worker, at resume; runtime/worker/replicas.h)
+//     replica_layout/<rank> ReplicaLayoutOf  "payload_bytes:fingerprint" of a rank's replica (cross-host
+//                                         replicas: its buddy creates the file it holds from it)
+//     replica_held/<r>/<h>  ReplicaHeldOf the descriptor of the copy of rank r's state that rank h
+//                                         holds in its host's memory (the onesided agent's region)
+//     replica_onesided/     kReplicaOnesided  the replica agents' address exchange
 //     fr/dump_request       kDumpRequest  flight-recorder dump trigger (docs/flight-recorder.md);
 //                                         the comm layer names it again in runtime/comm/env_knobs.h
 //                                         (comm knows nothing of jobs; the worker static_asserts
@@ -64,6 +69,9 @@ inline std::string ExitOf(int rank) { return absl::StrCat("exit/", rank); }
 inline std::string ProgressOf(int rank) { return absl::StrCat("progress/", rank); }
 inline std::string WorkerExitOf(int rank) { return absl::StrCat("worker_exit/", rank); }
 inline std::string ReplicasOf(int rank) { return absl::StrCat("replicas/", rank); }
+inline std::string ReplicaLayoutOf(int rank) { return absl::StrCat("replica_layout/", rank); }
+inline std::string ReplicaHeldOf(int rank, int holder) { return absl::StrCat("replica_held/", rank, "/", holder); }
+inline constexpr absl::string_view kReplicaOnesided = "replica_onesided/";
 inline constexpr absl::string_view kWorkerExitPrefix = "worker_exit/";
 inline constexpr absl::string_view kWeightsManifest = "weights/manifest";
 inline constexpr absl::string_view kWeightsSubscribers = "weights/sub/";

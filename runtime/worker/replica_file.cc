@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@ constexpr uint32_t kVersion = 1;
 constexpr int64_t kPage = 4096;
 
 int64_t RoundUp(int64_t n) { return (n + kPage - 1) / kPage * kPage; }
+int SlotsOf(uint32_t field) { return field == 0 ? 2 : static_cast<int>(field); }
 
 absl::Status Errno(const std::string& what) {
   return absl::FailedPreconditionError(absl::StrCat(what, ": ", std::strerror(errno)));
@@ -33,12 +35,13 @@ struct ReplicaFile::Record {
   uint64_t pad;
 };
 
+
 namespace {
 
 struct Header {
   char magic[8];
   uint32_t version;
-  uint32_t pad;
+  uint32_t slots;  // 0 (files before the field): 2
   int64_t payload_bytes;
   uint64_t fingerprint;
 };
@@ -117,8 +120,8 @@ std::string ReplicaFileName(int rank, int holder) {
   return holder < 0 ? absl::StrCat("rank-", rank, ".own") : absl::StrCat("rank-", rank, ".buddy-", holder);
 }
 
-ReplicaFile::ReplicaFile(std::string name, uint8_t* base, int64_t file_bytes, int64_t payload_bytes)
-    : name_(std::move(name)), base_(base), file_bytes_(file_bytes), payload_bytes_(payload_bytes) {}
+ReplicaFile::ReplicaFile(std::string name, uint8_t* base, int64_t file_bytes, int64_t payload_bytes, int slots)
+    : name_(std::move(name)), base_(base), file_bytes_(file_bytes), payload_bytes_(payload_bytes), slots_(slots) {}
 
 ReplicaFile::~ReplicaFile() { munmap(base_, static_cast<size_t>(file_bytes_)); }
 
@@ -143,20 +146,21 @@ absl::StatusOr<int> OpenChecked(int dirfd, const std::string& name, int flags) {
   return fd;
 }
 
-bool HeaderMatches(const uint8_t* base, int64_t payload_bytes, uint64_t fingerprint) {
+bool HeaderMatches(const uint8_t* base, int64_t payload_bytes, uint64_t fingerprint, int slots) {
   Header h;
   std::memcpy(&h, base, sizeof h);
   return std::memcmp(h.magic, kMagic, 8) == 0 && h.version == kVersion && h.payload_bytes == payload_bytes &&
-         h.fingerprint == fingerprint;
+         h.fingerprint == fingerprint && SlotsOf(h.slots) == slots;
 }
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::Open(int dirfd, const std::string& name,
                                                                int64_t payload_bytes, uint64_t fingerprint,
-                                                               bool* reset) {
+                                                               bool* reset, int slots) {
   if (payload_bytes <= 0) return absl::InvalidArgumentError("replica payload must be > 0 bytes");
-  const int64_t size = kPage + 2 * RoundUp(payload_bytes);
+  if (slots < 2 || slots > kMaxSlots) return absl::InvalidArgumentError("a replica file has 2 or 3 slots");
+  const int64_t size = kPage + slots * RoundUp(payload_bytes);
   auto fd = OpenChecked(dirfd, name, O_RDWR | O_CREAT);
   if (!fd.ok()) return fd.status();
   struct stat st;
@@ -174,28 +178,32 @@ absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::Open(int dirfd, const 
   close(*fd);
   if (m == MAP_FAILED) return Errno(absl::StrCat("replica file ", name, ": mmap ", size, " bytes"));
   auto* base = static_cast<uint8_t*>(m);
-  if (!fresh && !HeaderMatches(base, payload_bytes, fingerprint)) fresh = true;
+  if (!fresh && !HeaderMatches(base, payload_bytes, fingerprint, slots)) fresh = true;
   if (fresh) {
     std::memset(base, 0, kPage);
     Header h{};
     std::memcpy(h.magic, kMagic, 8);
     h.version = kVersion;
+    h.slots = static_cast<uint32_t>(slots);
     h.payload_bytes = payload_bytes;
     h.fingerprint = fingerprint;
     std::memcpy(base, &h, sizeof h);
   }
   if (reset != nullptr) *reset = fresh;
-  return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, base, size, payload_bytes));
+  return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, base, size, payload_bytes, slots));
 }
 
 absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::OpenExisting(int dirfd, const std::string& name,
                                                                        int64_t payload_bytes, uint64_t fingerprint) {
-  const int64_t size = kPage + 2 * RoundUp(payload_bytes);
   auto fd = OpenChecked(dirfd, name, O_RDONLY);
   if (!fd.ok()) return fd.status();
   struct stat st;
   fstat(*fd, &st);
-  if (st.st_size != size) {
+  Header h{};
+  const bool read_ok = st.st_size >= kPage && pread(*fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h);
+  const int slots = SlotsOf(h.slots);
+  const int64_t size = kPage + slots * RoundUp(payload_bytes);
+  if (!read_ok || slots > kMaxSlots || st.st_size != size) {
     close(*fd);
     return absl::FailedPreconditionError(absl::StrCat("replica file ", name, " has ", st.st_size, " bytes, want ", size));
   }
@@ -203,11 +211,54 @@ absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::OpenExisting(int dirfd
   close(*fd);
   if (m == MAP_FAILED) return Errno(absl::StrCat("replica file ", name, ": mmap"));
   auto* base = static_cast<uint8_t*>(m);
-  if (!HeaderMatches(base, payload_bytes, fingerprint)) {
+  if (!HeaderMatches(base, payload_bytes, fingerprint, slots)) {
     munmap(m, static_cast<size_t>(size));
     return absl::FailedPreconditionError(absl::StrCat("replica file ", name, " holds another layout (world size or shards)"));
   }
-  return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, base, size, payload_bytes));
+  return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, base, size, payload_bytes, slots));
+}
+
+absl::StatusOr<std::unique_ptr<ReplicaFile>> ReplicaFile::OpenHeld(int dirfd, const std::string& name) {
+  auto fd = OpenChecked(dirfd, name, O_RDWR);
+  if (!fd.ok()) return fd.status();
+  struct stat st;
+  fstat(*fd, &st);
+  Header h{};
+  const bool read_ok = st.st_size >= kPage && pread(*fd, &h, sizeof h, 0) == static_cast<ssize_t>(sizeof h);
+  const int slots = SlotsOf(h.slots);
+  const int64_t size = kPage + slots * RoundUp(h.payload_bytes);
+  if (!read_ok || std::memcmp(h.magic, kMagic, 8) != 0 || h.version != kVersion || h.payload_bytes <= 0 ||
+      slots > kMaxSlots || st.st_size != size) {
+    close(*fd);
+    return absl::FailedPreconditionError(absl::StrCat("replica file ", name, " is not a replica file (header or size)"));
+  }
+  void* m = mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, *fd, 0);
+  close(*fd);
+  if (m == MAP_FAILED) return Errno(absl::StrCat("replica file ", name, ": mmap"));
+  return std::unique_ptr<ReplicaFile>(new ReplicaFile(name, static_cast<uint8_t*>(m), size, h.payload_bytes, slots));
+}
+
+uint64_t ReplicaFile::fingerprint() const {
+  Header h;
+  std::memcpy(&h, base_, sizeof h);
+  return h.fingerprint;
+}
+
+int64_t ReplicaFile::RecordOffset(int index) { return kRecordOffset + index * kRecordBytes; }
+
+int64_t ReplicaFile::SlotOffset(int64_t payload_bytes, int index) { return kPage + index * RoundUp(payload_bytes); }
+
+std::optional<ReplicaFile::Slot> ReplicaFile::ParseRecord(const uint8_t* record, int index) {
+  static_assert(sizeof(Record) == kRecordBytes);
+  Record r;
+  std::memcpy(&r, record, sizeof r);
+  if (r.committed != 1) return std::nullopt;
+  return Slot{index, r.step, r.checksum};
+}
+
+void ReplicaFile::PackRecord(uint8_t* out, bool committed, int64_t step, uint64_t checksum) {
+  Record r{committed ? 1u : 0u, step, checksum, 0};
+  std::memcpy(out, &r, sizeof r);
 }
 
 ReplicaFile::Record* ReplicaFile::record(int index) const {
@@ -218,12 +269,12 @@ uint8_t* ReplicaFile::slot(int index) const { return base_ + kPage + index * Rou
 
 std::vector<ReplicaFile::Slot> ReplicaFile::RawCommitted() const {
   std::vector<Slot> out;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < slots_; ++i) {
     const Record* r = record(i);
     if (__atomic_load_n(&r->committed, __ATOMIC_ACQUIRE) != 1) continue;
     out.push_back({i, r->step, r->checksum});
   }
-  if (out.size() == 2 && out[1].step > out[0].step) std::swap(out[0], out[1]);
+  std::stable_sort(out.begin(), out.end(), [](const Slot& a, const Slot& b) { return a.step > b.step; });
   return out;
 }
 
@@ -243,9 +294,16 @@ std::optional<ReplicaFile::Slot> ReplicaFile::Find(int64_t step) const {
 }
 
 int ReplicaFile::BeginWrite() {
-  // The slot not holding the newest committed step; with none committed, slot 0.
+  // A slot without a commit, else the one holding the oldest committed step (with 2 slots: the
+  // one not holding the newest); with none committed, slot 0.
   std::vector<Slot> raw = RawCommitted();
-  const int index = raw.empty() ? 0 : 1 - raw.front().index;
+  int index = -1;
+  for (int i = 0; i < slots_ && index < 0; ++i) {
+    bool used = false;
+    for (const Slot& s : raw) used = used || s.index == i;
+    if (!used) index = i;
+  }
+  if (index < 0) index = raw.back().index;
   __atomic_store_n(&record(index)->committed, 0, __ATOMIC_RELEASE);
   return index;
 }

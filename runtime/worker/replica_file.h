@@ -4,11 +4,12 @@
 // -9 (and every other rank, which the daemon restarts with it) finds its state there in the next
 // attempt (fault_tolerance.replicas: memory; replicas.h, docs/operations.md).
 //
-// Layout (little-endian, native): a 4096-byte header {magic "EMBREPL1", version, payload_bytes,
-// fingerprint, two commit records {committed, step, checksum}}, then slot 0 and slot 1, each
-// payload_bytes rounded up to 4096. The file's size is exact; anything else is not a replica file.
+// Layout (little-endian, native): a 4096-byte header {magic "EMBREPL1", version, slots (0 meaning
+// 2), payload_bytes, fingerprint, a commit record {committed, step, checksum} per slot}, then the
+// slots (2, or 3 for an own file across hosts), each payload_bytes rounded up to 4096. The file's
+// size is exact; anything else is not a replica file.
 //
-// Writing a step: BeginWrite picks the slot that does not hold the newest commit and clears its
+// Writing a step: BeginWrite picks a slot without a commit, else the one holding the oldest, and clears its
 // record (so a crash mid-copy leaves that slot uncommitted and the other one intact), the caller
 // fills it, and Commit writes the record with a release store of `committed` last. A reader takes a
 // slot only when its record is committed and the checksum of its bytes matches.
@@ -62,9 +63,12 @@ class ReplicaFile {
   // Opens or creates `name` in directory `dirfd` for a payload of `payload_bytes` with
   // `fingerprint` (what the payload's layout is: ranks, shards). An existing file of another size,
   // magic or fingerprint is re-created empty (no committed slot); *reset (if given) says so.
+  // `slots`: 2 (double-buffered) or 3 (an own file whose buddy copy may lag two steps behind it:
+  // cross-host replicas, replicas.h); a file with another count is re-created too.
+  static constexpr int kMaxSlots = 3;
   static absl::StatusOr<std::unique_ptr<ReplicaFile>> Open(int dirfd, const std::string& name,
                                                            int64_t payload_bytes, uint64_t fingerprint,
-                                                           bool* reset = nullptr);
+                                                           bool* reset = nullptr, int slots = 2);
   // Opens an existing file read-only for recovery; NOT_FOUND when absent, FAILED_PRECONDITION when
   // it is not a replica file of this size and fingerprint.
   static absl::StatusOr<std::unique_ptr<ReplicaFile>> OpenExisting(int dirfd, const std::string& name,
@@ -73,6 +77,22 @@ class ReplicaFile {
   ReplicaFile(const ReplicaFile&) = delete;
   ReplicaFile& operator=(const ReplicaFile&) = delete;
 
+  // Opens an existing replica file read-write, whatever its payload size and fingerprint (taken
+  // from its header): a holder reopening the copies it holds for other ranks after a restart.
+  // NOT_FOUND when absent, FAILED_PRECONDITION when it is not a replica file (header, size).
+  static absl::StatusOr<std::unique_ptr<ReplicaFile>> OpenHeld(int dirfd, const std::string& name);
+
+  // Where a peer finds the parts of a file of `payload_bytes` (the same layout on every host): the
+  // byte offset of slot `index`'s commit record (kRecordBytes: {committed, step, checksum, pad},
+  // 8 bytes each) and of its payload, from the start of the file.
+  static constexpr int64_t kRecordBytes = 32;
+  static int64_t RecordOffset(int index);
+  static int64_t SlotOffset(int64_t payload_bytes, int index);
+  // The slot a record's bytes (kRecordBytes, as at RecordOffset) describe, when committed.
+  static std::optional<Slot> ParseRecord(const uint8_t* record, int index);
+  // Fills kRecordBytes at `out`: committed (0 or 1), step, checksum.
+  static void PackRecord(uint8_t* out, bool committed, int64_t step, uint64_t checksum);
+
   // Committed slots, newest step first, whose bytes match their checksum (verified on each call).
   std::vector<Slot> Committed() const;
   // The committed slot of `step` (checksum verified), or nullopt.
@@ -80,25 +100,29 @@ class ReplicaFile {
   // The commit records as written, without verifying the bytes (tests: what a reader would trust).
   std::vector<Slot> RawCommitted() const;
 
-  // The slot to write next (the one not holding the newest commit), its record cleared.
+  // The slot to write next (one without a commit, else the one holding the oldest), its record cleared.
   int BeginWrite();
   // Writes slot `index`'s commit record: step and checksum, then `committed` (release).
   void Commit(int index, int64_t step, uint64_t checksum);
 
   uint8_t* slot(int index) const;
   const uint8_t* data(int index) const { return slot(index); }
+  uint8_t* base() const { return base_; }  // the whole mapping, file_bytes() long
   int64_t payload_bytes() const { return payload_bytes_; }
+  int slots() const { return slots_; }
+  uint64_t fingerprint() const;
   int64_t file_bytes() const { return file_bytes_; }
   const std::string& name() const { return name_; }
 
  private:
-  ReplicaFile(std::string name, uint8_t* base, int64_t file_bytes, int64_t payload_bytes);
+  ReplicaFile(std::string name, uint8_t* base, int64_t file_bytes, int64_t payload_bytes, int slots);
   struct Record;
   Record* record(int index) const;
 
   const std::string name_;
   uint8_t* const base_;
   const int64_t file_bytes_, payload_bytes_;
+  const int slots_;
 };
 
 }  // namespace ember::worker

@@ -230,6 +230,38 @@ TEST_CASE("both steps kept (double buffering); a torn slot and another layout ar
   REQUIRE((*r4)->Available().empty());
 }
 
+TEST_CASE("a 3-slot file (own file across hosts) keeps the newest three steps; another slot count is re-created") {
+  Fixture f;
+  auto dirfd = OpenReplicaDir(f.dir.string());
+  REQUIRE(dirfd.ok());
+  const int64_t payload = 5000;
+  {
+    auto file = ReplicaFile::Open(*dirfd, "three", payload, 42, nullptr, 3);
+    REQUIRE(file.ok());
+    REQUIRE((*file)->slots() == 3);
+    for (int64_t step = 1; step <= 5; ++step) {
+      const int slot = (*file)->BeginWrite();
+      std::memset((*file)->slot(slot), static_cast<int>(step), payload);
+      (*file)->Commit(slot, step, ReplicaChecksum((*file)->slot(slot), payload));
+    }
+    std::vector<int64_t> steps;
+    for (const auto& s : (*file)->Committed()) steps.push_back(s.step);
+    REQUIRE(steps == std::vector<int64_t>{5, 4, 3});
+    for (const auto& s : (*file)->Committed()) REQUIRE((*file)->slot(s.index)[payload - 1] == s.step);
+  }
+  // Reopened read-only: the slot count comes from the header.
+  auto again = ReplicaFile::OpenExisting(*dirfd, "three", payload, 42);
+  REQUIRE(again.ok());
+  REQUIRE((*again)->Committed().size() == 3);
+  again->reset();
+  bool reset = false;
+  auto two = ReplicaFile::Open(*dirfd, "three", payload, 42, &reset, 2);
+  REQUIRE(two.ok());
+  REQUIRE(reset);
+  REQUIRE((*two)->Committed().empty());
+  close(*dirfd);
+}
+
 TEST_CASE("the replica directory: no symlinks, not writable by others, 0700") {
   Fixture f;
   fs::create_directories(f.dir);
@@ -270,13 +302,14 @@ TEST_CASE("the agreement: the newest step every rank holds, and the newest disk 
   auto client = store::Client::Connect({.address = (*server)->address()});
   REQUIRE(client.ok());
   // Three ranks, each in its own thread (AgreeReplicaStep waits for every rank's key).
-  auto agree = [&](const std::string& prefix, std::vector<std::vector<int64_t>> steps, std::vector<int64_t> disk) {
+  auto agree = [&](const std::string& prefix, std::vector<std::vector<int64_t>> steps, std::vector<int64_t> disk,
+                   std::vector<std::map<int, std::vector<int64_t>>> held = {{}, {}, {}}) {
     std::vector<absl::StatusOr<ReplicaAgreement>> out(3, absl::UnknownError("not run"));
     std::vector<std::thread> ts;
     for (int r = 0; r < 3; ++r) {
       ts.emplace_back([&, r] {
         store::Client attempt = client->WithPrefix(prefix);
-        out[r] = AgreeReplicaStep(attempt, r, 3, steps[r], disk[r], absl::Seconds(10));
+        out[r] = AgreeReplicaStep(attempt, r, 3, steps[r], disk[r], absl::Seconds(10), held[r]);
       });
     }
     for (auto& t : ts) t.join();
@@ -284,6 +317,7 @@ TEST_CASE("the agreement: the newest step every rank holds, and the newest disk 
       REQUIRE(out[r].ok());
       REQUIRE(out[r]->step == out[0]->step);
       REQUIRE(out[r]->disk_step == out[0]->disk_step);
+      REQUIRE(out[r]->pull_from == out[0]->pull_from);
     }
     REQUIRE(out[0].ok());
     return *out[0];
@@ -299,6 +333,21 @@ TEST_CASE("the agreement: the newest step every rank holds, and the newest disk 
   // A rank with no replica (its files lost): no common step.
   a = agree("c/", {{5, 4}, {}, {5, 4}}, {2, 2, 2});
   REQUIRE(a.step == -1);
+  REQUIRE(a.pull_from.empty());
+  // Cross-host: rank 1's own file is gone (its host was lost), ranks 2 and 0 hold copies of it;
+  // step 5 counts for rank 1, pulled from the lowest holder that has it (rank 2: rank 0's copy
+  // stopped at 4). Ranks 0 and 2 restore their own.
+  a = agree("d/", {{5, 4}, {}, {5, 4}}, {0, 0, 0}, {{{1, {4, 3}}}, {}, {{1, {5, 4}}, {0, {5}}}});
+  REQUIRE(a.step == 5);
+  REQUIRE(a.pull_from == std::map<int, int>{{1, 2}});
+  // Rank 0 committed step 6 only in the copy rank 1 holds (its own file lost it): 6, pulled from
+  // rank 1. Then the same with rank 2 stopped at 5 (nobody holds its 6): 5, nothing to pull.
+  a = agree("e/", {{5}, {6, 5}, {6, 5}}, {0, 0, 0}, {{}, {{0, {6}}}, {}});
+  REQUIRE(a.step == 6);
+  REQUIRE(a.pull_from == std::map<int, int>{{0, 1}});
+  a = agree("f/", {{5}, {6, 5}, {5}}, {0, 0, 0}, {{}, {{0, {6}}}, {}});
+  REQUIRE(a.step == 5);
+  REQUIRE(a.pull_from.empty());
 }
 
 }  // namespace

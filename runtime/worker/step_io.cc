@@ -67,6 +67,8 @@ void SetReplicaCounts(const ReplicaCounts& c, StepResult* r) {
   r->set_replica_memory_bytes(c.memory_bytes);
   if (c.committed_step >= 0) r->set_replica_committed_step(c.committed_step);
   r->set_replica_save_s(c.save_seconds);
+  r->set_replica_resumed_from_network(c.from_network ? 1 : 0);
+  r->set_replica_network_bytes(c.network_bytes);
 }
 
 std::string MetricsJson(const jobs::v1::StepMetrics& m) {

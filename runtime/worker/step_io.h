@@ -49,9 +49,12 @@ struct ReplicaCounts {
   int64_t memory_bytes = 0;           // /dev/shm bytes of this rank's replica files
   int64_t committed_step = -1;        // newest step whose replica (own and buddy copy) is committed
   double save_seconds = 0;            // training-thread time of the last Save
+  bool from_network = false;          // ... pulled from a buddy on another host (cross-host replicas)
+  int64_t network_bytes = 0;          // bytes this attempt pulled over the network to resume
 };
 // Sets replica_resumed_from_memory, _resumed_step, _disk_checkpoint_reads, _memory_bytes,
-// _committed_step (when >= 0) and replica_save_s.
+// _committed_step (when >= 0), replica_save_s, replica_resumed_from_network and
+// replica_network_bytes.
 void SetReplicaCounts(const ReplicaCounts& c, StepResult* r);
 
 // The JSON form of `m`: one line (no newline), proto field names, unset fields left out.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <deque>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -429,7 +430,7 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
                      const Groups& groups, TrainState& state, const std::function<bool()>& drain_requested,
                      bool* drained) {
   data::TokenLoader loader(plan.tokens, LoaderFor(plan));
-  ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, state));  // nullptr: off
+  ASSIGN_OR_RETURN(std::unique_ptr<Replicas> replicas, Replicas::Open(plan, attempt, state));  // nullptr: off
   ASSIGN_OR_RETURN(int64_t step, ResumeOrInit(plan, attempt, state, loader, replicas.get()));
   Checkpointer checkpoints(plan, attempt, [&](int64_t at) { return Snapshot(state, loader, at, plan.fsdp.seed); });
   Reporter report(plan, attempt, state.state_bytes(), step);
@@ -438,6 +439,19 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
   kernels::ExecContext ctx{&threads, plan.spec.deterministic()};
   ctx.bf16_linear = Bf16Linear(plan);
   const int64_t hang_at = HangStep(plan.env);
+  // Cross-host replicas (replicas.h): a step is reported once every rank's buddy copy of it is
+  // committed, i.e. after the next step's closing all-reduce (each rank enters it only after its
+  // next Save waited for that copy), so no reported step is lost with one host. Progress then shows
+  // one step late. Elsewhere a step is reported at once.
+  const bool lag_reports = replicas != nullptr && replicas->cross_host();
+  std::deque<StepResult> unreported;
+  auto report_before = [&](int64_t before) -> absl::Status {
+    while (!unreported.empty() && unreported.front().step() < before) {
+      RETURN_IF_ERROR(report.Report(std::move(unreported.front())));
+      unreported.pop_front();
+    }
+    return absl::OkStatus();
+  };
   report.Start();
   while (step < plan.spec.steps()) {
     ++step;
@@ -452,12 +466,17 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
     r.set_flight_entries(static_cast<int64_t>(recorder.size()));
     if (publisher != nullptr) SetPublishCounts(publisher->counts(), &r);  // up to the previous step
     if (replicas != nullptr) SetReplicaCounts(replicas->counts(), &r);
-    if (report.Due(step)) RETURN_IF_ERROR(report.Report(r));
+    if (report.Due(step) && lag_reports) {
+      unreported.push_back(r);
+    } else if (report.Due(step)) {
+      RETURN_IF_ERROR(report.Report(r));
+    }
     if (checkpoints.Due(step) || publisher != nullptr) RETURN_IF_ERROR(state.SyncHost());
     if (checkpoints.Due(step)) RETURN_IF_ERROR(checkpoints.Save(step));
     RETURN_IF_ERROR(PublishAt(publisher.get(), step));  // live weights (publisher.h)
     if (step < plan.spec.steps()) {
       ASSIGN_OR_RETURN(const double drain, state.AllReduceMean(drain_requested() ? 1.0 : 0.0));
+      RETURN_IF_ERROR(report_before(step));
       if (drain > 0) {
         if (!checkpoints.Due(step)) {
           RETURN_IF_ERROR(state.SyncHost());
@@ -465,6 +484,7 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
         }
         RETURN_IF_ERROR(checkpoints.Finish());
         if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
+        RETURN_IF_ERROR(report_before(step + 1));
         report.Done(step);
         spdlog::info("rank {}: checkpointed step {} on request and stopping", plan.env.rank, step);
         *drained = true;
@@ -474,6 +494,7 @@ absl::Status RunLoop(const Plan& plan, store::Client& attempt, flight::FlightRec
   }
   RETURN_IF_ERROR(checkpoints.Finish());
   if (replicas != nullptr) RETURN_IF_ERROR(replicas->Wait());
+  RETURN_IF_ERROR(report_before(step + 1));
   report.Done(step);
   return absl::OkStatus();
 }

@@ -7,9 +7,10 @@
 //   * end with exactly the final loss of the same job run uninterrupted without replicas
 //     (deterministic mode; the restored state is the bytes saved, so bitwise);
 //   * leave no replica files once it ended (the daemon's sweep).
-// With 2 ranks on one node, and 4 ranks on two nodes (buddies on the other node) where the killed
-// rank's own file is deleted so it restores from its buddy's copy; and the fallback to the disk
-// checkpoint when both copies of a rank's state are gone.
+// With 2 ranks on one node, and 4 ranks on two nodes (buddies on the other node, which holds the
+// copy in its own replica directory: cross-host replicas over the onesided layer) where the killed
+// rank's own file is deleted so it restores from its buddy's copy over the network; and the
+// fallback to the disk checkpoint when both copies of a rank's state are gone.
 #include <signal.h>
 #include <unistd.h>
 
@@ -156,6 +157,8 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
         REQUIRE(Field(l, "replica_resumed_from_memory") == (disk ? 0 : 1));
         REQUIRE(Field(l, "replica_disk_checkpoint_reads") == (disk ? 1 : 0));
         REQUIRE(Field(l, "replica_memory_bytes") > 0);
+        // Two nodes: the killed rank without its own file pulled its copy from its buddy's node.
+        REQUIRE(Field(l, "replica_resumed_from_network") == (mode == "buddy" && world == 4 && rank == 1 ? 1 : 0));
       }
     }
     REQUIRE(resumed_line);
@@ -163,7 +166,8 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
     finished_by_any = std::max(finished_by_any, last);
     const std::string log = ReadFile(absl::StrCat(done->job_dir(), "/logs/rank-", rank, ".log"));
     INFO("rank " << rank);
-    REQUIRE(absl::StrContains(log, "covers a lost process, not a lost host"));
+    REQUIRE(absl::StrContains(log, world == 4 ? "covers a lost process or a lost host"
+                                              : "covers a lost process, not a lost host"));
     if (disk) {
       REQUIRE(absl::StrContains(log, "in-memory replicas: no step that every rank holds"));
       REQUIRE(absl::StrContains(log, "checkpoint load took"));
@@ -177,7 +181,10 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
     REQUIRE(absl::StrContains(log, "the own in-memory replica") == !from_buddy);
     if (from_buddy) REQUIRE(absl::StrContains(log, "the buddy rank 3's in-memory replica"));
   }
-  REQUIRE(finished_by_all >= 11);
+  // Killed once the progress record showed step 11. Across nodes progress lags a step (trainer.cc:
+  // a step is reported after the next step's all-reduce), and the rank killed right then may not
+  // have written its line of 11 yet.
+  REQUIRE(finished_by_all >= (world == 4 ? 10 : 11));
   const auto& rs = done->progress().metrics();
   if (disk) {
     REQUIRE(rs.replica_resumed_from_memory() == 0);
@@ -195,8 +202,12 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
   // a buddy copy (the killed rank's own file deleted) one step may be lost: the buddy copy of step
   // s is made by a background thread during step s+1, so a kill in that window finds s-1 there
   // (seen: killed after 14, resumed at 13; docs/operations.md says so).
-  REQUIRE(rs.replica_resumed_step() >= finished_by_all - (mode == "buddy" ? 1 : 0));
-  REQUIRE(rs.replica_resumed_step() <= finished_by_any);
+  // Two nodes (cross-host replicas): a step is reported only once every rank's buddy copy of it is
+  // committed (trainer.cc), so not even that step is lost, and the resume may be one step past the
+  // last report.
+  const bool cross_host = world == 4;
+  REQUIRE(rs.replica_resumed_step() >= finished_by_all - (mode == "buddy" && !cross_host ? 1 : 0));
+  REQUIRE(rs.replica_resumed_step() <= finished_by_any + (cross_host ? 1 : 0));
   WARN("world " << world << ": killed after step " << finished_by_all << ".." << finished_by_any
                 << ", resumed from memory at step " << rs.replica_resumed_step() << "; replica memory per rank "
                 << rs.replica_memory_bytes() << " bytes");
