@@ -85,16 +85,20 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
   REQUIRE(c.ok());
   const std::map<std::string, std::string> files = {{"data/tiny_corpus.txt", Corpus()}};
   const std::string name = absl::StrCat("rep-", mode, world);
+  // Long enough that the kill (polled every 20 ms once step 11 is reported) always lands mid-run:
+  // with 24 steps a loaded machine sometimes finished the run, final checkpoint included, before
+  // the kill, so attempt 1 resumed at the last step and logged no step.
+  constexpr int kSteps = 96;
   // The reference: no replicas, uninterrupted. checkpoint.every_steps 0: only the final save.
-  auto ref = c->Submit(TinySpec(name, world, 24, 0, "max_restarts: 2\n"), name + "-ref", files);
+  auto ref = c->Submit(TinySpec(name, world, kSteps, 0, "max_restarts: 2\n"), name + "-ref", files);
   REQUIRE(ref.ok());
   auto ref_done = c->Wait(ref->job().id(), absl::Seconds(90));
   REQUIRE(ref_done.ok());
   REQUIRE(ref_done->state() == v1::SUCCEEDED);
-  REQUIRE(ref_done->progress().metrics().step() == 24);
+  REQUIRE(ref_done->progress().metrics().step() == kSteps);
   REQUIRE(!ref_done->progress().metrics().has_replica_memory_bytes());
 
-  auto r = c->Submit(TinySpec(name, world, 24, disk ? 8 : 0,
+  auto r = c->Submit(TinySpec(name, world, kSteps, disk ? 8 : 0,
                               "max_restarts: 2\nfault_tolerance: {replicas: memory, every_steps: 1}\n"),
                      name + "-run", files);
   REQUIRE(r.ok());
@@ -211,7 +215,7 @@ TEST_CASE("replicas every step: kill -9 of a rank resumes from memory, 0 steps l
   WARN("world " << world << ": killed after step " << finished_by_all << ".." << finished_by_any
                 << ", resumed from memory at step " << rs.replica_resumed_step() << "; replica memory per rank "
                 << rs.replica_memory_bytes() << " bytes");
-  REQUIRE(done->progress().metrics().step() == 24);
+  REQUIRE(done->progress().metrics().step() == kSteps);
   REQUIRE(done->progress().metrics().loss() == ref_done->progress().metrics().loss());
   REQUIRE(WaitFor([&] { return FindJobProcesses(id).empty(); }, absl::Seconds(5)));
   // The daemons remove the job's replica files once it ended.
