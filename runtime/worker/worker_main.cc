@@ -22,6 +22,8 @@
 #include <filesystem>
 #include <string>
 
+#include "absl/debugging/failure_signal_handler.h"
+#include "absl/debugging/symbolize.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "runtime/base/flags.h"
@@ -76,6 +78,12 @@ static void KeepFreedMemory() {
 
 int main(int argc, char** argv) {
   KeepFreedMemory();
+  // A crash (SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT) prints a symbolized stack trace to stderr
+  // (the rank's log) before the process dies of the signal as before, so a rank that dies in CI or
+  // in a job says where. Installed first: the SIGTERM handler below replaces absl's for SIGTERM,
+  // and the CUDA interpreter installs its own SIGSEGV/SIGBUS handler at each launch.
+  absl::InitializeSymbolizer(argv[0]);
+  absl::InstallFailureSignalHandler(absl::FailureSignalHandlerOptions());
   ember::base::ParseFlagsAndInitLogging(argc, argv, "ember-worker");
   HandOverCudaRank(argv);
   ember::worker::InstallStopSignalHandler();  // SIGTERM: dump the flight recorder, exit 75
