@@ -245,13 +245,14 @@ TEST_CASE("Submit refuses, naming the field, the specs every rank would refuse a
   REQUIRE(c.ok());
   const std::string model = "model: {n_layers: 2, d_model: 32, n_heads: 2, context_length: 16}\n";
   const std::pair<std::string, std::string> cases[] = {
-      {"name: pp-hsdp\n" + model +
-           "parallelism: {strategy: pipeline, pipeline_stages: 2, dp_replicate: 2, world_size: 4}\nsteps: 2\n",
+      // (PP x HSDP and a pipeline initialised from safetensors, refused here before, train now.)
+      {"name: pp-mb\n" + model +
+           "parallelism: {strategy: pipeline, pipeline_stages: 2, pipeline_micro_batches: 1, world_size: 2}\n"
+           "steps: 2\n",
+       "parallelism.pipeline_micro_batches"},
+      {"name: cuda-hsdp\n" + model +
+           "resources: {device_type: cuda}\nparallelism: {dp_replicate: 2, world_size: 4}\nsteps: 2\n",
        "parallelism.dp_replicate"},
-      {"name: pp-init\n" + model +
-           "parallelism: {strategy: pipeline, pipeline_stages: 2, world_size: 2}\n"
-           "checkpoint: {init_from_safetensors: w.safetensors}\nsteps: 2\n",
-       "checkpoint.init_from_safetensors"},
       {"name: none-2\n" + model + "parallelism: {strategy: none, world_size: 2}\nsteps: 2\n",
        "parallelism.strategy"},
       {"name: gpt-hf\n" + model + "checkpoint: {init_from: hf}\nsteps: 2\n",
