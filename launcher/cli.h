@@ -132,8 +132,10 @@ int RunCancel(Ctl& ctl);
 int RunDump(Ctl& ctl);
 // Shared with cmd_slurm.cc: follows a job with the live progress line until it ends and returns
 // the exit code for its state; reads the job of `run`/`submit` (a spec, or a .py script) from
-// rest()[0] with the small files it names.
-int Follow(Ctl& ctl, Client& c, const std::string& id);
+// rest()[0] with the small files it names. `cancel_on_interrupt`: a signal (Interrupted()) stops
+// the following and cancels the job; false when the caller stops the job itself (`run --slurm`:
+// a time-limit warning drains to a checkpoint, which a plain cancel here would race and lose).
+int Follow(Ctl& ctl, Client& c, const std::string& id, bool cancel_on_interrupt = true);
 bool IsScriptPath(const std::string& path);
 absl::Status ReadJob(const Ctl& ctl, int nproc, spec::JobSpec* spec,
                      std::map<std::string, std::string>* files);

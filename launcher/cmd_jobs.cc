@@ -76,7 +76,7 @@ int ExitFor(v1::JobState s) {
 
 }  // namespace
 
-int Follow(Ctl& ctl, Client& c, const std::string& id) {
+int Follow(Ctl& ctl, Client& c, const std::string& id, bool cancel_on_interrupt) {
   const bool tty = isatty(2), json = ctl.json();
   v1::JobState last_state = v1::JOB_STATE_UNSPECIFIED;
   int64_t last_step = -1;
@@ -96,10 +96,10 @@ int Follow(Ctl& ctl, Client& c, const std::string& id) {
       if (it != u.ranks().end()) last_step = it->second.metrics().step();
     }
     last_state = u.state();
-    return !Interrupted();
+    return !cancel_on_interrupt || !Interrupted();
   });
   if (tty && !json) std::cerr << "\n";
-  if (Interrupted()) {
+  if (cancel_on_interrupt && Interrupted()) {
     std::cerr << "emberctl: interrupted; cancelling " << id << "\n";
     (void)c.Cancel(id);
   }

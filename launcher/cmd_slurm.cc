@@ -317,7 +317,10 @@ int RunSlurm(Ctl& ctl) {
         }
       }
     });
-    int job_rc = Follow(ctl, *c, r->job().id());
+    // The watch thread above owns stopping the job on a signal (a drain on the time-limit
+    // warning, else a cancel): Follow only follows. Its own plain cancel on the same signal raced
+    // the drain and sometimes won (requeue_test: the requeued run redid 9 steps).
+    int job_rc = Follow(ctl, *c, r->job().id(), /*cancel_on_interrupt=*/false);
     if (Interrupted()) explain();
     followed.Notify();
     watch.join();
