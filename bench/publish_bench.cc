@@ -55,7 +55,10 @@ ABSL_FLAG(bool, subscriber, true, "attach a subscriber to the publishing job (fa
 namespace ember {
 namespace {
 
-std::string BenchSpec(const std::string& name, int steps, int every) {
+// `subscribed`: a subscriber attaches right after the submit; the ranks wait (bounded) for it
+// before step 1 (publish.wait_for_subscribers), so a slow connect on a loaded machine cannot leave
+// the measured window without snapshots. The wait is before the first step, outside the window.
+std::string BenchSpec(const std::string& name, int steps, int every, bool subscribed) {
   return absl::StrCat(
       "name: ", name, "\n",
       "model: {vocab_size: 256, context_length: 64, n_layers: 4, n_heads: 4, d_model: 128}\n",
@@ -64,7 +67,9 @@ std::string BenchSpec(const std::string& name, int steps, int every) {
       "parallelism: {strategy: fsdp, world_size: 2}\n",
       "resources: {device_type: cpu}\n", "steps: ", steps, "\nbatch_size: 4\nseed: 1\n",
       "threads: 1\nlog_every: 1\n",
-      every > 0 ? absl::StrCat("publish: {every_steps: ", every, "}\n") : "");
+      every > 0 ? absl::StrCat("publish: {every_steps: ", every,
+                               subscribed ? ", wait_for_subscribers: 1, wait_timeout_s: 60" : "", "}\n")
+                : "");
 }
 
 struct Run {
@@ -95,7 +100,7 @@ Run Measure(Client& c, const std::string& store, const std::string& name, const 
   Run run;
   const int steps = absl::GetFlag(FLAGS_steps), every = absl::GetFlag(FLAGS_every);
   const int from = (absl::GetFlag(FLAGS_skip) + every - 1) / every * every;  // a period boundary
-  auto r = c.Submit(BenchSpec(name, steps, publish ? every : 0), "",
+  auto r = c.Submit(BenchSpec(name, steps, publish ? every : 0, !store.empty()), "",
                     {{"data/tiny_corpus.txt", recovery::Corpus()}});
   if (!r.ok()) {
     run.error = absl::StrCat("submit: ", r.status().ToString());
