@@ -123,23 +123,9 @@ void CheckSameCheckpoint(const std::string& got, const std::string& want, int64_
   CHECK(compared >= 3 * 7);  // parameters and both moments of every tensor of the 1-layer model
 }
 
-// step -> `field` (a number) from rank `rank`'s metrics (jobs.v1.StepMetrics lines, read by hand).
+// step -> `field` (a number) from rank `rank`'s metrics (worker_harness.h's Series).
 std::map<int64_t, double> Field(const std::string& dir, int rank, const std::string& field) {
-  std::map<int64_t, double> out;
-  std::ifstream f(absl::StrCat(dir, "/metrics/rank-", rank, ".jsonl"));
-  for (std::string line; std::getline(f, line);) {
-    auto value = [&](const std::string& k) {
-      const size_t at = line.find("\"" + k + "\":");
-      REQUIRE(at != std::string::npos);
-      size_t p = at + k.size() + 3;
-      if (line[p] == '"') ++p;  // protobuf's JSON form quotes int64 values
-      double v = 0;
-      REQUIRE(absl::SimpleAtod(line.substr(p, line.find_first_of("\",}", p) - p), &v));
-      return v;
-    };
-    out[static_cast<int64_t>(value("step"))] = value(field);
-  }
-  return out;
+  return Series(dir, field, rank);
 }
 
 // Every rank's view of every step against the cpu job's same rank: its own batch's loss

@@ -124,11 +124,11 @@ inline std::vector<int> RunJob(const std::string& addr, const std::string& job_i
   return WaitAll(pids, absl::Seconds(120));
 }
 
-// step -> the numeric field `key` ("loss", "grad_norm", ...) of rank 0's metrics (jobs.v1.StepMetrics
-// lines, read by hand); a line without it fails the test.
-inline std::map<int64_t, double> Series(const std::string& dir, const std::string& key) {
+// step -> the numeric field `key` ("loss", "grad_norm", ...) of rank `rank`'s metrics
+// (jobs.v1.StepMetrics lines, read by hand); a line without it fails the test.
+inline std::map<int64_t, double> Series(const std::string& dir, const std::string& key, int rank = 0) {
   std::map<int64_t, double> out;
-  std::ifstream f(dir + "/metrics/rank-0.jsonl");
+  std::ifstream f(dir + "/metrics/rank-" + std::to_string(rank) + ".jsonl");
   for (std::string line; std::getline(f, line);) {
     auto field = [&](const std::string& k) {
       const size_t at = line.find("\"" + k + "\":");
